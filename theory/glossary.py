@@ -1,0 +1,34 @@
+"""One glossary for the whole project (notation of docs/ssd.md, Kumar, Dao & May 2026).
+
+p      target distribution            q      draft (proposal) distribution
+K      lookahead: draft tokens/round  k      draft tokens accepted in a round, 0..K
+t*     bonus token                    v      verification outcome (k, t*)
+α      per-token acceptance rate      E      expected tokens emitted per round
+F_k    fan-out (guesses) for outcome k; B = Σ_k F_k is the cache budget
+r      power-law exponent of the miss rate, 1 − p_hit(F) ≈ F^(−r)
+C      Saguaro down-weighting constant in (0, 1]; C = 1 is plain sampling
+b      batch size (independent sequences)
+T_v    one verify forward (the time unit of the closed forms)
+T_d    one draft token;  T_SD = K·T_d / T_v;  T_p cache-build time;  T_b backup time
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Strategy(str, Enum):
+    """How tokens are produced: autoregressive, synchronous SD, or asynchronous SSD."""
+
+    AR = "ar"
+    SD = "sd"
+    SSD = "ssd"
+
+
+class Backup(str, Enum):
+    """What SSD does on a cache miss (docs/ssd.md §6)."""
+
+    NEURAL = "neural"  # the draft drafts K tokens just in time, as SD does
+    RANDOM = "random"  # uniform random tokens: almost free, about one token per round
+    LOOKUP = "lookup"  # prompt-lookup / n-gram draft: almost free, better than random
+    AUTO = "auto"  # pick by the Cor. 16 speedup from measured quantities
