@@ -1,0 +1,124 @@
+"""The sampling core: warping logits into the distribution actually sampled, Saguaro sampling, one draw.
+
+Pure functions of tensors plus an explicit `torch.Generator`: no engine state, no global RNG, so the
+exactness tests can drive them directly. Notation follows docs/ssd.md: `p` target, `q` draft, `F` fan-out,
+`C` the Saguaro down-weighting constant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from engine.sampling_params import SamplingParams
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Half-precision probabilities lose the small differences p − q that rejection sampling relies on.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_last_dim(x: Tensor, name: str) -> None:
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape [..., V] with V >= 1, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
+def _descending_order(x: Tensor) -> Tensor:
+    """Indices that sort the last dim by decreasing value, ties by lowest token id (stable sort)."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices
+
+
+def warp(logits: Tensor, params: SamplingParams) -> Tensor:
+    """The probability distribution actually sampled from, `[..., V] -> [..., V]`.
+
+    Order (the same as transformers' default warper order in `GenerationMixin._get_logits_processor`,
+    which appends TemperatureLogitsWarper, then TopKLogitsWarper, then TopPLogitsWarper):
+      1. temperature: z = logits / T;
+      2. top-k: keep the k largest z (ties at the boundary go to the lowest token id, so exactly k survive;
+         transformers keeps every token tied with the k-th, which can be more than k);
+      3. top-p on softmax of the survivors: keep the smallest prefix of the most probable tokens whose mass
+         is >= top_p (a token is kept iff the mass strictly before it is < top_p; always >= 1 token;
+         ties ordered by lowest id);
+      4. renormalise.
+    Temperature 0 is greedy: a one-hot on the argmax (ties -> lowest id); top-k / top-p never remove the
+    argmax, so they do not change it. Computed in float32, or float64 when the logits are float64.
+
+    The same function warps the target's p and the draft's q, so the verifier checks exactly the
+    distributions that would have been sampled.
+    """
+    _check_last_dim(logits, "logits")
+    dtype = _compute_dtype(logits.dtype)
+    z = logits.to(dtype)  # [..., V]
+    vocab_size = z.shape[-1]
+    if params.greedy:
+        return torch.nn.functional.one_hot(z.argmax(dim=-1), vocab_size).to(dtype)  # [..., V]
+
+    z = z / params.temperature
+    order = _descending_order(z)  # [..., V]
+    z_sorted = z.gather(-1, order)  # [..., V], most probable first
+    if params.top_k is not None and params.top_k < vocab_size:
+        # Mask by rank, not by value, so ties at the k-th value cannot let more than k through.
+        z_sorted[..., params.top_k :] = -torch.inf
+    probs_sorted = torch.softmax(z_sorted, dim=-1)  # [..., V]
+    if params.top_p is not None and params.top_p < 1:
+        # Exclusive cumulative mass: the first token always has 0 < top_p before it, so it is always kept.
+        mass_before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
+        mass_before[..., 0] = 0
+        probs_sorted = probs_sorted.masked_fill(mass_before >= params.top_p, 0)
+        probs_sorted = probs_sorted / probs_sorted.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs_sorted).scatter(-1, order, probs_sorted)  # [..., V], back to token ids
+
+
+def saguaro(q: Tensor, n_top: int | Tensor, C: float) -> Tensor:
+    """Saguaro sampling σ_{F,C} (Def. 14) applied to an already-warped draft distribution q, `[..., V]`.
+
+    The weights of the `n_top` most probable tokens of q (ties -> lowest id) are multiplied by C and the
+    whole row is renormalised, so for a in the top set and b outside it σ(a)/σ(b) = C·q(a)/q(b) exactly.
+    (Not the same as keeping C·q on the top set and handing the freed mass (1 − C)·q(top) to the other
+    tokens: that leaves the top tokens at exactly C·q, so their ratio to the others shrinks by more than C.)
+
+    Project convention: n_top = F + 1, the F cached guesses plus the token usually drafted (the draft's
+    own top token), as in the reference code. n_top may be an int or an integer tensor broadcast over the
+    leading dims (fan-out varies by position). Zero-probability tokens stay zero; C = 1 returns q itself.
+    The verifier must be given the returned σ as q: the tokens were drawn from it.
+    """
+    _check_last_dim(q, "q")
+    if not 0 < C <= 1:
+        raise ValueError(f"Saguaro constant C must be in (0, 1] (1 = plain sampling), got {C}")
+    if isinstance(n_top, Tensor):
+        if n_top.is_floating_point() or n_top.dtype == torch.bool:
+            raise ValueError(f"n_top must be an int or an integer tensor, got {n_top.dtype}")
+        if bool((n_top < 0).any()):
+            raise ValueError("n_top must be >= 0 (n_top = F + 1)")
+        n_top = n_top.to(q.device)[..., None]  # [..., 1], broadcast against [..., V]
+    elif n_top < 0:
+        raise ValueError(f"n_top must be >= 0 (n_top = F + 1), got {n_top}")
+    if C == 1:
+        return q
+
+    dtype = _compute_dtype(q.dtype)
+    q = q.to(dtype)
+    vocab_size = q.shape[-1]
+    order = _descending_order(q)  # [..., V]
+    ranks = torch.arange(vocab_size, device=q.device)  # [V]
+    in_top_sorted = (ranks < n_top).expand(q.shape)  # [..., V], by rank
+    in_top = torch.zeros_like(in_top_sorted).scatter(-1, order, in_top_sorted)  # [..., V], by token id
+    weights = torch.where(in_top, q * C, q)  # [..., V]
+    return weights / weights.sum(dim=-1, keepdim=True)
+
+
+def sample(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One draw per row of `probs` `[..., V]` -> LongTensor `[...]`, using only `generator`.
+
+    Zero-probability tokens are never drawn, so a one-hot row always yields its token (the draw still
+    advances the generator, which keeps the random stream position independent of the values).
+    """
+    _check_last_dim(probs, "probs")
+    leading = probs.shape[:-1]
+    flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
+    if flat.shape[0] == 0:
+        return torch.empty(leading, dtype=torch.long, device=probs.device)
+    draws = torch.multinomial(flat, num_samples=1, generator=generator)  # [N, 1]
+    return draws.reshape(leading)

@@ -1,0 +1,98 @@
+"""Verification of one linear speculation by rejection sampling (docs/ssd.md §1).
+
+`verify` is a pure function of tensors plus an explicit generator. It is exact for ANY proposal q (the
+draft's own, Saguaro σ_{F,C}, uniform random tokens, a lookup's point mass) provided q is the distribution
+the draft tokens were really drawn from. It never accepts by "equals the target argmax": at temperature 0
+that rule falls out of the general one because p and q are one-hot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engine.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome v = (k, t*) of one round for each of B rows.
+
+    accepted: LongTensor [B], k in 0..K, the number of leading draft tokens accepted.
+    bonus:    LongTensor [B], t*, drawn from the residual at position k+1 (or from p_{K+1} if k = K).
+    """
+
+    accepted: Tensor
+    bonus: Tensor
+
+    def emitted(self, draft_tokens: Tensor) -> list[list[int]]:
+        """The tokens each row emits this round: x_1..x_k, t*."""
+        if draft_tokens.dim() != 2 or draft_tokens.shape[0] != self.accepted.shape[0]:
+            raise ValueError(
+                f"draft_tokens must be [B, K] with B = {self.accepted.shape[0]}, got {tuple(draft_tokens.shape)}"
+            )
+        rows = draft_tokens.tolist()
+        return [row[:k] + [t] for row, k, t in zip(rows, self.accepted.tolist(), self.bonus.tolist())]
+
+
+def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor) -> None:
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [B, K], got shape {tuple(draft_tokens.shape)}")
+    if draft_tokens.is_floating_point() or draft_tokens.dtype == torch.bool:
+        raise ValueError(f"draft_tokens must be an integer tensor, got {draft_tokens.dtype}")
+    B, K = draft_tokens.shape
+    if q.dim() != 3 or tuple(q.shape[:2]) != (B, K):
+        raise ValueError(f"q must be [B, K, V] = [{B}, {K}, V], got {tuple(q.shape)}")
+    if p.dim() != 3 or tuple(p.shape[:2]) != (B, K + 1):
+        raise ValueError(f"p must be [B, K+1, V] = [{B}, {K + 1}, V], got {tuple(p.shape)}")
+    V = p.shape[2]
+    if V < 1 or q.shape[2] != V:
+        raise ValueError(f"p and q must share a vocabulary size V >= 1, got {p.shape[2]} and {q.shape[2]}")
+    if not (p.is_floating_point() and q.is_floating_point()):
+        raise ValueError(f"p and q must be floating-point distributions, got {p.dtype} and {q.dtype}")
+    if draft_tokens.numel() and (int(draft_tokens.min()) < 0 or int(draft_tokens.max()) >= V):
+        raise ValueError(f"draft_tokens must lie in [0, {V})")
+
+
+def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: torch.Generator) -> Verification:
+    """Standard rejection sampling of `draft_tokens` [B, K] drawn from `q` [B, K, V] against `p` [B, K+1, V].
+
+    Accept x_i with probability min(1, p_i(x_i)/q_i(x_i)), tested as u_i·q_i(x_i) < p_i(x_i) with
+    u_i ~ U[0, 1) (no division, and a token with p_i(x_i) = 0 is never accepted). k = number of leading
+    accepted tokens. The bonus t* is drawn from the residual max(0, p_{k+1} − q_{k+1}) renormalised, or from
+    p_{K+1} when k = K. If the residual is all zero (p_{k+1} ≤ q_{k+1} everywhere, i.e. p = q up to
+    rounding), rejection had probability Σ max(0, q − p) = Σ max(0, p − q) = 0 in exact arithmetic, so
+    any bonus rule is exact there; we draw from p_{k+1}.
+
+    Random numbers are drawn in a fixed order, independent of the values: first u [B, K] (all of them,
+    even past the first rejection), then one bonus draw per row; the same generator state therefore
+    reproduces the same outcome. p and q are used as given (they should be normalised distributions).
+    """
+    _validate(draft_tokens, q, p)
+    dtype = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
+    p, q = p.to(dtype), q.to(dtype)
+    B, K = draft_tokens.shape
+    x = draft_tokens.long().unsqueeze(-1)  # [B, K, 1]
+
+    u = torch.rand((B, K), generator=generator, dtype=dtype, device=p.device)  # [B, K]
+    p_x = p[:, :K].gather(-1, x).squeeze(-1)  # [B, K]
+    q_x = q.gather(-1, x).squeeze(-1)  # [B, K]
+    accept = u * q_x < p_x  # [B, K]
+    # Leading run of acceptances: the cumulative product turns to 0 at the first rejection.
+    accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # [B]
+
+    index = accepted.view(B, 1, 1).expand(B, 1, p.shape[2])  # [B, 1, V]
+    p_next = p.gather(1, index).squeeze(1)  # [B, V], p_{k+1}
+    if K > 0:
+        q_next = q.gather(1, index.clamp(max=K - 1)).squeeze(1)  # [B, V], q_{k+1} (unused row when k = K)
+        residual = (p_next - q_next).clamp(min=0)  # [B, V]
+        rejected = (accepted < K).unsqueeze(-1)  # [B, 1]
+        degenerate = residual.sum(dim=-1, keepdim=True) <= 0  # [B, 1]
+        bonus_dist = torch.where(rejected & ~degenerate, residual, p_next)  # [B, V]
+    else:
+        bonus_dist = p_next
+    # multinomial normalises each row itself, so the residual needs no explicit division.
+    bonus = sample(bonus_dist, generator)  # [B]
+    return Verification(accepted=accepted, bonus=bonus)
