@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS: tuple[str, ...] = ()  # filled in as commands land
+COMMANDS: tuple[str, ...] = ("generate",)
 
 
 class CliError(Exception):

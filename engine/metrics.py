@@ -1,0 +1,156 @@
+"""Metrics as data: per-round records (the simulator fits timings from them), per-request and
+per-run summaries with histograms, not only means."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+
+
+@dataclass
+class RoundRecord:
+    """One round of one strategy over a batch; the JSONL schema the simulator reads."""
+
+    strategy: str
+    round: int
+    batch_size: int
+    K: int
+    context_len: int  # max tokens in the target cache (prompt included) before the round
+    accepted: list[int]  # k per sequence
+    emitted: list[int]  # tokens emitted per sequence (k + 1 before truncation at EOS/limit)
+    draft_ms: float  # drafting on the critical path (0 for AR)
+    verify_ms: float  # target forward (+ verification) of the round
+    round_ms: float
+    draft_forwards: int
+    phase: str = "decode"  # or "prefill"
+    tokens: int = 0  # prefill only: prompt tokens of the longest prompt
+    # SSD only
+    hit: list[bool] | None = None
+    cache_build_ms: float | None = None
+    branches: int | None = None
+    backup: str | None = None
+    wait_ms: float | None = None
+    fanout: list[int] | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+
+
+@dataclass
+class RequestMetrics:
+    """Timings and counts of one request."""
+
+    prompt_tokens: int
+    new_tokens: int = 0
+    ttft_s: float = 0.0  # time to first token
+    e2e_s: float = 0.0  # start of the call to the last token
+    rounds: int = 0
+    target_forwards: int = 0  # forwards of the target that included this sequence (prefill too)
+    accepted_hist: Counter = field(default_factory=Counter)  # k -> rounds
+    token_times_s: list[float] = field(default_factory=list)  # emission time of each token
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.e2e_s if self.e2e_s > 0 else 0.0
+
+    @property
+    def inter_token_latencies_s(self) -> list[float]:
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def mean_itl_s(self) -> float:
+        """Time per output token after the first ((e2e − ttft) / (n − 1))."""
+        return (self.e2e_s - self.ttft_s) / (self.new_tokens - 1) if self.new_tokens > 1 else 0.0
+
+    def summary(self) -> dict:
+        itl = self.inter_token_latencies_s
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_s": self.ttft_s,
+            "e2e_s": self.e2e_s,
+            "mean_itl_s": self.mean_itl_s,
+            "itl_p50_s": float(np.percentile(itl, 50)) if itl else 0.0,
+            "itl_p99_s": float(np.percentile(itl, 99)) if itl else 0.0,
+            "rounds": self.rounds,
+            "target_forwards": self.target_forwards,
+            "accepted_hist": {int(k): v for k, v in sorted(self.accepted_hist.items())},
+        }
+
+
+@dataclass
+class RunMetrics:
+    """Aggregate of one generate() call."""
+
+    strategy: str
+    K: int
+    wall_s: float
+    requests: list[RequestMetrics]
+    rounds: list[RoundRecord]
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.requests)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def accepted_hist(self) -> Counter:
+        total: Counter = Counter()
+        for r in self.requests:
+            total.update(r.accepted_hist)
+        return total
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean draft tokens accepted per sequence-round (k)."""
+        hist = self.accepted_hist
+        n = sum(hist.values())
+        return sum(k * c for k, c in hist.items()) / n if n else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Estimate of α from the accepted counts (MLE under i.i.d. acceptance, truncated at K).
+
+        Each sequence-round is a run of Bernoulli(α) trials stopped at the first rejection or
+        after K successes: α = accepted draws / (accepted draws + rejections).
+        """
+        hist = self.accepted_hist
+        accepted = sum(k * c for k, c in hist.items())
+        rejections = sum(c for k, c in hist.items() if k < self.K)
+        return accepted / (accepted + rejections) if accepted + rejections else 0.0
+
+    def summary(self) -> dict:
+        decode = [r for r in self.rounds if r.phase == "decode"]
+        return {
+            "strategy": self.strategy,
+            "K": self.K,
+            "requests": len(self.requests),
+            "new_tokens": self.new_tokens,
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mean_ttft_s": float(np.mean([r.ttft_s for r in self.requests])) if self.requests else 0.0,
+            "mean_itl_s": float(np.mean([r.mean_itl_s for r in self.requests])) if self.requests else 0.0,
+            "rounds": len(decode),
+            "target_forwards": len(self.rounds),
+            "mean_accepted": self.mean_accepted,
+            "alpha": self.acceptance_rate,
+            "accepted_hist": {int(k): v for k, v in sorted(self.accepted_hist.items())},
+            "median_verify_ms": median(r.verify_ms for r in decode) if decode else 0.0,
+            "median_draft_ms": median(r.draft_ms for r in decode) if decode else 0.0,
+        }
+
+    def write_rounds(self, path: str | Path) -> None:
+        """Write the per-round records as JSONL (one object per round)."""
+        with open(path, "w", encoding="utf-8") as f:
+            for record in self.rounds:
+                f.write(record.to_json() + "\n")

@@ -1,0 +1,105 @@
+"""`saguaro generate`: real generation with AR or SD on the default pair or any local model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_TARGET = "qwen-coder-1.5b"
+DEFAULT_DRAFT = "qwen-coder-0.5b"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", help="generate text with AR, SD or SSD", description=__doc__)
+    p.add_argument("prompt", nargs="*", help="prompt text(s); read from --prompts-file or stdin if none")
+    p.add_argument("--prompts-file", type=Path, help="JSONL file with a 'prompt' (or 'turns') field per line")
+    p.add_argument("--strategy", choices=["ar", "sd"], default="sd")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file")
+    p.add_argument("-K", "--lookahead", type=int, default=4, dest="K", help="draft tokens per round")
+    p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
+    p.add_argument("--fanout", type=int, nargs="+", help="F_0..F_K (K + 1 integers)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-chat-template", action="store_true", help="feed prompts as raw text")
+    p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
+    p.add_argument("--json", action="store_true", help="print outputs and metrics as JSON")
+    p.add_argument("--rounds-out", type=Path, help="write per-round records (JSONL) here")
+    return p
+
+
+def read_prompts(args) -> list[str]:
+    if args.prompt:
+        return list(args.prompt)
+    if args.prompts_file:
+        if not args.prompts_file.is_file():
+            raise ValueError(f"prompts file {args.prompts_file} does not exist")
+        prompts = []
+        for n, line in enumerate(args.prompts_file.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{args.prompts_file}:{n} is not JSON ({err.msg})") from None
+            text = row.get("prompt") or (row.get("turns") or [None])[0]
+            if not isinstance(text, str):
+                raise ValueError(f"{args.prompts_file}:{n} has no 'prompt' or 'turns' text field")
+            prompts.append(text)
+        return prompts
+    if sys.stdin is not None and not sys.stdin.isatty():
+        text = sys.stdin.read()
+        return [text]
+    raise ValueError("no prompt given: pass it as an argument, with --prompts-file, or on stdin")
+
+
+def run(args) -> int:
+    from engine import LLM, SamplingParams, SpeculativeConfig
+
+    prompts = read_prompts(args)
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos, seed=args.seed,
+    )
+    spec = SpeculativeConfig(K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None)
+    with LLM(
+        args.target, args.draft if args.strategy != "ar" else None,
+        strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
+        draft_int8=args.draft_int8, device=args.device, threads=args.threads,
+        chat_template=not args.no_chat_template, cache_dir=args.cache,
+    ) as llm:
+        result = llm.generate(prompts, params)
+    if args.rounds_out:
+        result.metrics.write_rounds(args.rounds_out)
+    if args.json:
+        print(json.dumps({
+            "outputs": [
+                {"prompt": p, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                 "metrics": o.metrics.summary()}
+                for p, o in zip(prompts, result)
+            ],
+            "metrics": result.metrics.summary(),
+        }, indent=2))
+        return 0
+    for o in result:
+        print(o.text)
+        print()
+    s = result.metrics.summary()
+    print(
+        f"[{s['strategy']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s; "
+        f"TTFT {s['mean_ttft_s'] * 1e3:.0f} ms; ITL {s['mean_itl_s'] * 1e3:.0f} ms"
+        + (f"; alpha {s['alpha']:.2f}, mean accepted {s['mean_accepted']:.2f}" if s["strategy"] != "ar" else ""),
+        file=sys.stderr,
+    )
+    return 0
