@@ -10,6 +10,13 @@ C      Saguaro down-weighting constant in (0, 1]; C = 1 is plain sampling
 b      batch size (independent sequences)
 T_v    one verify forward (the time unit of the closed forms)
 T_d    one draft token;  T_SD = K·T_d / T_v;  T_p cache-build time;  T_b backup time
+T_ar   one target decode step (AR);  closed forms take T_v = 1 and T_ar ≈ 1
+P(k)   probability of outcome k: α^k(1 − α) for k < K, α^K for k = K
+p_hit  probability the verify outcome is in the cache;  E_hit, E_miss: E after a hit / a miss
+a      scale of the power law, miss ≈ a·F^(−r) (a = 1 in docs/ssd.md; fitted, it absorbs F = 1)
+σ      Saguaro-modified draft distribution σ_{F,C}: q's top F+1 tokens scaled by C, renormalised
+T_n    the n best-ranked tokens of q (ties to the lower token id);  G(x) guesses after rejecting x
+b*     critical batch size: smallest b at which the fast backup beats the neural one (Cor. 16)
 """
 
 from __future__ import annotations
