@@ -1,0 +1,1 @@
+"""Generation strategies: one file per strategy."""

@@ -1,0 +1,54 @@
+"""KVState: ragged batches and per-row roll-back give the logits of each row run alone."""
+
+import torch
+
+from engine.kv_cache import KVState
+from tests.engine.tiny import tiny_lm
+
+ATOL = 1e-5  # fp32 block shapes round differently; anything larger is a real bug
+
+
+def alone(model, tokens: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([tokens])).logits[0, -1]
+
+
+def test_ragged_prefill_matches_each_row_alone():
+    model = tiny_lm(0)
+    state = KVState(model, 2, torch.device("cpu"))
+    tokens = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    valid = torch.tensor([[False, False, True, True, True], [True] * 5])
+    logits = state.extend(tokens, valid, logits_to_keep=1)[:, -1]
+    assert torch.allclose(logits[0], alone(model, [5, 6, 7]), atol=ATOL)
+    assert torch.allclose(logits[1], alone(model, [1, 2, 3, 4, 5]), atol=ATOL)
+    assert state.lengths.tolist() == [3, 5]
+
+
+def test_rollback_per_row_restores_the_shorter_prefix():
+    model = tiny_lm(1)
+    state = KVState(model, 2, torch.device("cpu"))
+    state.extend(torch.tensor([[1, 2], [3, 4]]))
+    state.extend(torch.tensor([[5, 6, 7], [8, 9, 10]]))
+    state.rollback(torch.tensor([3, 1]))  # row 0 forgets 5,6,7; row 1 forgets 10
+    assert state.lengths.tolist() == [2, 4]
+    logits = state.extend(torch.tensor([[11], [12]]))[:, -1]
+    assert torch.allclose(logits[0], alone(model, [1, 2, 11]), atol=ATOL)
+    assert torch.allclose(logits[1], alone(model, [3, 4, 8, 9, 12]), atol=ATOL)
+
+
+def test_rollback_of_every_row_frees_the_slots():
+    model = tiny_lm(2)
+    state = KVState(model, 2, torch.device("cpu"))
+    state.extend(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    state.rollback(torch.tensor([2, 2]))
+    assert state.mask.shape[1] == 1
+    assert state.cache.get_seq_length() == 1
+
+
+def test_select_keeps_rows_and_their_caches():
+    model = tiny_lm(3)
+    state = KVState(model, 3, torch.device("cpu"))
+    state.extend(torch.tensor([[1, 2], [3, 4], [5, 6]]))
+    state.select(torch.tensor([0, 2]))
+    logits = state.extend(torch.tensor([[7], [8]]))[:, -1]
+    assert torch.allclose(logits[1], alone(model, [5, 6, 8]), atol=ATOL)
