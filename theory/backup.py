@@ -96,13 +96,10 @@ def critical_batch_size(
     A = M * (N_f - N_n)
     G = N_f * (1 + neural.T_b) - N_n * (1 + fast.T_b)
 
-    if p == 1.0:
-        b_star: int | None = 1 if A > 0 else None
-    elif p == 0.0:
-        b_star = 1 if G > 0 else None
-    elif G + p * (A - G) > 0:
-        b_star = 1
-    elif G <= 0:
+    # Evaluate b = 1 directly rather than through g, so that near-ties agree with `backup_speedups`.
+    if _fast_wins(p, E_hit, T_p, neural, fast, 1):
+        b_star: int | None = 1
+    elif p in (0.0, 1.0) or G <= 0:  # s is constant, or g stays ≤ 0 as s falls
         b_star = None
     else:
         b_star = math.floor(math.log(G / (G - A)) / math.log(p)) + 1
