@@ -127,7 +127,7 @@ sampling_params = st.builds(
 
 
 @pytest.mark.parametrize("kind", ["draft", "saguaro", "uniform", "point_mass"])
-@settings(deadline=None, max_examples=50)
+@settings(deadline=None, max_examples=150)
 @given(
     seed=st.integers(0, 2**31),
     vocab_size=st.integers(2, 6),
