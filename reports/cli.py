@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS: tuple[str, ...] = ("generate",)
+COMMANDS: tuple[str, ...] = ("generate", "theory")
 
 
 class CliError(Exception):

@@ -1,0 +1,127 @@
+"""`saguaro theory ...`: tables, --json, exit status 2 on bad input, and no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SPEEDUP = ["theory", "speedup", "--alpha", "0.8", "--K", "4", "--t-sd", "0.3", "--p-hit", "0.9"]
+FANOUT = ["theory", "fanout", "--alpha", "0.8", "--r", "1", "--K", "7", "--B", "24"]
+FIT = ["theory", "fit-r", "--fanout", "1", "2", "4", "8", "--miss", "0.5", "0.3", "0.17", "0.09"]
+BACKUP = ["theory", "backup", "--alpha", "0.8", "--K", "4", "--t-sd", "0.3", "--p-hit", "0.9"]
+SAGUARO = ["theory", "saguaro", "--p", "0.1", "0.1", "0.8", "--q", "0.1", "0.5", "0.4", "--F", "1", "--C", "1", "0.5"]
+
+
+def run_json(argv: list[str], capsys) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_speedup_table(capsys) -> None:
+    assert main([*SPEEDUP, "--batch", "1", "16"]) == 0
+    out = capsys.readouterr().out
+    for text in ("E_sd", "3.362", "sd_speedup", "2.586", "cor9_ceiling_ssd_over_sd", "ssd_speedup", "3.264"):
+        assert text in out
+
+
+def test_speedup_json(capsys) -> None:
+    data = run_json([*SPEEDUP, "--batch", "1", "4"], capsys)
+    assert data["E_sd"] == pytest.approx(3.3616) and data["cor8_never_slower_than_sd"] is True
+    assert [row["b"] for row in data["by_batch"]] == [1, 4]
+    assert data["by_batch"][0]["ssd_over_sd"] > data["by_batch"][1]["ssd_over_sd"] > 1
+
+
+def test_fanout_table_and_json(capsys) -> None:
+    assert main(FANOUT) == 0
+    out = capsys.readouterr().out
+    assert "optimal_integer" in out and "uniform" in out and "3.897" in out
+    data = run_json(FANOUT, capsys)
+    assert data["schedules"]["optimal_integer"] == [4, 3, 3, 3, 3, 2, 2, 4]
+    assert sum(data["schedules"]["optimal_integer"]) == 24
+    hit = data["hit_probability"]
+    assert hit["optimal_integer"] >= hit["uniform"]
+
+
+def test_fit_r_table_and_json(capsys) -> None:
+    assert main(FIT) == 0
+    out = capsys.readouterr().out
+    assert "r_ci_0.95" in out and "linregress" in out
+    data = run_json(FIT, capsys)
+    assert data["r_ci"][0] < data["r"] < data["r_ci"][1] and data["dof"] == 2
+
+
+def test_backup_table_and_json(capsys) -> None:
+    assert main(BACKUP) == 0
+    out = capsys.readouterr().out
+    assert "b_star" in out and "neural" in out and "random" in out
+    data = run_json(BACKUP, capsys)
+    assert data["b_star"] == 3
+    assert [row["choice"] for row in data["by_batch"]][:3] == ["neural", "neural", "random"]
+
+
+def test_saguaro_table_and_json(capsys) -> None:
+    assert main(SAGUARO) == 0
+    out = capsys.readouterr().out
+    assert "hit_given_reject" in out and "0.812" in out
+    data = run_json(SAGUARO, capsys)
+    assert [row["hit_given_reject"] for row in data["by_C"]] == pytest.approx([1.0, 0.8125])
+    assert sum(data["by_C"][1]["sigma"]) == pytest.approx(1.0)
+
+
+def test_saguaro_normalises_counts_on_request(capsys) -> None:
+    data = run_json(["theory", "saguaro", "--p", "1", "1", "8", "--q", "1", "5", "4", "--F", "1", "--normalise"], capsys)
+    assert data["by_C"][0]["hit_given_reject"] == pytest.approx(1.0)
+
+
+def test_no_nan_in_json_when_nothing_is_ever_rejected(capsys) -> None:
+    data = run_json(["theory", "saguaro", "--p", "0.5", "0.5", "--q", "0.5", "0.5", "--F", "1"], capsys)
+    assert data["by_C"][0]["hit_given_reject"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["theory", "speedup", "--alpha", "1.5", "--K", "4", "--t-sd", "0.3", "--p-hit", "0.9"], "alpha"),
+        (["theory", "speedup", "--alpha", "0.8", "--K", "0", "--t-sd", "0.3", "--p-hit", "0.9"], "--K"),
+        (["theory", "fanout", "--alpha", "0.8", "--r", "-1", "--K", "7", "--B", "24"], "r must be > 0"),
+        (["theory", "fit-r", "--fanout", "1", "2", "4", "--miss", "0.5", "0.3"], "one miss rate per fan-out"),
+        (["theory", "backup", "--alpha", "0.8", "--K", "4", "--t-sd", "0.3", "--p-hit", "2"], "p_hit"),
+        (["theory", "saguaro", "--p", "0.5", "0.6", "--q", "0.5", "0.5", "--F", "1"], "--normalise"),
+        (["theory", "saguaro", "--p", "0.5", "0.5", "--q", "0.5", "0.5", "--F", "1", "--C", "0"], "(0, 1]"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv: list[str], fragment: str, capsys) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("saguaro theory: error:") and captured.err.count("\n") == 1
+    assert fragment in captured.err and "Traceback" not in captured.err
+
+
+def test_bad_input_in_a_real_process_has_no_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "reports.cli", "theory", "speedup", "--alpha", "1.5", "--K", "4", "--t-sd", "0.3",
+         "--p-hit", "0.9"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_theory_command_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from reports.cli import main\n"
+        "for argv in ({}):\n"
+        "    assert main(list(argv)) == 0\n"
+        "heavy = [m for m in ('torch', 'transformers', 'simpy') if m in sys.modules]\n"
+        "sys.exit(f'imported {{heavy}}' if heavy else 0)\n"
+    ).format(", ".join(repr(tuple(a)) for a in (SPEEDUP, FANOUT, FIT, BACKUP, SAGUARO)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
