@@ -1,0 +1,158 @@
+"""A timing model fitted from the engine's own per-round records (vidur: measure, then fit, then simulate).
+
+Linear in what a forward touches, with non-negative coefficients (non-negative least squares, each
+row weighted by 1/time so that small and large forwards count alike in relative terms):
+- target forward over `rows` new positions with `kv` cached tokens read: v0 + v_row·rows + v_kv·kv
+  (verify: rows = batch·(K+1), kv = batch·context; AR decode: rows = batch);
+- draft forward: d0 + d_row·rows + d_kv·kv, fitted jointly from SD drafting (K forwards of `batch` rows),
+  SSD cache builds (a glue forward of batch·(K+1) rows, then K tree steps of `branches` rows) and SSD
+  neural backups (K forwards of the missed rows);
+- prefill: p0 + p_row·batch·tokens for the target and for the draft;
+- per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
+- the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import nnls
+
+from theory.glossary import Backup, Strategy
+
+from simulator.records import RoundRecord
+
+Coef = tuple[float, float, float]
+
+
+def _fit_linear(rows: list[list[float]], y: list[float]) -> tuple[tuple[float, ...], float]:
+    """Non-negative least squares on relative error; returns the coefficients and the relative RMS error."""
+    A, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
+    w = 1.0 / np.maximum(b, 1e-6)
+    Aw = A * w[:, None]
+    scale = np.abs(Aw).max(axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = nnls(Aw / scale, b * w)
+    coef = x / scale
+    rel = (A @ coef - b) * w
+    return tuple(float(c) for c in coef), float(np.sqrt(np.mean(rel**2)))
+
+
+@dataclass(frozen=True)
+class FittedTiming:
+    """Fitted coefficients (ms): a TimingModel. `errors`: relative RMS error of each fitted part."""
+
+    verify: Coef
+    draft: Coef | None = None
+    prefill_target: tuple[float, float] | None = None
+    prefill_draft: tuple[float, float] | None = None
+    overhead: dict = field(default_factory=dict)  # strategy value -> ms per round
+    fast_backup_ms: dict = field(default_factory=dict)  # backup value -> ms
+    link_latency_ms: float = 0.0
+    errors: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+
+    def _target(self, rows: int, kv: int) -> float:
+        v0, v_row, v_kv = self.verify
+        return v0 + v_row * rows + v_kv * kv
+
+    def _draft(self, rows: int, kv: int) -> float:
+        if self.draft is None:
+            raise ValueError("these records hold no SD or SSD rounds, so the draft's time was not fitted: "
+                             "add a calibration run of SD or SSD")
+        d0, d_row, d_kv = self.draft
+        return d0 + d_row * rows + d_kv * kv
+
+    def verify_ms(self, batch: int, tokens: int, context: int) -> float:
+        return self._target(batch * tokens, batch * context)
+
+    def draft_ms(self, batch: int, K: int, context: int) -> float:
+        return K * self._draft(batch, batch * context)
+
+    def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
+        return self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
+
+    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
+        if backup is Backup.NEURAL:
+            return self.draft_ms(missed, K, context)
+        if backup.value not in self.fast_backup_ms:
+            raise ValueError(f"no SSD rounds with the {backup.value} backup missed in the calibration records: "
+                             f"its time is unknown (calibrate with that backup)")
+        return self.fast_backup_ms[backup.value]
+
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
+        if self.prefill_target is None:
+            target_ms = self._target(batch * tokens, 0)
+        else:
+            target_ms = self.prefill_target[0] + self.prefill_target[1] * batch * tokens
+        if strategy is Strategy.AR or self.prefill_draft is None:
+            return target_ms
+        draft_ms = self.prefill_draft[0] + self.prefill_draft[1] * batch * tokens
+        return target_ms + draft_ms if strategy is Strategy.SD else max(target_ms, draft_ms)
+
+    def overhead_ms(self, strategy: Strategy) -> float:
+        return self.overhead.get(strategy.value, 0.0)
+
+
+def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[float]]:
+    """Design rows [forwards, Σ rows, Σ kv] and times for every draft measurement in the records."""
+    X, y = [], []
+    for r in records:
+        b, K, kv = r.batch_size, r.K, r.batch_size * r.context_len
+        if r.strategy is Strategy.SD and r.draft_ms > 0:
+            X.append([K, K * b, K * kv])
+            y.append(r.draft_ms)
+        elif r.strategy is Strategy.SSD:
+            if r.cache_build_ms and r.cache_build_ms > 0:
+                X.append([K + 1, b * (K + 1) + K * r.branches, (K + 1) * kv])
+                y.append(r.cache_build_ms)
+            missed = r.hit.count(False)
+            if r.backup is Backup.NEURAL and missed and r.draft_ms > 0:
+                X.append([K, K * missed, K * missed * r.context_len])
+                y.append(r.draft_ms)
+    return X, y
+
+
+def fit_timing(records: list[RoundRecord]) -> FittedTiming:
+    """Fit every part the records inform. ValueError if there is nothing to fit the verifier from."""
+    decode = [r for r in records if r.is_decode]
+    prefill = [r for r in records if not r.is_decode]
+    if len(decode) < 3:
+        raise ValueError(f"need at least 3 decode rounds to fit timings, got {len(decode)}: record a longer run")
+    errors, counts = {}, {}
+    X = [[1.0, r.batch_size * (r.K + 1), r.batch_size * r.context_len] for r in decode]
+    verify, errors["verify"] = _fit_linear(X, [r.verify_ms for r in decode])
+    counts["verify"] = len(decode)
+    draft = None
+    X, y = _draft_rows(decode)
+    if len(y) >= 3:
+        draft, errors["draft"] = _fit_linear(X, y)
+        counts["draft"] = len(y)
+    prefill_target = prefill_draft = None
+    if len(prefill) >= 2:
+        prefill_target, errors["prefill_target"] = _fit_linear(
+            [[1.0, r.batch_size * r.tokens] for r in prefill], [r.verify_ms for r in prefill])
+        with_draft = [r for r in prefill if r.draft_ms > 0]
+        if len(with_draft) >= 2:
+            prefill_draft, errors["prefill_draft"] = _fit_linear(
+                [[1.0, r.batch_size * r.tokens] for r in with_draft], [r.draft_ms for r in with_draft])
+    overhead = {}
+    for strategy in Strategy:
+        rows = [r for r in decode if r.strategy is strategy]
+        if rows:
+            waited = [(r.wait_ms or 0.0) if strategy is Strategy.SSD else r.draft_ms for r in rows]
+            residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited)]
+            overhead[strategy.value] = max(0.0, float(np.median(residual)))
+    fast = {}
+    for backup in (Backup.RANDOM, Backup.LOOKUP):
+        times = [r.draft_ms for r in decode if r.backup is backup and not all(r.hit)]
+        if times:
+            fast[backup.value] = float(np.median(times))
+    hit_waits = [r.wait_ms for r in decode if r.hit and all(r.hit) and r.cache_build_ms is not None
+                 and r.cache_build_ms < r.verify_ms and r.wait_ms is not None]
+    link_ms = float(np.median(hit_waits)) / 2 if hit_waits else 0.0
+    return FittedTiming(
+        verify=verify, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
+        overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, errors=errors, counts=counts,
+    )

@@ -1,0 +1,112 @@
+"""Hardware and model specs, and the roofline time of one forward pass.
+
+A forward over `rows` new tokens (all sequences and positions together) reads the weights once and the
+KV cache of every sequence, and does about 2·params FLOPs per row (plus attention). Its time is the
+larger of the memory time and the compute time on accelerators that overlap the two (GPUs), their sum
+on this CPU (where the fit to measured timings says they do not overlap), plus a fixed cost per layer
+(kernel launches / Python) and, under tensor parallelism, two all-reduces per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _positive(name: str, value: float, hint: str = "") -> None:
+    if not value > 0:  # also rejects NaN
+        raise ValueError(f"{name} must be > 0{hint}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator (or CPU socket share). Peak numbers are per device; efficiencies are achieved fractions."""
+
+    name: str
+    mem_bandwidth_gb_s: float  # peak memory bandwidth, GB/s
+    peak_tflops: float  # dense bf16 peak, TFLOP/s
+    interconnect_gb_s: float  # device-to-device bandwidth per direction, GB/s (TP all-reduce, draft link)
+    interconnect_latency_us: float  # one small all-reduce / one message, µs
+    layer_overhead_us: float  # fixed cost per layer per forward (launches, framework), µs
+    memory_gb: float
+    mem_efficiency: float = 0.8
+    flops_efficiency: float = 0.7
+    overlaps_memory_and_compute: bool = True
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("mem_bandwidth_gb_s", "peak_tflops", "interconnect_gb_s", "memory_gb"):
+            _positive(field, getattr(self, field), f" for hardware {self.name!r}")
+        for field in ("interconnect_latency_us", "layer_overhead_us"):
+            if not getattr(self, field) >= 0:
+                raise ValueError(f"{field} must be >= 0 for hardware {self.name!r}")
+        for field in ("mem_efficiency", "flops_efficiency"):
+            if not 0 < getattr(self, field) <= 1:
+                raise ValueError(f"{field} is a fraction of peak and must lie in (0, 1]; got {getattr(self, field)}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as the roofline needs it."""
+
+    name: str
+    params: float  # parameters as loaded (untied output head counted)
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    dtype_bytes: float = 2.0  # bf16
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("params", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "dtype_bytes"):
+            _positive(field, getattr(self, field), f" for model {self.name!r}")
+        if self.kv_heads > self.heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) cannot exceed heads ({self.heads}) for {self.name!r}")
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes  # K and V
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model on `tp` devices of one kind (tensor parallel)."""
+
+    model: ModelSpec
+    hardware: Hardware
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"tp (tensor-parallel degree) must be >= 1; got {self.tp}")
+        need_gb = self.model.weight_bytes / 1e9 / self.tp
+        if need_gb > self.hardware.memory_gb:
+            raise ValueError(
+                f"{self.model.name} needs {need_gb:.0f} GB of weights per device on {self.tp}× "
+                f"{self.hardware.name} ({self.hardware.memory_gb:.0f} GB each): raise the tensor-parallel degree"
+            )
+
+    def forward_ms(self, rows: int, kv_tokens: int, attention_pairs: int) -> float:
+        """Time of one forward over `rows` new tokens.
+
+        `kv_tokens`: cached tokens read in all (each sequence's cache once, also when several rows share it);
+        `attention_pairs`: Σ over rows of the tokens each row attends to (the attention FLOPs).
+        """
+        m, hw, tp = self.model, self.hardware, self.tp
+        mem_bytes = (m.weight_bytes + kv_tokens * m.kv_bytes_per_token) / tp
+        flops = (2.0 * m.params * rows + 4.0 * m.layers * m.heads * m.head_dim * attention_pairs) / tp
+        mem_ms = mem_bytes / (hw.mem_bandwidth_gb_s * 1e9 * hw.mem_efficiency) * 1e3
+        compute_ms = flops / (hw.peak_tflops * 1e12 * hw.flops_efficiency) * 1e3
+        body_ms = max(mem_ms, compute_ms) if hw.overlaps_memory_and_compute else mem_ms + compute_ms
+        fixed_ms = m.layers * hw.layer_overhead_us * 1e-3
+        if tp > 1:  # two ring all-reduces of the activations per layer
+            ring_bytes = rows * m.hidden * m.dtype_bytes * 2.0 * (tp - 1) / tp
+            per_reduce_ms = hw.interconnect_latency_us * 1e-3 + ring_bytes / (hw.interconnect_gb_s * 1e9) * 1e3
+            fixed_ms += 2 * m.layers * per_reduce_ms
+        return body_ms + fixed_ms

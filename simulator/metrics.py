@@ -1,0 +1,137 @@
+"""What a simulation measures: a cheap `Recorder` the actors write to, and the `SimResult` it becomes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+
+
+class Recorder:
+    """Counters and samples, appended to by the processes. Plain attributes: a round costs a few adds."""
+
+    def __init__(self, K: int, trace: bool) -> None:
+        self.rounds = 0
+        self.tokens = 0
+        self.accepted_hist = [0] * (K + 1)  # sequence-rounds by k
+        self.hits_by_k = [0] * (K + 1)  # cache lookups after a round that accepted k: hit
+        self.misses_by_k = [0] * (K + 1)
+        self.batch_lookups = 0
+        self.batch_all_hit = 0
+        self.occupancy_ms = 0.0  # ∫ sequences in the batch dt, over decode rounds
+        self.itl_ms: list[float] = []  # per emission: gap since the sequence's last emission / tokens
+        self.itl_tokens: list[int] = []
+        self.ttft_ms: list[float] = []
+        self.tpot_ms: list[float] = []  # per finished request: (done − first token) / (tokens − 1)
+        self.completed = 0
+        # time per actor and activity, ms
+        self.target = {"verify": 0.0, "prefill": 0.0, "overhead": 0.0, "wait_draft": 0.0, "idle": 0.0}
+        self.draft = {"draft": 0.0, "cache_build": 0.0, "backup": 0.0, "stall": 0.0}
+        self.spans: list[tuple[str, str, float, float]] | None = [] if trace else None
+
+    def span(self, actor: str, what: str, start_ms: float, end_ms: float) -> None:
+        if self.spans is not None and end_ms > start_ms:
+            self.spans.append((actor, what, start_ms, end_ms))
+
+
+def weighted_percentiles(values: list[float], weights: list[int] | None = None) -> dict[str, float]:
+    """p50/p90/p99 and mean; a value with weight w counts as w samples (inverted-CDF, no interpolation)."""
+    if not values:
+        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
+    v = np.asarray(values, dtype=float)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=float)
+    order = np.argsort(v, kind="stable")
+    v, cum = v[order], np.cumsum(w[order])
+    out = {"mean": float(np.dot(v, w[order]) / cum[-1])}
+    for p in PERCENTILES:
+        out[f"p{p}"] = float(v[np.searchsorted(cum, p / 100 * cum[-1], side="left")])
+    return out
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The figures of one simulated configuration. Times in ms, rates per second of simulated time."""
+
+    strategy: str
+    settings: dict
+    sim_ms: float
+    rounds: int
+    tokens: int
+    completed_requests: int
+    tokens_per_s: float
+    decode_tokens_per_s: float  # tokens after the first of each request, per second of decoding (no prefill, no idle)
+    tokens_per_s_per_seq: float
+    tokens_per_s_per_accelerator: float
+    accelerators: int
+    mean_batch: float
+    ttft_ms: dict
+    itl_ms: dict
+    tpot_ms: dict
+    hit_rate: float | None
+    batch_hit_rate: float | None
+    mean_accepted: float
+    tokens_per_round: float
+    accepted_hist: list[int]
+    hits_by_k: list[int]
+    misses_by_k: list[int]
+    breakdown_ms: dict = field(default_factory=dict)
+    # (actor, activity, start_ms, end_ms) spans, in the order they ended; only when tracing
+    timeline: tuple | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        del out["timeline"]
+        return out
+
+    def row(self) -> dict:
+        """The headline figures, flat, for tables."""
+        return {
+            **self.settings,
+            "tok/s": self.tokens_per_s,
+            "tok/s/seq": self.tokens_per_s_per_seq,
+            "tok/s/acc": self.tokens_per_s_per_accelerator,
+            "itl_p50_ms": self.itl_ms["p50"],
+            "itl_p99_ms": self.itl_ms["p99"],
+            "ttft_p99_ms": self.ttft_ms["p99"],
+            "hit": self.hit_rate,
+            "tok/round": self.tokens_per_round,
+        }
+
+
+def summarize(rec: Recorder, strategy: str, settings: dict, sim_ms: float, accelerators: int,
+              link_busy_ms: dict[str, float]) -> SimResult:
+    seconds = sim_ms / 1e3 if sim_ms > 0 else float("nan")
+    tokens_per_s = rec.tokens / seconds
+    mean_batch = rec.occupancy_ms / sim_ms if sim_ms > 0 else 0.0
+    lookups = sum(rec.hits_by_k) + sum(rec.misses_by_k)
+    seq_rounds = sum(rec.accepted_hist)
+    mean_k = sum(k * n for k, n in enumerate(rec.accepted_hist)) / seq_rounds if seq_rounds else 0.0
+    decode_tokens = rec.tokens - len(rec.ttft_ms)  # the first token of each request comes from prefill
+    decode_ms = sim_ms - rec.target["prefill"] - rec.target["idle"]
+    return SimResult(
+        strategy=strategy,
+        settings=settings,
+        sim_ms=sim_ms,
+        rounds=rec.rounds,
+        tokens=rec.tokens,
+        completed_requests=rec.completed,
+        tokens_per_s=tokens_per_s,
+        decode_tokens_per_s=decode_tokens / decode_ms * 1e3 if decode_ms > 0 else 0.0,
+        tokens_per_s_per_seq=tokens_per_s / mean_batch if mean_batch > 0 else 0.0,
+        tokens_per_s_per_accelerator=tokens_per_s / accelerators,
+        accelerators=accelerators,
+        mean_batch=mean_batch,
+        ttft_ms=weighted_percentiles(rec.ttft_ms),
+        itl_ms=weighted_percentiles(rec.itl_ms, rec.itl_tokens),
+        tpot_ms=weighted_percentiles(rec.tpot_ms),
+        hit_rate=sum(rec.hits_by_k) / lookups if lookups else None,
+        batch_hit_rate=rec.batch_all_hit / rec.batch_lookups if rec.batch_lookups else None,
+        mean_accepted=mean_k,
+        tokens_per_round=decode_tokens / seq_rounds if seq_rounds else 0.0,
+        accepted_hist=list(rec.accepted_hist),
+        hits_by_k=list(rec.hits_by_k),
+        misses_by_k=list(rec.misses_by_k),
+        breakdown_ms={"target": dict(rec.target), "draft": dict(rec.draft), "link": dict(link_busy_ms)},
+    )

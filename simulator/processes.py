@@ -1,0 +1,176 @@
+"""The actors, as SimPy processes: the target (AR decoder or verifier), the draft worker, arrivals.
+
+Messages between target and draft go over two `Link`s: the target sends the verified batch (the outcome,
+each sequence carrying its accepted k), the draft answers with the next speculation (each sequence
+carrying where it came from: cache or backup). A round is one target forward.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from theory.glossary import Backup, Strategy
+
+from simulator.batch import Batch
+from simulator.draws import Draws
+from simulator.link import Link
+from simulator.metrics import Recorder
+from simulator.timing import TimingModel
+from simulator.workload import RequestSource
+
+
+class Testbed:
+    """What the actors share: the clock, the models, the channels, the batch and the recorder."""
+
+    def __init__(self, env: simpy.Environment, *, strategy: Strategy, K: int, backup: Backup,
+                 budget: int, budget_backup: int, preempt_build: bool, timing: TimingModel, draws: Draws,
+                 batch: Batch, recorder: Recorder, to_draft: Link, to_target: Link,
+                 spec_bytes_per_seq: float, outcome_bytes_per_seq: float, max_rounds: int,
+                 max_requests: int | None) -> None:
+        self.env, self.strategy, self.K, self.backup = env, strategy, K, backup
+        self.budget, self.budget_backup, self.preempt_build = budget, budget_backup, preempt_build
+        self.timing, self.draws, self.batch, self.rec = timing, draws, batch, recorder
+        self.to_draft, self.to_target = to_draft, to_target
+        self.spec_bytes, self.outcome_bytes = spec_bytes_per_seq, outcome_bytes_per_seq
+        self.max_rounds, self.max_requests = max_rounds, max_requests
+        self.overhead_ms = timing.overhead_ms(strategy)
+        self.done = env.event()
+        self._last_round_end_ms = 0.0
+
+    def end_round(self, n_seqs: int) -> None:
+        rec, now = self.rec, self.env.now
+        rec.rounds += 1
+        rec.occupancy_ms += n_seqs * (now - self._last_round_end_ms)
+        self._last_round_end_ms = now
+        if rec.rounds >= self.max_rounds or (self.max_requests is not None and rec.completed >= self.max_requests):
+            if not self.done.triggered:
+                self.done.succeed()
+
+
+def admit(env: simpy.Environment, bed: Testbed):
+    """Let waiting requests join (waiting for one if nothing runs) and prefill them on the target."""
+    batch, rec = bed.batch, bed.rec
+    if not batch.seqs and not batch.queue.items:
+        idle_from_ms = env.now
+        request = yield batch.queue.get()
+        batch.queue.items.insert(0, request)  # back to the head of the queue, to join with the rest
+        rec.target["idle"] += env.now - idle_from_ms
+    requests = batch.take_waiting()
+    start_ms = env.now
+    prefill_ms = bed.timing.prefill_ms(bed.strategy, len(requests), max(r.prompt_len for r in requests))
+    yield env.timeout(prefill_ms)
+    rec.target["prefill"] += prefill_ms
+    rec.span("target", "prefill", start_ms, env.now)
+    batch.start(requests)
+
+
+def ar_decoder(env: simpy.Environment, bed: Testbed):
+    """Autoregressive decoding: one target forward per token per sequence."""
+    batch, rec, timing, overhead_ms = bed.batch, bed.rec, bed.timing, bed.overhead_ms
+    while True:
+        while batch.can_admit:
+            yield from admit(env, bed)
+        seqs = batch.seqs
+        start_ms = env.now
+        forward_ms = timing.verify_ms(len(seqs), 1, batch.context)
+        yield env.timeout(forward_ms + overhead_ms)
+        rec.target["verify"] += forward_ms
+        rec.target["overhead"] += overhead_ms
+        rec.span("target", "decode", start_ms, env.now)
+        n = len(seqs)
+        batch.emit([0] * n)
+        bed.end_round(n)
+
+
+def verifier(env: simpy.Environment, bed: Testbed):
+    """The target in SD and SSD: send the outcome, wait for a speculation, verify K+1 positions."""
+    batch, rec, timing, draws = bed.batch, bed.rec, bed.timing, bed.draws
+    tokens, overhead_ms, target = bed.K + 1, bed.overhead_ms, rec.target
+    while True:
+        while batch.can_admit:
+            yield from admit(env, bed)
+        seqs = batch.seqs
+        n = len(seqs)
+        sent_ms = env.now
+        bed.to_draft.send(seqs, bed.outcome_bytes * n)
+        yield bed.to_target.receive()
+        start_ms = env.now
+        target["wait_draft"] += start_ms - sent_ms
+        forward_ms = timing.verify_ms(n, tokens, batch.context)
+        yield env.timeout(forward_ms + overhead_ms)
+        target["verify"] += forward_ms
+        target["overhead"] += overhead_ms
+        if rec.spans is not None:
+            rec.span("target", "wait_draft", sent_ms, start_ms)
+            rec.span("target", "verify", start_ms, env.now)
+        batch.emit(draws.accepted([s.from_cache for s in seqs]))
+        bed.end_round(n)
+
+
+def sd_draft_worker(env: simpy.Environment, bed: Testbed):
+    """Synchronous SD: after each outcome, draft K tokens for every sequence, then hand them over."""
+    timing, rec, K = bed.timing, bed.rec, bed.K
+    while True:
+        seqs = yield bed.to_draft.receive()
+        start_ms = env.now
+        draft_ms = timing.draft_ms(len(seqs), K, bed.batch.context)
+        yield env.timeout(draft_ms)
+        rec.draft["draft"] += draft_ms
+        rec.span("draft", "draft", start_ms, env.now)
+        bed.to_target.send(seqs, bed.spec_bytes * len(seqs))
+
+
+def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
+    """Asynchronous SSD: build the cache while the target verifies; on a hit the next speculation is ready.
+
+    A miss is known as soon as the outcome arrives (the cache keys are chosen before the tree decode), so
+    with `preempt_build` the backup starts at once; otherwise it waits for the build to finish first.
+    """
+    timing, rec, draws, K, backup = bed.timing, bed.rec, bed.draws, bed.K, bed.backup
+    hits_by_k, misses_by_k, draft = rec.hits_by_k, rec.misses_by_k, rec.draft
+    building, build_start_ms, build_end_ms = None, 0.0, 0.0
+    while True:
+        seqs = yield bed.to_draft.receive()
+        arrived_ms = env.now
+        # cache lookup for sequences verified before; a new sequence has no cache yet
+        looked_up = [s for s in seqs if s.accepted is not None]
+        hits = draws.hits([s.from_cache for s in looked_up], [s.accepted for s in looked_up]) if looked_up else []
+        for seq, hit in zip(looked_up, hits):
+            (hits_by_k if hit else misses_by_k)[seq.accepted] += 1
+            seq.from_cache = hit
+        for seq in seqs:
+            if seq.accepted is None:
+                seq.from_cache = False
+        missed = len(seqs) - sum(hits)
+        rec.batch_lookups += 1
+        rec.batch_all_hit += missed == 0
+        if building is not None:
+            if missed == 0 or not bed.preempt_build:
+                if arrived_ms < build_end_ms:
+                    yield building  # the cache build outlasts the verify: the round stretches
+                draft["cache_build"] += build_end_ms - build_start_ms
+                rec.span("draft", "cache_build", build_start_ms, build_end_ms)
+            else:  # a miss: abandon what is left of the build
+                end_ms = min(arrived_ms, build_end_ms)
+                draft["cache_build"] += end_ms - build_start_ms
+                rec.span("draft", "cache_build", build_start_ms, end_ms)
+        context = bed.batch.context
+        if missed:
+            start_ms = env.now
+            backup_ms = timing.backup_ms(backup, missed, K, context)
+            yield env.timeout(backup_ms)
+            draft["backup"] += backup_ms
+            rec.span("draft", "backup", start_ms, env.now)
+        bed.to_target.send(seqs, bed.spec_bytes * len(seqs))
+        hit_seqs = len(seqs) - missed
+        branches = hit_seqs * bed.budget + missed * bed.budget_backup
+        build_ms = timing.cache_build_ms(len(seqs), K, branches, context)
+        build_start_ms, build_end_ms = env.now, env.now + build_ms
+        building = env.timeout(build_ms)
+
+
+def arrivals(env: simpy.Environment, batch: Batch, source: RequestSource):
+    """Open loop: Poisson arrivals into the batch's queue."""
+    while True:
+        yield env.timeout(source.gap_ms())
+        batch.queue.put(source.next_request(env.now))

@@ -1,0 +1,171 @@
+"""Read the engine's per-round records (JSONL, one object per round) without importing the engine.
+
+The schema (engine/metrics.py `RoundRecord`): strategy, round, batch_size, K, context_len, accepted,
+emitted, draft_ms, verify_ms, round_ms, draft_forwards, phase ("decode" | "prefill"), tokens (prefill);
+SSD decode rounds also carry hit, cache_build_ms, branches, backup, wait_ms, fanout. Unknown keys are
+ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from theory.glossary import Backup, Strategy
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    strategy: Strategy
+    round: int
+    batch_size: int
+    K: int
+    context_len: int
+    accepted: tuple[int, ...]
+    emitted: tuple[int, ...]
+    draft_ms: float
+    verify_ms: float
+    round_ms: float
+    draft_forwards: int
+    phase: str = DECODE
+    tokens: int = 0
+    hit: tuple[bool, ...] | None = None
+    cache_build_ms: float | None = None
+    branches: int | None = None
+    backup: Backup | None = None
+    wait_ms: float | None = None
+    fanout: tuple[int, ...] | None = None
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == DECODE
+
+    @property
+    def config_key(self) -> tuple:
+        """What identifies a configuration within a file: strategy, K, backup and fan-out."""
+        return (self.strategy.value, self.K, self.backup.value if self.backup else None, self.fanout)
+
+
+def _get(obj: dict, key: str, kind: type | tuple[type, ...], where: str, minimum: float | None = 0):
+    if key not in obj or obj[key] is None:
+        raise ValueError(f"{where}: missing field {key!r} (see simulator/records.py for the record schema)")
+    value = obj[key]
+    if isinstance(value, bool) and kind is not bool:
+        raise ValueError(f"{where}: field {key!r} must be a number, got {value!r}")
+    if not isinstance(value, kind):
+        raise ValueError(f"{where}: field {key!r} must be {_kind_name(kind)}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{where}: field {key!r} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _kind_name(kind) -> str:
+    if kind is int:
+        return "an integer"
+    if kind is bool:
+        return "true or false"
+    return "a number" if kind == (int, float) else str(kind)
+
+
+def _int_list(obj: dict, key: str, n: int, where: str) -> tuple[int, ...]:
+    values = obj.get(key)
+    if not isinstance(values, list) or len(values) != n:
+        raise ValueError(f"{where}: field {key!r} must be a list of {n} integers (one per sequence), got {values!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"{where}: field {key!r} must hold non-negative integers, got {values!r}")
+    return tuple(values)
+
+
+def parse_record(obj: object, where: str = "record") -> RoundRecord:
+    """One record from its decoded JSON object; ValueError says which field is wrong and where."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
+    name = _get(obj, "strategy", str, where, None)
+    try:
+        strategy = Strategy(name)
+    except ValueError:
+        raise ValueError(f"{where}: strategy must be one of ar, sd, ssd; got {name!r}") from None
+    phase = obj.get("phase", DECODE)
+    if phase not in (DECODE, PREFILL):
+        raise ValueError(f"{where}: phase must be 'decode' or 'prefill', got {phase!r}")
+    number = (int, float)
+    batch = _get(obj, "batch_size", int, where, 1)
+    K = _get(obj, "K", int, where, 0)
+    accepted = _int_list(obj, "accepted", batch, where)
+    emitted = _int_list(obj, "emitted", batch, where)
+    if any(k > K for k in accepted):
+        raise ValueError(f"{where}: accepted counts {list(accepted)} exceed K = {K}")
+    if any(e > k + 1 for e, k in zip(emitted, accepted)):
+        raise ValueError(f"{where}: emitted {list(emitted)} exceeds accepted + 1 {[k + 1 for k in accepted]}")
+    fields = dict(
+        strategy=strategy,
+        round=_get(obj, "round", int, where),
+        batch_size=batch,
+        K=K,
+        context_len=_get(obj, "context_len", int, where),
+        accepted=accepted,
+        emitted=emitted,
+        draft_ms=float(_get(obj, "draft_ms", number, where)),
+        verify_ms=float(_get(obj, "verify_ms", number, where)),
+        round_ms=float(_get(obj, "round_ms", number, where)),
+        draft_forwards=_get(obj, "draft_forwards", int, where),
+        phase=phase,
+        tokens=_get(obj, "tokens", int, where) if phase == PREFILL else int(obj.get("tokens") or 0),
+    )
+    if strategy is Strategy.AR and K != 0:
+        raise ValueError(f"{where}: an AR record must have K = 0, got {K}")
+    if strategy is Strategy.SSD and phase == DECODE:
+        fields.update(_ssd_fields(obj, batch, K, where))
+    return RoundRecord(**fields)
+
+
+def _ssd_fields(obj: dict, batch: int, K: int, where: str) -> dict:
+    number = (int, float)
+    hit = obj.get("hit")
+    if not isinstance(hit, list) or len(hit) != batch or not all(isinstance(h, bool) for h in hit):
+        raise ValueError(f"{where}: an SSD round needs 'hit', a list of {batch} booleans, got {hit!r}")
+    fanout = obj.get("fanout")
+    if not isinstance(fanout, list) or len(fanout) != K + 1:
+        raise ValueError(f"{where}: an SSD round needs 'fanout', a list of K+1 = {K + 1} integers, got {fanout!r}")
+    if not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in fanout):
+        raise ValueError(f"{where}: 'fanout' must hold non-negative integers, got {fanout!r}")
+    name = obj.get("backup")
+    try:
+        backup = Backup(name)
+    except ValueError:
+        raise ValueError(f"{where}: an SSD round needs 'backup', one of neural, random, lookup; got {name!r}") from None
+    if backup is Backup.AUTO:
+        raise ValueError(f"{where}: 'backup' must name the backup actually used (neural, random or lookup), not auto")
+    return dict(
+        hit=tuple(hit),
+        cache_build_ms=float(_get(obj, "cache_build_ms", number, where)),
+        branches=_get(obj, "branches", int, where),
+        backup=backup,
+        wait_ms=float(_get(obj, "wait_ms", number, where)),
+        fanout=tuple(fanout),
+    )
+
+
+def read_records(path: str | Path) -> list[RoundRecord]:
+    """All records of a JSONL file, in order. Blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no records file at {path}: pass the JSONL the engine wrote (one round per line)")
+    records = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err.msg}); each line must be one JSON object") from None
+            records.append(parse_record(obj, where))
+    if not records:
+        raise ValueError(f"{path} holds no records: run the engine with per-round records switched on")
+    return records
+

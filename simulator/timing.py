@@ -1,0 +1,135 @@
+"""Timing models: how long each actor's step takes. Separate from workload and policy (vidur's lesson).
+
+Every model answers the same questions, in milliseconds:
+- `verify_ms(batch, tokens, context)`: the target's forward over `tokens` new positions of `batch` sequences
+  whose caches hold up to `context` tokens (AR's decode step is `tokens = 1`);
+- `draft_ms(batch, K, context)`: SD's K sequential draft steps for `batch` sequences;
+- `cache_build_ms(batch, K, branches, context)`: SSD's cache build: one "glue" draft forward over the K+1
+  verified positions, then K tree-decode steps over all `branches` at once (docs/ssd.md §2);
+- `backup_ms(backup, missed, K, context)`: SSD's backup for `missed` sequences on a cache miss;
+- `prefill_ms(strategy, batch, tokens)`: a new batch's prompt on the critical path (the draft's prefill
+  runs in series with the target's in SD, colocated, and in parallel in SSD);
+- `overhead_ms(strategy)`: per-round time outside the forwards (sampling, bookkeeping) of a real engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from theory.glossary import Backup, Strategy
+
+from simulator.hardware import Deployment
+
+
+class TimingModel(Protocol):
+    def verify_ms(self, batch: int, tokens: int, context: int) -> float: ...
+    def draft_ms(self, batch: int, K: int, context: int) -> float: ...
+    def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float: ...
+    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float: ...
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float: ...
+    def overhead_ms(self, strategy: Strategy) -> float: ...
+
+
+def _nonnegative(owner: object, *names: str) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if not value >= 0:
+            raise ValueError(f"{type(owner).__name__}.{name} must be >= 0 milliseconds; got {value!r}")
+
+
+@dataclass(frozen=True)
+class ConstantTiming:
+    """Every step takes a fixed time, whatever the batch and context: the closed forms' assumption.
+
+    Fields follow the glossary: `t_verify_ms` = T_v, `t_decode_ms` = T_ar (None: same as T_v),
+    `t_draft_ms` = T_d (one draft step), `t_build_ms` = T_p (None: (K+1)·T_d, the glue forward and K tree
+    steps), `t_backup_ms` = T_b of the neural backup (None: K·T_d, as SD drafts).
+    """
+
+    t_verify_ms: float = 1.0
+    t_decode_ms: float | None = None
+    t_draft_ms: float = 0.1
+    t_build_ms: float | None = None
+    t_backup_ms: float | None = None
+    t_random_backup_ms: float = 0.0
+    t_lookup_backup_ms: float = 0.0
+    t_prefill_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.t_verify_ms > 0:
+            raise ValueError(f"t_verify_ms must be > 0 milliseconds; got {self.t_verify_ms!r}")
+        _nonnegative(self, "t_draft_ms", "t_random_backup_ms", "t_lookup_backup_ms", "t_prefill_ms")
+        for name in ("t_decode_ms", "t_build_ms", "t_backup_ms"):
+            if getattr(self, name) is not None:
+                _nonnegative(self, name)
+
+    def verify_ms(self, batch: int, tokens: int, context: int) -> float:
+        if tokens == 1 and self.t_decode_ms is not None:
+            return self.t_decode_ms
+        return self.t_verify_ms
+
+    def draft_ms(self, batch: int, K: int, context: int) -> float:
+        return K * self.t_draft_ms
+
+    def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
+        return (K + 1) * self.t_draft_ms if self.t_build_ms is None else self.t_build_ms
+
+    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
+        if backup is Backup.NEURAL:
+            return K * self.t_draft_ms if self.t_backup_ms is None else self.t_backup_ms
+        return self.t_random_backup_ms if backup is Backup.RANDOM else self.t_lookup_backup_ms
+
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
+        return self.t_prefill_ms
+
+    def overhead_ms(self, strategy: Strategy) -> float:
+        return 0.0
+
+
+@dataclass(frozen=True)
+class RooflineTiming:
+    """Times from hardware and model specs (simulator.hardware): nothing measured, everything stated.
+
+    Tree decoding reads each sequence's cache once for all its branches, so a branch costs a row of
+    weights-times-activations but no extra cache traffic.
+    """
+
+    target: Deployment
+    draft: Deployment
+    random_backup_ms: float = 0.01  # uniform tokens: one small kernel
+    lookup_backup_ms: float = 0.05  # n-gram lookup over the prompt on the host
+    sampling_overhead_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        _nonnegative(self, "random_backup_ms", "lookup_backup_ms", "sampling_overhead_ms")
+
+    def verify_ms(self, batch: int, tokens: int, context: int) -> float:
+        rows = batch * tokens
+        return self.target.forward_ms(rows, batch * context, rows * (context + tokens))
+
+    def _draft_step_ms(self, batch: int, rows: int, context: int) -> float:
+        return self.draft.forward_ms(rows, batch * context, rows * context)
+
+    def draft_ms(self, batch: int, K: int, context: int) -> float:
+        return K * self._draft_step_ms(batch, batch, context)
+
+    def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
+        glue_ms = self._draft_step_ms(batch, batch * (K + 1), context)
+        return glue_ms + K * self._draft_step_ms(batch, branches, context + K)
+
+    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
+        if backup is Backup.NEURAL:
+            return self.draft_ms(missed, K, context)
+        return self.random_backup_ms if backup is Backup.RANDOM else self.lookup_backup_ms
+
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
+        rows, pairs = batch * tokens, batch * tokens * (tokens + 1) // 2
+        target_ms = self.target.forward_ms(rows, 0, pairs)
+        if strategy is Strategy.AR:
+            return target_ms
+        draft_ms = self.draft.forward_ms(rows, 0, pairs)
+        return target_ms + draft_ms if strategy is Strategy.SD else max(target_ms, draft_ms)
+
+    def overhead_ms(self, strategy: Strategy) -> float:
+        return self.sampling_overhead_ms

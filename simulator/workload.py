@@ -1,0 +1,119 @@
+"""Workloads: who asks for how many tokens, and when. Knows nothing of hardware or strategy.
+
+- `ClosedLoop`: a fixed number of sequences in flight; a finished request is replaced at once.
+- `OpenLoop`: Poisson arrivals at `rate_per_s`, served by a batch of at most `max_batch` sequences.
+Prompt and output lengths come from `Lengths`; all randomness from one seeded numpy Generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token counts drawn uniformly from the integers low..high (fixed when low == high)."""
+
+    low: int
+    high: int | None = None  # None: same as low
+
+    def __post_init__(self) -> None:
+        if self.low < 1:
+            raise ValueError(f"lengths must be >= 1 token; got low = {self.low}")
+        if self.high is not None and self.high < self.low:
+            raise ValueError(f"length range {self.low}..{self.high} is empty: give low <= high")
+
+    @property
+    def upper(self) -> int:
+        return self.low if self.high is None else self.high
+
+    @property
+    def mean(self) -> float:
+        return (self.low + self.upper) / 2
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.upper == self.low:
+            return np.full(n, self.low, dtype=np.int64)
+        return rng.integers(self.low, self.upper + 1, size=n)
+
+    @staticmethod
+    def parse(text: str) -> "Lengths":
+        """'256' (fixed) or '128:512' (uniform range)."""
+        try:
+            parts = [int(p) for p in text.split(":")]
+        except ValueError:
+            raise ValueError(f"a length is N or LOW:HIGH in tokens (e.g. 256 or 128:512); got {text!r}") from None
+        if len(parts) not in (1, 2):
+            raise ValueError(f"a length is N or LOW:HIGH in tokens (e.g. 256 or 128:512); got {text!r}")
+        return Lengths(parts[0], parts[1] if len(parts) == 2 else None)
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """`concurrency` sequences always in flight. `output_len` None: sequences never finish (steady state)."""
+
+    concurrency: int = 1
+    prompt_len: Lengths = Lengths(128)
+    output_len: Lengths | None = Lengths(256)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency (batch size) must be >= 1; got {self.concurrency}")
+
+    @property
+    def max_batch(self) -> int:
+        return self.concurrency
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """Poisson arrivals at `rate_per_s` requests per second, at most `max_batch` decoding at once."""
+
+    rate_per_s: float
+    max_batch: int = 8
+    prompt_len: Lengths = Lengths(128)
+    output_len: Lengths = Lengths(256)
+
+    def __post_init__(self) -> None:
+        if not self.rate_per_s > 0:
+            raise ValueError(f"rate_per_s (arrival rate) must be > 0 requests per second; got {self.rate_per_s}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1; got {self.max_batch}")
+
+
+Workload = ClosedLoop | OpenLoop
+
+
+@dataclass
+class Request:
+    """One request as it moves through the simulation (mutable: the simulation fills in its times)."""
+
+    rid: int
+    prompt_len: int
+    output_len: int | None  # None: never finishes
+    arrival_ms: float = 0.0
+    first_token_ms: float | None = None
+    done_ms: float | None = None
+
+
+class RequestSource:
+    """Draws requests for a workload from one Generator: lengths in blocks, arrival gaps for open loops."""
+
+    def __init__(self, workload: Workload, rng: np.random.Generator) -> None:
+        self.workload = workload
+        self._rng = rng
+        self._next_id = 0
+
+    def next_request(self, now_ms: float) -> Request:
+        wl, rng = self.workload, self._rng
+        prompt = int(wl.prompt_len.sample(rng, 1)[0])
+        output = None if wl.output_len is None else int(wl.output_len.sample(rng, 1)[0])
+        request = Request(self._next_id, prompt, output, arrival_ms=now_ms)
+        self._next_id += 1
+        return request
+
+    def gap_ms(self) -> float:
+        """Time to the next arrival of an open loop (exponential: a Poisson process)."""
+        return float(self._rng.exponential(1e3 / self.workload.rate_per_s))
