@@ -63,8 +63,10 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
         z_sorted[..., params.top_k :] = -torch.inf
     probs_sorted = torch.softmax(z_sorted, dim=-1)  # [..., V]
     if params.top_p is not None and params.top_p < 1:
-        # Exclusive cumulative mass: the first token always has 0 < top_p before it, so it is always kept.
-        mass_before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
+        # Mass strictly before each token; the first has 0 < top_p before it, so it is always kept.
+        # (transformers removes a token when the ascending cumulative mass up to it is <= 1 − top_p: the
+        # same set in exact arithmetic; only the rounding at an exact boundary can differ.)
+        mass_before = torch.cumsum(probs_sorted, dim=-1).roll(1, dims=-1)  # [..., V]
         mass_before[..., 0] = 0
         probs_sorted = probs_sorted.masked_fill(mass_before >= params.top_p, 0)
         probs_sorted = probs_sorted / probs_sorted.sum(dim=-1, keepdim=True)
