@@ -35,7 +35,7 @@ class PowerLawFit:
     """The fitted miss model `miss ≈ scale·F^(−r)` with the uncertainty of r.
 
     `r_ci` is the two-sided `confidence` interval for r from Student's t with `dof` degrees of freedom.
-    `scale_stderr` is the standard error of log(scale) (None when the scale was fixed to 1).
+    `log_scale_stderr` is the standard error of log(scale) (None when the scale was fixed to 1).
     """
 
     r: float
@@ -96,7 +96,7 @@ def fit_r(
         if dof < 1 or not np.any(x > 0):
             raise ValueError("fixing the scale needs at least two points with a fan-out above 1")
         popt, pcov = optimize.curve_fit(lambda x_, r_: -r_ * x_, x, y, p0=[1.0])
-        r, r_stderr = float(popt[0]), float(np.sqrt(pcov[0, 0])) if np.isfinite(pcov[0, 0]) else 0.0
+        r, r_stderr = float(popt[0]), float(np.sqrt(pcov[0, 0]))  # pcov is scaled by the residual variance
         scale, log_scale_stderr, method = 1.0, None, "curve_fit: log(miss) = -r*log(F)"
     else:
         dof = F.size - 2

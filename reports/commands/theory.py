@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-DEFAULT_BATCHES = [1, 2, 4, 8, 16, 32, 64]
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
