@@ -7,7 +7,9 @@ verified in ONE batched verify() call (each row an independent round), and two s
   1. the first emitted token against p_1;
   2. among rows that emit >= 2 tokens (k >= 1), the second token given the first against p_2[first]
      (counts grouped by the first token, expected = group size · p_2[first]; ddof = groups − 1).
-Zero-probability cells must be empty (asserted), and are then left out of the chi-square.
+Zero-probability cells must be empty (asserted), and are then left out of the chi-square; first-token
+groups with < 100 rows are left out too (the selection depends only on the first tokens, so the second
+tokens of the kept groups are still exactly p_2[first]-distributed, and no expected count is tiny).
 
 False-alarm rate: each p-value is compared with α_test = 1e-3, so an exact verifier fails a given
 assertion with probability 1e-3 per fresh seed. Seeds are fixed, so the suite is deterministic.
