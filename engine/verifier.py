@@ -93,6 +93,6 @@ def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: torch.Generato
         bonus_dist = torch.where(rejected & ~degenerate, residual, p_next)  # [B, V]
     else:
         bonus_dist = p_next
-    # multinomial normalises each row itself, so the residual needs no explicit division.
+    # sample() normalises each row by its own total, so the residual needs no explicit division.
     bonus = sample(bonus_dist, generator)  # [B]
     return Verification(accepted=accepted, bonus=bonus)
