@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS: tuple[str, ...] = ("generate", "theory")
+COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan")
 
 
 class CliError(Exception):

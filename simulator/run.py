@@ -117,7 +117,7 @@ class SimConfig:
         p = self.policy
         out = {"strategy": p.strategy.value, "K": p.K, "batch": self.workload.max_batch}
         if p.strategy is Strategy.SSD:
-            out.update(budget=p.budget, backup=p.backup.value)
+            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout)), backup=p.backup.value)
         return out
 
 

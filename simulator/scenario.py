@@ -167,7 +167,5 @@ def sweep(scenario: Scenario, grid: Grid) -> list[tuple[dict, SimResult]]:
                                  point["batch"], point["C"])
         result = simulate(config)
         settings = {**result.settings, "C": point["C"]}
-        if point["strategy"] is Strategy.SSD:
-            settings["fanout"] = "-".join(map(str, config.policy.fanout))
         results.append((settings, replace(result, settings=settings)))
     return results

@@ -1,0 +1,105 @@
+"""Exact event timelines for the first rounds under constant timings, asserted span by span.
+
+Spans are (actor, activity, start_ms, end_ms). Replayed records fix the accepted counts and hits, so
+every time below follows by hand from the timings.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from simulator import ClosedLoop, ConstantTiming, IidAcceptance, LinkSpec, Policy, Replay, SimConfig, simulate
+from simulator.records import parse_record
+
+
+def _timeline(config):
+    result = simulate(config, trace=True)
+    return sorted(result.timeline, key=lambda s: (s[2], s[0], s[3])), result
+
+
+def _ssd_records(accepted, hits, K=2):
+    """One decode record per round: accepted k and whether that round's speculation was a cache hit."""
+    return tuple(parse_record({
+        "strategy": "ssd", "round": i, "batch_size": 1, "K": K, "context_len": 10 + i, "accepted": [k],
+        "emitted": [k + 1], "draft_ms": 0.0, "verify_ms": 10.0, "round_ms": 12.0, "draft_forwards": K,
+        "hit": [h], "cache_build_ms": 12.0, "branches": 3, "backup": "neural", "wait_ms": 2.0,
+        "fanout": [1] * (K + 1),
+    }) for i, (k, h) in enumerate(zip(accepted, hits)))
+
+
+def test_ar_decodes_back_to_back():
+    config = SimConfig(Policy("ar"), ConstantTiming(t_verify_ms=10.0, t_decode_ms=7.0), IidAcceptance(0.5),
+                       workload=ClosedLoop(1, output_len=None), rounds=3)
+    timeline, result = _timeline(config)
+    assert timeline == [("target", "decode", 0.0, 7.0), ("target", "decode", 7.0, 14.0),
+                        ("target", "decode", 14.0, 21.0)]
+    assert result.tokens == 4  # the prefill's first token, then one per decode step
+
+
+def test_sd_drafts_then_verifies_in_series():
+    timing = ConstantTiming(t_verify_ms=10.0, t_draft_ms=1.5)
+    config = SimConfig(Policy("sd", K=2), timing, IidAcceptance(1.0), workload=ClosedLoop(1, output_len=None),
+                       rounds=2)
+    timeline, result = _timeline(config)
+    assert timeline == [
+        ("draft", "draft", 0.0, 3.0),
+        ("target", "wait_draft", 0.0, 3.0),
+        ("target", "verify", 3.0, 13.0),
+        ("draft", "draft", 13.0, 16.0),
+        ("target", "wait_draft", 13.0, 16.0),
+        ("target", "verify", 16.0, 26.0),
+    ]
+    assert result.tokens == 1 + 2 * 3  # α = 1: all K accepted plus the bonus, every round
+
+
+@pytest.fixture
+def ssd_config():
+    """T_v 10, cache build 12 (longer than a verify), neural backup 3, link 0.5 ms each way, K = 2.
+
+    Round 1 is a miss (no cache yet), round 2 a hit that waits for the build, round 3 a miss that
+    abandons the build and pays the backup.
+    """
+    timing = ConstantTiming(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0)
+    return SimConfig(
+        Policy("ssd", K=2, fanout=(1, 1, 1)), timing, Replay(_ssd_records([1, 2, 0], [False, True, False])),
+        workload=ClosedLoop(1, output_len=None), link=LinkSpec(latency_ms=0.5), rounds=3,
+    )
+
+
+def test_ssd_overlaps_build_with_verify_and_pays_backup_on_miss(ssd_config):
+    timeline, result = _timeline(ssd_config)
+    assert timeline == [
+        ("link_to_draft", "transfer", 0.0, 0.5),  # the first outcome: the new sequence
+        ("target", "wait_draft", 0.0, 4.0),
+        ("draft", "backup", 0.5, 3.5),  # no cache yet: a miss
+        ("draft", "cache_build", 3.5, 15.5),  # overlaps the verify and outlasts it
+        ("link_to_target", "transfer", 3.5, 4.0),
+        ("target", "verify", 4.0, 14.0),
+        ("link_to_draft", "transfer", 14.0, 14.5),
+        ("target", "wait_draft", 14.0, 16.0),  # a hit, but the build ends at 15.5: the round stretches
+        ("draft", "cache_build", 15.5, 26.5),  # cut short at 26.5 by the miss
+        ("link_to_target", "transfer", 15.5, 16.0),
+        ("target", "verify", 16.0, 26.0),
+        ("link_to_draft", "transfer", 26.0, 26.5),
+        ("target", "wait_draft", 26.0, 30.0),
+        ("draft", "backup", 26.5, 29.5),
+        ("link_to_target", "transfer", 29.5, 30.0),
+        ("target", "verify", 30.0, 40.0),
+    ]
+    assert result.sim_ms == 40.0
+    assert result.tokens == 1 + 2 + 3 + 1
+    assert (result.hits_by_k, result.misses_by_k) == ([0, 1, 0], [0, 0, 1])
+
+
+def test_ssd_without_preemption_finishes_the_build_before_the_backup(ssd_config):
+    config = replace(ssd_config, policy=replace(ssd_config.policy, preempt_build=False))
+    timeline, _ = _timeline(config)
+    third_round = [s for s in timeline if s[2] >= 26.0]
+    assert third_round == [
+        ("link_to_draft", "transfer", 26.0, 26.5),
+        ("target", "wait_draft", 26.0, 31.0),
+        ("draft", "backup", 27.5, 30.5),  # after the build, which ran to its end at 27.5
+        ("link_to_target", "transfer", 30.5, 31.0),
+        ("target", "verify", 31.0, 41.0),
+    ]
+    assert ("draft", "cache_build", 15.5, 27.5) in timeline
