@@ -1,0 +1,219 @@
+"""The on-disk model cache: one folder per converted model, trusted only through its manifest.
+
+A cache folder is built in a temporary sibling (name starts with `TEMP_PREFIX`) and renamed into
+place in one step, with `manifest.json` written last. So a folder under its final name either has
+a complete manifest or was not made by us. Loading checks every file's size against the manifest
+(cheap); `verify=True` also re-hashes every file (a 7 GB fp32 model takes ~15 s, too slow for
+every load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+MARKER_NAME = ".saguaro-cache"  # written first: marks a folder as ours even without a manifest
+TEMP_PREFIX = ".saguaro-tmp-"
+LOCK_PREFIX = ".saguaro-lock-"
+# "+" never occurs in a cache key, so one key's temp folders never match another key's glob.
+TEMP_SEPARATOR = "+"
+MANIFEST_FORMAT = 1
+ENV_CACHE = "SAGUARO_CACHE"
+HASH_CHUNK_BYTES = 8 << 20
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class ProvisioningError(ValueError):
+    """A model cannot be provisioned or loaded; the message says what to do."""
+
+
+class CorruptCacheError(ProvisioningError):
+    """A cache folder exists but its files do not match its manifest (or it has none)."""
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    source: Mapping[str, object]  # where the weights came from: GGUF sha256, packages, path
+    files: Mapping[str, CachedFile]  # relative path -> size and hash
+    created: str
+
+
+def resolve_cache_root(cache_dir: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path:
+    """The cache root: `cache_dir`, else `$SAGUARO_CACHE`, else ~/.cache/saguaro.
+
+    `env` is passed in (normally `os.environ`) so that only the public entry points read it.
+    """
+    if cache_dir is not None:
+        root = Path(cache_dir)
+    elif env.get(ENV_CACHE):
+        root = Path(env[ENV_CACHE])
+    else:
+        root = Path.home() / ".cache" / "saguaro"
+    root = root.expanduser().resolve()
+    # Gigabytes of weights inside the work tree would end up in commits and device transfers.
+    if root == _REPO_ROOT or _REPO_ROOT in root.parents:
+        raise ProvisioningError(
+            f"model cache {root} is inside the repository {_REPO_ROOT}; choose a folder outside "
+            f"it (--cache DIR or ${ENV_CACHE})"
+        )
+    return root
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """Parse `folder/manifest.json`; a missing or malformed one raises CorruptCacheError."""
+    path = folder / MANIFEST_NAME
+    try:
+        raw = json.loads(path.read_text())
+        if raw["format"] != MANIFEST_FORMAT:
+            raise ValueError(f"format {raw['format']!r}, expected {MANIFEST_FORMAT}")
+        files = {
+            rel: CachedFile(size=int(entry["size"]), sha256=str(entry["sha256"]))
+            for rel, entry in raw["files"].items()
+        }
+        return Manifest(
+            name=str(raw["name"]), source=raw["source"], files=files, created=str(raw["created"])
+        )
+    except FileNotFoundError:
+        raise CorruptCacheError(f"{folder} has no {MANIFEST_NAME}: it is not a complete cache folder")
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptCacheError(f"{path} is unreadable ({err})") from err
+
+
+def check_folder(folder: Path, *, verify: bool = False) -> Manifest:
+    """The folder's manifest, after checking every listed file's size (and hash when `verify`)."""
+    manifest = read_manifest(folder)
+    if not manifest.files:
+        raise CorruptCacheError(f"{folder}/{MANIFEST_NAME} lists no files")
+    for rel, expected in manifest.files.items():
+        path = folder / rel
+        if not path.is_file():
+            raise CorruptCacheError(f"cache file {path} is missing")
+        size = path.stat().st_size
+        if size != expected.size:
+            raise CorruptCacheError(
+                f"cache file {path} is {size} bytes but its manifest says {expected.size}"
+            )
+        if verify and sha256_file(path) != expected.sha256:
+            raise CorruptCacheError(f"cache file {path} does not match its sha256 in the manifest")
+    return manifest
+
+
+def is_ours(folder: Path) -> bool:
+    return (folder / MARKER_NAME).is_file() or (folder / MANIFEST_NAME).is_file()
+
+
+@contextlib.contextmanager
+def key_lock(root: Path, key: str) -> Iterator[None]:
+    """Hold an exclusive lock on one cache key, so only one process builds it at a time."""
+    root.mkdir(parents=True, exist_ok=True)
+    # The lock file is ours and tiny; it stays, because unlinking a lock file races with waiters.
+    with open(root / f"{LOCK_PREFIX}{key}", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def remove_stale_temps(root: Path, key: str) -> None:
+    """Delete temp folders of `key` left by an interrupted build. Call only under `key_lock`."""
+    for stale in root.glob(f"{TEMP_PREFIX}{key}{TEMP_SEPARATOR}*"):
+        if stale.is_dir() and is_ours(stale):
+            logger.warning("removing %s left by an interrupted conversion", stale)
+            shutil.rmtree(stale)
+
+
+def discard_folder(folder: Path) -> None:
+    """Remove a (damaged or replaced) cache folder that we made; refuse to touch anyone else's."""
+    if not is_ours(folder):
+        raise ProvisioningError(
+            f"{folder} exists but was not made by saguaro (no {MANIFEST_NAME} or {MARKER_NAME}); "
+            "move it away or choose another cache folder"
+        )
+    # Rename first so that no reader sees a half-deleted folder under the final name.
+    doomed = folder.with_name(
+        f"{TEMP_PREFIX}{folder.name}{TEMP_SEPARATOR}discard-{uuid.uuid4().hex[:8]}"
+    )
+    os.rename(folder, doomed)
+    shutil.rmtree(doomed)
+
+
+@contextlib.contextmanager
+def building(root: Path, key: str) -> Iterator[Path]:
+    """A fresh temp folder for `key`; deleted if the body raises. Call only under `key_lock`."""
+    temp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{key}{TEMP_SEPARATOR}", dir=root))
+    (temp / MARKER_NAME).write_text("built by saguaro (engine/model_cache.py)\n")
+    try:
+        yield temp
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
+def publish(temp: Path, final: Path, name: str, source: Mapping[str, object]) -> Manifest:
+    """Hash `temp`'s files, write its manifest last, and rename it to `final` in one step."""
+    files: dict[str, CachedFile] = {}
+    for path in sorted(p for p in temp.rglob("*") if p.is_file()):
+        rel = path.relative_to(temp).as_posix()
+        if rel == MANIFEST_NAME:
+            continue
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())  # data on disk before the manifest vouches for it
+        files[rel] = CachedFile(size=path.stat().st_size, sha256=sha256_file(path))
+    manifest = Manifest(
+        name=name,
+        source=dict(source),
+        files=files,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    payload = {
+        "format": MANIFEST_FORMAT,
+        "name": manifest.name,
+        "source": manifest.source,
+        "created": manifest.created,
+        "files": {rel: {"size": f.size, "sha256": f.sha256} for rel, f in files.items()},
+    }
+    with open(temp / MANIFEST_NAME, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    if final.exists():
+        discard_folder(final)
+    os.rename(temp, final)
+    return manifest
+
+
+def list_folders(root: Path) -> list[Path]:
+    """Cache folders under `root` that we made (temp, lock and foreign entries left out)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and is_ours(p))

@@ -1,0 +1,241 @@
+"""Loading causal LMs: packaged aliases, local folders and GGUF files; tiny seeded models for tests.
+
+`load_model("qwen-coder-1.5b")` provisions the alias into the cache the first time (minutes) and
+afterwards loads the float32 safetensors from the cache in seconds, cast to the dtype asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from engine import model_cache, provision
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: PreTrainedModel  # eval mode, requires_grad off
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # the alias, or the folder / file name
+    source: Path  # the folder the weights were loaded from
+
+
+def _rebuild_hint(alias: str) -> str:
+    group = next(g for g in ("smoke", "default", "all") if alias in provision.GROUPS[g])
+    return f"rebuild it with `saguaro models provision --which {group}`"
+
+
+def _checked(folder: Path, hint: str, verify: bool) -> Path:
+    try:
+        model_cache.check_folder(folder, verify=verify)
+    except model_cache.CorruptCacheError as err:
+        raise model_cache.CorruptCacheError(f"refusing to load it: {err}; {hint}") from err
+    return folder
+
+
+def resolve_folder(spec: str | os.PathLike[str], root: Path, *, verify: bool = False) -> tuple[Path, str]:
+    """The transformers folder to load for `spec`, provisioning aliases and GGUF files on first use."""
+    alias = str(spec)
+    if alias in provision.PACKAGED:
+        folder = root / provision.PACKAGED[alias].key
+        if folder.exists():  # present but damaged: refuse rather than silently rebuild on load
+            return _checked(folder, _rebuild_hint(alias), verify), alias
+        return provision.provision(alias, root).folder, alias
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        folder = root / provision.gguf_file_key(model_cache.sha256_file(path))
+        if folder.exists():
+            return _checked(folder, f"delete {folder} and load {path} again", verify), path.stem
+        return provision.provision_gguf_file(path, root).folder, path.stem
+    if path.is_dir() and (path / model_cache.MANIFEST_NAME).is_file():
+        return _checked(path, f"delete {path} and provision it again", verify), path.name
+    if path.is_dir() and (path / "config.json").is_file():
+        return path, path.name
+    raise ValueError(
+        f"cannot load {str(spec)!r}: expected a model alias ({', '.join(provision.PACKAGED)}), "
+        "a local transformers causal-LM folder (with config.json), or a local .gguf file"
+    )
+
+
+def load_model(
+    spec: str | os.PathLike[str] = provision.DEFAULT_TARGET,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cache_dir: str | os.PathLike[str] | None = None,
+    verify: bool = False,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer; `verify=True` re-hashes a cache folder's files first."""
+    root = model_cache.resolve_cache_root(cache_dir, os.environ)
+    folder, name = resolve_folder(spec, root, verify=verify)
+    # The folder is local: local_files_only keeps transformers from ever asking a hub.
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    model = model.to(device).eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    logger.info("loaded %s from %s (%s, %s)", name, folder, dtype, device)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=folder)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What must agree between a target and its draft: logit rows, embedding rows, token ids."""
+
+    name: str
+    logits: int
+    embeddings: int
+    tokens: Mapping[str, int] | None  # None when there is no tokenizer (tiny test models)
+    eos_token_id: int | None
+
+
+def vocabulary(item: LoadedModel | PreTrainedModel | str | os.PathLike[str]) -> Vocabulary:
+    """The vocabulary of a loaded model, a bare model, or a transformers folder (no weights read)."""
+    if isinstance(item, LoadedModel):
+        emb = item.model.get_input_embeddings().num_embeddings
+        # out_features exists on nn.Linear and on its int8 dynamic replacement alike.
+        logits = item.model.get_output_embeddings().out_features
+        tok = item.tokenizer
+        return Vocabulary(item.name, logits, emb, tok.get_vocab(), tok.eos_token_id)
+    if isinstance(item, PreTrainedModel):
+        emb = item.get_input_embeddings().num_embeddings
+        logits = item.get_output_embeddings().out_features
+        return Vocabulary(type(item).__name__, logits, emb, None, None)
+    folder = Path(item)
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return Vocabulary(folder.name, config.vocab_size, config.vocab_size, tok.get_vocab(), tok.eos_token_id)
+
+
+def check_compatible(
+    target: LoadedModel | PreTrainedModel | str | os.PathLike[str],
+    draft: LoadedModel | PreTrainedModel | str | os.PathLike[str],
+) -> None:
+    """Raise ValueError unless target and draft share one vocabulary (speculation compares ids)."""
+    t, d = vocabulary(target), vocabulary(draft)
+    what = f"target {t.name} and draft {d.name} have different vocabularies"
+    fix = "speculative decoding needs a draft that uses the target's tokenizer"
+    if (t.logits, t.embeddings) != (d.logits, d.embeddings):
+        raise ValueError(
+            f"{what}: {t.logits} vs {d.logits} logits, {t.embeddings} vs {d.embeddings} embeddings; {fix}"
+        )
+    if t.tokens is not None and d.tokens is not None:
+        if t.tokens != d.tokens:
+            differ = sorted(set(t.tokens.items()) ^ set(d.tokens.items()))[:3]
+            raise ValueError(f"{what}: {len(t.tokens)} vs {len(d.tokens)} tokens, e.g. {differ}; {fix}")
+        if t.eos_token_id != d.eos_token_id:
+            raise ValueError(f"{what}: eos ids {t.eos_token_id} vs {d.eos_token_id}; {fix}")
+
+
+def tiny_model(
+    *,
+    vocab_size: int = 32,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+    logit_scale: float = 1.0,
+) -> Qwen2ForCausalLM:
+    """A random fp32 Qwen2 causal LM in eval mode; the same arguments give identical weights.
+
+    Weights come from a private generator (the global RNG is left as it was). Embeddings are
+    N(0, 1) and linear layers N(0, 1/fan_in), so activations stay O(1) and logits have a spread of
+    about `logit_scale`: raise it for sharper, more greedy-like distributions.
+    """
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError(
+            f"hidden_size ({hidden_size}) must be a multiple of num_heads ({num_heads}), "
+            f"and num_heads a multiple of num_kv_heads ({num_kv_heads})"
+        )
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    )
+    with torch.random.fork_rng(devices=[]):  # construction draws from the global RNG: undo that
+        model = Qwen2ForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a fixed order, so a fixed draw sequence
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            elif param.dim() == 2 and "embed_tokens" in name:
+                param.normal_(0.0, 1.0, generator=generator)
+            else:
+                std = (logit_scale if name.startswith("lm_head") else 1.0) / param.shape[1] ** 0.5
+                param.normal_(0.0, std, generator=generator)
+    return model.eval().requires_grad_(False)
+
+
+def tiny_pair(
+    *,
+    vocab_size: int = 32,
+    seed: int = 0,
+    target_layers: int = 2,
+    draft_layers: int = 1,
+    logit_scale: float = 1.0,
+) -> tuple[Qwen2ForCausalLM, Qwen2ForCausalLM]:
+    """A tiny target and a draft made of its first `draft_layers` layers (same vocab, same head).
+
+    Sharing embeddings, head and early layers makes the draft agree with the target often but
+    not always, like a real small draft.
+    """
+    if not 1 <= draft_layers < target_layers:
+        raise ValueError(
+            f"need 1 <= draft_layers < target_layers, got draft_layers={draft_layers}, "
+            f"target_layers={target_layers}"
+        )
+    target = tiny_model(vocab_size=vocab_size, seed=seed, num_layers=target_layers, logit_scale=logit_scale)
+    draft = tiny_model(vocab_size=vocab_size, seed=seed, num_layers=draft_layers, logit_scale=logit_scale)
+    # Every draft parameter name also exists in the target (layers 0..draft_layers-1).
+    draft.load_state_dict(
+        {name: t for name, t in target.state_dict().items() if name in draft.state_dict()}, strict=True
+    )
+    return target, draft
+
+
+def int8_dynamic(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of an fp32 model with every nn.Linear as int8 dynamic-quantised (CPU, ~3x faster).
+
+    torch 2.13 still ships torch.ao.quantization.quantize_dynamic but marks it deprecated in
+    favour of torchao's quantize_; torchao is not a pinned dependency, so we keep the torch API
+    and silence only its two deprecation warnings.
+    """
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        raise ValueError(
+            f"int8_dynamic needs a float32 model (got {dtype}); load it with dtype=torch.float32"
+        )
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning
+        )
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
+        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    return quantized.eval()
