@@ -10,6 +10,7 @@ on this CPU (where the fit to measured timings says they do not overlap), plus a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 def _positive(name: str, value: float, hint: str = "") -> None:
@@ -92,21 +93,35 @@ class Deployment:
                 f"{self.hardware.name} ({self.hardware.memory_gb:.0f} GB each): raise the tensor-parallel degree"
             )
 
+    @cached_property
+    def _per_unit_ms(self) -> tuple[float, float, float, float, float, float]:
+        """The forward's time per unit of work, computed once (the simulator calls forward_ms every round)."""
+        m, hw, tp = self.model, self.hardware, self.tp
+        byte_ms = 1e3 / (hw.mem_bandwidth_gb_s * 1e9 * hw.mem_efficiency)
+        flop_ms = 1e3 / (hw.peak_tflops * 1e12 * hw.flops_efficiency)
+        fixed_ms, fixed_per_row_ms = m.layers * hw.layer_overhead_us * 1e-3, 0.0
+        if tp > 1:  # two ring all-reduces of the activations per layer
+            fixed_ms += 2 * m.layers * hw.interconnect_latency_us * 1e-3
+            ring_bytes_per_row = m.hidden * m.dtype_bytes * 2.0 * (tp - 1) / tp
+            fixed_per_row_ms = 2 * m.layers * ring_bytes_per_row / (hw.interconnect_gb_s * 1e9) * 1e3
+        return (
+            m.weight_bytes / tp * byte_ms,  # weights, read once per forward
+            m.kv_bytes_per_token / tp * byte_ms,  # per cached token read
+            2.0 * m.params / tp * flop_ms,  # per new row
+            4.0 * m.layers * m.heads * m.head_dim / tp * flop_ms,  # per (row, attended token) pair
+            fixed_ms,
+            fixed_per_row_ms,
+        )
+
     def forward_ms(self, rows: int, kv_tokens: int, attention_pairs: int) -> float:
         """Time of one forward over `rows` new tokens.
 
         `kv_tokens`: cached tokens read in all (each sequence's cache once, also when several rows share it);
         `attention_pairs`: Σ over rows of the tokens each row attends to (the attention FLOPs).
         """
-        m, hw, tp = self.model, self.hardware, self.tp
-        mem_bytes = (m.weight_bytes + kv_tokens * m.kv_bytes_per_token) / tp
-        flops = (2.0 * m.params * rows + 4.0 * m.layers * m.heads * m.head_dim * attention_pairs) / tp
-        mem_ms = mem_bytes / (hw.mem_bandwidth_gb_s * 1e9 * hw.mem_efficiency) * 1e3
-        compute_ms = flops / (hw.peak_tflops * 1e12 * hw.flops_efficiency) * 1e3
-        body_ms = max(mem_ms, compute_ms) if hw.overlaps_memory_and_compute else mem_ms + compute_ms
-        fixed_ms = m.layers * hw.layer_overhead_us * 1e-3
-        if tp > 1:  # two ring all-reduces of the activations per layer
-            ring_bytes = rows * m.hidden * m.dtype_bytes * 2.0 * (tp - 1) / tp
-            per_reduce_ms = hw.interconnect_latency_us * 1e-3 + ring_bytes / (hw.interconnect_gb_s * 1e9) * 1e3
-            fixed_ms += 2 * m.layers * per_reduce_ms
-        return body_ms + fixed_ms
+        weights_ms, kv_ms, row_ms, pair_ms, fixed_ms, fixed_row_ms = self._per_unit_ms
+        mem_ms = weights_ms + kv_tokens * kv_ms
+        compute_ms = rows * row_ms + attention_pairs * pair_ms
+        if self.hardware.overlaps_memory_and_compute:
+            return max(mem_ms, compute_ms) + fixed_ms + rows * fixed_row_ms
+        return mem_ms + compute_ms + fixed_ms + rows * fixed_row_ms

@@ -1,8 +1,10 @@
 """The link between the target and the draft: a one-way channel with latency and bandwidth.
 
-As in SimPy's "cable" example, the delay lives in its own small process: the sender puts a message on
-the wire and carries on; `cable` holds it for `latency + bytes / bandwidth` and delivers it to the
-receiving channel. With no delay the message goes straight to the receiving channel (no process at all).
+As in SimPy's "cable" example, the sender puts a message on the cable and carries on; the cable holds it
+for `latency + bytes / bandwidth` and then delivers it to the receiver's channel. The example runs one
+small process per message (a timeout, then a put); here that process is reduced to its timeout, whose
+callback delivers: the same events in time, at half the cost of a simulated round. With no delay the
+message goes straight to the receiver's channel.
 
 `Channel` is an unbounded SimPy Store cut to what a channel needs (FIFO `put`, `get` event, `items`):
 the stock Store creates and triggers a put event and a get event per message, which costs more than the
@@ -63,7 +65,11 @@ class LinkSpec:
 
 
 class Link:
-    """One direction. `send(message, nbytes)` never blocks; `receive()` is a Store get event."""
+    """One direction of the cable. `send(message, nbytes)` never blocks; `receive()` is a channel get event.
+
+    Messages cross one at a time (FIFO): a message waits for the one before it to leave the wire, then
+    takes `latency + bytes / bandwidth`.
+    """
 
     def __init__(self, env: simpy.Environment, spec: LinkSpec, name: str, spans: list | None = None) -> None:
         self.env = env
@@ -72,31 +78,24 @@ class Link:
         self.inbox = Channel(env)  # delivered messages, read by the receiver
         self.busy_ms = 0.0
         self._spans = spans
-        self._wire: Channel | None = None
-        if not spec.instant:
-            self._wire = Channel(env)
-            env.process(cable(env, self))
+        self._free_at_ms = 0.0  # when the wire has finished with the last message
 
     def send(self, message: Any, nbytes: float) -> None:
-        if self._wire is None:
+        if self.spec.instant:
             self.inbox.put(message)
-        else:
-            self._wire.put((message, nbytes))
+            return
+        env = self.env
+        start_ms = max(env.now, self._free_at_ms)
+        self._free_at_ms = start_ms + self.spec.delay_ms(nbytes)
+        env.timeout(self._free_at_ms - env.now, (message, start_ms)).callbacks.append(self._deliver)
+
+    def _deliver(self, carried: simpy.events.Timeout) -> None:
+        message, start_ms = carried.value
+        now = self.env.now
+        self.busy_ms += now - start_ms
+        if self._spans is not None:
+            self._spans.append((self.name, "transfer", start_ms, now))
+        self.inbox.put(message)
 
     def receive(self) -> simpy.events.Event:
         return self.inbox.get()
-
-    def transferred(self, start_ms: float) -> None:
-        self.busy_ms += self.env.now - start_ms
-        if self._spans is not None:
-            self._spans.append((self.name, "transfer", start_ms, self.env.now))
-
-
-def cable(env: simpy.Environment, link: Link):
-    """Carry messages one at a time, each held for the link's delay."""
-    while True:
-        message, nbytes = yield link._wire.get()
-        start_ms = env.now
-        yield env.timeout(link.spec.delay_ms(nbytes))
-        link.inbox.put(message)
-        link.transferred(start_ms)

@@ -47,6 +47,7 @@ class LatencyTarget:
 @dataclass(frozen=True)
 class Candidate:
     settings: dict
+    point: dict  # the grid point (Scenario.config's arguments)
     screened: SimResult  # closed loop at the batch size
     latency_ms: float  # the target metric in the closed loop
     capacity_per_s: float  # requests per second one replica serves at full load
@@ -91,8 +92,7 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
     mean_output = scenario.output_len.mean
     feasible, rejected = [], []
     for point in grid.points():
-        config = closed.config(point["strategy"], point["K"] or 1, point["budget"] or 1, point["backup"],
-                               point["batch"], point["C"])
+        config = closed.config(**point)
         result = simulate(config)
         settings = {**result.settings, "C": point["C"]}
         latency = target.of(result)
@@ -101,7 +101,8 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
             continue
         capacity = result.tokens_per_s / mean_output
         replicas = max(1, math.ceil(rate_per_s / (capacity * headroom)))
-        feasible.append(Candidate(settings, result, latency, capacity, replicas, replicas * config.accelerators))
+        feasible.append(Candidate(settings, point, result, latency, capacity, replicas,
+                                  replicas * config.accelerators))
     feasible.sort(key=_rank(objective))
     checked = [_check(closed, c, rate_per_s, target, check_requests) for c in feasible[:check_top]]
     passed = sorted((c for c in checked if c.meets_target), key=_rank(objective))
@@ -114,12 +115,10 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
 def _check(closed: Scenario, candidate: Candidate, rate_per_s: float, target: LatencyTarget,
            requests: int, max_extra: int = 8) -> Candidate:
     """Open-loop check at rate / replicas per replica; add replicas until the target holds (or give up)."""
-    s = candidate.settings
     per_replica_devices = candidate.accelerators // candidate.replicas
     for replicas in range(candidate.replicas, candidate.replicas + max_extra + 1):
         open_loop = replace(closed, rate_per_s=rate_per_s / replicas, requests=requests, rounds=10**9)
-        config = open_loop.config(s["strategy"], s["K"] or 1, s.get("budget", 1), s.get("backup", "neural"),
-                                  s["batch"], s["C"])
+        config = open_loop.config(**candidate.point)
         result = simulate(config)
         latency = target.of(result)
         if latency <= target.ms:

@@ -84,20 +84,21 @@ def ar_decoder(env: simpy.Environment, bed: Testbed):
 
 def verifier(env: simpy.Environment, bed: Testbed):
     """The target in SD and SSD: send the outcome, wait for a speculation, verify K+1 positions."""
-    batch, rec, timing, draws = bed.batch, bed.rec, bed.timing, bed.draws
+    batch, rec, verify_ms, draws = bed.batch, bed.rec, bed.timing.verify_ms, bed.draws
     tokens, overhead_ms, target = bed.K + 1, bed.overhead_ms, rec.target
+    send, receive, timeout = bed.to_draft.send, bed.to_target.receive, env.timeout
     while True:
         while batch.can_admit:
             yield from admit(env, bed)
         seqs = batch.seqs
         n = len(seqs)
         sent_ms = env.now
-        bed.to_draft.send(seqs, bed.outcome_bytes * n)
-        yield bed.to_target.receive()
+        send(seqs, bed.outcome_bytes * n)
+        yield receive()
         start_ms = env.now
         target["wait_draft"] += start_ms - sent_ms
-        forward_ms = timing.verify_ms(n, tokens, batch.context)
-        yield env.timeout(forward_ms + overhead_ms)
+        forward_ms = verify_ms(n, tokens, batch.context)
+        yield timeout(forward_ms + overhead_ms)
         target["verify"] += forward_ms
         target["overhead"] += overhead_ms
         if rec.spans is not None:
@@ -120,6 +121,31 @@ def sd_draft_worker(env: simpy.Environment, bed: Testbed):
         bed.to_target.send(seqs, bed.spec_bytes * len(seqs))
 
 
+def cache_lookup(seqs: list, draws: Draws, rec: Recorder) -> int:
+    """Mark each sequence's next speculation as a hit or a miss; return the number of misses.
+
+    A sequence verified before looks up the cache (the hit model decides); a new one has no cache yet.
+    """
+    if len(seqs) == 1:  # the common case at batch 1, without the list building below
+        seq = seqs[0]
+        if seq.accepted is None:
+            seq.from_cache = False
+            return 1
+        hit = draws.hits([seq.from_cache], [seq.accepted])[0]
+        (rec.hits_by_k if hit else rec.misses_by_k)[seq.accepted] += 1
+        seq.from_cache = hit
+        return 0 if hit else 1
+    looked_up = [s for s in seqs if s.accepted is not None]
+    hits = draws.hits([s.from_cache for s in looked_up], [s.accepted for s in looked_up]) if looked_up else []
+    for seq, hit in zip(looked_up, hits):
+        (rec.hits_by_k if hit else rec.misses_by_k)[seq.accepted] += 1
+        seq.from_cache = hit
+    for seq in seqs:
+        if seq.accepted is None:
+            seq.from_cache = False
+    return len(seqs) - sum(hits)
+
+
 def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
     """Asynchronous SSD: build the cache while the target verifies; on a hit the next speculation is ready.
 
@@ -127,32 +153,26 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
     with `preempt_build` the backup starts at once; otherwise it waits for the build to finish first.
     """
     timing, rec, draws, K, backup = bed.timing, bed.rec, bed.draws, bed.K, bed.backup
-    hits_by_k, misses_by_k, draft = rec.hits_by_k, rec.misses_by_k, rec.draft
+    draft, tracing = rec.draft, rec.spans is not None
+    send, receive, cache_build_ms = bed.to_target.send, bed.to_draft.receive, timing.cache_build_ms
     building, build_start_ms, build_end_ms = None, 0.0, 0.0
     while True:
-        seqs = yield bed.to_draft.receive()
+        seqs = yield receive()
         arrived_ms = env.now
-        # cache lookup for sequences verified before; a new sequence has no cache yet
-        looked_up = [s for s in seqs if s.accepted is not None]
-        hits = draws.hits([s.from_cache for s in looked_up], [s.accepted for s in looked_up]) if looked_up else []
-        for seq, hit in zip(looked_up, hits):
-            (hits_by_k if hit else misses_by_k)[seq.accepted] += 1
-            seq.from_cache = hit
-        for seq in seqs:
-            if seq.accepted is None:
-                seq.from_cache = False
-        missed = len(seqs) - sum(hits)
+        n = len(seqs)
+        missed = cache_lookup(seqs, draws, rec)
         rec.batch_lookups += 1
-        rec.batch_all_hit += missed == 0
+        if missed == 0:
+            rec.batch_all_hit += 1
         if building is not None:
             if missed == 0 or not bed.preempt_build:
                 if arrived_ms < build_end_ms:
                     yield building  # the cache build outlasts the verify: the round stretches
-                draft["cache_build"] += build_end_ms - build_start_ms
-                rec.span("draft", "cache_build", build_start_ms, build_end_ms)
+                end_ms = build_end_ms
             else:  # a miss: abandon what is left of the build
                 end_ms = min(arrived_ms, build_end_ms)
-                draft["cache_build"] += end_ms - build_start_ms
+            draft["cache_build"] += end_ms - build_start_ms
+            if tracing:
                 rec.span("draft", "cache_build", build_start_ms, end_ms)
         context = bed.batch.context
         if missed:
@@ -160,12 +180,13 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
             backup_ms = timing.backup_ms(backup, missed, K, context)
             yield env.timeout(backup_ms)
             draft["backup"] += backup_ms
-            rec.span("draft", "backup", start_ms, env.now)
-        bed.to_target.send(seqs, bed.spec_bytes * len(seqs))
-        hit_seqs = len(seqs) - missed
-        branches = hit_seqs * bed.budget + missed * bed.budget_backup
-        build_ms = timing.cache_build_ms(len(seqs), K, branches, context)
-        build_start_ms, build_end_ms = env.now, env.now + build_ms
+            if tracing:
+                rec.span("draft", "backup", start_ms, env.now)
+        send(seqs, bed.spec_bytes * n)
+        branches = (n - missed) * bed.budget + missed * bed.budget_backup
+        build_ms = cache_build_ms(n, K, branches, context)
+        build_start_ms = env.now
+        build_end_ms = build_start_ms + build_ms
         building = env.timeout(build_ms)
 
 

@@ -119,7 +119,8 @@ class Scenario:
         strategy = Strategy(strategy)
         acceptance, hits = self.models_at(C)
         fanout = self.fanout(K, budget, C) if strategy is Strategy.SSD else None
-        policy = Policy(strategy, K=K if strategy is not Strategy.AR else 0, fanout=fanout, backup=backup)
+        policy = Policy(strategy, K=K if strategy is not Strategy.AR else 0, fanout=fanout,
+                        backup=backup if strategy is Strategy.SSD else Backup.NEURAL)
         if self.rate_per_s is None:
             workload = ClosedLoop(batch, self.prompt_len, self.output_len)
         else:
@@ -163,8 +164,7 @@ def sweep(scenario: Scenario, grid: Grid) -> list[tuple[dict, SimResult]]:
     """Simulate every point of the grid (same seed: common random numbers across points)."""
     results = []
     for point in grid.points():
-        config = scenario.config(point["strategy"], point["K"] or 1, point["budget"] or 1, point["backup"],
-                                 point["batch"], point["C"])
+        config = scenario.config(**point)
         result = simulate(config)
         settings = {**result.settings, "C": point["C"]}
         results.append((settings, replace(result, settings=settings)))

@@ -47,6 +47,8 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--alpha-per-position", type=_floats, help="α_1,...,α_K: acceptance by position instead")
     g.add_argument("--alpha-lookup", type=float, help="acceptance rate of the prompt-lookup backup")
     g.add_argument("--replay", metavar="RECORDS", help="replay accepted counts and hits from engine records")
+    g.add_argument("--calibrate", metavar="RECORDS",
+                   help="measure α (and r, scale or p_hit from SSD rounds) from engine records instead of the flags")
     g.add_argument("--hit-model", choices=["powerlaw", "constant"], default="powerlaw",
                    help="cache hits: power-law misses a·F^(-r) per outcome (default) or a constant p_hit")
     g.add_argument("--r", type=float, default=1.0, help="power-law exponent r (default 1)")
@@ -134,15 +136,20 @@ def timing_from_args(args: argparse.Namespace):
 def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
     from simulator import (ConstantHit, IidAcceptance, LinkSpec, PerPositionAcceptance, PowerLawHit, Replay,
                            Scenario, read_records)
+    from simulator.calibrate import calibrate
 
     timing, tp, draft_hw, fitted = timing_from_args(args)
+    hits = PowerLawHit(args.r, args.scale) if args.hit_model == "powerlaw" else ConstantHit(args.p_hit)
     if args.replay:
         acceptance = Replay(tuple(read_records(args.replay)))
+    elif args.calibrate:
+        measured = calibrate(read_records(args.calibrate))
+        acceptance = IidAcceptance(measured.acceptance.alpha, alpha_lookup=args.alpha_lookup)
+        hits = measured.hits or hits
     elif args.alpha_per_position:
         acceptance = PerPositionAcceptance(tuple(args.alpha_per_position), alpha_lookup=args.alpha_lookup)
     else:
         acceptance = IidAcceptance(args.alpha, alpha_lookup=args.alpha_lookup)
-    hits = PowerLawHit(args.r, args.scale) if args.hit_model == "powerlaw" else ConstantHit(args.p_hit)
     latency = args.link_latency_ms
     if latency is None:
         latency = fitted.link_latency_ms if fitted else (draft_hw.interconnect_latency_us / 1e3 if draft_hw else 0.0)
@@ -238,11 +245,11 @@ def run(args: argparse.Namespace) -> int:
     grid = _grid(args)
     points = grid.points()
     if args.benchmark:
-        configs = [scenario.config(p["strategy"], p["K"] or 1, p["budget"] or 1, p["backup"], p["batch"], p["C"])
-                   for p in points]
+        configs = [scenario.config(**p) for p in points]
         for config in configs:
-            speed = max(rounds_per_second(config) for _ in range(3))
-            print(f"{config.settings()}: {speed:,.0f} simulated rounds per second (best of 3, {config.rounds} rounds)")
+            wall, cpu = max(rounds_per_second(config) for _ in range(3))
+            print(f"{config.settings()}: {wall:,.0f} simulated rounds per second of wall time, {cpu:,.0f} per "
+                  f"second of CPU time (best of 3 runs of {config.rounds:,} rounds)")
         return 0
     if args.fanout is not None:
         if len(points) != 1 or points[0]["strategy"].value != "ssd":
@@ -251,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--trace writes the timeline of one configuration: give one value per axis")
     if len(points) == 1:
         p = points[0]
-        config = scenario.config(p["strategy"], p["K"] or 1, p["budget"] or 1, p["backup"], p["batch"], p["C"])
+        config = scenario.config(**p)
         if args.fanout is not None:
             from dataclasses import replace
 

@@ -37,8 +37,13 @@ def _k(rng: np.random.Generator, alpha: float, K: int) -> int:
 
 def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, alpha: float = 0.8,
                p_hit: float = 0.8, fanout: tuple[int, ...] | None = None, backup: str = "neural",
-               prompt: int = 100, seed: int = 0, noise: float = 0.0) -> list[dict]:
-    """One generate() call: a prefill record, then `rounds` decode records of a full batch."""
+               prompt: int = 100, seed: int = 0, noise: float = 0.0,
+               power_law: tuple[float, float] | None = None) -> list[dict]:
+    """One generate() call: a prefill record, then `rounds` decode records of a full batch.
+
+    SSD hits are Bernoulli(p_hit), or with `power_law = (r, scale)` Bernoulli(1 − scale·F_k^(−r)) for the
+    fan-out F_k of the outcome k each sequence just had.
+    """
     rng = np.random.default_rng(seed)
     jitter = (lambda: 1.0 + noise * rng.standard_normal()) if noise else (lambda: 1.0)
     v0, v_row, v_kv = TRUE["verify"]
@@ -80,7 +85,12 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
             record.update(hit=list(hit), cache_build_ms=build, branches=branches, backup=backup, wait_ms=wait,
                           fanout=list(fanout))
             build_prev, verify_prev = build, verify + over
-            hit = [bool(rng.random() < p_hit) for _ in range(batch)]
+            if power_law is None:
+                hit = [bool(rng.random() < p_hit) for _ in range(batch)]
+            else:
+                r, scale = power_law
+                hit = [bool(rng.random() < 1 - min(1.0, scale * fanout[k] ** -r)) if fanout[k] else False
+                       for k in accepted]
         record.update(accepted=accepted, emitted=[k + 1 for k in accepted], draft_ms=draft, verify_ms=verify,
                       round_ms=wait + verify + over)
         out.append(record)

@@ -67,3 +67,14 @@ def test_ar_only_records_cannot_time_the_draft():
 def test_too_few_rounds_is_refused():
     with pytest.raises(ValueError, match="at least 3 decode rounds"):
         fit_timing(_records(engine_run("ar", 0, 1, 2)))
+
+
+def test_calibration_measures_alpha_and_the_power_law():
+    from simulator.calibrate import calibrate
+
+    run = engine_run("ssd", 4, 2, 4000, fanout=(6, 4, 3, 2, 8), alpha=0.7, power_law=(1.2, 0.5), seed=9)
+    measured = calibrate(_records(run))
+    # α from 8,000 sequence-rounds: standard error about 0.006; r and the scale from ~8,000 lookups
+    assert measured.acceptance.alpha == pytest.approx(0.7, abs=0.03)
+    assert measured.hits.r == pytest.approx(1.2, abs=0.25)
+    assert measured.hits.scale == pytest.approx(0.5, rel=0.3)

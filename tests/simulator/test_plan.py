@@ -1,0 +1,65 @@
+"""Capacity planning on constant timings, where the answer can be checked by hand."""
+
+import json
+import math
+
+import pytest
+
+from simulator import ConstantTiming, Grid, LatencyTarget, Lengths, Scenario, plan, write_chrome_trace
+from simulator.trace import chrome_trace
+
+# AR: 10 ms per token; SD K=4 at α=0.8: (4·1 + 10) = 14 ms per round for 3.36 tokens.
+SCENARIO = Scenario(ConstantTiming(t_verify_ms=10.0, t_draft_ms=1.0), prompt_len=Lengths(64),
+                    output_len=Lengths(100), rounds=1500)
+
+
+def test_plan_sizes_replicas_from_full_load_capacity():
+    result = plan(SCENARIO, Grid(strategies=("ar",), batch=(4,)), rate_per_s=10.0,
+                  target=LatencyTarget("itl", 99, 50.0), headroom=1.0, check_requests=200)
+    best = result.best
+    # 4 sequences at 100 tokens/s each, 100-token requests: 4 requests/s per replica
+    assert best.capacity_per_s == pytest.approx(4.0, rel=0.02)
+    assert best.replicas == math.ceil(10.0 / best.capacity_per_s) == 3
+    assert best.checked_latency_ms <= 50.0 and best.accelerators == 3
+
+
+def test_plan_prefers_the_strategy_that_needs_fewer_accelerators():
+    result = plan(SCENARIO, Grid(strategies=("ar", "sd"), K=(4,), batch=(1,)), rate_per_s=3.0,
+                  target=LatencyTarget("tpot", 50, 20.0), check_requests=100)
+    assert result.best.settings["strategy"] == "sd"  # ~4.2 ms per token against AR's 10 ms
+    assert result.best.accelerators < next(c for c in result.candidates if c.settings["strategy"] == "ar").accelerators
+
+
+def test_an_unreachable_target_gives_no_plan():
+    result = plan(SCENARIO, Grid(strategies=("ar",), batch=(1,)), rate_per_s=1.0,
+                  target=LatencyTarget("itl", 99, 5.0))
+    assert result.best is None and result.rejected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"rate_per_s": 0.0}, "arrival rate"),
+    ({"objective": "cheapest"}, "objective"),
+    ({"headroom": 1.5}, "headroom"),
+])
+def test_bad_plan_inputs_are_refused(kwargs, message):
+    args = {"rate_per_s": 1.0, "target": LatencyTarget(), **kwargs}
+    with pytest.raises(ValueError, match=message):
+        plan(SCENARIO, Grid(strategies=("ar",)), **args)
+
+
+def test_latency_targets_are_validated():
+    with pytest.raises(ValueError, match="latency metric"):
+        LatencyTarget("e2e", 99, 1.0)
+    with pytest.raises(ValueError, match="percentile"):
+        LatencyTarget("itl", 95, 1.0)
+
+
+def test_chrome_trace_has_one_row_per_actor(tmp_path):
+    timeline = [("target", "verify", 4.0, 14.0), ("draft", "backup", 0.5, 3.5)]
+    trace = chrome_trace(timeline)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["ts"], e["dur"]) for e in spans] == [("backup", 500.0, 3000.0), ("verify", 4000.0, 10000.0)]
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert names[spans[0]["tid"]] == "draft" and names[spans[1]["tid"]] == "target"
+    path = write_chrome_trace(timeline, tmp_path / "t.json")
+    assert json.loads(path.read_text()) == trace

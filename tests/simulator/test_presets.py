@@ -1,0 +1,65 @@
+"""Presets state their sources, and the roofline reproduces the numbers it was calibrated on."""
+
+import dataclasses
+
+import pytest
+
+from simulator import Deployment, RooflineTiming
+from simulator.presets import HARDWARE, MODELS, PAIRS, hardware_preset, model_preset
+from theory.glossary import Backup, Strategy
+
+
+@pytest.mark.parametrize("preset", [*HARDWARE.values(), *MODELS.values()], ids=lambda p: p.name)
+def test_every_preset_states_its_source(preset):
+    assert len(preset.source) > 40
+
+
+def test_pairs_name_known_models():
+    for target, draft, tp in PAIRS.values():
+        Deployment(model_preset(target), hardware_preset("h100"), tp)
+        model_preset(draft)
+
+
+# docs/models-and-data.md, one thread, bf16, prefix 200: forward time (ms) over n new tokens
+MEASURED_CPU = {"qwen2.5-coder-1.5b": {1: 289, 4: 285, 5: 301, 8: 341},
+                "qwen2.5-coder-0.5b": {1: 117, 4: 126, 8: 146, 12: 168, 16: 182, 24: 222}}
+
+
+@pytest.mark.parametrize("model", MEASURED_CPU)
+def test_cpu_roofline_reproduces_measured_forwards_within_ten_percent(model):
+    deployment = Deployment(model_preset(model), hardware_preset("cpu"))
+    for n, measured_ms in MEASURED_CPU[model].items():
+        assert deployment.forward_ms(n, 200, 200 * n) == pytest.approx(measured_ms, rel=0.10)
+
+
+def test_h100_roofline_matches_the_papers_ar_figure():
+    # Llama-3.1-70B on 4×H100 (TP 4): the paper measured 54.7 tokens/s AR (docs/ssd.md §7)
+    llama = RooflineTiming(Deployment(model_preset("llama-3.1-70b"), hardware_preset("h100"), 4),
+                           Deployment(model_preset("llama-3.2-1b"), hardware_preset("h100")))
+    assert 1e3 / llama.verify_ms(1, 1, 600) == pytest.approx(54.7, rel=0.05)
+
+
+def test_roofline_costs_grow_with_work():
+    t = RooflineTiming(Deployment(model_preset("qwen3-32b"), hardware_preset("h200"), 2),
+                       Deployment(model_preset("qwen3-0.6b"), hardware_preset("h200")))
+    assert t.verify_ms(1, 5, 1000) < t.verify_ms(64, 5, 1000) < t.verify_ms(64, 5, 8000)
+    assert t.cache_build_ms(1, 4, 12, 500) < t.cache_build_ms(8, 4, 96, 500)
+    assert t.backup_ms(Backup.RANDOM, 1, 4, 500) < t.backup_ms(Backup.NEURAL, 1, 4, 500)
+    assert t.prefill_ms(Strategy.SSD, 1, 512) < t.prefill_ms(Strategy.SD, 1, 512)  # parallel vs in series
+
+
+def test_a_model_that_does_not_fit_is_refused():
+    with pytest.raises(ValueError, match="raise the tensor-parallel degree"):
+        Deployment(model_preset("llama-3.1-70b"), hardware_preset("a100"), 1)
+
+
+def test_unknown_presets_list_the_choices():
+    with pytest.raises(ValueError, match="h100, h200"):
+        hardware_preset("tpu")
+    with pytest.raises(ValueError, match="llama-3.1-70b"):
+        model_preset("gpt-5")
+
+
+def test_bad_hardware_is_refused():
+    with pytest.raises(ValueError, match="mem_efficiency"):
+        dataclasses.replace(hardware_preset("h100"), mem_efficiency=1.5)
