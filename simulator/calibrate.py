@@ -50,9 +50,10 @@ def _lookups(records: list[RoundRecord]) -> dict[int, list[int]]:
     """F -> [lookups, misses], pairing round T's k with round T+1's hit for the same batch position."""
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for before, after in zip(records, records[1:]):
-        if (before.strategy is not Strategy.SSD or after.strategy is not Strategy.SSD or not before.is_decode
-                or not after.is_decode or before.batch_size != after.batch_size or after.context_len < before.context_len
-                or before.fanout != after.fanout):
+        same_run = (before.batch_size == after.batch_size and after.context_len >= before.context_len
+                    and before.fanout == after.fanout)
+        both_ssd = before.strategy is after.strategy is Strategy.SSD and before.is_decode and after.is_decode
+        if not (same_run and both_ssd):
             continue
         for k, hit in zip(before.accepted, after.hit):
             F = before.fanout[k]

@@ -28,7 +28,7 @@ class Recorder:
         self.completed = 0
         # time per actor and activity, ms
         self.target = {"verify": 0.0, "prefill": 0.0, "overhead": 0.0, "wait_draft": 0.0, "idle": 0.0}
-        self.draft = {"draft": 0.0, "cache_build": 0.0, "backup": 0.0, "stall": 0.0}
+        self.draft = {"draft": 0.0, "cache_build": 0.0, "backup": 0.0}
         self.spans: list[tuple[str, str, float, float]] | None = [] if trace else None
 
     def span(self, actor: str, what: str, start_ms: float, end_ms: float) -> None:
@@ -72,6 +72,7 @@ class SimResult:
     hit_rate: float | None
     batch_hit_rate: float | None
     mean_accepted: float
+    acceptance_rate: float  # α̂: accepted / (accepted + rejections), the i.i.d. maximum-likelihood estimate
     tokens_per_round: float
     accepted_hist: list[int]
     hits_by_k: list[int]
@@ -107,7 +108,9 @@ def summarize(rec: Recorder, strategy: str, settings: dict, sim_ms: float, accel
     mean_batch = rec.occupancy_ms / sim_ms if sim_ms > 0 else 0.0
     lookups = sum(rec.hits_by_k) + sum(rec.misses_by_k)
     seq_rounds = sum(rec.accepted_hist)
-    mean_k = sum(k * n for k, n in enumerate(rec.accepted_hist)) / seq_rounds if seq_rounds else 0.0
+    accepted = sum(k * n for k, n in enumerate(rec.accepted_hist))
+    mean_k = accepted / seq_rounds if seq_rounds else 0.0
+    rejections = sum(rec.accepted_hist[:-1])  # every round that stopped before K
     decode_tokens = rec.tokens - len(rec.ttft_ms)  # the first token of each request comes from prefill
     decode_ms = sim_ms - rec.target["prefill"] - rec.target["idle"]
     return SimResult(
@@ -129,6 +132,7 @@ def summarize(rec: Recorder, strategy: str, settings: dict, sim_ms: float, accel
         hit_rate=sum(rec.hits_by_k) / lookups if lookups else None,
         batch_hit_rate=rec.batch_all_hit / rec.batch_lookups if rec.batch_lookups else None,
         mean_accepted=mean_k,
+        acceptance_rate=accepted / (accepted + rejections) if accepted + rejections else 0.0,
         tokens_per_round=decode_tokens / seq_rounds if seq_rounds else 0.0,
         accepted_hist=list(rec.accepted_hist),
         hits_by_k=list(rec.hits_by_k),

@@ -104,7 +104,8 @@ MODELS: dict[str, ModelSpec] = {
         kv_heads=8,
         head_dim=128,
         vocab=151936,
-        source="Qwen/Qwen3-32B model card and config.json: 32.8 B parameters, 64 layers, 64 Q / 8 KV heads, head_dim 128",
+        source="Qwen/Qwen3-32B model card and config.json: 32.8 B parameters, 64 layers, 64 Q / 8 KV heads, "
+        "head_dim 128",
     ),
     "qwen3-0.6b": ModelSpec(
         name="Qwen3-0.6B",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from theory.glossary import Backup, Strategy
+from theory.glossary import Backup
 
 from simulator.acceptance import Replay
 from simulator.fit import FittedTiming

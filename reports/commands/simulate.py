@@ -182,7 +182,8 @@ def _detail(result) -> str:
         f"tokens/s: {result.tokens_per_s:.2f} total, {result.decode_tokens_per_s:.2f} decode, "
         f"{result.tokens_per_s_per_seq:.2f} per sequence, {result.tokens_per_s_per_accelerator:.2f} per "
         f"accelerator ({result.accelerators})",
-        f"tokens per round: {result.tokens_per_round:.3f} (mean accepted {result.mean_accepted:.3f})",
+        f"tokens per round: {result.tokens_per_round:.3f} (mean accepted {result.mean_accepted:.3f}, "
+        f"acceptance rate {result.acceptance_rate:.3f})",
     ]
     if result.hit_rate is not None:
         lines.append(f"hit rate: {result.hit_rate:.3f} per sequence, {result.batch_hit_rate:.3f} whole batch")

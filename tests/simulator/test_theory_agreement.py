@@ -3,8 +3,8 @@ simulated speedups over AR agree with theory/ within 2% (AR, SD, SSD Thm 7, and 
 
 Statistics: 30,000 rounds give a relative standard error of tokens per round below 0.45% for every case
 here, so a 2% band is more than 4 standard errors wide (false-alarm rate < 1e-4); the seed is fixed, so
-the test is deterministic. AR under constant timing is deterministic, so 1,000 rounds measure it exactly. Negative control: the b = 1 formula applied at b = 8 is off by far more than
-2%, so the comparison can fail.
+the test is deterministic. AR under constant timing is deterministic, so 1,000 rounds measure it exactly.
+Negative control: the b = 1 formula applied at b = 8 is off by far more than 2%, so the comparison can fail.
 """
 
 import pytest
