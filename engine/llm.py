@@ -51,6 +51,11 @@ class Generation:
         return self.outputs[i]
 
 
+def _vocab_size(model: PreTrainedModel) -> int:
+    # The input embedding, which int8 quantisation of Linear layers leaves alone.
+    return model.get_input_embeddings().num_embeddings
+
+
 def _eos_ids(model: PreTrainedModel, tokenizer) -> frozenset[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
@@ -125,8 +130,7 @@ class LLM:
         return loaded.model, tokenizer or loaded.tokenizer
 
     def _check_vocab(self) -> None:
-        vt = self.target.get_output_embeddings().weight.shape[0]
-        vd = self.draft.get_output_embeddings().weight.shape[0]
+        vt, vd = _vocab_size(self.target), _vocab_size(self.draft)
         if vt != vd:
             raise ValueError(
                 f"target and draft have different vocabularies ({vt} vs {vd} logits): speculative "
@@ -139,7 +143,13 @@ class LLM:
             return AutoregressiveDecoder(self.target, self.pad_id, self.device)
         if strategy is Strategy.SD:
             return SpeculativeDecoder(self.target, self.draft, self.config.speculative, self.pad_id, self.device)
-        raise ValueError(f"strategy {strategy.value} is not available yet; use ar or sd")
+        if strategy is Strategy.SSD:
+            from engine.strategies.ssd import SpeculativeSpeculativeDecoder, open_channel
+
+            spec = self.config.speculative
+            opener = open_channel(self.draft, self.config, spec, self.pad_id, self.device)
+            return SpeculativeSpeculativeDecoder(self.target, opener, spec, self.pad_id, self.device)
+        raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
 
     # -- generation ---------------------------------------------------------------------------
     def encode(self, prompt: str | Seq[int]) -> list[int]:
@@ -158,7 +168,7 @@ class LLM:
         ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("empty prompt: give at least one token id")
-        vocab = self.target.get_output_embeddings().weight.shape[0]
+        vocab = _vocab_size(self.target)
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}")
         return ids
@@ -229,6 +239,8 @@ class LLM:
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         """Free the models (and, for SSD, stop the draft worker)."""
+        if self.decoder is not None and hasattr(self.decoder, "close"):
+            self.decoder.close()
         self.decoder = None
         self.target = None
         self.draft = None
