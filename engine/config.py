@@ -2,11 +2,59 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 
 from theory.glossary import Backup, Strategy
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+class FanoutSchedule(str, Enum):
+    """How SSD spreads its cache budget over the outcomes k = 0..K (docs/ssd.md §4)."""
+
+    UNIFORM = "uniform"  # B spread evenly (the reference engine's default)
+    GIVEN = "given"  # exactly `fanout` / `fanout_backup`
+    GEOMETRIC = "geometric"  # Thm 12 from the running α and the fitted power-law r
+
+
+@dataclass(frozen=True)
+class WorkerFaults:
+    """Fault injection for tests: at the given round (1 = the first decode round) the worker process
+    exits, hangs, or answers with a malformed message."""
+
+    exit_at_round: int | None = None
+    hang_at_round: int | None = None
+    malformed_at_round: int | None = None
+
+
+@dataclass(frozen=True)
+class DraftPlacement:
+    """Where SSD's draft worker runs and how the target talks to it (engine/ssd/README.md).
+
+    in_process   run the worker in the target's process (tests; no overlap, same results).
+    draft_threads torch threads of the worker; on CPU it is also pinned to that many cores.
+    draft_device  the worker's device; None = "cpu" on CPU, "cuda:1" when the target is on CUDA.
+    init_method  tcp://host:port of the rendezvous the target hosts; port 0 = a free port.
+    deadline_s   longest wait for one answer of the worker before falling back to AR.
+    start_deadline_s longest wait for the worker to start, load its model and answer a new batch.
+    """
+
+    in_process: bool = False
+    draft_threads: int = 1
+    draft_device: str | None = None
+    init_method: str = "tcp://127.0.0.1:0"
+    deadline_s: float = 30.0
+    start_deadline_s: float = 300.0
+    faults: WorkerFaults | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_threads < 1:
+            raise ValueError(f"draft_threads must be >= 1, got {self.draft_threads}")
+        if not (self.deadline_s > 0 and self.start_deadline_s > 0):
+            raise ValueError("deadline_s and start_deadline_s must be > 0 seconds")
+        if not self.init_method.startswith("tcp://"):
+            raise ValueError(f"init_method must look like tcp://host:port, got {self.init_method!r}")
 
 
 @dataclass(frozen=True)
@@ -18,12 +66,21 @@ class SpeculativeConfig:
             down-weighted set at draft position k+1: the top F_k + 1 tokens of q. None = uniform 3.
     C       Saguaro down-weighting constant in (0, 1]; 1 = plain sampling (Saguaro off).
     backup  what SSD does on a cache miss.
+    schedule       SSD fan-out schedule kind; GIVEN uses `fanout` (after hits) and `fanout_backup`.
+    fanout_backup  F^b: fan-out for rounds whose speculation came from the backup (None = as `fanout`).
+    budget         B = Σ_k F_k for UNIFORM / GEOMETRIC; None = Σ fanouts; "auto" = fitted from the
+                   measured timings so that building the cache fits inside one verify.
+    placement      where SSD's draft worker runs.
     """
 
     K: int = 4
     fanout: tuple[int, ...] | None = None
     C: float = 1.0
     backup: Backup = Backup.NEURAL
+    schedule: FanoutSchedule = FanoutSchedule.UNIFORM
+    fanout_backup: tuple[int, ...] | None = None
+    budget: int | str | None = None
+    placement: DraftPlacement = field(default_factory=DraftPlacement)
 
     def __post_init__(self) -> None:
         if not isinstance(self.K, int) or self.K < 1:
@@ -37,7 +94,17 @@ class SpeculativeConfig:
                     f"fanout must list K + 1 = {self.K + 1} non-negative integers F_0..F_K, got {self.fanout}"
                 )
             object.__setattr__(self, "fanout", fanout)
+        if self.fanout_backup is not None:
+            fanout = tuple(int(f) for f in self.fanout_backup)
+            if len(fanout) != self.K + 1 or min(fanout) < 0:
+                raise ValueError(
+                    f"fanout_backup must list K + 1 = {self.K + 1} non-negative integers, got {self.fanout_backup}"
+                )
+            object.__setattr__(self, "fanout_backup", fanout)
         object.__setattr__(self, "backup", Backup(self.backup))
+        object.__setattr__(self, "schedule", FanoutSchedule(self.schedule))
+        if self.budget is not None and self.budget != "auto" and (not isinstance(self.budget, int) or self.budget < 0):
+            raise ValueError(f"budget must be a non-negative integer, None or 'auto', got {self.budget!r}")
 
     @property
     def fanouts(self) -> tuple[int, ...]:

@@ -36,9 +36,43 @@ class RoundRecord:
     backup: str | None = None
     wait_ms: float | None = None
     fanout: list[int] | None = None
+    outcome_hit: list[bool | None] | None = None  # was this round's outcome in the cache (None: row finished)
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+
+
+def ssd_summary(decode: list[RoundRecord]) -> dict:
+    """SSD's own numbers: hit rate overall and by k, waiting, cache build vs verify (T_p), backup use."""
+    ssd = [r for r in decode if r.hit is not None]
+    if not ssd:
+        return {}
+    lookups: Counter = Counter()
+    hits: Counter = Counter()
+    for r in ssd:
+        for k, hit in zip(r.accepted, r.outcome_hit or []):
+            if hit is not None:
+                lookups[k] += 1
+                hits[k] += hit
+    n = sum(lookups.values())
+    rows = sum(len(r.hit) for r in ssd)
+    backup_rows: Counter = Counter()
+    for r in ssd:
+        for hit in r.hit:
+            if not hit:
+                backup_rows[r.backup or "?"] += 1
+    builds = [r.cache_build_ms / r.verify_ms for r in ssd if r.cache_build_ms and r.verify_ms > 0]
+    return {
+        "hit_rate": sum(hits.values()) / n if n else 0.0,
+        "hit_rate_by_k": {int(k): hits[k] / lookups[k] for k in sorted(lookups)},
+        "speculations_from_cache": sum(sum(r.hit) for r in ssd) / rows if rows else 0.0,
+        "mean_tokens_per_round": sum(sum(r.emitted) for r in ssd) / rows if rows else 0.0,
+        "total_wait_ms": sum(r.wait_ms or 0.0 for r in ssd),
+        "median_wait_ms": median(r.wait_ms or 0.0 for r in ssd),
+        "median_T_p": median(builds) if builds else 0.0,
+        "backup_rows": dict(backup_rows),
+        "fallback_rounds": sum(1 for r in decode if r.strategy == "ar"),
+    }
 
 
 @dataclass
@@ -147,6 +181,7 @@ class RunMetrics:
             "accepted_hist": {int(k): v for k, v in sorted(self.accepted_hist.items())},
             "median_verify_ms": median(r.verify_ms for r in decode) if decode else 0.0,
             "median_draft_ms": median(r.draft_ms for r in decode) if decode else 0.0,
+            **ssd_summary(decode),
         }
 
     def write_rounds(self, path: str | Path) -> None:

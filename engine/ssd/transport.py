@@ -1,0 +1,111 @@
+"""Point-to-point messages between the target (rank 0) and the draft worker (rank 1).
+
+A torch.distributed process group of two made directly from a TCPStore (no global default group,
+so several engines can live in one process): gloo on CPU, NCCL when the messages live on a CUDA device.
+The address is an init method `tcp://host:port`; the target hosts the store, port 0 picks a free port,
+and the draft connects to the same address, so it can run on another host (see engine/ssd/README.md).
+Every receive has a deadline; a timeout, a dead peer or a broken link raise DraftUnavailable.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from engine.ssd.messages import HEADER_LEN, MalformedMessage, Message, decode, encode, payload_shapes
+
+TARGET_RANK, DRAFT_RANK = 0, 1
+
+
+class DraftUnavailable(RuntimeError):
+    """The draft worker died, hung past its deadline, or the link to it broke."""
+
+
+def parse_init_method(init_method: str) -> tuple[str, int]:
+    url = urlparse(init_method)
+    if url.scheme != "tcp" or not url.hostname or url.port is None:
+        raise ValueError(f"init method must look like tcp://host:port (port 0 = pick a free one), got {init_method!r}")
+    return url.hostname, url.port
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def host_store(init_method: str, connect_s: float) -> tuple[dist.TCPStore, str]:
+    """The target's side of the rendezvous: start the store; returns it and the address the draft joins."""
+    host, port = parse_init_method(init_method)
+    store = dist.TCPStore(host, port, 2, True, timeout=datetime.timedelta(seconds=connect_s), wait_for_workers=False)
+    return store, f"tcp://{host}:{store.port}"
+
+
+class Endpoint:
+    """One side of the link: send a message, receive one before a deadline."""
+
+    def __init__(self, store: dist.Store, rank: int, host: str, device: torch.device, connect_s: float):
+        self.rank = rank
+        self.peer = DRAFT_RANK if rank == TARGET_RANK else TARGET_RANK
+        self.device = device
+        self.store = store  # keep the store alive as long as the group
+        timeout = datetime.timedelta(seconds=connect_s)
+        if device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(store, rank, 2)
+        else:
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            gloo = dist.ProcessGroupGloo
+            opts._devices = [gloo.create_device(hostname="127.0.0.1") if _is_loopback(host) else gloo.create_default_device()]
+            self.group = gloo(store, rank, 2, opts)
+        self.broken = False
+
+    @classmethod
+    def connect(cls, init_method: str, device: torch.device, connect_s: float) -> "Endpoint":
+        """The draft's side: connect to the target's store and join the group."""
+        host, port = parse_init_method(init_method)
+        store = dist.TCPStore(host, port, 2, False, timeout=datetime.timedelta(seconds=connect_s))
+        return cls(store, DRAFT_RANK, host, device, connect_s)
+
+    def send(self, msg: Message, timeout_s: float) -> None:
+        try:
+            for tensor in encode(msg):
+                self.group.send([tensor.to(self.device)], self.peer, 0).wait(datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as err:
+            self.broken = True
+            raise DraftUnavailable(f"sending to the peer failed: {err}") from None
+
+    def _recv_one(self, shape: tuple[int, ...], dtype: torch.dtype, timeout_s: float) -> Tensor:
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        try:
+            self.group.recv([buf], self.peer, 0).wait(datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as err:
+            self.broken = True
+            raise DraftUnavailable(f"no message from the peer within {timeout_s:g} s or the link broke: {err}") from None
+        return buf.cpu()
+
+    def recv(self, timeout_s: float, expect_K: int | None = None, expect_V: int | None = None) -> Message:
+        header = self._recv_one((HEADER_LEN,), torch.long, timeout_s)
+        try:
+            shapes = payload_shapes(header)
+        except MalformedMessage:
+            self.broken = True  # the rest of the stream cannot be framed any more
+            raise
+        tensors = [header] + [self._recv_one(shape, dtype, timeout_s) for shape, dtype in shapes]
+        try:
+            return decode(tensors, expect_K, expect_V)
+        except MalformedMessage:
+            self.broken = True
+            raise
+
+    def close(self) -> None:
+        try:
+            self.group.shutdown()
+        except (RuntimeError, AttributeError):  # already torn down by a broken peer
+            pass
