@@ -115,6 +115,13 @@ def test_load_model_from_a_local_folder_casts_and_freezes(tmp_path):
         loaded.name = "other"
 
 
+def test_load_model_from_a_folder_without_tokenizer_gives_none(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "bare")
+    loaded = load_model(tmp_path / "bare", cache_dir=tmp_path / "cache")
+    assert loaded.tokenizer is None
+    assert torch.equal(loaded.model.lm_head.weight, tiny_model().lm_head.weight)
+
+
 def test_int8_dynamic_quantises_linears_and_stays_close():
     model = tiny_model(seed=5, hidden_size=64)
     quantized = int8_dynamic(model)
@@ -125,6 +132,12 @@ def test_int8_dynamic_quantises_linears_and_stays_close():
     approx = quantized(ids).logits  # [1, 8, V]
     assert (approx - exact).abs().max().item() < 0.1 * exact.abs().max().item()
     check_compatible(model, quantized)
+
+
+def test_int8_dynamic_inplace_converts_the_model_itself():
+    model = tiny_model(seed=6)
+    assert int8_dynamic(model, inplace=True) is model
+    assert isinstance(model.lm_head, torch.ao.nn.quantized.dynamic.Linear)
 
 
 def test_int8_dynamic_refuses_bf16():
