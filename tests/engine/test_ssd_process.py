@@ -1,0 +1,97 @@
+"""SSD with the draft worker in its own process: same output, faults fall back to AR, no orphans."""
+
+import logging
+import multiprocessing
+import os
+import signal
+
+import pytest
+
+from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.config import DraftPlacement, WorkerFaults
+from tests.engine.tiny import noisy_copy, tiny_lm
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=16, stop_on_eos=False)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_lm(0, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(target):
+    return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
+
+
+def ssd(target, faults=None):
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=3.0, faults=faults))
+    return LLM(target, noisy_copy(target, 1.0), strategy="ssd", speculative=spec)
+
+
+def test_worker_process_gives_the_ar_output_and_is_reaped_on_close(target, ar_tokens):
+    with ssd(target) as llm:
+        first = llm.generate(PROMPTS, GREEDY)
+        second = llm.generate(PROMPTS[::-1], GREEDY)  # the worker serves several calls
+        process = llm.decoder.channel.process
+        assert process.is_alive() and process.pid != os.getpid()
+    assert [o.token_ids for o in first] == ar_tokens
+    assert [o.token_ids for o in second] == ar_tokens[::-1]
+    assert first.metrics.summary()["hit_rate"] > 0
+    assert not process.is_alive() and multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("fault", ["exit", "hang", "malformed"])
+def test_a_failing_worker_falls_back_to_ar_with_a_warning(target, ar_tokens, fault, caplog):
+    faults = WorkerFaults(**{f"{fault}_at_round": 2})
+    with caplog.at_level(logging.WARNING), ssd(target, faults) as llm:
+        out = llm.generate(PROMPTS, GREEDY)
+        assert llm.decoder.channel is None  # already reaped
+    assert [o.token_ids for o in out] == ar_tokens
+    assert out.metrics.summary()["fallback_rounds"] > 0
+    assert "continuing with autoregressive decoding" in caplog.text
+    assert multiprocessing.active_children() == []
+
+
+def test_a_worker_killed_from_outside_between_calls(target, ar_tokens, caplog):
+    with caplog.at_level(logging.WARNING), ssd(target) as llm:
+        llm.generate(PROMPTS, GREEDY)
+        process = llm.decoder.channel.process
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+        out = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    assert "failed" in caplog.text
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.smoke
+def test_smollm2_as_its_own_draft_in_a_worker_process_equals_greedy():
+    params = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
+    prompt = "def fibonacci(n):"
+    expected = LLM("smollm2-135m", chat_template=False).generate([prompt, "The capital of France"], params)
+    spec = SpeculativeConfig(K=3)
+    with LLM("smollm2-135m", "smollm2-135m", strategy="ssd", speculative=spec, chat_template=False) as llm:
+        out = llm.generate([prompt, "The capital of France"], params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in expected]
+    assert out.metrics.summary()["hit_rate"] > 0.5
+    assert multiprocessing.active_children() == []
+
+
+DEFAULT_PAIR_PROMPTS = [
+    "Write a Python function that reverses a string.", "What is the capital of Japan?",
+    "Explain recursion in one sentence.", "Write a haiku about the sea.", "List three prime numbers.",
+    "Translate 'good morning' into French.", "What does HTTP stand for?", "Sort [3, 1, 2] in Python.",
+    "Give a synonym for 'quick'.", "Write a SQL query that counts rows in a table named users.",
+]
+
+
+@pytest.mark.slow
+def test_default_pair_greedy_ssd_equals_ar_on_ten_prompts():
+    params = SamplingParams(temperature=0, max_new_tokens=32)
+    expected = LLM("qwen-coder-1.5b").generate(DEFAULT_PAIR_PROMPTS, params)
+    spec = SpeculativeConfig(K=3)
+    with LLM("qwen-coder-1.5b", "qwen-coder-0.5b", strategy="ssd", speculative=spec) as llm:
+        out = llm.generate(DEFAULT_PAIR_PROMPTS, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in expected]
