@@ -38,6 +38,8 @@ class DraftPlacement:
     init_method  tcp://host:port of the rendezvous the target hosts; port 0 = a free port.
     deadline_s   longest wait for one answer of the worker before falling back to AR.
     start_deadline_s longest wait for the worker to start, load its model and answer a new batch.
+    external     do not start the worker: one is started by hand (another host) with
+                 `python -m engine.ssd.process tcp://host:port` and fetches its settings from the target.
     """
 
     in_process: bool = False
@@ -47,6 +49,7 @@ class DraftPlacement:
     deadline_s: float = 30.0
     start_deadline_s: float = 300.0
     faults: WorkerFaults | None = None
+    external: bool = False
 
     def __post_init__(self) -> None:
         if self.draft_threads < 1:

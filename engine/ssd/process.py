@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import sys
 import time
 from dataclasses import dataclass
 
@@ -22,6 +24,7 @@ from engine.ssd.messages import Outcome, Speculation, Start, Stop
 from engine.ssd.transport import DraftUnavailable, Endpoint, host_store, parse_init_method
 
 log = logging.getLogger(__name__)
+SPEC_KEY = "saguaro/worker_spec"
 IDLE_S = 7 * 24 * 3600.0  # the worker waits for the next batch as long as the link is up
 JOIN_S = 10.0
 
@@ -136,8 +139,13 @@ class ProcessChannel:
         store, address = host_store(placement.init_method, placement.start_deadline_s)
         ws = WorkerSpec(recipe, spec, pad_id, address, draft_device, placement.draft_threads, cores,
                         placement.start_deadline_s, placement.faults)
-        self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
-        self.process.start()
+        self.process = None
+        if placement.external:
+            store.set(SPEC_KEY, pickle.dumps(ws))  # the hand-started worker reads its settings here
+            log.warning("waiting for a draft worker: run `python -m engine.ssd.process %s` on the draft host", address)
+        else:
+            self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
+            self.process.start()
         self.endpoint: Endpoint | None = None
         self.address = address
         try:
@@ -149,8 +157,8 @@ class ProcessChannel:
             raise DraftUnavailable(f"the draft worker did not connect: {err}") from None
 
     def _exchange(self, msg, timeout_s: float) -> Speculation:
-        if self.endpoint is None or not self.process.is_alive():
-            raise DraftUnavailable(f"the draft worker is not running (exit code {self.process.exitcode})")
+        if self.endpoint is None or (self.process is not None and not self.process.is_alive()):
+            raise DraftUnavailable("the draft worker is not running")
         self.endpoint.send(msg, timeout_s)
         reply = self.endpoint.recv(timeout_s, expect_K=self.spec.K, expect_V=msg.V)
         if not isinstance(reply, Speculation):
@@ -166,12 +174,12 @@ class ProcessChannel:
     def close(self) -> None:
         """Stop the worker and reap it; safe to call twice and after a fault."""
         if self.endpoint is not None:
-            if not self.endpoint.broken and self.process.is_alive():
+            if not self.endpoint.broken and (self.process is None or self.process.is_alive()):
                 try:
                     self.endpoint.send(Stop(), 2.0)
                 except DraftUnavailable:
                     pass
-        if self.process.pid is not None:
+        if self.process is not None and self.process.pid is not None:
             self.process.join(JOIN_S if self.endpoint is not None and not self.endpoint.broken else 0.5)
             if self.process.is_alive():
                 self.process.terminate()
@@ -182,3 +190,25 @@ class ProcessChannel:
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
+
+
+def main(argv: list[str]) -> int:
+    """Start a draft worker by hand (e.g. on another host): `python -m engine.ssd.process tcp://host:port`."""
+    if len(argv) != 1:
+        print("usage: python -m engine.ssd.process tcp://TARGET_HOST:PORT", file=sys.stderr)
+        return 2
+    import datetime
+
+    import torch.distributed as dist
+
+    host, port = parse_init_method(argv[0])
+    store = dist.TCPStore(host, port, 2, False, timeout=datetime.timedelta(seconds=300))
+    ws: WorkerSpec = pickle.loads(store.get(SPEC_KEY))
+    ws.address, ws.cores = argv[0], None
+    del store
+    serve(ws)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

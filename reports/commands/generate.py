@@ -15,12 +15,23 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text with AR, SD or SSD", description=__doc__)
     p.add_argument("prompt", nargs="*", help="prompt text(s); read from --prompts-file or stdin if none")
     p.add_argument("--prompts-file", type=Path, help="JSONL file with a 'prompt' (or 'turns') field per line")
-    p.add_argument("--strategy", choices=["ar", "sd"], default="sd")
+    p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file")
     p.add_argument("-K", "--lookahead", type=int, default=4, dest="K", help="draft tokens per round")
     p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
     p.add_argument("--fanout", type=int, nargs="+", help="F_0..F_K (K + 1 integers)")
+    p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
+                   help="SSD fan-out schedule (given = --fanout / --fanout-backup)")
+    p.add_argument("--fanout-backup", type=int, nargs="+", help="SSD F^b: fan-out after a backup round")
+    p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
+    p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
+                   help="SSD backup on a cache miss")
+    p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (own cores on CPU)")
+    p.add_argument("--draft-device", help="SSD draft worker device (default cpu, or cuda:1 with a CUDA target)")
+    p.add_argument("--init-method", default="tcp://127.0.0.1:0", help="SSD rendezvous tcp://host:port (0 = free)")
+    p.add_argument("--external-draft", action="store_true",
+                   help="SSD: do not start the worker; start it on the draft host with python -m engine.ssd.process")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
@@ -72,7 +83,16 @@ def run(args) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos, seed=args.seed,
     )
-    spec = SpeculativeConfig(K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None)
+    from engine.config import DraftPlacement
+
+    budget = args.budget if args.budget in (None, "auto") else int(args.budget)
+    spec = SpeculativeConfig(
+        K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
+        fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=args.schedule,
+        budget=budget, backup=args.backup,
+        placement=DraftPlacement(draft_threads=args.draft_threads, draft_device=args.draft_device,
+                                 init_method=args.init_method, external=args.external_draft),
+    )
     with LLM(
         args.target, args.draft if args.strategy != "ar" else None,
         strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
