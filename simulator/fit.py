@@ -10,6 +10,8 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - prefill: p0 + p_row·batch·tokens for the target and for the draft;
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
 - the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify.
+Where a record holds the SSD wait rather than the backup's time (`RoundRecord.backup_time_ms` is None),
+a neural backup is not used for the draft fit and a fast backup's time is its round's wait less the link.
 """
 
 from __future__ import annotations
@@ -108,9 +110,10 @@ def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[flo
                 X.append([K + 1, b * (K + 1) + K * r.branches, (K + 1) * kv])
                 y.append(r.cache_build_ms)
             missed = r.hit.count(False)
-            if r.backup is Backup.NEURAL and missed and r.draft_ms > 0:
+            backup_ms = r.backup_time_ms
+            if r.backup is Backup.NEURAL and missed and backup_ms:
                 X.append([K, K * missed, K * missed * r.context_len])
-                y.append(r.draft_ms)
+                y.append(backup_ms)
     return X, y
 
 
@@ -144,14 +147,16 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
             waited = [(r.wait_ms or 0.0) if strategy is Strategy.SSD else r.draft_ms for r in rows]
             residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited)]
             overhead[strategy.value] = max(0.0, float(np.median(residual)))
-    fast = {}
-    for backup in (Backup.RANDOM, Backup.LOOKUP):
-        times = [r.draft_ms for r in decode if r.backup is backup and not all(r.hit)]
-        if times:
-            fast[backup.value] = float(np.median(times))
     hit_waits = [r.wait_ms for r in decode if r.hit and all(r.hit) and r.cache_build_ms is not None
                  and r.cache_build_ms < r.verify_ms and r.wait_ms is not None]
     link_ms = float(np.median(hit_waits)) / 2 if hit_waits else 0.0
+    fast = {}
+    for backup in (Backup.RANDOM, Backup.LOOKUP):
+        misses = [r for r in decode if r.backup is backup and not all(r.hit)]
+        times = [r.backup_time_ms if r.backup_time_ms is not None else max(0.0, r.wait_ms - 2 * link_ms)
+                 for r in misses]
+        if times:
+            fast[backup.value] = float(np.median(times))
     return FittedTiming(
         verify=verify, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, errors=errors, counts=counts,

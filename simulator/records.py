@@ -4,6 +4,11 @@ The schema (engine/metrics.py `RoundRecord`): strategy, round, batch_size, K, co
 emitted, draft_ms, verify_ms, round_ms, draft_forwards, phase ("decode" | "prefill"), tokens (prefill);
 SSD decode rounds also carry hit, cache_build_ms, branches, backup, wait_ms, fanout. Unknown keys are
 ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming file and line.
+
+`backup` may be null (every sequence hit, no backup ran) or name several kinds joined by commas
+("neural,random": a batch whose misses were served by different backups), as the engine writes it.
+The engine currently records the target's wait in an SSD round's `draft_ms` (the schema asks for the
+backup's time there); `RoundRecord.backup_time_ms` tells the two apart.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ class RoundRecord:
     hit: tuple[bool, ...] | None = None
     cache_build_ms: float | None = None
     branches: int | None = None
-    backup: Backup | None = None
+    backups: tuple[Backup, ...] = ()  # kinds that served this round's misses; () when all hit
     wait_ms: float | None = None
     fanout: tuple[int, ...] | None = None
 
@@ -44,9 +49,21 @@ class RoundRecord:
         return self.phase == DECODE
 
     @property
+    def backup(self) -> Backup | None:
+        """The one backup kind that served this round's misses (None: all hit, or several kinds)."""
+        return self.backups[0] if len(self.backups) == 1 else None
+
+    @property
+    def backup_time_ms(self) -> float | None:
+        """The just-in-time backup's time, when recorded (None where `draft_ms` holds the wait instead)."""
+        if self.wait_ms is None or self.draft_ms == self.wait_ms:
+            return None
+        return self.draft_ms
+
+    @property
     def config_key(self) -> tuple:
-        """What identifies a configuration within a file: strategy, K, backup and fan-out."""
-        return (self.strategy.value, self.K, self.backup.value if self.backup else None, self.fanout)
+        """What identifies a configuration within a file: strategy, K and fan-out."""
+        return (self.strategy.value, self.K, self.fanout)
 
 
 def _get(obj: dict, key: str, kind: type | tuple[type, ...], where: str, minimum: float | None = 0):
@@ -133,17 +150,21 @@ def _ssd_fields(obj: dict, batch: int, K: int, where: str) -> dict:
     if not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in fanout):
         raise ValueError(f"{where}: 'fanout' must hold non-negative integers, got {fanout!r}")
     name = obj.get("backup")
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"{where}: 'backup' must be null or backup names joined by commas, got {name!r}")
     try:
-        backup = Backup(name)
+        backups = tuple(Backup(part.strip()) for part in name.split(",")) if name else ()
     except ValueError:
-        raise ValueError(f"{where}: an SSD round needs 'backup', one of neural, random, lookup; got {name!r}") from None
-    if backup is Backup.AUTO:
+        raise ValueError(f"{where}: 'backup' names neural, random or lookup (comma-joined), got {name!r}") from None
+    if Backup.AUTO in backups:
         raise ValueError(f"{where}: 'backup' must name the backup actually used (neural, random or lookup), not auto")
+    if backups == () and not all(hit):
+        raise ValueError(f"{where}: some sequences missed, so 'backup' must name the backup that served them")
     return dict(
         hit=tuple(hit),
         cache_build_ms=float(_get(obj, "cache_build_ms", number, where)),
         branches=_get(obj, "branches", int, where),
-        backup=backup,
+        backups=backups,
         wait_ms=float(_get(obj, "wait_ms", number, where)),
         fanout=tuple(fanout),
     )

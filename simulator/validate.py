@@ -1,6 +1,6 @@
 """Validation against the real engine: fit timings on one run, then predict other runs' tokens/s.
 
-For each configuration in the validation records (strategy, K, backup, fan-out), the simulator replays
+For each configuration in the validation records (strategy, K, fan-out, batch), the simulator replays
 that run's accepted counts and hits (acceptance is not what is being validated) with the fitted timings,
 and its decode tokens/s is compared with the measured one, Σ emitted / Σ round_ms. The engine run should
 keep its batch full (fixed output lengths, no early stop at EOS): the simulation does.
@@ -8,6 +8,7 @@ keep its batch full (fixed output lengths, no early stop at EOS): the simulation
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from theory.glossary import Backup
@@ -64,6 +65,12 @@ def group_runs(records: list[RoundRecord]) -> dict[tuple, list[list[RoundRecord]
     return groups
 
 
+def _backup(rows: list[RoundRecord]) -> Backup:
+    """The backup the run used most (records name it per round; neural when no round missed)."""
+    kinds = Counter(r.backup for r in rows if r.backup is not None)
+    return kinds.most_common(1)[0][0] if kinds else Backup.NEURAL
+
+
 def simulate_like(timing: FittedTiming, segments: list[list[RoundRecord]], seed: int = 0) -> float:
     """Decode tokens/s the simulator predicts for the generate() calls these decode records came from."""
     rows = [r for s in segments for r in s]
@@ -71,7 +78,7 @@ def simulate_like(timing: FittedTiming, segments: list[list[RoundRecord]], seed:
     prompt = max(1, round(sum(s[0].context_len for s in segments) / len(segments)))
     per_seq = [sum(sum(r.emitted) for r in s) / s[0].batch_size for s in segments]
     output = max(2, round(sum(per_seq) / len(per_seq)) + 1)
-    policy = Policy(first.strategy, K=first.K, fanout=first.fanout, backup=first.backup or Backup.NEURAL)
+    policy = Policy(first.strategy, K=first.K, fanout=first.fanout, backup=_backup(rows))
     config = SimConfig(
         policy=policy, timing=timing, acceptance=Replay(tuple(rows)),
         workload=ClosedLoop(first.batch_size, Lengths(prompt), Lengths(output)),
@@ -81,7 +88,7 @@ def simulate_like(timing: FittedTiming, segments: list[list[RoundRecord]], seed:
 
 
 def validate(timing: FittedTiming, records: list[RoundRecord]) -> list[ValidationRow]:
-    """One row per configuration (strategy, K, backup, fan-out, batch) in `records`, decode rounds only.
+    """One row per configuration (strategy, K, fan-out, batch) in `records`, decode rounds only.
 
     Records do not name the temperature: validate each temperature's records separately.
     """
@@ -95,7 +102,8 @@ def validate(timing: FittedTiming, records: list[RoundRecord]) -> list[Validatio
         first = rows[0]
         out.append(ValidationRow(
             strategy=first.strategy.value, K=first.K, batch=first.batch_size,
-            backup=first.backup.value if first.backup else None, fanout=first.fanout, rounds=len(rows),
+            backup=_backup(rows).value if first.strategy.value == "ssd" else None, fanout=first.fanout,
+            rounds=len(rows),
             measured_tokens_per_s=measured, simulated_tokens_per_s=simulate_like(timing, segments),
         ))
     return out

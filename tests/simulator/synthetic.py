@@ -38,11 +38,12 @@ def _k(rng: np.random.Generator, alpha: float, K: int) -> int:
 def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, alpha: float = 0.8,
                p_hit: float = 0.8, fanout: tuple[int, ...] | None = None, backup: str = "neural",
                prompt: int = 100, seed: int = 0, noise: float = 0.0,
-               power_law: tuple[float, float] | None = None) -> list[dict]:
+               power_law: tuple[float, float] | None = None, engine_style: bool = False) -> list[dict]:
     """One generate() call: a prefill record, then `rounds` decode records of a full batch.
 
     SSD hits are Bernoulli(p_hit), or with `power_law = (r, scale)` Bernoulli(1 − scale·F_k^(−r)) for the
-    fan-out F_k of the outcome k each sequence just had.
+    fan-out F_k of the outcome k each sequence just had. `engine_style` writes SSD rounds as the engine
+    does today: the wait in `draft_ms`, `backup` null when all hit, and the build that was looked up.
     """
     rng = np.random.default_rng(seed)
     jitter = (lambda: 1.0 + noise * rng.standard_normal()) if noise else (lambda: 1.0)
@@ -84,6 +85,9 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
             build *= jitter()
             record.update(hit=list(hit), cache_build_ms=build, branches=branches, backup=backup, wait_ms=wait,
                           fanout=list(fanout))
+            if engine_style:
+                record.update(cache_build_ms=build_prev, backup=backup if missed else None)
+                draft = wait
             build_prev, verify_prev = build, verify + over
             if power_law is None:
                 hit = [bool(rng.random() < p_hit) for _ in range(batch)]

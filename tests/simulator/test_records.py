@@ -52,12 +52,23 @@ def test_bad_sd_fields_are_named(change, message):
     ({"hit": [True]}, "'hit', a list of 2 booleans"),
     ({"fanout": [3, 3]}, "'fanout', a list of K\\+1 = 5 integers"),
     ({"backup": "auto"}, "not auto"),
-    ({"backup": "magic"}, "one of neural, random, lookup"),
+    ({"backup": "magic"}, "names neural, random or lookup"),
+    ({"backup": None}, "must name the backup that served them"),
     ({"wait_ms": None}, "missing field 'wait_ms'"),
 ])
 def test_bad_ssd_fields_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         parse_record({**SSD_ROUND, **change})
+
+
+def test_engine_style_backup_fields():
+    all_hit = parse_record({**SSD_ROUND, "hit": [True, True], "backup": None})
+    assert all_hit.backups == () and all_hit.backup is None
+    mixed = parse_record({**SSD_ROUND, "hit": [False, False], "backup": "neural,random"})
+    assert mixed.backups == (Backup.NEURAL, Backup.RANDOM) and mixed.backup is None
+    # the engine writes the wait into draft_ms: then the backup's own time is unknown
+    assert parse_record({**SSD_ROUND, "draft_ms": 3.0, "wait_ms": 3.0}).backup_time_ms is None
+    assert parse_record(SSD_ROUND).backup_time_ms == 12.5
 
 
 def test_an_ar_record_needs_k_zero():

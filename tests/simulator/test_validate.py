@@ -54,3 +54,16 @@ def test_negative_control_wrong_timings_fail_validation(files):
     slow = replace(fitted, verify=tuple(2 * c for c in fitted.verify), draft=tuple(2 * c for c in fitted.draft))
     rows = validate(slow, read_records(runs))
     assert not any(r.within_tolerance for r in rows)
+
+
+def test_engine_style_records_validate_too(tmp_path):
+    """Today's engine writes the SSD wait into draft_ms and null backups on all-hit rounds."""
+    ssd = dict(engine_style=True, noise=0.03)
+    calibration = [*CALIBRATION[:4], engine_run("ssd", 2, 1, 80, fanout=(2, 2, 2), seed=5, **ssd),
+                   engine_run("ssd", 3, 2, 80, fanout=(1, 1, 1, 1), backup="random", seed=7, **ssd)]
+    runs = [engine_run("ssd", 4, 1, 150, fanout=(3, 3, 2, 2, 4), seed=14, **ssd),
+            engine_run("ssd", 4, 2, 150, fanout=(2, 2, 2, 2, 2), backup="random", p_hit=0.6, seed=16, **ssd)]
+    fitted = fit_timing(read_records(write_jsonl(tmp_path / "cal.jsonl", *calibration)))
+    rows = validate(fitted, read_records(write_jsonl(tmp_path / "runs.jsonl", *runs)))
+    assert [r.backup for r in rows] == ["neural", "random"]
+    assert all(r.within_tolerance for r in rows), [round(r.error, 3) for r in rows]
