@@ -1,8 +1,26 @@
-"""The generation engine: AR, synchronous SD and (later) asynchronous SSD on transformers models."""
+"""The generation engine: AR, synchronous SD and asynchronous SSD on transformers models.
 
-from engine.config import SpeculativeConfig
-from engine.llm import LLM, Generation, RequestOutput
-from engine.sampling_params import SamplingParams
-from theory.glossary import Backup, Strategy
+Names are imported on first use, so that `engine.config` or `engine.sampling_params` (plain
+dataclasses) can be read by the CLI and the benchmark configuration without importing torch.
+"""
 
-__all__ = ["LLM", "Generation", "RequestOutput", "SamplingParams", "SpeculativeConfig", "Strategy", "Backup"]
+from importlib import import_module
+
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "Generation": "engine.llm",
+    "RequestOutput": "engine.llm",
+    "SamplingParams": "engine.sampling_params",
+    "SpeculativeConfig": "engine.config",
+    "load_model": "engine.models",
+    "Strategy": "theory.glossary",
+    "Backup": "theory.glossary",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
