@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from transformers.utils import logging as hf_logging
 
 from engine import model_cache, provision
 
@@ -78,6 +81,19 @@ def resolve_folder(spec: str | os.PathLike[str], root: Path, *, verify: bool = F
     )
 
 
+@contextmanager
+def _quiet_progress(show: bool) -> Iterator[None]:
+    """Hide transformers' per-tensor "Loading weights" bar unless progress is logged; restore after."""
+    was_on = hf_logging.is_progress_bar_enabled()
+    if was_on and not show:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on and not show:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(
     spec: str | os.PathLike[str] = provision.DEFAULT_TARGET,
     *,
@@ -90,7 +106,8 @@ def load_model(
     root = model_cache.resolve_cache_root(cache_dir, os.environ)
     folder, name = resolve_folder(spec, root, verify=verify)
     # The folder is local: local_files_only keeps transformers from ever asking a hub.
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    with _quiet_progress(logger.isEnabledFor(logging.INFO)):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     model = model.to(device).eval().requires_grad_(False)
     tokenizer = None
     if any((folder / file).is_file() for file in TOKENIZER_FILES):
