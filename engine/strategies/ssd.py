@@ -51,6 +51,11 @@ class SpeculativeSpeculativeDecoder(Decoder):
         self.channel = None
         self.fault: str | None = None  # why SSD fell back to AR (None while healthy)
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        try:  # start the worker now, so that loading its model is not charged to the first generate()
+            self._channel()
+        except FAULTS as err:
+            self.fault = f"{type(err).__name__}: {err}"
+            log.warning("SSD draft worker did not start (%s); generation will be autoregressive", self.fault)
 
     def _channel(self):
         if self.channel is None and self.fault is None:
