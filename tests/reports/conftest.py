@@ -1,0 +1,28 @@
+"""Shared pieces of the reports tests: the committed fixture run folders and tiny in-memory models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURE_RUNS = sorted(p for p in (FIXTURES / "runs").iterdir() if p.is_dir())
+TOKEN_PROMPTS = FIXTURES / "token_prompts.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """A tiny fp32 target and a noisy copy as draft (vocabulary 50), no tokenizer: token-id prompts."""
+    from reports.bench import Models
+    from tests.engine.tiny import noisy_copy, tiny_lm
+
+    target = tiny_lm(0, scale=4.0)
+    return Models(target, noisy_copy(target, noise=1.0), None)
+
+
+@pytest.fixture(scope="session")
+def report_data():
+    from reports.report import load_data
+
+    return load_data(FIXTURE_RUNS)[0]
