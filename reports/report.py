@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 from pathlib import Path
 
@@ -15,10 +14,8 @@ from reports.figures import FIGURES, NoData, ReportData, render
 from reports.runfolder import SUMMARY_JSON
 from reports.tables import format_table
 
-log = logging.getLogger(__name__)
-
-HEADLINE = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "mean_itl_ms", "alpha",
-            "tokens_per_round", "hit_rate"]
+HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "mean_itl_ms",
+            "alpha", "tokens_per_round", "hit_rate"]
 PREDICTED = ["key", "measured", "simulated", "simulated_error", "closed_form", "closed_form_error", "alpha", "p_hit",
              "alpha_hit", "alpha_miss", "T_d_over_T_v", "T_p", "T_b", "T_ar_over_T_v"]
 FITS = ["temperature", "r", "r_stderr", "scale", "n_points", "method", "note"]
@@ -98,7 +95,8 @@ def build_report(paths: list[str | Path], out_dir: str | Path, command: str | No
     md += ["## Where it ran", "", format_table(_setup_rows(data.runs), list(_setup_rows(data.runs)[0]), markdown=True),
            "", "## Headline", "",
            "Throughput is generated tokens over the wall time of the generate calls (warm-up excluded); "
-           "speedups compare with AR and with transformers' `generate` at the same temperature and batch size.", "",
+           "speedups compare with AR and with transformers' `generate` at the same temperature and batch size. "
+           "`threads`: torch threads of the target's process (SSD's draft worker has its own core(s)).", "",
            _table(data.rows, HEADLINE, n), "", "## Figures", ""]
     for figure in FIGURES:
         md += [f"### {figure.name.replace('_', ' ')}", "", figure.caption, ""]

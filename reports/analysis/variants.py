@@ -45,6 +45,7 @@ def variant_row(run: Run, key: str, results: list[dict]) -> dict:
         **{s: settings.get(s) for s in SETTINGS},
         "prompts": len(ok), "errors": len(results) - len(ok), "new_tokens": tokens, "wall_s": wall,
         "faults": sum(1 for r in ok if r.get("engine_fault")),
+        "threads": Counter(r.get("torch_threads") for r in ok).most_common(1)[0][0] if ok else None,
         "tokens_per_s": tokens / wall if wall > 0 else None,
         "request_tokens_per_s_median": median([r["new_tokens"] / r["e2e_s"] for r in ok if r.get("e2e_s")])
         if any(r.get("e2e_s") for r in ok) else None,

@@ -7,8 +7,8 @@ from reports.analysis.variants import category_pivot, category_rows, error_rows,
 from reports.runfolder import RunDir
 from reports.tables import format_table
 
-COLUMNS = ["key", "prompts", "errors", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf",
-           "mean_itl_ms", "mean_ttft_ms", "alpha", "tokens_per_round", "hit_rate"]
+COLUMNS = ["key", "prompts", "errors", "threads", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar",
+           "speedup_vs_hf", "mean_itl_ms", "mean_ttft_ms", "alpha", "tokens_per_round", "hit_rate"]
 
 
 def summarize(run_dir: RunDir, unavailable: list[dict] | None = None) -> dict:

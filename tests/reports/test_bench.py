@@ -72,7 +72,7 @@ def test_unavailable_strategy_and_batched_assisted_generation_are_reported_not_r
     ssd = [k for k in reasons if k.startswith("ssd")]
     if ssd:  # until the engine offers SSD, its variants say why they did not run
         assert "ssd" in reasons[ssd[0]]
-    assert all(u["key"] in outcome.summary["unavailable"][i]["key"] for i, u in enumerate(outcome.unavailable))
+    assert outcome.summary["unavailable"] == outcome.unavailable
 
 
 def test_a_crashing_prompt_is_recorded_with_its_error(tiny_models, tmp_path):
@@ -126,6 +126,21 @@ def test_a_resumed_run_gives_the_same_result_as_an_uninterrupted_one(tiny_models
     assert units(resumed.run_dir) == units(whole.run_dir)
     env = json.loads((resumed.run_dir.path / "environment.json").read_text())
     assert len(env["resumed"]) == 1
+
+
+def test_grouped_order_runs_variant_by_variant_with_the_same_draws(tiny_models, tmp_path):
+    cfg = config(systems=("ar", "sd"), Ks=(2, 3), temperatures=(0.8,), batch_sizes=(1, 2))
+    interleaved = start(cfg, tmp_path / "i", "interleaved", tiny_models)
+    grouped = start(BenchConfig(**{**cfg.to_dict(), "order": "grouped"}), tmp_path / "g", "grouped", tiny_models)
+    order = [(v.key, i) for v, i, _ in grouped.units(cfg.grid()[0])]
+    assert order[:6] == [("ar T=0.8 b=1", 0), ("ar T=0.8 b=1", 1), ("ar T=0.8 b=1", 2), ("ar T=0.8 b=1", 3),
+                         ("ar T=0.8 b=2", 0), ("ar T=0.8 b=2", 1)]
+    assert [(v.key, i) for v, i, _ in interleaved.units(cfg.grid()[0])][:2] == [("ar T=0.8 b=1", 0),
+                                                                                ("ar T=0.8 b=2", 0)]
+    interleaved.run(progress=False)
+    grouped.run(progress=False)
+    tokens = lambda d: {k: r["token_ids"] for k, r in results(d).items()}  # noqa: E731
+    assert tokens(grouped.run_dir) == tokens(interleaved.run_dir)
 
 
 def test_resuming_a_finished_run_runs_nothing(tiny_models, tmp_path):
