@@ -5,7 +5,22 @@ draft worker is started with multiprocessing "spawn", which imports the main mod
 """
 
 from reports.bench.config import BenchConfig, Settings, Variant
-from reports.bench.runner import Bench, BenchOutcome, resume, start
-from reports.bench.systems import Models
+
+_RUNNER = ("Bench", "BenchOutcome", "resume", "start")
+
+
+def __getattr__(name: str):
+    # The runner and the systems import torch: load them on first use, so that building the CLI parser
+    # (which imports every command module, this config included) stays light for `saguaro theory`.
+    if name in _RUNNER:
+        from reports.bench import runner
+
+        return getattr(runner, name)
+    if name == "Models":
+        from reports.bench.systems import Models
+
+        return Models
+    raise AttributeError(f"module 'reports.bench' has no attribute {name!r}")
+
 
 __all__ = ["Bench", "BenchConfig", "BenchOutcome", "Models", "Settings", "Variant", "resume", "start"]
