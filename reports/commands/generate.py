@@ -14,7 +14,7 @@ DEFAULT_DRAFT = "qwen-coder-0.5b"
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text with AR, SD or SSD", description=__doc__)
     p.add_argument("prompt", nargs="*", help="prompt text(s); read from --prompts-file or stdin if none")
-    p.add_argument("--prompts-file", type=Path, help="JSONL file with a 'prompt' (or 'turns') field per line")
+    p.add_argument("--prompts-file", type=Path, help="JSONL file: a 'prompt' (or 'turns') text or an 'ids' token list per line")
     p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file")
@@ -50,25 +50,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def read_prompts(args) -> list[str]:
+def read_prompts(args) -> list[str | list[int]]:
     if args.prompt:
         return list(args.prompt)
     if args.prompts_file:
-        if not args.prompts_file.is_file():
-            raise ValueError(f"prompts file {args.prompts_file} does not exist")
-        prompts = []
-        for n, line in enumerate(args.prompts_file.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{args.prompts_file}:{n} is not JSON ({err.msg})") from None
-            text = row.get("prompt") or (row.get("turns") or [None])[0]
-            if not isinstance(text, str):
-                raise ValueError(f"{args.prompts_file}:{n} has no 'prompt' or 'turns' text field")
-            prompts.append(text)
-        return prompts
+        from reports.prompts import load_prompts
+
+        return [p.content for p in load_prompts(str(args.prompts_file))]
     if sys.stdin is not None and not sys.stdin.isatty():
         text = sys.stdin.read()
         return [text]
