@@ -148,7 +148,7 @@ class LLM:
 
             spec = self.config.speculative
             opener = open_channel(self.draft, self.config, spec, self.pad_id, self.device)
-            return SpeculativeSpeculativeDecoder(self.target, opener, spec, self.pad_id, self.device)
+            return SpeculativeSpeculativeDecoder(self.target, opener, spec, self.pad_id, self.device, draft=self.draft)
         raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
 
     # -- generation ---------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def ssd_summary(decode: list[RoundRecord]) -> dict:
         "median_wait_ms": median(r.wait_ms or 0.0 for r in ssd),
         "median_T_p": median(builds) if builds else 0.0,
         "backup_rows": dict(backup_rows),
-        "fallback_rounds": sum(1 for r in decode if r.strategy == "ar"),
+        "fallback_rounds": sum(1 for r in decode if r.strategy in ("sd", "ar")),
     }
 
 

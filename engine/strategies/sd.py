@@ -91,13 +91,38 @@ class SpeculativeDecoder(Decoder):
         )
         tail = [[t] for t in pending.tolist()]
         active, rows = surviving_rows(active)
+        if rows is not None and active:
+            target.select(rows.to(self.device))
+            draft.select(rows.to(self.device))
+            pending = pending[rows]
+            tail = [tail[i] for i in rows.tolist()]
+        return records + self.decode(target, draft, active, pending, tail, params, generator, clock, len(records))
 
+    def prefill_draft(self, seqs: list[Sequence]) -> tuple[KVState, list[list[int]]]:
+        """A draft cache for sequences already under way (SSD's fallback): it holds every committed
+        token but the newest, `pending` (the last output token), which is the tail fed next."""
+        draft = KVState(self.draft, len(seqs), self.device)
+        tokens, valid = right_aligned([s.prompt_ids + s.output_ids[:-1] for s in seqs], self.pad_id, self.device)
+        draft.extend(tokens, valid, logits_to_keep=1)
+        return draft, [[s.output_ids[-1]] for s in seqs]
+
+    def decode(
+        self,
+        target: KVState,
+        draft: KVState,
+        active: list[Sequence],
+        pending: Tensor,
+        tail: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator,
+        clock: Clock,
+        first_round: int,
+    ) -> list[RoundRecord]:
+        """SD rounds until every sequence is finished, from a state where the target cache holds every
+        committed token but `pending` [B] and the draft's holds all but `tail`."""
+        K = self.spec.K
+        records: list[RoundRecord] = []
         while active:
-            if rows is not None:
-                target.select(rows.to(self.device))
-                draft.select(rows.to(self.device))
-                pending = pending[rows]
-                tail = [tail[i] for i in rows.tolist()]
             context_len = int(target.lengths.max())
             t0 = time.perf_counter()
             x, q = self.propose(draft, tail, params, generator)  # [B, K], [B, K, V]
@@ -125,10 +150,15 @@ class SpeculativeDecoder(Decoder):
                 seq.metrics.accepted_hist[kb] += 1
             records.append(
                 RoundRecord(
-                    strategy=self.name, round=len(records), batch_size=len(active), K=K,
+                    strategy=self.name, round=first_round + len(records), batch_size=len(active), K=K,
                     context_len=context_len, accepted=k.tolist(), emitted=emitted,
                     draft_ms=draft_ms, verify_ms=verify_ms, round_ms=ms_since(t0), draft_forwards=K,
                 )
             )
             active, rows = surviving_rows(active)
+            if rows is not None and active:
+                target.select(rows.to(self.device))
+                draft.select(rows.to(self.device))
+                pending = pending[rows]
+                tail = [tail[i] for i in rows.tolist()]
         return records

@@ -7,8 +7,10 @@ speculation. On a cache hit the worker answers at once, so drafting costs the ta
 
 Target KV bookkeeping is sd.py's: the cache holds every committed token except `pending` (t*), fed first
 in the next block [pending, x_1..x_K]; after k accepted it drops x_{k+1}..x_K. The draft's cache never
-crosses. If the worker dies, hangs past its deadline or sends a malformed message, generation goes on
-autoregressively from this exact state (still exact), with a warning, and the worker is reaped.
+crosses. If the worker dies, hangs past its deadline or sends a malformed message, the worker is reaped and
+generation goes on from this exact state (still exact), with one warning: synchronous SD with the draft in
+the target's process when it has one (engine.strategies.sd; its cache re-prefilled on prompt + output so
+far), otherwise autoregressively.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from engine.sequence import Sequence
 from engine.ssd.messages import MalformedMessage, Outcome, Source, Speculation, Start
 from engine.ssd.transport import DraftUnavailable
 from engine.strategies.base import Clock, Decoder, ms_since, prefill, surviving_rows
+from engine.strategies.sd import SpeculativeDecoder
 from engine.verifier import verify
 
 log = logging.getLogger(__name__)
@@ -44,18 +47,33 @@ class SpeculativeSpeculativeDecoder(Decoder):
         spec: SpeculativeConfig,
         pad_id: int,
         device: torch.device,
+        draft: torch.nn.Module | None = None,
     ):
         super().__init__(target, pad_id, device)
         self.spec = spec
         self.open_channel = open_channel
         self.channel = None
-        self.fault: str | None = None  # why SSD fell back to AR (None while healthy)
+        self.draft = draft  # the draft in the target's process, for the synchronous SD fallback (None: AR)
+        self.fault: str | None = None  # why SSD fell back (None while healthy)
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         try:  # start the worker now, so that loading its model is not charged to the first generate()
             self._channel()
         except FAULTS as err:
-            self.fault = f"{type(err).__name__}: {err}"
-            log.warning("SSD draft worker did not start (%s); generation will be autoregressive", self.fault)
+            self._record_fault(err, "did not start")
+
+    @property
+    def fallback(self) -> str:
+        """The strategy used once the worker has failed: "sd" with an in-process draft, else "ar"."""
+        return "sd" if self.draft is not None else "ar"
+
+    def _record_fault(self, err: Exception, what: str) -> None:
+        """Remember the fault, reap the worker, and warn once saying which fallback runs from now on."""
+        self.fault = f"{type(err).__name__}: {err}"
+        self.close()
+        how = ("synchronous speculative decoding with the draft in the target process" if self.fallback == "sd"
+               else "autoregressive decoding")
+        log.warning("SSD draft worker %s (%s); stopped it and continuing with %s (the output distribution is "
+                    "unchanged)", what, self.fault, how)
 
     def _channel(self):
         if self.channel is None and self.fault is None:
@@ -98,7 +116,7 @@ class SpeculativeSpeculativeDecoder(Decoder):
         try:
             channel = self._channel()
             if channel is None:
-                return records + self._autoregressive(target, active, pending, params, generator, clock, len(records))
+                return records + self._continue(target, active, pending, params, generator, clock, len(records))
             speculation = channel.start(Start(
                 seq_ids=[s.index for s in active], prompts=[s.prompt_ids for s in active], pending=pending.tolist(),
                 temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p or 1.0,
@@ -164,11 +182,16 @@ class SpeculativeSpeculativeDecoder(Decoder):
         return speculation.tokens.to(self.device), speculation.q.to(self.device)
 
     def _fall_back(self, err, target, active, pending, params, generator, clock, first_round) -> list[RoundRecord]:
-        self.fault = f"{type(err).__name__}: {err}"
-        log.warning("SSD draft worker failed (%s); stopping it and continuing with autoregressive decoding "
-                    "in the target process (the output distribution is unchanged)", self.fault)
-        self.close()
-        return self._autoregressive(target, active, pending, params, generator, clock, first_round)
+        self._record_fault(err, "failed")
+        return self._continue(target, active, pending, params, generator, clock, first_round)
+
+    def _continue(self, target, active, pending, params, generator, clock, first_round) -> list[RoundRecord]:
+        """Without a worker: synchronous SD from the current state when there is a draft here, else AR."""
+        if self.draft is None:
+            return self._autoregressive(target, active, pending, params, generator, clock, first_round)
+        sd = SpeculativeDecoder(self.target, self.draft, self.spec, self.pad_id, self.device)
+        draft, tail = sd.prefill_draft(active)  # the draft's cache: prompt + output so far, but pending
+        return sd.decode(target, draft, active, pending, tail, params, generator, clock, first_round)
 
     def _autoregressive(self, target, active, pending, params, generator, clock, first_round) -> list[RoundRecord]:
         """AR from the current state: the target cache holds everything but `pending`."""

@@ -1,9 +1,11 @@
-"""SSD with the draft worker in its own process: same output, faults fall back to AR, no orphans."""
+"""SSD with the draft worker in its own process: same output, faults fall back to synchronous SD (or AR
+without an in-process draft), no orphans. Every test here starts one worker process (~5 s each)."""
 
 import logging
 import multiprocessing
 import os
 import signal
+import threading
 
 import pytest
 
@@ -12,7 +14,7 @@ from engine.config import DraftPlacement, WorkerFaults
 from tests.engine.tiny import noisy_copy, tiny_lm
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
-GREEDY = SamplingParams(temperature=0, max_new_tokens=16, stop_on_eos=False)
+GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +27,23 @@ def ar_tokens(target):
     return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
 
 
-def ssd(target, faults=None):
-    spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=3.0, faults=faults))
+def ssd(target, faults=None, deadline_s=5.0):
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=deadline_s, faults=faults))
     return LLM(target, noisy_copy(target, 1.0), strategy="ssd", speculative=spec)
+
+
+def decode_strategies(out) -> list[str]:
+    return [r.strategy for r in out.metrics.rounds if r.phase == "decode"]
+
+
+def assert_no_children_left() -> None:
+    assert multiprocessing.active_children() == []
+    try:
+        import psutil
+    except ImportError:
+        return
+    left = [c for c in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(c.cmdline())]
+    assert left == []  # multiprocessing's own resource tracker may stay; no worker may
 
 
 def test_worker_process_gives_the_ar_output_and_is_reaped_on_close(target, ar_tokens):
@@ -39,19 +55,48 @@ def test_worker_process_gives_the_ar_output_and_is_reaped_on_close(target, ar_to
     assert [o.token_ids for o in first] == ar_tokens
     assert [o.token_ids for o in second] == ar_tokens[::-1]
     assert first.metrics.summary()["hit_rate"] > 0
-    assert not process.is_alive() and multiprocessing.active_children() == []
+    assert set(decode_strategies(first)) == {"ssd"}
+    assert not process.is_alive()
+    assert_no_children_left()
 
 
-@pytest.mark.parametrize("fault", ["exit", "hang", "malformed"])
-def test_a_failing_worker_falls_back_to_ar_with_a_warning(target, ar_tokens, fault, caplog):
+# (fault, draft in the target process?, expected fallback); the hang test waits out a 1 s deadline.
+FAULTS = [("exit", True, "sd"), ("hang", True, "sd"), ("malformed", False, "ar")]
+
+
+@pytest.mark.parametrize("fault, draft_here, fallback", FAULTS)
+def test_a_failing_worker_falls_back_with_one_warning(target, ar_tokens, fault, draft_here, fallback, caplog):
     faults = WorkerFaults(**{f"{fault}_at_round": 2})
-    with caplog.at_level(logging.WARNING), ssd(target, faults) as llm:
+    with caplog.at_level(logging.WARNING), ssd(target, faults, deadline_s=1.0 if fault == "hang" else 5.0) as llm:
+        if not draft_here:
+            llm.decoder.draft = None  # as if the target process could not hold the draft
         out = llm.generate(PROMPTS, GREEDY)
         assert llm.decoder.channel is None  # already reaped
+        again = llm.generate(PROMPTS, GREEDY)  # later calls go straight to the fallback, without a warning
     assert [o.token_ids for o in out] == ar_tokens
-    assert out.metrics.summary()["fallback_rounds"] > 0
-    assert "continuing with autoregressive decoding" in caplog.text
-    assert multiprocessing.active_children() == []
+    assert [o.token_ids for o in again] == ar_tokens
+    strategies = decode_strategies(out)
+    assert strategies[:2] == ["ssd", "ssd"] and set(strategies[2:]) == {fallback}
+    assert out.metrics.summary()["fallback_rounds"] == len(strategies) - 2
+    assert set(decode_strategies(again)) == {fallback}
+    how = "synchronous speculative decoding" if fallback == "sd" else "autoregressive decoding"
+    assert caplog.text.count("SSD draft worker failed") == 1 and f"continuing with {how}" in caplog.text
+    assert_no_children_left()
+
+
+def test_a_worker_killed_from_outside_mid_generation(target, ar_tokens, caplog):
+    # The worker sleeps on round 2 and the deadline is long: only the kill can end the wait.
+    with caplog.at_level(logging.WARNING), ssd(target, WorkerFaults(hang_at_round=2), deadline_s=120.0) as llm:
+        pid = llm.decoder.channel.process.pid
+        killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        out = llm.generate(PROMPTS, GREEDY)
+        killer.join()
+    assert [o.token_ids for o in out] == ar_tokens
+    strategies = decode_strategies(out)
+    assert strategies[:2] == ["ssd", "ssd"] and set(strategies[2:]) == {"sd"}
+    assert "SSD draft worker failed" in caplog.text
+    assert_no_children_left()
 
 
 def test_a_worker_killed_from_outside_between_calls(target, ar_tokens, caplog):
@@ -62,8 +107,9 @@ def test_a_worker_killed_from_outside_between_calls(target, ar_tokens, caplog):
         process.join(10)
         out = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in out] == ar_tokens
+    assert set(decode_strategies(out)) == {"sd"}
     assert "failed" in caplog.text
-    assert multiprocessing.active_children() == []
+    assert_no_children_left()
 
 
 @pytest.mark.smoke
