@@ -133,6 +133,7 @@ class EngineConfig:
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     chat_template: bool = True  # wrap text prompts in the tokenizer's chat template
+    cache_dir: str | None = None  # where models are downloaded to / looked up (None: the default cache)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy(self.strategy))

@@ -102,6 +102,7 @@ class LLM:
             device=device,
             threads=threads,
             chat_template=chat_template,
+            cache_dir=None if cache_dir is None else str(cache_dir),
         )
         if threads is not None:
             torch.set_num_threads(threads)

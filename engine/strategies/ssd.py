@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +33,9 @@ from engine.ssd.transport import DraftUnavailable
 from engine.strategies.base import Clock, Decoder, ms_since, prefill, surviving_rows
 from engine.strategies.sd import SpeculativeDecoder
 from engine.verifier import verify
+
+if TYPE_CHECKING:
+    from engine.ssd.process import ModelRecipe
 
 log = logging.getLogger(__name__)
 FAULTS = (DraftUnavailable, MalformedMessage)
@@ -221,15 +225,11 @@ class SpeculativeSpeculativeDecoder(Decoder):
 def open_channel(draft, config, spec: SpeculativeConfig, pad_id: int, device: torch.device) -> Callable[[], object]:
     """A function that starts the draft worker: in process, or in its own process from a model recipe."""
     from engine.ssd.channel import InProcessChannel
-    from engine.ssd.process import ModelRecipe, ProcessChannel
+    from engine.ssd.process import ProcessChannel
 
     if spec.placement.in_process:
         return lambda: InProcessChannel(draft, spec, pad_id, device)
-    if hasattr(draft, "config") and not any(type(m).__module__.startswith("torch.ao") for m in draft.modules()) \
-            and not _is_loadable(config.draft):
-        recipe = ModelRecipe.from_model(draft)
-    else:
-        recipe = ModelRecipe(path=config.draft, dtype=config.draft_dtype or config.dtype, int8=config.draft_int8)
+    recipe = draft_recipe(draft, config)
 
     def start() -> ProcessChannel:
         channel = ProcessChannel(recipe, spec, pad_id, device)
@@ -238,6 +238,18 @@ def open_channel(draft, config, spec: SpeculativeConfig, pad_id: int, device: to
         return channel
 
     return start
+
+
+def draft_recipe(draft, config) -> "ModelRecipe":
+    """How the worker process rebuilds the draft: by alias / path (with the engine's dtype, int8 and
+    cache_dir) when it can load it itself, else from the in-memory model's config and weights."""
+    from engine.ssd.process import ModelRecipe
+
+    if hasattr(draft, "config") and not any(type(m).__module__.startswith("torch.ao") for m in draft.modules()) \
+            and not _is_loadable(config.draft):
+        return ModelRecipe.from_model(draft)
+    return ModelRecipe(path=config.draft, dtype=config.draft_dtype or config.dtype, int8=config.draft_int8,
+                       cache_dir=config.cache_dir)
 
 
 def _is_loadable(name: str | None) -> bool:

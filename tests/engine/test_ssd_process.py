@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from engine.config import DraftPlacement, WorkerFaults
+from engine.config import DraftPlacement, EngineConfig, WorkerFaults
+from engine.strategies.ssd import draft_recipe
 from tests.engine.tiny import noisy_copy, tiny_lm
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
@@ -110,6 +111,13 @@ def test_a_worker_killed_from_outside_between_calls(target, ar_tokens, caplog):
     assert set(decode_strategies(out)) == {"sd"}
     assert "failed" in caplog.text
     assert_no_children_left()
+
+
+def test_the_worker_loads_a_named_draft_from_the_engines_cache_dir(target, tmp_path):
+    assert LLM(target, cache_dir=tmp_path).config.cache_dir == str(tmp_path)
+    config = EngineConfig(target="smollm2-135m", draft="smollm2-135m", strategy="ssd", cache_dir=str(tmp_path))
+    recipe = draft_recipe(None, config)  # a packaged alias: the worker loads it itself
+    assert (recipe.path, recipe.cache_dir, recipe.state) == ("smollm2-135m", str(tmp_path), None)
 
 
 @pytest.mark.smoke
