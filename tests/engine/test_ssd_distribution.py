@@ -17,7 +17,7 @@ from tests.engine.test_sd_distribution import (
 )
 from tests.engine.tiny import noisy_copy, tiny_lm
 
-N = 6_000
+N = 3_000
 IN_PROCESS = DraftPlacement(in_process=True)
 
 
