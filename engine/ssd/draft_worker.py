@@ -68,12 +68,12 @@ class DraftWorker:
         K = self.K
         k = torch.tensor(msg.accepted, dtype=torch.long)
         bonus = torch.tensor(msg.bonus, dtype=torch.long)
+        x = self.x.tolist()
         found: list[int | None] = []
-        for b, seq_id in enumerate(self.seq_ids):
-            found.append(self.cache.lookup(seq_id, msg.accepted[b], msg.bonus[b]))
-            self.contexts[b] += self.x[b, : msg.accepted[b]].tolist() + [msg.bonus[b]]
-            self.policy.observe_round(self.sources[b], msg.accepted[b], self.row_fanout[b][msg.accepted[b]],
-                                      found[b] is not None)
+        for b, (seq_id, kb, tb) in enumerate(zip(self.seq_ids, msg.accepted, msg.bonus)):
+            found.append(self.cache.lookup(seq_id, kb, tb))
+            self.contexts[b] += x[b][:kb] + [tb]
+            self.policy.observe_round(self.sources[b], kb, self.row_fanout[b][kb], found[b] is not None)
         self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
 
         # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.
@@ -81,15 +81,14 @@ class DraftWorker:
         alive = [b for b, a in enumerate(msg.alive) if a]
         hit_rows = [b for b in alive if found[b] is not None]
         miss_rows = [b for b in alive if found[b] is None]
-        branches = self.cache.branches
-        order = hit_rows + miss_rows
         as_long = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
-        if order:
+        if alive:
             parts = [(self.state, as_long(miss_rows))]
             if hit_rows:
-                parts.insert(0, (branches.state, as_long([found[b] for b in hit_rows])))
+                parts.insert(0, (self.cache.branches.state, as_long([found[b] for b in hit_rows])))
             self.state = stack_rows(parts)
-            self.state.select(as_long([order.index(b) for b in alive]))  # back to batch order
+            position = {b: i for i, b in enumerate(hit_rows + miss_rows)}
+            self.state.select(as_long([position[b] for b in alive]))  # back to batch order
         self.seq_ids = [self.seq_ids[b] for b in alive]
         self.contexts = [self.contexts[b] for b in alive]
         return self._next_speculation(bonus[alive], [found[b] for b in alive], msg.round)
@@ -98,41 +97,39 @@ class DraftWorker:
         """Assemble the next speculation: cached branches for the hit rows, the backup for the rest."""
         K, V, n = self.K, self.V, len(self.seq_ids)
         hit = [i is not None for i in hit_index]
-        tokens = torch.zeros(n, K, dtype=torch.long)
-        q = torch.zeros(n, K, V)
-        self.logits = [None] * n  # per row: draft logits at positions 1..K, when already known
-        self.tails: list[list[int]] = [[] for _ in range(n)]
-        self.sources = ["hit"] * n
-        branches = self.cache.branches
-        for b in range(n):
-            if hit[b]:
-                i = hit_index[b]
-                tokens[b], q[b] = branches.tokens[i], branches.q[i]
-                self.logits[b] = branches.logits[i]
-                self.tails[b] = [int(branches.tokens[i, -1])]
+        hits = [b for b in range(n) if hit[b]]
         miss = [b for b in range(n) if not hit[b]]
+        tokens = torch.zeros(n, K, dtype=torch.long)  # [n, K]
+        q = torch.zeros(n, K, V)  # [n, K, V]
+        self.logits = torch.zeros(n, K, V)  # [n, K, V] draft logits at positions 1..K where known
+        self.known = torch.zeros(n, dtype=torch.bool)  # [n] rows whose logits are known (hit, neural)
+        self.sources = ["hit"] * n
+        if hits:
+            branches, i = self.cache.branches, torch.tensor([hit_index[b] for b in hits], dtype=torch.long)
+            tokens[hits], q[hits], self.logits[hits] = branches.tokens[i], branches.q[i], branches.logits[i]
+            self.known[hits] = True
         backup = self.policy.backup(max(n, 1)) if miss else None
         t0 = time.perf_counter()
         if miss:
-            self.sources = [backup.value if b in miss else "hit" for b in range(n)]
+            self.sources = [backup.value if not h else "hit" for h in hit]
             if backup is Backup.NEURAL:
-                first = [[int(bonus[b])] if b in miss else [] for b in range(n)]
+                first = [[] if hit[b] else [int(bonus[b])] for b in range(n)]
                 first_t, first_v = right_aligned(first, self.pad_id, self.device)
-                active = torch.zeros(n, dtype=torch.bool, device=self.device)
-                active[miss] = True
+                active = ~torch.tensor(hit, dtype=torch.bool, device=self.device)  # [n]
                 y, qy, z = draft_tokens(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
                                         self.params, self.generator, active)
-                for b in miss:
-                    tokens[b], q[b], self.logits[b] = y[b].cpu(), qy[b].cpu(), z[b].cpu()
-                    self.tails[b] = [int(y[b, -1])]
+                rows = torch.tensor(miss, dtype=torch.long, device=self.device)
+                tokens[miss], q[miss], self.logits[miss] = y[rows].cpu(), qy[rows].cpu(), z[rows].cpu()
+                self.known[miss] = True
             else:
                 if backup is Backup.RANDOM:
                     y, qy = random_backup(len(miss), K, V, self.generator)
                 else:
                     y, qy = lookup_backup([self.contexts[b] for b in miss], K, V)
-                for j, b in enumerate(miss):
-                    tokens[b], q[b] = y[j].cpu(), qy[j]
-                    self.tails[b] = [int(bonus[b])] + y[j].tolist()
+                tokens[miss], q[miss] = y.cpu(), qy.cpu()
+        # Tails not yet fed to the draft: y_K after a hit or the neural backup, t*, y_1..y_K after a fast one.
+        known, listed, bonus_list = self.known.tolist(), tokens.tolist(), bonus.tolist()
+        self.tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known, bonus_list)]
         self.last_backup = backup.value if backup else None
         self.last_backup_ms = ms_since(t0) if miss else 0.0
         self.x = tokens
@@ -155,14 +152,13 @@ class DraftWorker:
             self.cache, self.build_ms = SpeculationCache([], None), 0.0
             return
         tokens, valid = right_aligned(self.tails, self.pad_id, self.device)
-        out = self.state.extend(tokens, valid).float()  # [n, W, V]
+        out = self.state.extend(tokens, valid).float().cpu()  # [n, W, V]
         logits = torch.empty(n, K + 1, out.shape[-1])  # [n, K+1, V] draft logits at positions 1..K+1
-        for b in range(n):
-            if self.logits[b] is None:  # fast backup: the glue fed t*, y_1..y_K
-                logits[b] = out[b, -(K + 1) :].cpu()
-            else:
-                logits[b, :K] = self.logits[b]
-                logits[b, K] = out[b, -1].cpu()
+        logits[:, :K] = self.logits
+        logits[:, K] = out[:, -1]
+        fast = ~self.known  # fast backup rows: the glue fed t*, y_1..y_K (W = K + 1)
+        if fast.any():
+            logits[fast] = out[fast, -(K + 1) :]
         row, k, t = guesses(logits, self.x, self.row_fanout)
         branches = None
         if row.numel():
