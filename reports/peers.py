@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,30 @@ def _trim(ids: list[int], eos_ids: frozenset[int], stop_on_eos: bool) -> PeerOut
             if t in eos_ids:
                 return PeerOutput(ids[: i + 1], "eos")
     return PeerOutput(ids, "length")
+
+
+@contextmanager
+def _assistant_settings(assistant, K: int | None) -> Iterator[None]:
+    """A constant K and no confidence-based early stop: the same speculation as our SD.
+
+    transformers reads these from the *assistant's* generation_config (its defaults are K = 20 and a
+    0.4 confidence threshold that ends drafting early); passed to generate() they are ignored. They are
+    set for the call and restored afterwards.
+    """
+    if assistant is None:
+        yield
+        return
+    config = assistant.generation_config
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    saved = {n: getattr(config, n, None) for n in names}
+    config.num_assistant_tokens = K
+    config.num_assistant_tokens_schedule = "constant"
+    config.assistant_confidence_threshold = 0.0
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(config, n, v)
 
 
 def hf_generate(
@@ -49,15 +75,12 @@ def hf_generate(
     if not params.greedy:
         kwargs.update(temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p or 1.0)
     if assistant is not None:
-        # A constant K and no confidence-based early stop: the same speculation as our SD.
-        kwargs.update(
-            assistant_model=assistant, num_assistant_tokens=K,
-            num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-        )
+        kwargs.update(assistant_model=assistant)
     torch.manual_seed(params.seed)  # transformers samples from the global RNG; ours takes a Generator
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), **kwargs)
-    seconds = time.perf_counter() - t0
+    with _assistant_settings(assistant, K):
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), **kwargs)
+        seconds = time.perf_counter() - t0
     rows = out[:, width:].tolist()  # [B, new]
     return [_trim(r, eos_ids, params.stop_on_eos) for r in rows], seconds
