@@ -9,6 +9,8 @@ import torch
 from torch import Tensor
 
 from engine.kv_cache import KVState
+from engine.sampling import warp
+from engine.verifier import Verification, verify
 from engine.metrics import RoundRecord
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -73,3 +75,27 @@ def surviving_rows(active: list[Sequence]) -> tuple[list[Sequence], Tensor | Non
     if len(keep) == len(active):
         return active, None
     return [active[i] for i in keep], torch.tensor(keep, dtype=torch.long)
+
+
+def verify_block(
+    target: KVState, pending: Tensor, x: Tensor, q: Tensor, params: SamplingParams, generator: torch.Generator
+) -> Verification:
+    """One target forward over [pending, x_1..x_K] and rejection sampling of x [B, K] against the q
+    [B, K, V] it was drawn from; the target cache is rolled back to the accepted prefix (it then holds
+    every committed token but the bonus, which becomes the next `pending`)."""
+    block = torch.cat([pending[:, None].to(x.device), x], dim=1)  # [B, K + 1]
+    p = warp(target.extend(block).float(), params)  # [B, K + 1, V]
+    result = verify(x, q, p, generator)
+    target.rollback(x.shape[1] - result.accepted.to(target.lengths.device))
+    return result
+
+
+def emit_round(active: list[Sequence], result: Verification, x: Tensor, now_s: float) -> list[int]:
+    """Append each row's x_1..x_k, t* to its sequence (cut at EOS / the limit); returns tokens kept."""
+    emitted = []
+    for seq, tokens, k in zip(active, result.emitted(x), result.accepted.tolist()):
+        emitted.append(seq.append(tokens, now_s))
+        seq.metrics.rounds += 1
+        seq.metrics.target_forwards += 1
+        seq.metrics.accepted_hist[k] += 1
+    return emitted

@@ -23,8 +23,9 @@ from engine.metrics import RoundRecord
 from engine.sampling import sample, saguaro, warp
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.strategies.base import Clock, Decoder, ms_since, prefill, right_aligned, surviving_rows
-from engine.verifier import verify
+from engine.strategies.base import (
+    Clock, Decoder, emit_round, ms_since, prefill, right_aligned, surviving_rows, verify_block,
+)
 
 
 class SpeculativeDecoder(Decoder):
@@ -129,25 +130,15 @@ class SpeculativeDecoder(Decoder):
             draft_ms = ms_since(t0)
 
             t1 = time.perf_counter()
-            block = torch.cat([pending[:, None].to(self.device), x], dim=1)  # [B, K + 1]
-            p = warp(target.extend(block).float(), params)  # [B, K + 1, V]
-            result = verify(x, q, p, generator)
+            result = verify_block(target, pending, x, q, params, generator)
             verify_ms = ms_since(t1)
 
             k = result.accepted.to(self.device)  # [B]
-            target.rollback(K - k)
             draft.rollback((K - 1 - k).clamp(min=0))
             pending = result.bonus
             x_last, bonus = x[:, -1].tolist(), result.bonus.tolist()
             tail = [[x_last[b], bonus[b]] if kb == K else [bonus[b]] for b, kb in enumerate(k.tolist())]
-
-            now = clock.now()
-            emitted = []
-            for seq, tokens, kb in zip(active, result.emitted(x), k.tolist()):
-                emitted.append(seq.append(tokens, now))
-                seq.metrics.rounds += 1
-                seq.metrics.target_forwards += 1
-                seq.metrics.accepted_hist[kb] += 1
+            emitted = emit_round(active, result, x, clock.now())
             records.append(
                 RoundRecord(
                     strategy=self.name, round=first_round + len(records), batch_size=len(active), K=K,

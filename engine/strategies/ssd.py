@@ -30,9 +30,8 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.ssd.messages import MalformedMessage, Outcome, Source, Speculation, Start
 from engine.ssd.transport import DraftUnavailable
-from engine.strategies.base import Clock, Decoder, ms_since, prefill, surviving_rows
+from engine.strategies.base import Clock, Decoder, emit_round, ms_since, prefill, surviving_rows, verify_block
 from engine.strategies.sd import SpeculativeDecoder
-from engine.verifier import verify
 
 if TYPE_CHECKING:
     from engine.ssd.process import ModelRecipe
@@ -137,21 +136,12 @@ class SpeculativeSpeculativeDecoder(Decoder):
                 return records + self._fall_back(err, target, active, pending, params, generator, clock, len(records))
             context_len = int(target.lengths.max())
             t1 = time.perf_counter()
-            block = torch.cat([pending[:, None].to(self.device), x], dim=1)  # [B, K + 1]
-            p = warp(target.extend(block).float(), params)  # [B, K + 1, V]
-            result = verify(x, q, p, generator)
+            result = verify_block(target, pending, x, q, params, generator)
             verify_ms = ms_since(t1)
 
             k = result.accepted.to(self.device)  # [B]
-            target.rollback(K - k)
             pending = result.bonus
-            now = clock.now()
-            emitted = []
-            for seq, tokens, kb in zip(active, result.emitted(x), k.tolist()):
-                emitted.append(seq.append(tokens, now))
-                seq.metrics.rounds += 1
-                seq.metrics.target_forwards += 1
-                seq.metrics.accepted_hist[kb] += 1
+            emitted = emit_round(active, result, x, clock.now())
             backups = sorted({s.name.lower() for s in speculation.source if s is not Source.HIT})
             record = RoundRecord(
                 strategy=self.name, round=len(records), batch_size=len(active), K=K, context_len=context_len,

@@ -94,7 +94,7 @@ def argmax_verifier(draft_tokens, q, p, generator):
 
 
 def test_negative_control_biased_verifier_is_detected(target, draft, monkeypatch):
-    monkeypatch.setattr("engine.strategies.sd.verify", argmax_verifier)
+    monkeypatch.setattr("engine.strategies.base.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
     counts = engine_counts(target, draft, SpeculativeConfig(K=2), params)
     assert chi_square_p(counts, exact_distribution(target, params)) < 1e-12
