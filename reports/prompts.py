@@ -17,6 +17,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 SETS = ("spec_bench", "humaneval")
+PROMPT_ORDERS = ("round-robin", "file")
 SPEC_BENCH_TASKS = ("translation", "summarization", "qa", "math_reasoning", "rag")
 
 
@@ -102,11 +103,16 @@ def round_robin(prompts: list[Prompt]) -> list[Prompt]:
     return [p for group in zip_longest(*by_task.values()) for p in group if p is not None]
 
 
-def load_prompts(source: str, n: int | None = None, categories: list[str] | None = None) -> list[Prompt]:
-    """n prompts of a set ("spec_bench", "humaneval") or of a JSONL file, round-robin across tasks.
+def load_prompts(source: str, n: int | None = None, categories: list[str] | None = None,
+                 order: str = "round-robin") -> list[Prompt]:
+    """n prompts of a set ("spec_bench", "humaneval") or of a JSONL file.
 
-    `categories` keeps prompts whose category or task is listed (e.g. `mt_bench`, `coding`, `qa`).
+    `order`: "round-robin" (default) takes them across tasks, so a small n covers every task; "file" takes
+    the first n in the file's order (the "first 20 prompts of Spec-Bench" of published comparisons, which
+    are all MT-Bench). `categories` keeps prompts whose category or task is listed (e.g. `mt_bench`, `qa`).
     """
+    if order not in PROMPT_ORDERS:
+        raise ValueError(f"unknown prompt order {order!r}; choose from {', '.join(PROMPT_ORDERS)}")
     if source == "spec_bench":
         prompts = _spec_bench()
     elif source == "humaneval":
@@ -122,7 +128,8 @@ def load_prompts(source: str, n: int | None = None, categories: list[str] | None
         if unknown:
             raise ValueError(f"no category or task {sorted(unknown)} in {source}; it has {sorted(known)}")
         prompts = [p for p in prompts if p.category in categories or p.task in categories]
-    prompts = round_robin(prompts)
+    if order == "round-robin":
+        prompts = round_robin(prompts)
     if n is not None:
         if n < 1:
             raise ValueError(f"number of prompts must be >= 1, got {n}")

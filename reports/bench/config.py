@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 
 from theory import integer_fanout, uniform_fanout
 from theory.glossary import Backup
+from reports.prompts import PROMPT_ORDERS
 
 OURS = ("ar", "sd", "ssd")
 PEERS = ("hf", "hf-assisted")
@@ -90,6 +91,7 @@ class BenchConfig:
     prompts: str = "spec_bench"
     n_prompts: int = 20
     categories: tuple[str, ...] = ()
+    prompt_order: str = "round-robin"  # or "file": the first n prompts in file order
     max_new_tokens: int = 128
     stop_on_eos: bool = True
     systems: tuple[str, ...] = SYSTEMS
@@ -139,6 +141,8 @@ class BenchConfig:
             raise ValueError("--num-prompts and --max-new-tokens must be >= 1")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.prompt_order not in PROMPT_ORDERS:
+            raise ValueError(f"unknown prompt order {self.prompt_order!r}; choose from {', '.join(PROMPT_ORDERS)}")
         if self.order not in ORDERS:
             raise ValueError(f"unknown order {self.order!r}; choose from {', '.join(ORDERS)}")
         if self.warmup < 0 or self.warmup_tokens < 1:

@@ -62,7 +62,8 @@ class Bench:
         self.run_dir = run_dir
         self.prompts = run_dir.prompts()
         if self.prompts is None:  # a new run: select the prompts and keep a copy beside the results
-            self.prompts = load_prompts(config.prompts, config.n_prompts, list(config.categories) or None)
+            self.prompts = load_prompts(config.prompts, config.n_prompts, list(config.categories) or None,
+                                        config.prompt_order)
             run_dir.write_prompts(self.prompts)
         self._models = models
         self._systems = systems

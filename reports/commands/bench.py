@@ -36,7 +36,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--prompts", default="spec_bench",
                    help="spec_bench (default), humaneval, or a JSONL file: one {'prompt': text} or "
                         "{'ids': [token ids]} a line")
-    g.add_argument("-n", "--num-prompts", type=int, default=20, help="prompts, round-robin across tasks (default 20)")
+    g.add_argument("-n", "--num-prompts", type=int, default=20,
+                   help="prompts, round-robin across tasks unless --first (default 20)")
+    g.add_argument("--first", action="store_true",
+                   help="take the first n prompts in the set's file order instead (Spec-Bench's first 20 are MT-Bench)")
     g.add_argument("--categories", nargs="+", default=[], help="keep these categories or tasks (e.g. mt_bench qa)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request (default 128)")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
@@ -78,7 +81,8 @@ def config_from(args):
 
     return BenchConfig(
         target=args.target, draft=args.draft, prompts=args.prompts, n_prompts=args.num_prompts,
-        categories=tuple(args.categories), max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos,
+        categories=tuple(args.categories),
+        prompt_order="file" if args.first else "round-robin", max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos,
         systems=tuple(args.systems), Ks=tuple(args.Ks), budgets=tuple(args.budget), schedules=tuple(args.schedule),
         fanout=args.fanout, fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),
         backups=tuple(args.backup), temperatures=tuple(args.temperature), batch_sizes=tuple(args.batch_size),

@@ -101,3 +101,12 @@ def test_bad_prompt_files_say_which_line(tmp_path, line, message):
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=message):
         load_prompts(str(path))
+
+
+def test_first_n_in_file_order():
+    first = load_prompts("spec_bench", 20, order="file")
+    assert [p.id for p in first] == [f"spec_bench/{i}" for i in range(81, 101)]
+    assert {p.task for p in first} == {"mt_bench"}
+    assert len({p.task for p in load_prompts("spec_bench", 20)}) == 6  # round-robin covers every task
+    with pytest.raises(ValueError, match="prompt order"):
+        load_prompts("spec_bench", 2, order="random")
