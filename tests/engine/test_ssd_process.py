@@ -12,6 +12,7 @@ import pytest
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, EngineConfig, WorkerFaults
 from engine.strategies.ssd import draft_recipe
+from reports.prompts import load_prompts
 from tests.engine.tiny import noisy_copy, tiny_lm
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
@@ -133,19 +134,16 @@ def test_smollm2_as_its_own_draft_in_a_worker_process_equals_greedy():
     assert multiprocessing.active_children() == []
 
 
-DEFAULT_PAIR_PROMPTS = [
-    "Write a Python function that reverses a string.", "What is the capital of Japan?",
-    "Explain recursion in one sentence.", "Write a haiku about the sea.", "List three prime numbers.",
-    "Translate 'good morning' into French.", "What does HTTP stand for?", "Sort [3, 1, 2] in Python.",
-    "Give a synonym for 'quick'.", "Write a SQL query that counts rows in a table named users.",
-]
-
-
 @pytest.mark.slow
-def test_default_pair_greedy_ssd_equals_ar_on_ten_prompts():
+def test_default_pair_greedy_ssd_equals_ar_on_ten_spec_bench_prompts():
+    prompts = [p.text for p in load_prompts("spec_bench", 10)]
     params = SamplingParams(temperature=0, max_new_tokens=32)
-    expected = LLM("qwen-coder-1.5b").generate(DEFAULT_PAIR_PROMPTS, params)
-    spec = SpeculativeConfig(K=3)
-    with LLM("qwen-coder-1.5b", "qwen-coder-0.5b", strategy="ssd", speculative=spec) as llm:
-        out = llm.generate(DEFAULT_PAIR_PROMPTS, params)
+    with LLM("qwen-coder-1.5b", dtype="float32") as ar:
+        expected = ar.generate(prompts, params)
+    with LLM("qwen-coder-1.5b", "qwen-coder-0.5b", strategy="ssd", dtype="float32",
+             speculative=SpeculativeConfig(K=3)) as llm:
+        out = llm.generate(prompts, params)
     assert [o.token_ids for o in out] == [o.token_ids for o in expected]
+    summary = out.metrics.summary()
+    assert summary["hit_rate"] > 0.3 and out.metrics.acceptance_rate > 0.3  # a real draft, real hits
+    assert multiprocessing.active_children() == []
