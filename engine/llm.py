@@ -108,10 +108,13 @@ class LLM:
             torch.set_num_threads(threads)
         self.device = torch.device(device)
         self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer)
-        self.draft = None
+        self.draft = self._draft_given = None
         if draft is not None and self.config.strategy is not Strategy.AR:
             self.draft, _ = self._load(draft, draft_dtype or dtype, cache_dir, None)
             self._check_vocab()
+            # SSD's worker process rebuilds a draft given as a model from its weights (the exact
+            # model passed, before int8), and one given by alias / path by loading it the same way.
+            self._draft_given = self.draft if isinstance(draft, PreTrainedModel) else None
             if draft_int8:
                 from engine.models import int8_dynamic
 
@@ -148,7 +151,7 @@ class LLM:
             from engine.strategies.ssd import SpeculativeSpeculativeDecoder, open_channel
 
             spec = self.config.speculative
-            opener = open_channel(self.draft, self.config, spec, self.pad_id, self.device)
+            opener = open_channel(self.draft, self._draft_given, self.config, spec, self.pad_id, self.device)
             return SpeculativeSpeculativeDecoder(self.target, opener, spec, self.pad_id, self.device, draft=self.draft)
         raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
 

@@ -41,12 +41,14 @@ class ModelRecipe:
     state: dict | None = None
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module) -> "ModelRecipe":
+    def from_model(cls, model: torch.nn.Module, int8: bool = False) -> "ModelRecipe":
         if not hasattr(model, "config"):
             raise ValueError("an in-memory draft must be a transformers model (or pass it by alias / path)")
         if any(type(m).__module__.startswith("torch.ao") for m in model.modules()):
-            raise ValueError("an in-memory int8 draft cannot be sent to the worker: pass it by alias/path with draft_int8")
-        return cls(config=model.config.to_dict(), state={k: v.detach().cpu() for k, v in model.state_dict().items()})
+            raise ValueError("an int8-quantised draft object cannot be sent to SSD's worker process: pass the "
+                             "float32 model (or its alias / path) with draft_int8=True")
+        return cls(int8=int8, config=model.config.to_dict(),
+                   state={k: v.detach().cpu() for k, v in model.state_dict().items()})
 
     def build(self, device: torch.device) -> torch.nn.Module:
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -59,9 +61,15 @@ class ModelRecipe:
             return int8_dynamic(model) if self.int8 else model.eval()
         config = dict(self.config)
         config_class = AutoConfig.for_model(config.pop("model_type"), **config)
-        model = AutoModelForCausalLM.from_config(config_class)
+        dtype = next((v.dtype for v in self.state.values() if v.is_floating_point()), torch.float32)
+        model = AutoModelForCausalLM.from_config(config_class).to(dtype)  # the weights' own dtype
         model.load_state_dict(self.state)
-        return model.to(device).eval()
+        model = model.to(device).eval()
+        if self.int8:
+            from engine.models import int8_dynamic
+
+            model = int8_dynamic(model)
+        return model
 
 
 @dataclass

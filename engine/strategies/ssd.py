@@ -212,14 +212,16 @@ class SpeculativeSpeculativeDecoder(Decoder):
         return records
 
 
-def open_channel(draft, config, spec: SpeculativeConfig, pad_id: int, device: torch.device) -> Callable[[], object]:
-    """A function that starts the draft worker: in process, or in its own process from a model recipe."""
+def open_channel(draft, given, config, spec: SpeculativeConfig, pad_id: int, device: torch.device
+                 ) -> Callable[[], object]:
+    """A function that starts the draft worker: in process (on `draft`, the engine's draft model), or in
+    its own process from a recipe (`given`: the model object the caller passed, None if passed by name)."""
     from engine.ssd.channel import InProcessChannel
     from engine.ssd.process import ProcessChannel
 
     if spec.placement.in_process:
         return lambda: InProcessChannel(draft, spec, pad_id, device)
-    recipe = draft_recipe(draft, config)
+    recipe = draft_recipe(given, config)
 
     def start() -> ProcessChannel:
         channel = ProcessChannel(recipe, spec, pad_id, device)
@@ -230,24 +232,14 @@ def open_channel(draft, config, spec: SpeculativeConfig, pad_id: int, device: to
     return start
 
 
-def draft_recipe(draft, config) -> "ModelRecipe":
-    """How the worker process rebuilds the draft: by alias / path (with the engine's dtype, int8 and
-    cache_dir) when it can load it itself, else from the in-memory model's config and weights."""
+def draft_recipe(given, config) -> "ModelRecipe":
+    """How the worker process rebuilds the draft. A draft passed by alias / path is loaded there the
+    same way (dtype, int8, cache_dir); one passed as a model object travels as its config and weights
+    (int8 applied there), so the worker drafts with exactly that model, even if it was changed after
+    loading (a fine-tuned or perturbed copy whose name_or_path still names the original)."""
     from engine.ssd.process import ModelRecipe
 
-    if hasattr(draft, "config") and not any(type(m).__module__.startswith("torch.ao") for m in draft.modules()) \
-            and not _is_loadable(config.draft):
-        return ModelRecipe.from_model(draft)
+    if given is not None:
+        return ModelRecipe.from_model(given, int8=config.draft_int8)
     return ModelRecipe(path=config.draft, dtype=config.draft_dtype or config.dtype, int8=config.draft_int8,
                        cache_dir=config.cache_dir)
-
-
-def _is_loadable(name: str | None) -> bool:
-    """Whether the child can load the draft itself by this name (an alias or a local path)."""
-    if not name:
-        return False
-    from pathlib import Path
-
-    from engine import provision
-
-    return name in provision.PACKAGED or Path(name).exists()

@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 class Models:
     """The target, the draft (None when no system needs one) and the tokenizer (None: token-id prompts).
 
-    `dtype` / `draft_dtype` / `draft_int8` say how they were loaded: SSD's draft worker rebuilds the
-    draft in its own process from the same recipe (an int8 model cannot be sent to it).
+    `dtype` / `draft_dtype` / `draft_int8` say how they were loaded and `draft_spec` from where: SSD's
+    draft worker loads the draft in its own process by that recipe (an int8 model object cannot be sent to
+    it); without a `draft_spec` (models built in memory) the worker gets the draft object's weights.
     """
 
     target: torch.nn.Module
@@ -36,6 +37,7 @@ class Models:
     dtype: str = "float32"
     draft_dtype: str = "float32"
     draft_int8: bool = False
+    draft_spec: str | None = None
 
     @classmethod
     def load(cls, config: BenchConfig) -> "Models":
@@ -54,7 +56,8 @@ class Models:
                 draft = int8_dynamic(draft)
         else:
             dtype = config.dtype
-        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, config.draft_int8)
+        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, config.draft_int8,
+                   config.draft if draft is not None else None)
 
 
 @dataclass
@@ -95,9 +98,9 @@ class Systems:
         if key not in self._engines:
             s, m = v.settings, self.models
             spec = SpeculativeConfig(K=s.K, C=s.C, fanout=s.fanout, backup=s.backup or "neural") if s.K else None
-            draft = m.draft if v.system != "ar" else None
-            # SSD's worker reloads the draft by this recipe; SD uses the (possibly int8) object as it is
             ssd = v.system == "ssd"
+            # SD uses the (possibly int8) object as it is; SSD's worker loads the draft by its recipe
+            draft = None if v.system == "ar" else (m.draft_spec or m.draft) if ssd else m.draft
             try:
                 self._engines[key] = LLM(
                     m.target, draft, strategy=v.system, speculative=spec, tokenizer=m.tokenizer,

@@ -20,6 +20,7 @@ def test_smollm2_as_its_own_draft_equals_its_greedy_output():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # fp32 1.5B on two cores: ~10 min for the ten prompts
 def test_default_pair_greedy_sd_equals_ar_on_ten_spec_bench_prompts():
     prompts = [p.text for p in load_prompts("spec_bench", 10)]
     params = SamplingParams(temperature=0, max_new_tokens=32)

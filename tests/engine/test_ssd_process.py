@@ -8,9 +8,11 @@ import signal
 import threading
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, EngineConfig, WorkerFaults
+from engine.models import int8_dynamic
 from engine.strategies.ssd import draft_recipe
 from reports.prompts import load_prompts
 from tests.engine.tiny import noisy_copy, tiny_lm
@@ -121,6 +123,22 @@ def test_the_worker_loads_a_named_draft_from_the_engines_cache_dir(target, tmp_p
     assert (recipe.path, recipe.cache_dir, recipe.state) == ("smollm2-135m", str(tmp_path), None)
 
 
+def test_a_draft_object_travels_as_its_weights_even_when_its_name_is_loadable(target, tmp_path):
+    # A perturbed copy still carries the original's name_or_path; the worker must not reload that.
+    draft = noisy_copy(target, 1.0).to(torch.bfloat16)
+    draft.config._name_or_path = str(tmp_path)
+    with LLM(target, draft, strategy="ssd", speculative=SpeculativeConfig(K=2)) as llm:
+        recipe = draft_recipe(llm._draft_given, llm.config)
+        config = llm.config
+    assert recipe.path is None
+    rebuilt = recipe.build(torch.device("cpu"))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert next(rebuilt.parameters()).dtype == torch.bfloat16
+    assert torch.equal(rebuilt(ids).logits, draft(ids).logits)
+    with pytest.raises(ValueError, match="int8-quantised draft object"):
+        draft_recipe(int8_dynamic(noisy_copy(target, 1.0)), config)
+
+
 @pytest.mark.smoke
 def test_smollm2_as_its_own_draft_in_a_worker_process_equals_greedy():
     params = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
@@ -135,13 +153,14 @@ def test_smollm2_as_its_own_draft_in_a_worker_process_equals_greedy():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # fp32 1.5B on two cores: ~10 min for the ten prompts
 def test_default_pair_greedy_ssd_equals_ar_on_ten_spec_bench_prompts():
     prompts = [p.text for p in load_prompts("spec_bench", 10)]
     params = SamplingParams(temperature=0, max_new_tokens=32)
     with LLM("qwen-coder-1.5b", dtype="float32") as ar:
         expected = ar.generate(prompts, params)
     with LLM("qwen-coder-1.5b", "qwen-coder-0.5b", strategy="ssd", dtype="float32",
-             speculative=SpeculativeConfig(K=3)) as llm:
+             speculative=SpeculativeConfig(K=3, fanout=(2, 2, 2, 2))) as llm:
         out = llm.generate(prompts, params)
     assert [o.token_ids for o in out] == [o.token_ids for o in expected]
     summary = out.metrics.summary()
