@@ -117,13 +117,37 @@ def saguaro(q: Tensor, n_top: int | Tensor, C: float) -> Tensor:
 
     dtype = _compute_dtype(q.dtype)
     q = q.to(dtype)
-    vocab_size = q.shape[-1]
-    order = _descending_order(q)  # [..., V]
-    ranks = torch.arange(vocab_size, device=q.device)  # [V]
-    in_top_sorted = (ranks < n_top).expand(q.shape)  # [..., V], by rank
-    in_top = torch.zeros_like(in_top_sorted).scatter(-1, order, in_top_sorted)  # [..., V], by token id
+    in_top = _top_set(q, n_top)  # [..., V]
     weights = torch.where(in_top, q * C, q)  # [..., V]
     return weights / weights.sum(dim=-1, keepdim=True)
+
+
+def _top_set(q: Tensor, n_top: int | Tensor) -> Tensor:
+    """Mask [..., V] of the n_top most probable tokens of each row, ties at the boundary to the lowest ids.
+
+    The same set as the first n_top of a stable descending sort, without sorting the vocabulary: a top-k
+    of the largest n_top + 1 values gives the set directly unless the n_top-th and the next value tie;
+    then every token above that value is in and the tokens equal to it fill the places left in id order.
+    """
+    vocab_size = q.shape[-1]
+    n = n_top if isinstance(n_top, Tensor) else torch.tensor(n_top, device=q.device)
+    n = n.clamp(max=vocab_size).expand(*q.shape[:-1], 1)  # [..., 1]
+    most = int(n.max()) if n.numel() else 0
+    if most == 0:
+        return torch.zeros_like(q, dtype=torch.bool)
+    values, indices = torch.topk(q, min(most + 1, vocab_size), dim=-1)  # [..., most (+1)], descending
+    ranks = torch.arange(values.shape[-1], device=q.device)
+    chosen = ranks < n  # [..., most (+1)] the first n of the top-k
+    t = values.gather(-1, (n - 1).clamp(min=0))  # [..., 1] the n-th largest value
+    after = values.gather(-1, n.clamp(max=values.shape[-1] - 1))  # [..., 1] the next one
+    boundary_tie = (n > 0) & (n < vocab_size) & (after == t)  # [..., 1]
+    in_top = torch.zeros_like(q, dtype=torch.bool).scatter(-1, indices, chosen)
+    if bool(boundary_tie.any()):  # which of the tied tokens topk returned is arbitrary: pick by id
+        above = q > t
+        tied = q == t
+        by_id = above | (tied & (tied.cumsum(-1) <= n - above.sum(-1, keepdim=True)))
+        in_top = torch.where(boundary_tie, by_id, in_top)
+    return in_top
 
 
 def sample(probs: Tensor, generator: torch.Generator) -> Tensor:

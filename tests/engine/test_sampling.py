@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.proposals import point_mass, random_tokens, uniform
-from engine.sampling import sample, saguaro, warp
+from engine.sampling import _top_set, sample, saguaro, warp
 from engine.sampling_params import SamplingParams
 
 F64 = torch.float64
@@ -183,6 +183,27 @@ def test_saguaro_top_set_breaks_ties_by_lowest_id():
     q = torch.tensor([0.1, 0.3, 0.3, 0.3], dtype=F64)
     sigma = saguaro(q, 2, 0.5)
     assert torch.allclose(sigma, torch.tensor([0.1, 0.15, 0.15, 0.3], dtype=F64) / 0.7)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_saguaro_top_set_is_the_head_of_a_stable_descending_sort(data):
+    # The top set is found without sorting the vocabulary; it must be exactly the first n of a stable
+    # sort (ties -> lowest id), including ties across the boundary, zeros, and n beyond the vocabulary.
+    rows, V = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 9))
+    weights = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 3), min_size=V, max_size=V),
+                                              min_size=rows, max_size=rows)), dtype=torch.float32)
+    weights[:, 0] += 1  # no all-zero row
+    q = weights / weights.sum(-1, keepdim=True)
+    n = torch.tensor(data.draw(st.lists(st.integers(0, V + 1), min_size=rows, max_size=rows)))
+    order = torch.sort(q, dim=-1, descending=True, stable=True).indices
+    expected = torch.zeros_like(q, dtype=torch.bool)
+    for r in range(rows):
+        expected[r, order[r, : n[r]]] = True
+    assert torch.equal(_top_set(q, n[:, None]), expected)
+    top_mass = (q * expected).sum(-1, keepdim=True)
+    sigma = torch.where(expected, 0.5 * q, q) / (1 - 0.5 * top_mass)
+    assert torch.allclose(saguaro(q, n, 0.5), sigma, atol=1e-6)
 
 
 def test_saguaro_takes_a_per_row_n_top():
