@@ -9,11 +9,11 @@ import torch
 from torch import Tensor
 
 from engine.kv_cache import KVState
-from engine.sampling import warp
-from engine.verifier import Verification, verify
 from engine.metrics import RoundRecord
+from engine.sampling import warp
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from engine.verifier import Verification, verify
 
 
 class Clock:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from reports.prompts import PROMPT_ORDERS
 from theory import integer_fanout, uniform_fanout
 from theory.glossary import Backup
-from reports.prompts import PROMPT_ORDERS
 
 OURS = ("ar", "sd", "ssd")
 PEERS = ("hf", "hf-assisted")
