@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import simpy
 
+from theory.latency import time_per_output_token
+
 from simulator.metrics import Recorder
 from simulator.workload import Request, RequestSource
 
@@ -86,9 +88,8 @@ class Batch:
                 n = min(n, seq.remaining)
                 seq.remaining -= n
                 finished = finished or seq.remaining == 0
-            if seq.tokens:  # the first token's latency is the TTFT, not an ITL
-                rec.itl_ms.append((now - seq.last_emit_ms) / n)
-                rec.itl_tokens.append(n)
+            if seq.tokens:  # one chunk, one gap (the first token's latency is the TTFT, not an ITL)
+                rec.itl_ms.append(now - seq.last_emit_ms)
             seq.tokens += n
             seq.context += n
             seq.last_emit_ms = now
@@ -103,10 +104,14 @@ class Batch:
             if seq.remaining != 0:
                 keep.append(seq)
                 continue
-            seq.request.done_ms = now
+            request = seq.request
+            request.done_ms = now
             rec.completed += 1
-            if seq.tokens > 1:
-                rec.tpot_ms.append((now - seq.request.first_token_ms) / (seq.tokens - 1))
+            ttft_ms, e2el_ms = request.first_token_ms - request.arrival_ms, now - request.arrival_ms
+            rec.e2el_ms.append(e2el_ms)
+            tpot_ms = time_per_output_token(ttft_ms, e2el_ms, seq.tokens)
+            if tpot_ms is not None:
+                rec.tpot_ms.append(tpot_ms)
             if self._closed:  # closed loop: the user sends the next request at once
                 self.queue.put(self._source.next_request(now))
         self.seqs = keep

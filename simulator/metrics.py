@@ -1,10 +1,15 @@
-"""What a simulation measures: a cheap `Recorder` the actors write to, and the `SimResult` it becomes."""
+"""What a simulation measures: a cheap `Recorder` the actors write to, and the `SimResult` it becomes.
+
+Latency follows theory.latency (vLLM's serving benchmark): TTFT from arrival to the first token, ITL the gap
+between successive emissions (chunks) of a request (a speculative round's tokens are one chunk: one gap),
+TPOT (E2EL − TTFT) / (tokens − 1) and E2EL from arrival to the last token, per finished request.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
+from theory.latency import statistics
 
 PERCENTILES = (50, 90, 99)
 
@@ -21,10 +26,10 @@ class Recorder:
         self.batch_lookups = 0
         self.batch_all_hit = 0
         self.occupancy_ms = 0.0  # ∫ sequences in the batch dt, over decode rounds
-        self.itl_ms: list[float] = []  # per emission: gap since the sequence's last emission / tokens
-        self.itl_tokens: list[int] = []
-        self.ttft_ms: list[float] = []
-        self.tpot_ms: list[float] = []  # per finished request: (done − first token) / (tokens − 1)
+        self.ttft_ms: list[float] = []  # per started request: arrival → first token
+        self.itl_ms: list[float] = []  # per emission after the first: gap since the request's previous emission
+        self.tpot_ms: list[float] = []  # per finished request of two tokens or more
+        self.e2el_ms: list[float] = []  # per finished request: arrival → last token
         self.completed = 0
         # time per actor and activity, ms
         self.target = {"verify": 0.0, "prefill": 0.0, "overhead": 0.0, "wait_draft": 0.0, "idle": 0.0}
@@ -36,18 +41,10 @@ class Recorder:
             self.spans.append((actor, what, start_ms, end_ms))
 
 
-def weighted_percentiles(values: list[float], weights: list[int] | None = None) -> dict[str, float]:
-    """p50/p90/p99 and mean; a value with weight w counts as w samples (inverted-CDF, no interpolation)."""
-    if not values:
-        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
-    v = np.asarray(values, dtype=float)
-    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=float)
-    order = np.argsort(v, kind="stable")
-    v, cum = v[order], np.cumsum(w[order])
-    out = {"mean": float(np.dot(v, w[order]) / cum[-1])}
-    for p in PERCENTILES:
-        out[f"p{p}"] = float(v[np.searchsorted(cum, p / 100 * cum[-1], side="left")])
-    return out
+def latency_stats(samples_ms: list[float]) -> dict[str, float]:
+    """mean, p50, p90, p99 in ms (theory.latency.statistics); NaN when there is no sample."""
+    stats = statistics(samples_ms, PERCENTILES)
+    return {"mean": stats["mean"], **{f"p{p}": stats[f"p{p}"] for p in PERCENTILES}}
 
 
 @dataclass(frozen=True)
@@ -66,9 +63,11 @@ class SimResult:
     tokens_per_s_per_accelerator: float
     accelerators: int
     mean_batch: float
+    # latency (theory.latency's definitions): mean, p50, p90, p99 in ms; NaN without a sample
     ttft_ms: dict
     itl_ms: dict
     tpot_ms: dict
+    e2el_ms: dict
     hit_rate: float | None
     batch_hit_rate: float | None
     mean_accepted: float
@@ -93,9 +92,13 @@ class SimResult:
             "tok/s": self.tokens_per_s,
             "tok/s/seq": self.tokens_per_s_per_seq,
             "tok/s/acc": self.tokens_per_s_per_accelerator,
+            "ttft_p50_ms": self.ttft_ms["p50"],
+            "ttft_p99_ms": self.ttft_ms["p99"],
             "itl_p50_ms": self.itl_ms["p50"],
             "itl_p99_ms": self.itl_ms["p99"],
-            "ttft_p99_ms": self.ttft_ms["p99"],
+            "tpot_p50_ms": self.tpot_ms["p50"],
+            "tpot_p99_ms": self.tpot_ms["p99"],
+            "e2el_p99_ms": self.e2el_ms["p99"],
             "hit": self.hit_rate,
             "tok/round": self.tokens_per_round,
         }
@@ -126,9 +129,10 @@ def summarize(rec: Recorder, strategy: str, settings: dict, sim_ms: float, accel
         tokens_per_s_per_accelerator=tokens_per_s / accelerators,
         accelerators=accelerators,
         mean_batch=mean_batch,
-        ttft_ms=weighted_percentiles(rec.ttft_ms),
-        itl_ms=weighted_percentiles(rec.itl_ms, rec.itl_tokens),
-        tpot_ms=weighted_percentiles(rec.tpot_ms),
+        ttft_ms=latency_stats(rec.ttft_ms),
+        itl_ms=latency_stats(rec.itl_ms),
+        tpot_ms=latency_stats(rec.tpot_ms),
+        e2el_ms=latency_stats(rec.e2el_ms),
         hit_rate=sum(rec.hits_by_k) / lookups if lookups else None,
         batch_hit_rate=rec.batch_all_hit / rec.batch_lookups if rec.batch_lookups else None,
         mean_accepted=mean_k,

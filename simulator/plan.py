@@ -3,6 +3,7 @@
 1. Screen: simulate every grid point in a closed loop at its batch size (the replica's full load) and
    keep those whose latency metric meets the target there. A replica then serves
    capacity = tokens/s ÷ mean output tokens requests per second.
+   A metric with no sample (e.g. TPOT when no request finished) does not meet any target.
 2. Size: replicas = ⌈rate / (capacity · headroom)⌉ (headroom < 1 keeps queues short).
 3. Check: the best few by the objective are simulated in an open loop (Poisson arrivals at rate / replicas
    per replica); a replica is added until the target holds there too. The checked figures justify the plan.
@@ -13,17 +14,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from theory.latency import METRICS
+
 from simulator.metrics import PERCENTILES, SimResult
 from simulator.run import simulate
 from simulator.scenario import Grid, Scenario
 
-METRICS = ("itl", "tpot", "ttft")
 OBJECTIVES = ("accelerators", "latency")
 
 
 @dataclass(frozen=True)
 class LatencyTarget:
-    """E.g. LatencyTarget("itl", 99, 50.0): inter-token latency at p99 of at most 50 ms."""
+    """E.g. LatencyTarget("itl", 99, 50.0): inter-token latency at p99 of at most 50 ms.
+
+    `metric` is one of theory.latency's: ttft, tpot, itl (per streamed chunk: one gap per speculative round),
+    e2el.
+    """
 
     metric: str = "itl"
     percentile: int = 99
@@ -38,7 +44,11 @@ class LatencyTarget:
             raise ValueError(f"the latency target must be > 0 ms; got {self.ms}")
 
     def of(self, result: SimResult) -> float:
+        """The metric's percentile in ms (NaN when the run has no sample of it)."""
         return getattr(result, f"{self.metric}_ms")[f"p{self.percentile}"]
+
+    def met_by(self, latency_ms: float) -> bool:
+        return latency_ms <= self.ms  # NaN (no sample) meets nothing
 
     def __str__(self) -> str:
         return f"{self.metric} p{self.percentile} <= {self.ms:g} ms"
@@ -96,7 +106,7 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
         result = simulate(config)
         settings = {**result.settings, "C": point["C"]}
         latency = target.of(result)
-        if latency > target.ms:
+        if not target.met_by(latency):
             rejected.append((settings, latency))
             continue
         capacity = result.tokens_per_s / mean_output
@@ -121,7 +131,7 @@ def _check(closed: Scenario, candidate: Candidate, rate_per_s: float, target: La
         config = open_loop.config(**candidate.point)
         result = simulate(config)
         latency = target.of(result)
-        if latency <= target.ms:
+        if target.met_by(latency):
             return replace(candidate, replicas=replicas, accelerators=replicas * per_replica_devices,
                            checked=result, checked_latency_ms=latency)
     return candidate

@@ -54,8 +54,27 @@ def request_latency(arrival_s: float, chunk_times_s: Sequence[float], chunk_toke
     tokens = int(sum(chunk_tokens))
     ttft = float(times[0] - arrival_s)
     e2el = float(times[-1] - arrival_s)
-    tpot = (e2el - ttft) / (tokens - 1) if tokens > 1 else None
-    return RequestLatency(ttft, tpot, tuple(float(g) for g in np.diff(times)), e2el, tokens)
+    return RequestLatency(ttft, time_per_output_token(ttft, e2el, tokens), tuple(float(g) for g in np.diff(times)),
+                          e2el, tokens)
+
+
+def time_per_output_token(ttft: float, e2el: float, output_tokens: int) -> float | None:
+    """TPOT = (E2EL − TTFT) / (output tokens − 1), in the unit of its inputs; None for a one-token output."""
+    if output_tokens < 1:
+        raise ValueError(f"a finished request has at least one output token; got {output_tokens}")
+    return (e2el - ttft) / (output_tokens - 1) if output_tokens > 1 else None
+
+
+def statistics(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """`mean`, `median`, `std` and `p<N>` of one metric's samples (numpy's linear percentiles), in their unit;
+    all NaN when there is no sample."""
+    values = np.asarray(samples, dtype=float)
+    names = ["mean", "median", "std", *(f"p{p:g}" for p in percentiles)]
+    if values.size == 0:
+        return dict.fromkeys(names, float("nan"))
+    out = {"mean": float(values.mean()), "median": float(np.median(values)), "std": float(values.std())}
+    out.update({f"p{p:g}": float(np.percentile(values, p)) for p in percentiles})
+    return out
 
 
 def summarize(latencies: Sequence[RequestLatency], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
@@ -73,10 +92,5 @@ def summarize(latencies: Sequence[RequestLatency], percentiles: Sequence[float] 
     out: dict[str, float] = {}
     for name in METRICS:
         ms = np.asarray(samples[name], dtype=float) * 1e3
-        empty = ms.size == 0
-        out[f"mean_{name}_ms"] = float("nan") if empty else float(ms.mean())
-        out[f"median_{name}_ms"] = float("nan") if empty else float(np.median(ms))
-        out[f"std_{name}_ms"] = float("nan") if empty else float(ms.std())
-        for p in percentiles:
-            out[f"p{p:g}_{name}_ms"] = float("nan") if empty else float(np.percentile(ms, p))
+        out.update({f"{stat}_{name}_ms": v for stat, v in statistics(ms, percentiles).items()})
     return out

@@ -4,6 +4,9 @@ replicas and accelerators it takes, with the simulated figures that justify it (
 Every grid point is simulated at full load (closed loop at its batch size); points that meet the target
 are sized for the arrival rate (with --headroom), and the best few are checked with Poisson arrivals at
 rate / replicas per replica, adding replicas until the target holds.
+
+Metrics are theory.latency's (as vLLM's serving benchmark): ttft (arrival to first token), itl (gap between
+successive streamed chunks; a speculative round is one gap), tpot ((e2el − ttft) / (tokens − 1)), e2el.
 """
 
 from __future__ import annotations
@@ -12,8 +15,18 @@ import argparse
 
 from reports.commands.simulate import _write_json, add_scenario_flags
 
-COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "latency_ms", "checked_ms", "capacity_rps",
-           "replicas", "accelerators", "tok/s/acc"]
+SETTINGS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C"]
+FIGURES = ["capacity_rps", "replicas", "accelerators", "tok/s/acc"]
+
+
+def latency_columns(target) -> tuple[str, str]:
+    """The target metric at full load and in the open-loop check, named with percentile and unit."""
+    name = f"{target.metric}_p{target.percentile}_ms"
+    return f"full_load_{name}", f"checked_{name}"
+
+
+def columns(target) -> list[str]:
+    return [*SETTINGS, *latency_columns(target), *FIGURES]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -21,7 +34,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("demand and target")
     g.add_argument("--rate", type=float, required=True, help="arrival rate, requests per second (all replicas)")
-    g.add_argument("--metric", choices=["itl", "tpot", "ttft"], default="itl", help="latency metric (default itl)")
+    g.add_argument("--metric", choices=["itl", "tpot", "ttft", "e2el"], default="itl",
+                   help="latency metric: itl (per streamed chunk, default), tpot, ttft or e2el")
     g.add_argument("--percentile", type=int, choices=[50, 90, 99], default=99, help="default 99")
     g.add_argument("--target-ms", type=float, required=True, help="the metric's limit in milliseconds")
     g.add_argument("--objective", choices=["accelerators", "latency"], default="accelerators",
@@ -44,8 +58,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _row(candidate) -> dict:
-    return {**candidate.settings, "latency_ms": candidate.latency_ms, "checked_ms": candidate.checked_latency_ms,
+def _row(candidate, target) -> dict:
+    full_load, checked = latency_columns(target)
+    return {**candidate.settings, full_load: candidate.latency_ms, checked: candidate.checked_latency_ms,
             "capacity_rps": candidate.capacity_per_s, "replicas": candidate.replicas,
             "accelerators": candidate.accelerators,
             "tok/s/acc": candidate.screened.tokens_per_s_per_accelerator}
@@ -67,9 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, {
             "target": str(target), "rate_per_s": args.rate,
-            "best": None if result.best is None else {**_row(result.best), "checked": result.best.checked.to_dict()},
-            "candidates": [_row(c) for c in result.candidates],
-            "rejected": [{**s, "latency_ms": v} for s, v in result.rejected],
+            "best": None if result.best is None else {**_row(result.best, target),
+                                                      "checked": result.best.checked.to_dict()},
+            "candidates": [_row(c, target) for c in result.candidates],
+            "rejected": [{**s, latency_columns(target)[0]: v} for s, v in result.rejected],
         })
     if args.json == "-":
         return 0
@@ -84,11 +100,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"  checked with Poisson arrivals at {args.rate / best.replicas:.3g} requests/s per replica: "
               f"{target.metric} p{target.percentile} = {best.checked_latency_ms:.2f} ms, "
               f"ttft p99 {checked.ttft_ms['p99']:.1f} ms, itl p50/p99 {checked.itl_ms['p50']:.2f}/"
-              f"{checked.itl_ms['p99']:.2f} ms, {checked.tokens_per_s:.1f} tokens/s per replica, mean batch "
+              f"{checked.itl_ms['p99']:.2f} ms, tpot p50/p99 {checked.tpot_ms['p50']:.2f}/"
+              f"{checked.tpot_ms['p99']:.2f} ms, {checked.tokens_per_s:.1f} tokens/s per replica, mean batch "
               f"{checked.mean_batch:.2f}" + (f", hit rate {checked.hit_rate:.3f}" if checked.hit_rate else ""))
         print(f"  at full load (batch {best.settings['batch']}): {best.screened.tokens_per_s:.1f} tokens/s per "
               f"replica, {best.screened.tokens_per_s_per_accelerator:.1f} per accelerator")
     print(f"\ncandidates that meet the target at full load ({len(result.candidates)}; "
           f"{len(result.rejected)} did not):")
-    print(format_table([_row(c) for c in result.candidates[: args.show]], COLUMNS, markdown=args.markdown))
+    print(format_table([_row(c, target) for c in result.candidates[: args.show]], columns(target),
+                       markdown=args.markdown))
     return 0

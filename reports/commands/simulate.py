@@ -5,6 +5,10 @@ gives a detailed report of one configuration, several give a table over the grid
 roofline of the hardware and model presets (default), constant times (--timing constant) or the engine's
 own records (--fit RECORDS.jsonl). With --validate RECORDS2.jsonl ... the fitted simulator predicts each
 validation run's tokens/s and reports the error against the measured figure.
+
+Latency is in theory.latency's terms (as vLLM's serving benchmark): TTFT, ITL (the gap between successive
+emissions of a request: a speculative round is one gap), TPOT and E2EL, in ms; a metric with no sample
+(e.g. TPOT when no request finished) is NaN in tables and null in JSON.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 from pathlib import Path
 
 TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
-                 "itl_p50_ms", "itl_p99_ms", "ttft_p99_ms", "hit", "tok/round"]
+                 "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "hit", "tok/round"]
 
 
 def _floats(text: str) -> list[float]:
@@ -173,6 +177,7 @@ def _grid(args: argparse.Namespace):
 
 def _detail(result) -> str:
     from reports.tables import format_table
+    from theory.latency import METRICS
 
     sim_ms = result.sim_ms
     lines = [f"{k}: {v}" for k, v in result.settings.items()]
@@ -187,14 +192,15 @@ def _detail(result) -> str:
     ]
     if result.hit_rate is not None:
         lines.append(f"hit rate: {result.hit_rate:.3f} per sequence, {result.batch_hit_rate:.3f} whole batch")
-    rows = [{"latency": name, **getattr(result, f"{name}_ms")} for name in ("ttft", "itl", "tpot")]
+    rows = [{"latency": name, **{f"{stat}_ms": v for stat, v in getattr(result, f"{name}_ms").items()}}
+            for name in METRICS]
     breakdown = [{"actor": actor, "activity": what, "ms": ms, "share": ms / sim_ms if sim_ms else 0.0}
                  for actor, parts in result.breakdown_ms.items() for what, ms in parts.items() if ms > 0]
     hist = [{"k": k, "rounds": n, "hits_after": result.hits_by_k[k] if result.hit_rate is not None else None,
              "misses_after": result.misses_by_k[k] if result.hit_rate is not None else None}
             for k, n in enumerate(result.accepted_hist)]
     return "\n".join(lines) + "\n\n" + "\n\n".join([
-        format_table(rows, ["latency", "mean", "p50", "p90", "p99"]),
+        format_table(rows, ["latency", "mean_ms", "p50_ms", "p90_ms", "p99_ms"]),
         format_table(breakdown, ["actor", "activity", "ms", "share"]),
         format_table(hist, ["k", "rounds", "hits_after", "misses_after"]),
     ])
@@ -228,8 +234,19 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _finite(value):
+    """The payload with NaN and infinities as None: JSON has no NaN (a metric without samples is null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _write_json(path: str, payload) -> None:
-    text = json.dumps(payload, indent=2, default=str, allow_nan=False)
+    text = json.dumps(_finite(payload), indent=2, default=str, allow_nan=False)
     if path == "-":
         print(text)
     else:

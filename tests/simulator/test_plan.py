@@ -47,6 +47,18 @@ def test_bad_plan_inputs_are_refused(kwargs, message):
         plan(SCENARIO, Grid(strategies=("ar",)), **args)
 
 
+def test_plan_on_end_to_end_latency():
+    # AR at batch 1: 100-token requests take about 99 × 10 ms; a 1.5 s E2EL target holds at a low rate
+    result = plan(SCENARIO, Grid(strategies=("ar",), batch=(1,)), rate_per_s=0.2,
+                  target=LatencyTarget("e2el", 50, 1500.0), check_requests=30)
+    assert result.best is not None and 990.0 <= result.best.latency_ms <= 1500.0
+
+
+def test_a_metric_without_samples_meets_no_target():
+    assert not LatencyTarget("tpot", 99, 1e9).met_by(float("nan"))
+    assert LatencyTarget("tpot", 99, 10.0).met_by(10.0)
+
+
 def test_latency_targets_are_validated():
     with pytest.raises(ValueError, match="latency metric"):
         LatencyTarget("e2e", 99, 1.0)

@@ -8,8 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from simulator import ClosedLoop, ConstantTiming, IidAcceptance, LinkSpec, Policy, Replay, SimConfig, simulate
+from simulator import (ClosedLoop, ConstantTiming, IidAcceptance, Lengths, LinkSpec, Policy, Replay, SimConfig,
+                       simulate)
 from simulator.records import parse_record
+from theory.latency import request_latency, summarize
 
 
 def _timeline(config):
@@ -103,3 +105,30 @@ def test_ssd_without_preemption_finishes_the_build_before_the_backup(ssd_config)
         ("target", "verify", 31.0, 41.0),
     ]
     assert ("draft", "cache_build", 15.5, 27.5) in timeline
+
+
+def test_latency_follows_theory_one_itl_gap_per_speculative_round(ssd_config):
+    """The SSD timeline above with a 5 ms prefill and a 7-token request: chunks of 1 (prefill), 2, 3 and 1 tokens.
+
+    ITL is the gap between chunks (14, 12, 14 ms), not a gap spread over each round's tokens (7, 7, 4, 4, 4, 14).
+    """
+    timing = replace(ssd_config.timing, t_prefill_ms=5.0)
+    config = replace(ssd_config, timing=timing, workload=ClosedLoop(1, output_len=Lengths(7)))
+    timeline, result = _timeline(config)
+    verify_ends = [end for actor, what, _, end in timeline if (actor, what) == ("target", "verify")]
+    assert ("target", "prefill", 0, 5.0) in timeline and verify_ends == [19.0, 31.0, 45.0]
+    assert result.tokens == 7 and result.completed_requests == 1
+    assert result.ttft_ms["p50"] == 5.0
+    assert result.itl_ms["mean"] == pytest.approx((14.0 + 12.0 + 14.0) / 3) and result.itl_ms["p50"] == 14.0
+    assert result.tpot_ms["p50"] == pytest.approx((45.0 - 5.0) / 6)
+    assert result.e2el_ms["p50"] == 45.0
+    expected = summarize([request_latency(0.0, [5e-3, 19e-3, 31e-3, 45e-3], [1, 2, 3, 1])])
+    for name in ("ttft", "itl", "tpot", "e2el"):
+        for stat in ("mean", "p50", "p90", "p99"):
+            assert getattr(result, f"{name}_ms")[stat] == pytest.approx(expected[f"{stat}_{name}_ms"])
+
+
+def test_latency_without_a_finished_request_is_nan_not_zero(ssd_config):
+    _, result = _timeline(ssd_config)  # output_len None: the request never finishes
+    assert result.completed_requests == 0 and result.itl_ms["p50"] == 14.0
+    assert all(v != v for v in (*result.tpot_ms.values(), *result.e2el_ms.values()))  # NaN

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from theory.latency import METRICS, RequestLatency, request_latency, summarize
+from theory.latency import METRICS, RequestLatency, request_latency, statistics, summarize, time_per_output_token
 
 
 def test_a_speculative_round_is_one_chunk_one_gap():
@@ -67,3 +67,17 @@ def test_metrics_without_a_sample_are_nan_not_zero():
     assert one_token["mean_ttft_ms"] == pytest.approx(50.0)
     for name in ("mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms"):
         assert math.isnan(one_token[name])
+
+
+def test_tpot_is_the_time_after_the_first_token_per_further_token():
+    assert time_per_output_token(ttft=20.0, e2el=80.0, output_tokens=7) == 10.0
+    assert time_per_output_token(ttft=20.0, e2el=20.0, output_tokens=1) is None
+    with pytest.raises(ValueError, match="at least one output token"):
+        time_per_output_token(1.0, 2.0, 0)
+
+
+def test_statistics_of_one_metric_keep_their_unit():
+    s = statistics([1.0, 2.0, 3.0, 4.0], percentiles=(50, 90))
+    assert s == {"mean": 2.5, "median": 2.5, "std": pytest.approx(1.118033988749895), "p50": 2.5,
+                 "p90": pytest.approx(3.7)}
+    assert all(math.isnan(v) for v in statistics([]).values())
