@@ -14,8 +14,8 @@ from reports.figures import FIGURES, NoData, ReportData, render
 from reports.runfolder import SUMMARY_JSON
 from reports.tables import format_table
 
-HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "mean_itl_ms",
-            "alpha", "tokens_per_round", "hit_rate"]
+HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "p50_ttft_ms",
+            "p99_ttft_ms", "mean_tpot_ms", "p50_itl_ms", "p99_itl_ms", "alpha", "tokens_per_round", "hit_rate"]
 PREDICTED = ["key", "measured", "simulated", "simulated_error", "closed_form", "closed_form_error", "alpha", "p_hit",
              "alpha_hit", "alpha_miss", "T_d_over_T_v", "T_p", "T_b", "T_ar_over_T_v"]
 FITS = ["temperature", "r", "r_stderr", "scale", "n_points", "method", "note"]
@@ -96,7 +96,10 @@ def build_report(paths: list[str | Path], out_dir: str | Path, command: str | No
            "", "## Headline", "",
            "Throughput is generated tokens over the wall time of the generate calls (warm-up excluded); "
            "speedups compare with AR and with transformers' `generate` at the same temperature and batch size. "
-           "`threads`: torch threads of the target's process (SSD's draft worker has its own core(s)).", "",
+           "`threads`: torch threads of the target's process (SSD's draft worker has its own core(s)). "
+           "Latency per request as vLLM's serving benchmark: TTFT to the first token, TPOT = (E2EL − TTFT) / "
+           "(tokens − 1), ITL = the gap between streamed chunks (a speculative round is one chunk); runs "
+           "recorded before chunk times were kept have no ITL (-).", "",
            _table(data.rows, HEADLINE, n), "", "## Figures", ""]
     for figure in FIGURES:
         md += [f"### {figure.name.replace('_', ' ')}", "", figure.caption, ""]

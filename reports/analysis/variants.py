@@ -1,7 +1,7 @@
 """One row per (run, variant): throughput, latency, acceptance, hits and speedups over AR and transformers.
 
 Throughput is Σ new tokens / Σ wall time of the variant's generate calls (each batch call once);
-latency is per request. Speedups compare with AR (and with transformers' `generate`) at the same
+latency is per request, in theory.latency's terms (reports.analysis.latency reads old run folders too). Speedups compare with AR (and with transformers' `generate`) at the same
 temperature and batch size, from the same run when it has one, else from another run on the same
 models, dtypes and machine.
 """
@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from statistics import median
 
 from reports.analysis import rounds as R
+from reports.analysis.latency import e2el_s, latency_columns
 from reports.analysis.load import Run
 
 SETTINGS = ("temperature", "batch", "K", "C", "budget", "schedule", "fanout", "backup")
@@ -22,11 +23,6 @@ def _hist(results: list[dict]) -> Counter:
     for r in results:
         hist.update({int(k): v for k, v in (r.get("accepted_hist") or {}).items()})
     return hist
-
-
-def _mean(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def variant_row(run: Run, key: str, results: list[dict]) -> dict:
@@ -47,11 +43,9 @@ def variant_row(run: Run, key: str, results: list[dict]) -> dict:
         "faults": sum(1 for r in ok if r.get("engine_fault")),
         "threads": Counter(r.get("torch_threads") for r in ok).most_common(1)[0][0] if ok else None,
         "tokens_per_s": tokens / wall if wall > 0 else None,
-        "request_tokens_per_s_median": median([r["new_tokens"] / r["e2e_s"] for r in ok if r.get("e2e_s")])
-        if any(r.get("e2e_s") for r in ok) else None,
-        "mean_e2e_s": _mean([r.get("e2e_s") for r in ok]),
-        "mean_ttft_ms": _mean([r["ttft_s"] * 1e3 for r in ok if r.get("ttft_s") is not None]),
-        "mean_itl_ms": _mean([r["mean_itl_s"] * 1e3 for r in ok if r.get("mean_itl_s") is not None]),
+        "request_tokens_per_s_median": median([r["new_tokens"] / e2el_s(r) for r in ok if e2el_s(r)])
+        if any(e2el_s(r) for r in ok) else None,
+        **latency_columns(ok),
         "ms_per_token": wall / tokens * 1e3 * settings["batch"] if tokens else None,
         "decode_tokens_per_s": R.decode_tokens_per_s(calls),
         "rounds": seq_rounds or None,
@@ -121,8 +115,8 @@ def category_rows(runs: list[Run]) -> list[dict]:
             "run": run, "key": key, "task": task, "prompts": len(rs), "rounds": n,
             "alpha": R.alpha_mle(hist, rs[0]["settings"].get("K")),
             "tokens_per_round": (sum(r["new_tokens"] for r in rs) - len(rs)) / n if n else None,
-            "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(r["e2e_s"] for r in rs)
-            if sum(r["e2e_s"] for r in rs) > 0 else None,
+            "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(e2el_s(r) or 0.0 for r in rs)
+            if sum(e2el_s(r) or 0.0 for r in rs) > 0 else None,
         })
     return rows
 

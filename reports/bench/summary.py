@@ -8,7 +8,8 @@ from reports.runfolder import RunDir
 from reports.tables import format_table
 
 COLUMNS = ["key", "prompts", "errors", "threads", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar",
-           "speedup_vs_hf", "mean_itl_ms", "mean_ttft_ms", "alpha", "tokens_per_round", "hit_rate"]
+           "speedup_vs_hf", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms",
+           "alpha", "tokens_per_round", "hit_rate"]
 
 
 def summarize(run_dir: RunDir, unavailable: list[dict] | None = None) -> dict:

@@ -41,7 +41,7 @@ class Models:
 
     @classmethod
     def load(cls, config: BenchConfig) -> "Models":
-        from engine.llm import TORCH_DTYPES
+        from engine.models import TORCH_DTYPES
         from engine.models import int8_dynamic, load_model
 
         target = load_model(config.target, dtype=TORCH_DTYPES[config.dtype])
@@ -155,7 +155,8 @@ class Systems:
         outs, seconds = hf_generate(self.models.target, ids, params, self.encoder.eos_ids, self.encoder.pad_id,
                                     assistant, v.settings.K)
         requests = [
-            {"prompt_tokens": len(i), "new_tokens": len(o.token_ids), "e2e_s": seconds,
+            # not streamed: the whole batch's call time is each request's E2EL, and TTFT is unknown
+            {"prompt_tokens": len(i), "new_tokens": len(o.token_ids), "e2el_s": seconds,
              "tokens_per_s": len(o.token_ids) / seconds if seconds > 0 else 0.0,
              "token_ids": o.token_ids, "finish_reason": o.finish_reason}
             for i, o in zip(ids, outs)

@@ -15,8 +15,8 @@ import sys
 from reports.bench.config import BACKUPS, DTYPES, SCHEDULES, SYSTEMS
 from reports.tables import format_table
 
-COLUMNS = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "mean_itl_ms", "alpha",
-           "tokens_per_round", "hit_rate"]
+COLUMNS = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "p50_ttft_ms", "mean_tpot_ms",
+           "p99_itl_ms", "alpha", "tokens_per_round", "hit_rate"]
 
 
 def _fanout(text: str) -> tuple[int, ...]:

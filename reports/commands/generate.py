@@ -106,7 +106,7 @@ def run(args) -> int:
     s = result.metrics.summary()
     print(
         f"[{s['strategy']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s; "
-        f"TTFT {s['mean_ttft_s'] * 1e3:.0f} ms; ITL {s['mean_itl_s'] * 1e3:.0f} ms"
+        f"TTFT {s['mean_ttft_ms']:.0f} ms; TPOT {s['mean_tpot_ms']:.0f} ms; ITL {s['mean_itl_ms']:.0f} ms"
         + (f"; alpha {s['alpha']:.2f}, mean accepted {s['mean_accepted']:.2f}" if s["strategy"] != "ar" else ""),
         file=sys.stderr,
     )
