@@ -8,8 +8,14 @@ from importlib import import_module
 
 _EXPORTS = {
     "LLM": "engine.llm",
-    "Generation": "engine.llm",
-    "RequestOutput": "engine.llm",
+    "Generation": "engine.outputs",
+    "RequestOutput": "engine.outputs",
+    "Chunk": "engine.outputs",
+    "TokenLogprob": "engine.outputs",
+    "AsyncLLM": "engine.async_llm",
+    "EngineStopped": "engine.async_llm",
+    "QueueFull": "engine.decode_loop",
+    "ServingStats": "engine.metrics",
     "SamplingParams": "engine.sampling_params",
     "SpeculativeConfig": "engine.config",
     "load_model": "engine.models",

@@ -8,6 +8,11 @@ row's logits equal those of the same tokens run alone (up to float rounding of b
 Roll-back is exact because the rejected tokens are always the newest ones: the kept tokens' keys
 and values were computed before the rejected ones existed (causal attention), so masking the
 rejected slots restores precisely the state before they were fed.
+
+Rows come and go (continuous batching): `select` keeps some rows, `concat` stacks states made apart
+(a newly prefilled group joins the running batch), `fork` copies rows (SSD's branches). Columns that
+became holes in every row are dropped, so a long-running batch does not keep the width of sequences
+that left.
 """
 
 from __future__ import annotations
@@ -15,6 +20,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
+
+
+def right_aligned(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Pack token lists into a block whose rows end together (holes on the left).
+
+    Returns tokens [B, T] and valid [B, T]; the last slot of every non-empty row is real, so the
+    last position's logits are each row's next-token logits.
+    """
+    width = max((len(r) for r in rows), default=0)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    for b, row in enumerate(rows):
+        if row:
+            tokens[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            valid[b, width - len(row) :] = True
+    return tokens.to(device), valid.to(device)
 
 
 class KVState:
@@ -67,19 +88,83 @@ class KVState:
         self._trim()
 
     def select(self, rows: Tensor) -> None:
-        """Keep only the given rows (finished sequences leave the batch)."""
+        """Keep only the given rows, in the given order (finished sequences leave the batch)."""
+        rows = rows.to(self.mask.device)
+        if rows.numel() == 0:
+            self.cache = DynamicCache(config=self.model.config)
+            self.mask, self.lengths = self.mask[:0, :0], self.lengths[:0]
+            return
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
         self.lengths = self.lengths[rows]
         self._trim()
 
+    def fork(self, rows: Tensor) -> "KVState":
+        """A new state whose row i is a copy of this state's row rows[i] (rows may repeat)."""
+        rows = rows.to(self.mask.device)
+        new = self._like(self.mask.index_select(0, rows), self.lengths.index_select(0, rows))
+        for src, dst in zip(self.cache.layers, new.cache.layers):
+            if src.is_initialized:
+                dst.lazy_initialization(src.keys, src.values)
+                dst.keys = src.keys.index_select(0, rows)  # [N, heads, L, d]
+                dst.values = src.values.index_select(0, rows)
+        return new
+
+    @staticmethod
+    def concat(states: list["KVState"]) -> "KVState":
+        """One state holding the rows of `states` in order. Narrower states get holes on the left, so every
+        row's newest token stays in the last column (holes are masked: nothing else changes)."""
+        live = [s for s in states if s.batch_size]
+        if len(live) <= 1:
+            return live[0] if live else states[0]
+        width = max(s.mask.shape[1] for s in live)
+
+        def left_pad(x: Tensor, dim: int) -> Tensor:
+            extra = width - x.shape[dim]
+            if extra == 0:
+                return x
+            shape = list(x.shape)
+            shape[dim] = extra
+            return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+        first = live[0]
+        new = first._like(torch.cat([left_pad(s.mask, 1) for s in live]), torch.cat([s.lengths for s in live]))
+        for i, dst in enumerate(new.cache.layers):
+            srcs = [s.cache.layers[i] for s in live]
+            if not all(src.is_initialized for src in srcs):
+                continue
+            dst.lazy_initialization(srcs[0].keys, srcs[0].values)
+            dst.keys = torch.cat([left_pad(src.keys, 2) for src in srcs])  # [B, heads, width, d]
+            dst.values = torch.cat([left_pad(src.values, 2) for src in srcs])
+        new._trim()
+        return new
+
+    def _like(self, mask: Tensor, lengths: Tensor) -> "KVState":
+        new = KVState.__new__(KVState)
+        new.model = self.model
+        new.cache = DynamicCache(config=self.model.config)
+        new.mask, new.lengths = mask, lengths
+        return new
+
     def _trim(self) -> None:
-        """Free trailing slots that are holes in every row, so the cache does not keep growing."""
+        """Drop columns that are holes in every row: trailing ones always (cheap), inner ones once they are a
+        quarter of the width (a copy of the cache), so the cache does not keep growing."""
+        if self.mask.shape[1] == 0:
+            return
         live = self.mask.any(dim=0)  # [L]
-        if live.all() or self.mask.shape[1] == 0:
+        if live.all():
             return
         last_live = int(live.nonzero().max()) + 1 if live.any() else 0
         extra = self.mask.shape[1] - last_live
         if extra > 0:
             self.cache.crop(-extra)
             self.mask = self.mask[:, :last_live]
+            live = live[:last_live]
+        dead = int((~live).sum())
+        if dead and dead * 4 >= live.numel():
+            keep = live.nonzero().squeeze(1)  # [L']
+            for layer in self.cache.layers:
+                if layer.is_initialized:
+                    layer.keys = layer.keys.index_select(2, keep)
+                    layer.values = layer.values.index_select(2, keep)
+            self.mask = self.mask.index_select(1, keep)

@@ -1,54 +1,43 @@
-"""The user-facing engine: `LLM(target, draft, strategy=...)` and `generate(prompts, params)`."""
+"""The user-facing engine: `LLM(target, draft, strategy=...)`, `generate(prompts, params)` and `stream(...)`.
+
+Every strategy runs in the one decode loop (engine.decode_loop) as a proposer (engine.strategies).
+`generate` and `stream` drive the loop in the caller's thread; `engine.async_llm.AsyncLLM` drives it on a
+thread of its own for requests that arrive over time (the server).
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import secrets
+import time
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
 from engine.config import EngineConfig, SpeculativeConfig
-from engine.metrics import RequestMetrics, RunMetrics
+from engine.decode_loop import DecodeLoop
+from engine.metrics import RunMetrics
+from engine.models import TORCH_DTYPES
+from engine.outputs import Chunk, Generation
 from engine.sampling_params import SamplingParams
+from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence
-from engine.strategies.ar import AutoregressiveDecoder
-from engine.strategies.base import Clock, Decoder
-from engine.strategies.sd import SpeculativeDecoder
+from engine.strategies.ar import NoDraft
+from engine.strategies.base import Proposer
+from engine.strategies.sd import InProcessDraft
 from theory.glossary import Strategy
 
 log = logging.getLogger(__name__)
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class RequestOutput:
-    index: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    text: str | None  # None when the engine has no tokenizer (token-id prompts on bare models)
-    finish_reason: str
-    metrics: RequestMetrics
+ROW_SEED_STEP = 0x9E3779B97F4A7C15  # rows sharing one SamplingParams get well-spread seeds
 
 
-@dataclass
-class Generation:
-    """What generate() returns: one output per prompt, in order, and the run's metrics."""
-
-    outputs: list[RequestOutput]
-    metrics: RunMetrics
-
-    def __iter__(self):
-        return iter(self.outputs)
-
-    def __len__(self) -> int:
-        return len(self.outputs)
-
-    def __getitem__(self, i: int) -> RequestOutput:
-        return self.outputs[i]
+def row_seed(seed: int, index: int) -> int:
+    """The seed of row `index` of a call whose prompts share one seed (row 0 keeps the seed itself)."""
+    return (seed + index * ROW_SEED_STEP) % (1 << 63)
 
 
 def _vocab_size(model: PreTrainedModel) -> int:
@@ -73,6 +62,8 @@ class LLM:
     target / draft: an alias ("qwen-coder-1.5b", "qwen-coder-0.5b", "smollm2-135m"), a local
     transformers folder or .gguf file, or an already built PreTrainedModel (token-id prompts only
     unless `tokenizer` is given). Use as a context manager to free everything it started.
+    max_num_seqs / max_prefill_tokens / max_waiting: the scheduler's limits (None: no limit, so one
+    generate() call runs all its prompts as one batch).
     """
 
     def __init__(
@@ -90,6 +81,9 @@ class LLM:
         chat_template: bool = True,
         tokenizer=None,
         cache_dir: str | Path | None = None,
+        max_num_seqs: int | None = None,
+        max_prefill_tokens: int | None = None,
+        max_waiting: int | None = None,
     ):
         self.config = EngineConfig(
             target=str(getattr(target, "name_or_path", target)),
@@ -104,9 +98,11 @@ class LLM:
             chat_template=chat_template,
             cache_dir=None if cache_dir is None else str(cache_dir),
         )
+        scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
         if threads is not None:
             torch.set_num_threads(threads)
         self.device = torch.device(device)
+        self.loop: DecodeLoop | None = None
         self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer)
         self.draft = self._draft_given = None
         if draft is not None and self.config.strategy is not Strategy.AR:
@@ -122,7 +118,12 @@ class LLM:
         self.eos_ids = _eos_ids(self.target, self.tokenizer)
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
-        self.decoder = self._decoder()
+        self.vocab_size = self.target.get_output_embeddings().weight.shape[0]
+        self._seq_ids = itertools.count()
+        self.serving = False  # True while an AsyncLLM drives the loop
+        self.loop = DecodeLoop(self.target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,
+                               device=self.device, scheduler=scheduler)
+        self._start_proposer()
 
     # -- construction -------------------------------------------------------------------------
     def _load(self, spec, dtype: str, cache_dir, tokenizer):
@@ -141,33 +142,56 @@ class LLM:
                 "decoding needs a draft that shares the target's tokenizer"
             )
 
-    def _decoder(self) -> Decoder:
-        strategy = self.config.strategy
+    def _start_proposer(self) -> None:
+        strategy, spec = self.config.strategy, self.config.speculative
         if strategy is Strategy.AR:
-            return AutoregressiveDecoder(self.target, self.pad_id, self.device)
+            return  # the loop starts with NoDraft
         if strategy is Strategy.SD:
-            return SpeculativeDecoder(self.target, self.draft, self.config.speculative, self.pad_id, self.device)
-        if strategy is Strategy.SSD:
-            from engine.strategies.ssd import SpeculativeSpeculativeDecoder, open_channel
+            self.loop.proposer = InProcessDraft(self.draft, spec, self.pad_id, self.device)
+        elif strategy is Strategy.SSD:
+            from engine.strategies.ssd import FAULTS, DraftWorkerProposer, open_channel
 
-            spec = self.config.speculative
             opener = open_channel(self.draft, self._draft_given, self.config, spec, self.pad_id, self.device)
-            return SpeculativeSpeculativeDecoder(self.target, opener, spec, self.pad_id, self.device, draft=self.draft)
-        raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
+            proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device, draft=self.draft)
+            self.loop.proposer = proposer
+            try:  # start the worker now, so that loading its model is not charged to the first request
+                proposer.start()
+            except FAULTS as err:
+                self.loop._fall_back(err, "did not start")
+        else:
+            raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
+        self.loop.stats.strategy = self.loop.proposer.name
 
-    # -- generation ---------------------------------------------------------------------------
-    def encode(self, prompt: str | Seq[int]) -> list[int]:
-        """Token ids of a prompt: text through the tokenizer (and chat template), ids as given."""
+    # -- what a server needs to know ----------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.config.target
+
+    @property
+    def max_context(self) -> int | None:
+        return getattr(self.target.config, "max_position_embeddings", None)
+
+    @property
+    def strategy_in_use(self) -> str:
+        """"ar", "sd" or "ssd"; after an SSD worker fault, the fallback's name."""
+        return self.loop.proposer.name
+
+    @property
+    def proposer(self) -> Proposer:
+        return self.loop.proposer
+
+    # -- prompts ------------------------------------------------------------------------------
+    def encode(self, prompt: str | Seq[int], chat: bool | None = None) -> list[int]:
+        """Token ids of a prompt: text through the tokenizer (and, when `chat` — by default the engine's
+        chat_template setting — through the chat template as one user message), ids as given."""
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("empty prompt: give some text (or token ids)")
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass prompts as lists of token ids")
-            if self.config.chat_template and getattr(self.tokenizer, "chat_template", None):
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-                )
-                return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            chat = self.config.chat_template if chat is None else chat
+            if chat and getattr(self.tokenizer, "chat_template", None):
+                return self.encode_chat([{"role": "user", "content": prompt}])
             return list(self.tokenizer(prompt)["input_ids"])
         ids = [int(t) for t in prompt]
         if not ids:
@@ -177,75 +201,117 @@ class LLM:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}")
         return ids
 
-    def _check_batch(self, prompts, params) -> list[SamplingParams]:
+    def encode_chat(self, messages: Seq[dict]) -> list[int]:
+        """Token ids of a conversation ([{"role": "system" | "user" | "assistant", "content": str}, ...])
+        through the tokenizer's chat template, ready for the assistant's answer."""
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template: send a plain completion prompt instead")
+        if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+            raise ValueError("messages must be a non-empty list of {role, content} with text content")
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def make_sequence(self, prompt_ids: list[int], params: SamplingParams, *, index: int = 0,
+                      request_id: str | None = None, seed: int | None = None,
+                      arrival_s: float | None = None) -> Sequence:
+        """A request ready to submit to the loop; ValueError if it cannot fit the model's context."""
+        max_pos = self.max_context
+        lookahead = self.config.speculative.K + 1 if self.config.strategy is not Strategy.AR else 0
+        if max_pos is not None and len(prompt_ids) + params.max_new_tokens + lookahead > max_pos:
+            raise ValueError(
+                f"prompt {index} has {len(prompt_ids)} tokens; with max_new_tokens={params.max_new_tokens} "
+                f"(+{lookahead} speculated) it exceeds the model's context of {max_pos}: "
+                "shorten the prompt or lower max_new_tokens"
+            )
+        seq_id = next(self._seq_ids)
+        if seed is None:
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seq = Sequence(seq_id=seq_id, request_id=request_id or f"req-{seq_id}", index=index, prompt_ids=prompt_ids,
+                       params=params, eos_ids=self.eos_ids, seed=seed,
+                       arrival_s=time.perf_counter() if arrival_s is None else arrival_s, tokenizer=self.tokenizer)
+        seq.generator = torch.Generator(device=self.device).manual_seed(seed)
+        return seq
+
+    def _sequences(self, prompts, params) -> list[Sequence]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if len(prompts) == 0:
             raise ValueError("no prompts given: pass a list with at least one prompt")
+        shared = params is None or isinstance(params, SamplingParams)
         if params is None:
             params = SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts: give one or one each")
-        first = params[0]
-        for p in params[1:]:
-            if not first.same_distribution(p) or p.seed != first.seed:
-                raise ValueError(
-                    "one batch mixes incompatible sampling settings (temperature, top_k, top_p, seed "
-                    "must agree within a call): split it into calls with equal settings"
-                )
-        return prompts, params
+        # One shared SamplingParams: rows get distinct streams derived from its seed. One each: their own seeds.
+        base = params[0].seed if params[0].seed is not None else secrets.randbits(63)
+        arrival = time.perf_counter()
+        seqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            seed = row_seed(base, i) if shared else p.seed
+            seqs.append(self.make_sequence(self.encode(prompt), p, index=i, seed=seed, arrival_s=arrival))
+        return seqs
+
+    # -- generation ---------------------------------------------------------------------------
+    def _check_idle(self) -> None:
+        if self.loop is None:
+            raise ValueError("this LLM is closed: build a new one")
+        if self.serving:
+            raise ValueError("this LLM is being served by an AsyncLLM: send requests through it")
 
     def generate(
         self,
         prompts: str | Seq[int] | Seq[str | Seq[int]],
         params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> Generation:
-        """Generate for a batch of prompts (one real batch through the models)."""
-        prompts, params = self._check_batch(prompts, params)
-        max_pos = getattr(self.target.config, "max_position_embeddings", None)
-        lookahead = 0 if self.config.strategy is Strategy.AR else self.config.speculative.K + 1
-        seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            ids = self.encode(prompt)
-            if max_pos is not None and len(ids) + p.max_new_tokens + lookahead > max_pos:
-                raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={p.max_new_tokens} "
-                    f"(+{lookahead} speculated) it exceeds the model's context of {max_pos}: "
-                    "shorten the prompt or lower max_new_tokens"
-                )
-            seqs.append(Sequence(index=i, prompt_ids=ids, params=p, eos_ids=self.eos_ids))
+        """Generate for a batch of prompts (joining the loop together, within the scheduler's limits)."""
+        self._check_idle()
+        seqs = self._sequences(prompts, params)
+        start = time.perf_counter()
+        records = self.loop.records = []
+        try:
+            for chunk in self._drive(seqs):
+                pass
+        finally:
+            self.loop.records = None
+        metrics = RunMetrics(strategy=self.config.strategy.value,
+                             K=0 if self.config.strategy is Strategy.AR else self.config.speculative.K,
+                             wall_s=time.perf_counter() - start, requests=[s.metrics for s in seqs], rounds=records)
+        return Generation([s.output() for s in seqs], metrics)
 
-        generator = torch.Generator(device=self.device).manual_seed(params[0].seed)
-        clock = Clock()
-        records = self.decoder.run(seqs, params[0], generator, clock)
-        metrics = RunMetrics(
-            strategy=self.config.strategy.value,
-            K=0 if self.config.strategy is Strategy.AR else self.config.speculative.K,
-            wall_s=clock.now(),
-            requests=[s.metrics for s in seqs],
-            rounds=records,
-        )
-        outputs = [
-            RequestOutput(
-                index=s.index,
-                prompt_ids=s.prompt_ids,
-                token_ids=s.output_ids,
-                text=self.tokenizer.decode(s.output_ids, skip_special_tokens=True) if self.tokenizer else None,
-                finish_reason=s.finish_reason or "length",
-                metrics=s.metrics,
-            )
-            for s in seqs
-        ]
-        return Generation(outputs, metrics)
+    def stream(
+        self,
+        prompts: str | Seq[int] | Seq[str | Seq[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> Iterator[Chunk]:
+        """Like generate(), but yields each request's tokens as rounds emit them (`Chunk.index` says which
+        prompt). Leaving the loop early aborts the requests still running."""
+        self._check_idle()
+        yield from self._drive(self._sequences(prompts, params))
+
+    def _drive(self, seqs: list[Sequence]) -> Iterator[Chunk]:
+        ids = {s.request_id for s in seqs}
+        for seq in seqs:
+            self.loop.submit(seq)
+        try:
+            while not all(s.finished for s in seqs):
+                for chunk in self.loop.step():
+                    if chunk.request_id in ids:
+                        yield chunk
+        finally:
+            left = [s for s in seqs if not s.finished]
+            for seq in left:
+                self.loop.abort(seq.request_id)
+            if left:
+                self.loop.step()  # retires them
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         """Free the models (and, for SSD, stop the draft worker)."""
-        if self.decoder is not None and hasattr(self.decoder, "close"):
-            self.decoder.close()
-        self.decoder = None
+        if self.loop is not None:
+            self.loop.close()
+        self.loop = None
         self.target = None
         self.draft = None
 

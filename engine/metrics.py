@@ -4,12 +4,18 @@ per-run summaries with histograms, not only means."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 
-import numpy as np
+from theory.latency import RequestLatency, request_latency, summarize
+
+
+def ms_since(t0: float) -> float:
+    """Milliseconds since the time.perf_counter() reading t0."""
+    return (time.perf_counter() - t0) * 1e3
 
 
 @dataclass
@@ -29,6 +35,7 @@ class RoundRecord:
     draft_forwards: int
     phase: str = "decode"  # or "prefill"
     tokens: int = 0  # prefill only: prompt tokens of the longest prompt
+    backup_ms: float | None = None  # SSD: the backup's own drafting time on the critical path
     # SSD only
     hit: list[bool] | None = None
     cache_build_ms: float | None = None
@@ -77,42 +84,57 @@ def ssd_summary(decode: list[RoundRecord]) -> dict:
 
 @dataclass
 class RequestMetrics:
-    """Timings and counts of one request."""
+    """Timings and counts of one request. Times are time.perf_counter() readings; the latencies follow
+    theory.latency (TTFT from arrival, ITL between streamed chunks, TPOT, E2EL)."""
 
     prompt_tokens: int
+    arrival_s: float = 0.0
     new_tokens: int = 0
-    ttft_s: float = 0.0  # time to first token
-    e2e_s: float = 0.0  # start of the call to the last token
     rounds: int = 0
     target_forwards: int = 0  # forwards of the target that included this sequence (prefill too)
     accepted_hist: Counter = field(default_factory=Counter)  # k -> rounds
-    token_times_s: list[float] = field(default_factory=list)  # emission time of each token
+    chunk_times_s: list[float] = field(default_factory=list)  # when each streamed chunk was emitted
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each chunk
+
+    def add_chunk(self, now_s: float, tokens: int) -> None:
+        self.new_tokens += tokens
+        self.chunk_times_s.append(now_s)
+        self.chunk_tokens.append(tokens)
+
+    @property
+    def latency(self) -> RequestLatency | None:
+        if not self.chunk_times_s:
+            return None
+        return request_latency(self.arrival_s, self.chunk_times_s, self.chunk_tokens)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.latency.ttft_s if self.chunk_times_s else None
+
+    @property
+    def e2el_s(self) -> float | None:
+        return self.latency.e2el_s if self.chunk_times_s else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        return self.latency.tpot_s if self.chunk_times_s else None
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.e2e_s if self.e2e_s > 0 else 0.0
-
-    @property
-    def inter_token_latencies_s(self) -> list[float]:
-        t = self.token_times_s
-        return [b - a for a, b in zip(t, t[1:])]
-
-    @property
-    def mean_itl_s(self) -> float:
-        """Time per output token after the first ((e2e − ttft) / (n − 1))."""
-        return (self.e2e_s - self.ttft_s) / (self.new_tokens - 1) if self.new_tokens > 1 else 0.0
+        e2el = self.e2el_s
+        return self.new_tokens / e2el if e2el else 0.0
 
     def summary(self) -> dict:
-        itl = self.inter_token_latencies_s
+        lat = self.latency
         return {
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "tokens_per_s": self.tokens_per_s,
-            "ttft_s": self.ttft_s,
-            "e2e_s": self.e2e_s,
-            "mean_itl_s": self.mean_itl_s,
-            "itl_p50_s": float(np.percentile(itl, 50)) if itl else 0.0,
-            "itl_p99_s": float(np.percentile(itl, 99)) if itl else 0.0,
+            "ttft_s": lat.ttft_s if lat else None,
+            "tpot_s": lat.tpot_s if lat else None,
+            "e2el_s": lat.e2el_s if lat else None,
+            "itl_s": list(lat.itl_s) if lat else [],
+            "chunks": len(self.chunk_times_s),
             "rounds": self.rounds,
             "target_forwards": self.target_forwards,
             "accepted_hist": {int(k): v for k, v in sorted(self.accepted_hist.items())},
@@ -172,8 +194,7 @@ class RunMetrics:
             "new_tokens": self.new_tokens,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
-            "mean_ttft_s": float(np.mean([r.ttft_s for r in self.requests])) if self.requests else 0.0,
-            "mean_itl_s": float(np.mean([r.mean_itl_s for r in self.requests])) if self.requests else 0.0,
+            **summarize([r.latency for r in self.requests if r.chunk_times_s]),
             "rounds": len(decode),
             "target_forwards": len(self.rounds),
             "mean_accepted": self.mean_accepted,
@@ -189,3 +210,37 @@ class RunMetrics:
         with open(path, "w", encoding="utf-8") as f:
             for record in self.rounds:
                 f.write(record.to_json() + "\n")
+
+
+@dataclass
+class ServingStats:
+    """Cumulative counters of an engine that serves requests (a snapshot; /metrics reads it)."""
+
+    strategy: str  # the strategy in use now ("sd" or "ar" after an SSD worker fault)
+    running: int = 0
+    waiting: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    rounds: int = 0  # decode rounds (steps with at least one running sequence)
+    row_rounds: int = 0  # sequence-rounds
+    row_tokens: int = 0  # tokens emitted in those sequence-rounds
+    accepted: int = 0  # draft tokens accepted
+    rejections: int = 0  # sequence-rounds that rejected a draft token (α = accepted / (accepted + rejections))
+    ssd_lookups: int = 0
+    ssd_hits: int = 0
+    fallbacks: int = 0  # SSD worker faults (each switches to the fallback for good)
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.row_tokens / self.row_rounds if self.row_rounds else 0.0
+
+    @property
+    def alpha(self) -> float:
+        n = self.accepted + self.rejections
+        return self.accepted / n if n else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.ssd_hits / self.ssd_lookups if self.ssd_lookups else 0.0

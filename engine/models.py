@@ -32,6 +32,7 @@ from engine import model_cache, provision
 
 logger = logging.getLogger(__name__)
 
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Any of these in a folder means it carries a tokenizer (fast, config-only or sentencepiece).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

@@ -7,10 +7,16 @@ exactness tests can drive them directly. Notation follows docs/ssd.md: `p` targe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from engine.sampling_params import SamplingParams
+
+# One generator for the whole tensor, or one per row (each request keeps its own random stream, so its
+# draws do not depend on which other requests share the batch).
+Generators = torch.Generator | Sequence[torch.Generator]
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -150,13 +156,61 @@ def _top_set(q: Tensor, n_top: int | Tensor) -> Tensor:
     return in_top
 
 
-def sample(probs: Tensor, generator: torch.Generator) -> Tensor:
+def uniforms(generator: Generators, rows: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """U[0, 1) draws `[rows, n]`: from one generator in row-major order, or n from each row's own."""
+    if isinstance(generator, torch.Generator):
+        return torch.rand((rows, n), generator=generator, dtype=dtype, device=device)
+    if len(generator) != rows:
+        raise ValueError(f"got {len(generator)} generators for {rows} rows: give one, or one per row")
+    if rows == 0 or n == 0:
+        return torch.empty((rows, n), dtype=dtype, device=device)
+    return torch.stack([torch.rand(n, generator=g, dtype=dtype, device=device) for g in generator])
+
+
+class RowSampling:
+    """Per-row warp settings of a batch: rows with equal (temperature, top-k, top-p) are warped together.
+
+    Warping each group with `warp` itself keeps every row's distribution exactly what it would be alone;
+    a batch usually holds few distinct settings, so this costs a few vectorised calls, not one per row.
+    """
+
+    def __init__(self, params: Sequence[SamplingParams]):
+        self.params = list(params)
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(self.params):
+            groups.setdefault(p.warp_key, []).append(i)
+        self.groups = [(self.params[rows[0]], torch.tensor(rows, dtype=torch.long)) for rows in groups.values()]
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def index(self, rows: Sequence[int] | Tensor) -> "RowSampling":
+        rows = rows.tolist() if isinstance(rows, Tensor) else rows
+        return RowSampling([self.params[i] for i in rows])
+
+
+def warp_rows(logits: Tensor, rows: RowSampling | SamplingParams) -> Tensor:
+    """`warp` with settings per row: logits `[B, ..., V]`, one setting per leading row."""
+    if isinstance(rows, SamplingParams):
+        return warp(logits, rows)
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"logits have {logits.shape[0]} rows but {len(rows)} sampling settings were given")
+    if len(rows.groups) == 1:
+        return warp(logits, rows.groups[0][0])
+    out = torch.empty(logits.shape, dtype=_compute_dtype(logits.dtype), device=logits.device)
+    for params, index in rows.groups:
+        index = index.to(logits.device)
+        out[index] = warp(logits.index_select(0, index), params)
+    return out
+
+
+def sample(probs: Tensor, generator: Generators) -> Tensor:
     """One draw per row of `probs` `[..., V]` -> LongTensor `[...]`, using only `generator`.
 
     Inverse-CDF sampling: one uniform u per row, and the token whose cumulative-mass interval holds
     u·total. The cumulative sum is taken in float64, so the interval of every token has its width
     to about 1e-16 (torch.multinomial is ~10 ms a row for a 150k vocabulary on a CPU; this is ~0.5).
-    Rows need not be normalised. A zero-probability token has an empty interval and is never drawn,
+    `generator` is one generator, or one per row of the flattened leading dims. Rows need not be normalised. A zero-probability token has an empty interval and is never drawn,
     so a one-hot row always yields its token (the draw still advances the generator, which keeps the
     random stream position independent of the values).
     """
@@ -166,7 +220,7 @@ def sample(probs: Tensor, generator: torch.Generator) -> Tensor:
     if flat.shape[0] == 0:
         return torch.empty(leading, dtype=torch.long, device=probs.device)
     cdf = torch.cumsum(flat.to(torch.float64), dim=-1)  # [N, V]
-    u = torch.rand((flat.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    u = uniforms(generator, flat.shape[0], 1, torch.float64, probs.device)  # [N, 1]
     # right=True: the first index whose cumulative mass exceeds the target, skipping empty intervals.
     draws = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [N, 1]
     return draws.clamp_(max=flat.shape[-1] - 1).reshape(leading)

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+MAX_LOGPROBS = 5  # top-N log-probabilities a request may ask for (OpenAI's limit)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are sampled. temperature 0 means greedy (argmax).
+    """How tokens are sampled for one request. temperature 0 means greedy (argmax).
 
     top_k / top_p restrict the distribution before sampling (None = off). The same warp is applied
     to the target's p and the draft's q, so what is verified is exactly what would be sampled.
+    Requests in one batch may differ in every field.
+
+    seed          the request's own random stream (None: a fresh random seed per request). The same
+                  seed and prompt give the same tokens whatever else shares the batch.
+    stop          strings that end the output (the text is cut before the first one; it is not returned).
+    stop_token_ids token ids that end the output (the token is kept, like EOS).
+    logprobs      None: no log-probabilities; N in 0..5: each emitted token's log-probability under the
+                  target's warped distribution, and the top N of that distribution.
     """
 
     temperature: float = 1.0
@@ -18,22 +29,48 @@ class SamplingParams:
     top_p: float | None = None
     max_new_tokens: int = 128
     stop_on_eos: bool = True
-    seed: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 (or None to disable), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (or None to disable), got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # also rejects NaN
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 (or None to disable), got {self.top_k!r}")
+        if self.top_p is not None and (isinstance(self.top_p, bool) or not 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (or None to disable), got {self.top_p!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise ValueError(f"seed must be a non-negative integer (or None for a random one), got {self.seed!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
+        ids = tuple(self.stop_token_ids)
+        if not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", ids)
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in 0..{MAX_LOGPROBS} (or None), got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def warp_key(self) -> tuple:
+        """What decides the warped distribution; requests with equal keys are warped together."""
+        return (0.0, None, None) if self.greedy else (float(self.temperature), self.top_k, self.top_p)
+
     def same_distribution(self, other: "SamplingParams") -> bool:
-        """True when two requests sample from the same warped distribution and can share a batch."""
-        return (self.temperature, self.top_k, self.top_p) == (other.temperature, other.top_k, other.top_p)
+        """True when two requests sample from the same warped distribution."""
+        return self.warp_key == other.warp_key
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

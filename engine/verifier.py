@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.sampling import sample
+from engine.sampling import Generators, sample, uniforms
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor) -> None:
         raise ValueError(f"draft_tokens must lie in [0, {V})")
 
 
-def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: torch.Generator) -> Verification:
+def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: Generators) -> Verification:
     """Standard rejection sampling of `draft_tokens` [B, K] drawn from `q` [B, K, V] against `p` [B, K+1, V].
 
     Accept x_i with probability min(1, p_i(x_i)/q_i(x_i)), tested as u_i·q_i(x_i) < p_i(x_i) with
@@ -68,7 +68,8 @@ def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: torch.Generato
 
     Random numbers are drawn in a fixed order, independent of the values: first u [B, K] (all of them,
     even past the first rejection), then one bonus draw per row; the same generator state therefore
-    reproduces the same outcome. p and q are used as given (they should be normalised distributions).
+    reproduces the same outcome. With one generator per row, each row draws its own K uniforms and then
+    its bonus from its own stream, so a row's outcome does not depend on its batch-mates. p and q are used as given (they should be normalised distributions).
     """
     _validate(draft_tokens, q, p)
     dtype = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
@@ -76,7 +77,7 @@ def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: torch.Generato
     B, K = draft_tokens.shape
     x = draft_tokens.long().unsqueeze(-1)  # [B, K, 1]
 
-    u = torch.rand((B, K), generator=generator, dtype=dtype, device=p.device)  # [B, K]
+    u = uniforms(generator, B, K, dtype, p.device)  # [B, K]
     p_x = p[:, :K].gather(-1, x).squeeze(-1)  # [B, K]
     q_x = q.gather(-1, x).squeeze(-1)  # [B, K]
     accept = u * q_x < p_x  # [B, K]

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import SpeculativeConfig
 from engine.ssd.draft_worker import DraftWorker
-from engine.ssd.messages import Outcome, Speculation, Start
+from engine.ssd.messages import Round, Speculation
 
 
 class InProcessChannel:
@@ -19,12 +19,7 @@ class InProcessChannel:
     def __init__(self, draft: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device):
         self.worker = DraftWorker(draft, spec, pad_id, device)
 
-    def start(self, msg: Start) -> Speculation:
-        reply = self.worker.start(msg)
-        self.worker.build_cache()
-        return reply
-
-    def exchange(self, msg: Outcome) -> Speculation:
+    def exchange(self, msg: Round) -> Speculation:
         reply = self.worker.respond(msg)
         self.worker.build_cache()
         return reply

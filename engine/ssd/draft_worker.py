@@ -1,37 +1,68 @@
 """The draft worker: answers each verification outcome with the next speculation, then pre-drafts the
 one after it for the likely outcomes while the target verifies (docs/ssd.md §2).
 
-Per round: `respond(outcome)` looks every sequence up in the speculation cache (hit: the pre-drafted
-branch becomes that sequence's state) or runs the backup (miss), and returns the next speculation;
-`build_cache()` then runs the glue decode over that speculation and the K batched branch forwards.
-The same class runs in the target's process (tests) or in its own process (`serve`).
+Per round: `respond(round)` looks every sequence up in the speculation cache (hit: the pre-drafted
+branch becomes that sequence's state) or runs the backup (miss), prefills the sequences that join (their
+first speculation comes from the backup), and returns the next speculation; `build_cache()` then runs the
+glue decode over that speculation and the K batched branch forwards. Sequences join and leave between
+rounds (continuous batching); each has its own sampling settings and random stream. The same class runs in
+the target's process (tests) or in its own process (`serve`).
 
 Draft KV bookkeeping per row, between `respond` and `build_cache`: the cache holds the committed tokens
 except `tail` (not yet fed): after a hit [y_K] (the branch fed t*, y_1..y_{K−1}); after the neural
-backup [y_K]; after a fast backup [t*, y_1..y_K]. The glue feeds the tails, so afterwards every row
-holds [.., t*, y_1..y_K] and the draft has its logits at all K+1 positions.
+backup [y_K]; after a fast backup or for a joiner's fast backup [t*, y_1..y_K]. The glue feeds the tails, so
+afterwards every row holds [.., t*, y_1..y_K] and the draft has its logits at all K+1 positions.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from engine.config import SpeculativeConfig
-from engine.kv_cache import KVState
+from engine.kv_cache import KVState, right_aligned
+from engine.metrics import ms_since
+from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
-from engine.ssd.messages import Outcome, Source, Speculation, Start
+from engine.ssd.messages import Join, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
 from engine.ssd.speculation_cache import SpeculationCache, guesses
-from engine.ssd.tree import decode_branches, draft_tokens, stack_rows
-from engine.strategies.base import ms_since, right_aligned
+from engine.ssd.tree import decode_branches, draft_tokens
 from theory.glossary import Backup
 
 SOURCE_OF = {Backup.NEURAL: Source.NEURAL, Backup.RANDOM: Source.RANDOM, Backup.LOOKUP: Source.LOOKUP}
-SEED_OFFSET = 0x5A6  # the draft's random stream differs from the target's
+
+
+@dataclass
+class Rows:
+    """Per-row state of the batch the worker drafts for, in the target's row order."""
+
+    seq_ids: list[int] = field(default_factory=list)
+    contexts: list[list[int]] = field(default_factory=list)  # committed tokens (lookup backup)
+    params: list[SamplingParams] = field(default_factory=list)
+    generators: list[torch.Generator] = field(default_factory=list)
+
+    def keep(self, rows: list[int]) -> "Rows":
+        return Rows(*([getattr(self, f)[i] for i in rows] for f in ("seq_ids", "contexts", "params", "generators")))
+
+    def __add__(self, other: "Rows") -> "Rows":
+        return Rows(self.seq_ids + other.seq_ids, self.contexts + other.contexts, self.params + other.params,
+                    self.generators + other.generators)
+
+
+@dataclass
+class Current:
+    """The speculation last sent and what building its cache needs."""
+
+    tokens: Tensor  # [n, K] x
+    logits: Tensor  # [n, K, V] draft logits at x's positions where known
+    known: Tensor  # [n] bool: rows whose logits are known (hit or neural backup)
+    sources: list[str]  # "hit" or the backup's name, per row
+    tails: list[list[int]]  # tokens not yet fed to the draft, per row
 
 
 class DraftWorker:
@@ -42,101 +73,110 @@ class DraftWorker:
         self.pad_id = pad_id
         self.device = device
         self.policy = DraftPolicy(spec)
-
-    # -- a new batch --------------------------------------------------------------------------
-    def start(self, msg: Start) -> Speculation:
-        """Prefill the prompts and answer with a backup speculation for every sequence."""
-        self.params = SamplingParams(
-            temperature=msg.temperature, top_k=msg.top_k or None, top_p=msg.top_p if msg.top_p < 1 else None,
-            max_new_tokens=1, stop_on_eos=False, seed=msg.seed,
-        )
-        self.generator = torch.Generator(device=self.device).manual_seed(msg.seed + SEED_OFFSET)
-        self.V = msg.V
-        self.seq_ids = list(msg.seq_ids)
-        self.contexts = [p + [t] for p, t in zip(msg.prompts, msg.pending)]
-        self.state = KVState(self.model, len(self.seq_ids), self.device)
-        tokens, valid = right_aligned(msg.prompts, self.pad_id, self.device)
-        self.state.extend(tokens, valid, logits_to_keep=1)
-        self.cache = SpeculationCache(self.seq_ids, None)
-        self.build_ms, self.built_fanout = 0.0, list(self.policy.schedule(True))
-        self.round = 0
-        n = len(self.seq_ids)
-        return self._next_speculation(torch.tensor(msg.pending), [None] * n, 0)
+        self.rows = Rows()
+        self.state = KVState(model, 0, device)
+        self.cache = SpeculationCache([], None)
+        self.current: Current | None = None
+        self.row_fanout: list[tuple[int, ...]] = []
+        self.build_ms = 0.0
+        self.built_fanout = list(self.policy.schedule(True))
+        self.last_backup: str | None = None
+        self.last_backup_ms = 0.0
 
     # -- one round ----------------------------------------------------------------------------
-    def respond(self, msg: Outcome) -> Speculation:
-        K = self.K
-        k = torch.tensor(msg.accepted, dtype=torch.long)
-        bonus = torch.tensor(msg.bonus, dtype=torch.long)
-        x = self.x.tolist()
+    def respond(self, msg: Round) -> Speculation:
+        K, n_old = self.K, len(msg.accepted)
+        if n_old != len(self.rows.seq_ids):
+            raise ValueError(f"round for {n_old} rows, but the worker holds {len(self.rows.seq_ids)}")
         found: list[int | None] = []
-        for b, (seq_id, kb, tb) in enumerate(zip(self.seq_ids, msg.accepted, msg.bonus)):
+        x = self.current.tokens.tolist() if n_old else []
+        for b, (seq_id, kb, tb) in enumerate(zip(self.rows.seq_ids, msg.accepted, msg.bonus)):
             found.append(self.cache.lookup(seq_id, kb, tb))
-            self.contexts[b] += x[b][:kb] + [tb]
-            self.policy.observe_round(self.sources[b], kb, self.row_fanout[b][kb], found[b] is not None)
-        self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
+            self.rows.contexts[b] = self.rows.contexts[b] + x[b][:kb] + [tb]
+            if msg.alive[b]:
+                self.policy.observe_round(self.current.sources[b], kb, self.row_fanout[b][kb], found[b] is not None)
+        if n_old:
+            self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
+            # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.
+            self.state.rollback((K - torch.tensor(msg.accepted, dtype=torch.long)).to(self.device))
 
-        # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.
-        self.state.rollback((K - k).to(self.device))
         alive = [b for b, a in enumerate(msg.alive) if a]
         hit_rows = [b for b in alive if found[b] is not None]
-        miss_rows = [b for b in alive if found[b] is None]
         as_long = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
-        if alive:
-            parts = [(self.state, as_long(miss_rows))]
-            if hit_rows:
-                parts.insert(0, (self.cache.branches.state, as_long([found[b] for b in hit_rows])))
-            self.state = stack_rows(parts)
-            position = {b: i for i, b in enumerate(hit_rows + miss_rows)}
-            self.state.select(as_long([position[b] for b in alive]))  # back to batch order
-        self.seq_ids = [self.seq_ids[b] for b in alive]
-        self.contexts = [self.contexts[b] for b in alive]
-        return self._next_speculation(bonus[alive], [found[b] for b in alive], msg.round)
+        # Rows that go on: a hit takes its branch's state, a miss keeps its own; back in batch order.
+        parts = [self.state.fork(as_long([b for b in alive if found[b] is None]))]
+        if hit_rows:
+            parts.insert(0, self.cache.branches.state.fork(as_long([found[b] for b in hit_rows])))
+        order = {b: i for i, b in enumerate(hit_rows + [b for b in alive if found[b] is None])}
+        state = KVState.concat(parts)
+        state.select(as_long([order[b] for b in alive]))
+        rows = self.rows.keep(alive)
+        bonus = [msg.bonus[b] for b in alive]
+        hit_index = [found[b] for b in alive]
+        if msg.joins:
+            state = KVState.concat([state, self._prefill(msg.joins)])
+            rows = rows + self._join_rows(msg.joins)
+            bonus += [j.pending for j in msg.joins]
+            hit_index += [None] * len(msg.joins)
+        self.state, self.rows = state, rows
+        self.V = msg.V
+        return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, msg.round)
+
+    def _prefill(self, joins: list[Join]) -> KVState:
+        """The joiners' prompts through the draft (their first token is the tail, fed by the backup)."""
+        state = KVState(self.model, len(joins), self.device)
+        tokens, valid = right_aligned([j.prompt for j in joins], self.pad_id, self.device)
+        state.extend(tokens, valid, logits_to_keep=1)
+        return state
+
+    def _join_rows(self, joins: list[Join]) -> Rows:
+        params = [SamplingParams(temperature=j.temperature, top_k=j.top_k or None,
+                                 top_p=j.top_p if j.top_p < 1 else None, stop_on_eos=False) for j in joins]
+        generators = [torch.Generator(device=self.device).manual_seed(j.seed) for j in joins]
+        return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, generators)
 
     def _next_speculation(self, bonus: Tensor, hit_index: list[int | None], round_: int) -> Speculation:
         """Assemble the next speculation: cached branches for the hit rows, the backup for the rest."""
-        K, V, n = self.K, self.V, len(self.seq_ids)
+        K, V, n = self.K, self.V, len(self.rows.seq_ids)
         hit = [i is not None for i in hit_index]
         hits = [b for b in range(n) if hit[b]]
         miss = [b for b in range(n) if not hit[b]]
         tokens = torch.zeros(n, K, dtype=torch.long)  # [n, K]
         q = torch.zeros(n, K, V)  # [n, K, V]
-        self.logits = torch.zeros(n, K, V)  # [n, K, V] draft logits at positions 1..K where known
-        self.known = torch.zeros(n, dtype=torch.bool)  # [n] rows whose logits are known (hit, neural)
-        self.sources = ["hit"] * n
+        logits = torch.zeros(n, K, V)  # [n, K, V] draft logits at positions 1..K where known
+        known = torch.zeros(n, dtype=torch.bool)  # [n] rows whose logits are known (hit, neural)
         if hits:
             branches, i = self.cache.branches, torch.tensor([hit_index[b] for b in hits], dtype=torch.long)
-            tokens[hits], q[hits], self.logits[hits] = branches.tokens[i], branches.q[i], branches.logits[i]
-            self.known[hits] = True
+            tokens[hits], q[hits], logits[hits] = branches.tokens[i], branches.q[i], branches.logits[i]
+            known[hits] = True
         backup = self.policy.backup(max(n, 1)) if miss else None
         t0 = time.perf_counter()
         if miss:
-            self.sources = [backup.value if not h else "hit" for h in hit]
             if backup is Backup.NEURAL:
                 first = [[] if hit[b] else [int(bonus[b])] for b in range(n)]
                 first_t, first_v = right_aligned(first, self.pad_id, self.device)
                 active = ~torch.tensor(hit, dtype=torch.bool, device=self.device)  # [n]
                 y, qy, z = draft_tokens(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
-                                        self.params, self.generator, active)
+                                        RowSampling(self.rows.params), self.rows.generators, active)
                 rows = torch.tensor(miss, dtype=torch.long, device=self.device)
-                tokens[miss], q[miss], self.logits[miss] = y[rows].cpu(), qy[rows].cpu(), z[rows].cpu()
-                self.known[miss] = True
-            else:
-                if backup is Backup.RANDOM:
-                    y, qy = random_backup(len(miss), K, V, self.generator)
-                else:
-                    y, qy = lookup_backup([self.contexts[b] for b in miss], K, V)
+                tokens[miss], q[miss], logits[miss] = y[rows].cpu(), qy[rows].cpu(), z[rows].cpu()
+                known[miss] = True
+            elif backup is Backup.RANDOM:
+                # One generator per missed row, drawn in row order.
+                y, qy = random_backup(len(miss), K, V, self.rows.generators[miss[0]])
                 tokens[miss], q[miss] = y.cpu(), qy.cpu()
-        # Tails not yet fed to the draft: y_K after a hit or the neural backup, t*, y_1..y_K after a fast one.
-        known, listed, bonus_list = self.known.tolist(), tokens.tolist(), bonus.tolist()
-        self.tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known, bonus_list)]
+            else:
+                y, qy = lookup_backup([self.rows.contexts[b] for b in miss], K, V)
+                tokens[miss], q[miss] = y.cpu(), qy.cpu()
+        sources = ["hit" if h else backup.value for h in hit]
+        known_list, listed, bonus_list = known.tolist(), tokens.tolist(), bonus.tolist()
+        tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known_list, bonus_list)]
+        self.current = Current(tokens, logits, known, sources, tails)
         self.last_backup = backup.value if backup else None
         self.last_backup_ms = ms_since(t0) if miss else 0.0
-        self.x = tokens
         source = [Source.HIT if hit[b] else SOURCE_OF[backup] for b in range(n)]
-        reply = Speculation(round_, source, tokens, q, self.last_backup_ms, self.build_ms,
-                            len(self.cache), list(self.built_fanout))
-        return reply
+        return Speculation(round_, source, tokens, q, self.last_backup_ms, self.build_ms,
+                           len(self.cache), list(self.built_fanout))
 
     def saguaro_top(self, after_hit: bool) -> tuple[int, ...]:
         """Saguaro's down-weighted set at draft positions 1..K: the F_{i−1} guesses + the drafted token."""
@@ -146,28 +186,30 @@ class DraftWorker:
     def build_cache(self) -> None:
         """Glue decode over the current speculation, then pre-draft every guessed outcome."""
         t0 = time.perf_counter()
-        K, n = self.K, len(self.seq_ids)
-        self.row_fanout = [self.policy.schedule(s == "hit") for s in self.sources]
-        if n == 0:
-            self.cache, self.build_ms = SpeculationCache([], None), 0.0
+        K, n, cur = self.K, len(self.rows.seq_ids), self.current
+        if n == 0 or cur is None:
+            self.row_fanout, self.cache, self.build_ms = [], SpeculationCache([], None), 0.0
             return
-        tokens, valid = right_aligned(self.tails, self.pad_id, self.device)
+        self.row_fanout = [self.policy.schedule(s == "hit") for s in cur.sources]
+        tokens, valid = right_aligned(cur.tails, self.pad_id, self.device)
         out = self.state.extend(tokens, valid).float().cpu()  # [n, W, V]
         logits = torch.empty(n, K + 1, out.shape[-1])  # [n, K+1, V] draft logits at positions 1..K+1
-        logits[:, :K] = self.logits
+        logits[:, :K] = cur.logits
         logits[:, K] = out[:, -1]
-        fast = ~self.known  # fast backup rows: the glue fed t*, y_1..y_K (W = K + 1)
+        fast = ~cur.known  # fast backup rows: the glue fed t*, y_1..y_K (W = K + 1)
         if fast.any():
             logits[fast] = out[fast, -(K + 1) :]
-        row, k, t = guesses(logits, self.x, self.row_fanout)
+        row, k, t = guesses(logits, cur.tokens, self.row_fanout)
         branches = None
         if row.numel():
             dev = lambda v: v.to(self.device)  # noqa: E731
-            branches = decode_branches(self.state, dev(row), dev(k), dev(t), K, self.saguaro_top(True),
-                                       self.spec.C, self.params, self.generator)
+            rows = row.tolist()
+            branches = decode_branches(self.state, dev(row), dev(k), dev(t), K, self.saguaro_top(True), self.spec.C,
+                                       RowSampling(self.rows.params).index(rows),
+                                       [self.rows.generators[r] for r in rows])
             branches.row, branches.k, branches.t = row, k, t
             branches.tokens, branches.q, branches.logits = (
                 branches.tokens.cpu(), branches.q.cpu(), branches.logits.cpu())
-        self.cache = SpeculationCache(self.seq_ids, branches)
+        self.cache = SpeculationCache(self.rows.seq_ids, branches)
         self.built_fanout = list(self.policy.schedule(True))
         self.build_ms = ms_since(t0)

@@ -1,7 +1,7 @@
 """The per-round messages between the target and the draft worker, and their fixed tensor layout.
 
-Only small things cross (docs/ssd.md §2): the prompts once, then per round the outcome (k, t*) of each
-sequence from the target, and from the draft the hit flags, the next K tokens per sequence and the q they
+Only small things cross (docs/ssd.md §2): a sequence's prompt once, when it joins the batch, then per round
+the outcome (k, t*) of each sequence from the target, and from the draft the hit flags, the next K tokens per sequence and the q they
 were drawn from (the verifier needs that q). No KV cache crosses.
 
 Wire layout: an int64 header `[kind, B, K, V, n_ints, n_floats, round, 0]`, then an int64 payload of
@@ -25,8 +25,7 @@ class MalformedMessage(RuntimeError):
 
 
 class Kind(IntEnum):
-    START = 1  # target -> draft: a new batch (prompts, first tokens, sampling settings)
-    OUTCOME = 2  # target -> draft: (k, t*) per sequence and which sequences go on
+    ROUND = 1  # target -> draft: outcomes (k, t*) of the last speculation, who leaves, who joins
     SPECULATION = 3  # draft -> target: next K tokens per sequence and their q
     STOP = 4  # target -> draft: shut down
 
@@ -41,29 +40,33 @@ class Source(IntEnum):
 
 
 @dataclass
-class Start:
-    seq_ids: list[int]
-    prompts: list[list[int]]
-    pending: list[int]  # t*: the first token sampled by the target
+class Join:
+    """A sequence that enters the batch: its prompt, first token and sampling settings."""
+
+    seq_id: int
+    prompt: list[int]
+    pending: int  # t*: the first token, sampled by the target from the prefill
     temperature: float
     top_k: int  # 0 = off
     top_p: float  # 1 = off
-    seed: int
-    K: int
-    V: int
-    kind: Kind = field(default=Kind.START, init=False)
+    seed: int  # the draft's random stream for this sequence
 
 
 @dataclass
-class Outcome:
-    round: int
-    accepted: list[int]  # k per sequence
-    bonus: list[int]  # t* per sequence
-    alive: list[bool]  # False: the sequence finished and leaves the batch
+class Round:
+    """One exchange: the outcome of every row of the last speculation (in its order), whether the row goes
+    on, and the sequences that join after them. The reply speculates for the rows that go on, then the
+    joiners, in that order."""
+
+    round: int  # 0 for the first exchange, then the number of the decode round whose outcome this carries
+    accepted: list[int]  # k per row of the last speculation
+    bonus: list[int]  # t* per row
+    alive: list[bool]  # False: the sequence finished (or was aborted) and leaves the batch
     verify_ms: float
+    joins: list[Join]
     K: int
     V: int
-    kind: Kind = field(default=Kind.OUTCOME, init=False)
+    kind: Kind = field(default=Kind.ROUND, init=False)
 
 
 @dataclass
@@ -88,7 +91,7 @@ class Stop:
     kind: Kind = field(default=Kind.STOP, init=False)
 
 
-Message = Start | Outcome | Speculation | Stop
+Message = Round | Speculation | Stop
 
 
 def _header(kind: Kind, B: int, K: int, V: int, n_ints: int, n_floats: int, round_: int) -> Tensor:
@@ -99,18 +102,15 @@ def encode(msg: Message) -> list[Tensor]:
     """The tensors to send, in order; the first is always the header [HEADER_LEN] int64."""
     if isinstance(msg, Stop):
         return [_header(Kind.STOP, 0, 0, 0, 0, 0, 0)]
-    if isinstance(msg, Start):
-        B = len(msg.seq_ids)
-        lengths = [len(p) for p in msg.prompts]
-        ints = msg.seq_ids + lengths + msg.pending + [msg.top_k, msg.seed] + [t for p in msg.prompts for t in p]
-        floats = [msg.temperature, msg.top_p]
-        return [_header(Kind.START, B, msg.K, msg.V, len(ints), 2, 0),
+    if isinstance(msg, Round):
+        B, J = len(msg.accepted), len(msg.joins)
+        j = msg.joins
+        ints = (msg.accepted + msg.bonus + [int(a) for a in msg.alive] + [J] + [x.seq_id for x in j]
+                + [len(x.prompt) for x in j] + [x.pending for x in j] + [x.top_k for x in j] + [x.seed for x in j]
+                + [t for x in j for t in x.prompt])
+        floats = [msg.verify_ms] + [x.temperature for x in j] + [x.top_p for x in j]
+        return [_header(Kind.ROUND, B, msg.K, msg.V, len(ints), len(floats), msg.round),
                 torch.tensor(ints, dtype=torch.long), torch.tensor(floats, dtype=torch.float64)]
-    if isinstance(msg, Outcome):
-        B = len(msg.accepted)
-        ints = msg.accepted + msg.bonus + [int(a) for a in msg.alive]
-        return [_header(Kind.OUTCOME, B, msg.K, msg.V, len(ints), 1, msg.round),
-                torch.tensor(ints, dtype=torch.long), torch.tensor([msg.verify_ms], dtype=torch.float64)]
     if isinstance(msg, Speculation):
         B, K = msg.tokens.shape
         V = msg.q.shape[-1]
@@ -130,7 +130,7 @@ def check_header(header: Tensor) -> tuple[Kind, int, int, int, int, int, int]:
         kind = Kind(kind)
     except ValueError:
         raise MalformedMessage(f"unknown message kind {kind}") from None
-    if min(B, K, V, n_ints, n_floats, round_) < 0 or n_ints > 1 << 28 or n_floats > 16 or B * K * V > 1 << 34:
+    if min(B, K, V, n_ints, n_floats, round_) < 0 or n_ints > 1 << 28 or n_floats > 1 << 20 or B * K * V > 1 << 34:
         raise MalformedMessage(f"implausible header {header.tolist()}")
     return kind, B, K, V, n_ints, n_floats, round_
 
@@ -150,6 +150,28 @@ def _tokens_ok(values: list[int], V: int) -> bool:
     return all(0 <= t < V for t in values)
 
 
+def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_: int) -> Round:
+    if len(ints) < 3 * B + 1:
+        raise MalformedMessage("ROUND payload too short")
+    accepted, bonus, alive, J = ints[:B], ints[B : 2 * B], ints[2 * B : 3 * B], ints[3 * B]
+    if J < 0 or len(ints) < 3 * B + 1 + 5 * J or len(floats) != 1 + 2 * J:
+        raise MalformedMessage("ROUND joins do not match the payload")
+    if not all(0 <= k <= K for k in accepted) or not _tokens_ok(bonus, V) or not set(alive) <= {0, 1}:
+        raise MalformedMessage("ROUND outcome values out of range")
+    at = 3 * B + 1
+    seq_ids, lengths, pending, top_k, seeds = (ints[at + i * J : at + (i + 1) * J] for i in range(5))
+    flat = ints[at + 5 * J :]
+    if min(lengths, default=1) < 1 or sum(lengths) != len(flat) or not _tokens_ok(flat + pending, V):
+        raise MalformedMessage("ROUND joining prompts or tokens are inconsistent")
+    temps, top_p = floats[1 : 1 + J], floats[1 + J :]
+    joins, offset = [], 0
+    for i in range(J):
+        prompt = flat[offset : offset + lengths[i]]
+        offset += lengths[i]
+        joins.append(Join(seq_ids[i], prompt, pending[i], temps[i], top_k[i], top_p[i], seeds[i]))
+    return Round(round_, accepted, bonus, [bool(a) for a in alive], floats[0], joins, K, V)
+
+
 def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | None = None) -> Message:
     """Rebuild a message from its tensors, checking layout and values (raises MalformedMessage)."""
     kind, B, K, V, n_ints, n_floats, round_ = check_header(tensors[0])
@@ -160,26 +182,8 @@ def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | N
     ints, floats = tensors[1].tolist(), tensors[2].tolist()
     if len(ints) != n_ints or len(floats) != n_floats:
         raise MalformedMessage("payload lengths differ from the header")
-    if kind is Kind.START:
-        if n_ints < 3 * B + 2:
-            raise MalformedMessage("START payload too short")
-        seq_ids, lengths, pending = ints[:B], ints[B : 2 * B], ints[2 * B : 3 * B]
-        top_k, seed = ints[3 * B], ints[3 * B + 1]
-        flat = ints[3 * B + 2 :]
-        if min(lengths, default=1) < 1 or sum(lengths) != len(flat) or not _tokens_ok(flat + pending, V):
-            raise MalformedMessage("START prompts or tokens are inconsistent")
-        prompts, at = [], 0
-        for n in lengths:
-            prompts.append(flat[at : at + n])
-            at += n
-        return Start(seq_ids, prompts, pending, floats[0], top_k, floats[1], seed, K, V)
-    if kind is Kind.OUTCOME:
-        if n_ints != 3 * B or n_floats != 1:
-            raise MalformedMessage("OUTCOME payload has the wrong length")
-        accepted, bonus, alive = ints[:B], ints[B : 2 * B], ints[2 * B :]
-        if not all(0 <= k <= K for k in accepted) or not _tokens_ok(bonus, V) or not set(alive) <= {0, 1}:
-            raise MalformedMessage("OUTCOME values out of range")
-        return Outcome(round_, accepted, bonus, [bool(a) for a in alive], floats[0], K, V)
+    if kind is Kind.ROUND:
+        return _round(ints, floats, B, K, V, round_)
     # SPECULATION
     if n_ints < B + B * K + 1 or n_floats != 2 or len(tensors) != 4:
         raise MalformedMessage("SPECULATION payload has the wrong length")

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from engine.config import SpeculativeConfig, WorkerFaults
-from engine.ssd.messages import Outcome, Speculation, Start, Stop
+from engine.ssd.messages import Round, Speculation, Stop
 from engine.ssd.transport import DraftUnavailable, Endpoint, host_store, parse_init_method
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,7 @@ class ModelRecipe:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if self.path is not None:
-            from engine.llm import TORCH_DTYPES
-            from engine.models import int8_dynamic, load_model
+            from engine.models import TORCH_DTYPES, int8_dynamic, load_model
 
             model = load_model(self.path, dtype=TORCH_DTYPES[self.dtype], device=device, cache_dir=self.cache_dir).model
             return int8_dynamic(model) if self.int8 else model.eval()
@@ -102,9 +101,7 @@ def serve(ws: WorkerSpec) -> None:
             msg = endpoint.recv(IDLE_S, expect_K=ws.spec.K)
             if isinstance(msg, Stop):
                 return
-            if isinstance(msg, Start):
-                reply = worker.start(msg)
-            elif isinstance(msg, Outcome):
+            if isinstance(msg, Round):
                 if msg.round == faults.exit_at_round:
                     os._exit(3)
                 if msg.round == faults.hang_at_round:
@@ -116,7 +113,7 @@ def serve(ws: WorkerSpec) -> None:
                 raise MalformedMessage(f"the worker cannot handle {type(msg).__name__}")
             endpoint.send(reply, ws.connect_s)
             worker.build_cache()
-    except (DraftUnavailable, MalformedMessage) as err:
+    except (DraftUnavailable, MalformedMessage, ValueError) as err:
         log.warning("draft worker stops: %s", err)
     finally:
         endpoint.close()
@@ -155,6 +152,7 @@ class ProcessChannel:
             self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
             self.process.start()
         self.endpoint: Endpoint | None = None
+        self.exchanged = False
         self.address = address
         try:
             host, _ = parse_init_method(address)
@@ -173,11 +171,10 @@ class ProcessChannel:
             raise DraftUnavailable(f"the draft worker answered {type(reply).__name__}, not a speculation")
         return reply
 
-    def start(self, msg: Start) -> Speculation:
-        return self._exchange(msg, self.start_deadline_s)
-
-    def exchange(self, msg: Outcome) -> Speculation:
-        return self._exchange(msg, self.deadline_s)
+    def exchange(self, msg: Round) -> Speculation:
+        # The first answer waits for the worker to load its model; later ones only for a round.
+        first, self.exchanged = not self.exchanged, True
+        return self._exchange(msg, self.start_deadline_s if first else self.deadline_s)
 
     def close(self) -> None:
         """Stop the worker and reap it; safe to call twice and after a fault."""

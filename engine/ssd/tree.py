@@ -12,56 +12,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
 from engine.kv_cache import KVState
-from engine.sampling import sample, saguaro, warp
-from engine.sampling_params import SamplingParams
-
-
-def fork_rows(state: KVState, rows: Tensor) -> KVState:
-    """A new KV state whose row i is a copy of `state`'s row rows[i] (rows may repeat)."""
-    new = KVState.__new__(KVState)
-    new.model = state.model
-    new.cache = DynamicCache(config=state.model.config)
-    for src, dst in zip(state.cache.layers, new.cache.layers):
-        if src.is_initialized:
-            dst.lazy_initialization(src.keys, src.values)
-            dst.keys = src.keys.index_select(0, rows)  # [N, heads, L, d]
-            dst.values = src.values.index_select(0, rows)
-    new.mask = state.mask.index_select(0, rows)
-    new.lengths = state.lengths.index_select(0, rows)
-    return new
-
-
-def stack_rows(parts: list[tuple[KVState, Tensor]]) -> KVState:
-    """One KV state made of the given rows of several states, in order (shorter ones padded with holes)."""
-    parts = [(s, r) for s, r in parts if r.numel()]
-    width = max(s.mask.shape[1] for s, _ in parts)
-    first = parts[0][0]
-    new = KVState.__new__(KVState)
-    new.model = first.model
-    new.cache = DynamicCache(config=first.model.config)
-
-    def padded(x: Tensor, rows: Tensor, dim: int) -> Tensor:
-        x = x.index_select(0, rows)
-        extra = width - x.shape[dim]
-        if extra == 0:
-            return x
-        shape = list(x.shape)
-        shape[dim] = extra
-        return torch.cat([x, x.new_zeros(shape)], dim=dim)  # holes: masked, never attended
-
-    for i, dst in enumerate(new.cache.layers):
-        srcs = [(s.cache.layers[i], r) for s, r in parts]
-        if not all(src.is_initialized for src, _ in srcs):
-            continue
-        dst.lazy_initialization(srcs[0][0].keys, srcs[0][0].values)
-        dst.keys = torch.cat([padded(src.keys, r, 2) for src, r in srcs])
-        dst.values = torch.cat([padded(src.values, r, 2) for src, r in srcs])
-    new.mask = torch.cat([padded(s.mask, r, 1) for s, r in parts])
-    new.lengths = torch.cat([s.lengths.index_select(0, r) for s, r in parts])
-    return new
+from engine.sampling import Generators, RowSampling, sample, saguaro, warp_rows
 
 
 @dataclass
@@ -84,12 +37,13 @@ def draft_tokens(
     K: int,
     saguaro_top: tuple[int, ...],
     C: float,
-    params: SamplingParams,
-    generator: torch.Generator,
+    params: RowSampling,
+    generator: Generators,
     active: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Feed `first` [N, T] (holes where not valid) then draft K tokens with K forwards in total.
 
+    `params` and `generator` are per row (a branch uses its sequence's settings and random stream).
     Rows where `active` [N] is False only get holes after `first` (their results are to be ignored).
     Returns tokens [N, K], q [N, K, V] (σ_{F,C} when C < 1, n_top = saguaro_top[i] at position i+1)
     and the raw logits [N, K, V] (float32). The last token is sampled, not fed.
@@ -97,7 +51,7 @@ def draft_tokens(
     logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
     ys, qs, zs = [], [], []
     for i in range(K):
-        q = warp(logits, params)  # [N, V]
+        q = warp_rows(logits, params)  # [N, V]
         if C < 1:
             q = saguaro(q, saguaro_top[i], C)
         y = sample(q, generator)  # [N]
@@ -118,11 +72,11 @@ def decode_branches(
     K: int,
     saguaro_top: tuple[int, ...],
     C: float,
-    params: SamplingParams,
-    generator: torch.Generator,
+    params: RowSampling,
+    generator: Generators,
 ) -> Branches:
     """Pre-draft every branch (row[i], k[i], t[i]); `state` must hold x_1..x_K of each row as its newest tokens."""
-    branch_state = fork_rows(state, row)
+    branch_state = state.fork(row)
     branch_state.rollback(K - k)  # holes over x_{k+1}..x_K: exactly the state after x_1..x_k
     tokens, q, logits = draft_tokens(branch_state, t[:, None], None, K, saguaro_top, C, params, generator)
     return Branches(branch_state, row, k, t, tokens, q, logits)

@@ -1,1 +1,1 @@
-"""Generation strategies: one file per strategy."""
+"""Proposers: what each strategy drafts for the one decode loop to verify (engine.decode_loop)."""

@@ -70,7 +70,7 @@ def test_eos_and_length_limits_truncate_the_output(target, ar_tokens):
         for strategy, draft in (("ar", None), ("sd", target)):
             out = LLM(target, draft, strategy=strategy).generate([PROMPTS[0]], params)[0]
             assert out.token_ids == ar_tokens[0][: ar_tokens[0].index(eos) + 1]
-            assert out.finish_reason == "eos"
+            assert out.finish_reason == "stop"
     finally:
         target.generation_config.eos_token_id = None
     out = LLM(target, target, strategy="sd").generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=7, stop_on_eos=False))

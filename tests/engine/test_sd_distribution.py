@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from engine.sampling import warp
+from engine.sampling import sample, warp
 from engine.verifier import Verification
 from tests.engine.tiny import noisy_copy, tiny_lm
 
@@ -89,12 +89,12 @@ def argmax_verifier(draft_tokens, q, p, generator):
     matches = draft_tokens == p[:, :-1].argmax(-1)  # [B, K]
     accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
     rows = torch.arange(len(accepted))
-    bonus = torch.multinomial(p[rows, accepted], 1, generator=generator)[:, 0]
+    bonus = sample(p[rows, accepted], generator)
     return Verification(accepted=accepted, bonus=bonus)
 
 
 def test_negative_control_biased_verifier_is_detected(target, draft, monkeypatch):
-    monkeypatch.setattr("engine.strategies.base.verify", argmax_verifier)
+    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
     counts = engine_counts(target, draft, SpeculativeConfig(K=2), params)
     assert chi_square_p(counts, exact_distribution(target, params)) < 1e-12

@@ -54,7 +54,7 @@ def test_worker_process_gives_the_ar_output_and_is_reaped_on_close(target, ar_to
     with ssd(target) as llm:
         first = llm.generate(PROMPTS, GREEDY)
         second = llm.generate(PROMPTS[::-1], GREEDY)  # the worker serves several calls
-        process = llm.decoder.channel.process
+        process = llm.proposer.channel.process
         assert process.is_alive() and process.pid != os.getpid()
     assert [o.token_ids for o in first] == ar_tokens
     assert [o.token_ids for o in second] == ar_tokens[::-1]
@@ -73,9 +73,9 @@ def test_a_failing_worker_falls_back_with_one_warning(target, ar_tokens, fault, 
     faults = WorkerFaults(**{f"{fault}_at_round": 2})
     with caplog.at_level(logging.WARNING), ssd(target, faults, deadline_s=1.0 if fault == "hang" else 5.0) as llm:
         if not draft_here:
-            llm.decoder.draft = None  # as if the target process could not hold the draft
+            llm.proposer.draft = None  # as if the target process could not hold the draft
         out = llm.generate(PROMPTS, GREEDY)
-        assert llm.decoder.channel is None  # already reaped
+        assert llm.proposer.name == fallback  # the worker is reaped and its proposer replaced
         again = llm.generate(PROMPTS, GREEDY)  # later calls go straight to the fallback, without a warning
     assert [o.token_ids for o in out] == ar_tokens
     assert [o.token_ids for o in again] == ar_tokens
@@ -91,7 +91,7 @@ def test_a_failing_worker_falls_back_with_one_warning(target, ar_tokens, fault, 
 def test_a_worker_killed_from_outside_mid_generation(target, ar_tokens, caplog):
     # The worker sleeps on round 2 and the deadline is long: only the kill can end the wait.
     with caplog.at_level(logging.WARNING), ssd(target, WorkerFaults(hang_at_round=2), deadline_s=120.0) as llm:
-        pid = llm.decoder.channel.process.pid
+        pid = llm.proposer.channel.process.pid
         killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
         killer.start()
         out = llm.generate(PROMPTS, GREEDY)
@@ -106,7 +106,7 @@ def test_a_worker_killed_from_outside_mid_generation(target, ar_tokens, caplog):
 def test_a_worker_killed_from_outside_between_calls(target, ar_tokens, caplog):
     with caplog.at_level(logging.WARNING), ssd(target) as llm:
         llm.generate(PROMPTS, GREEDY)
-        process = llm.decoder.channel.process
+        process = llm.proposer.channel.process
         os.kill(process.pid, signal.SIGKILL)
         process.join(10)
         out = llm.generate(PROMPTS, GREEDY)
