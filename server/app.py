@@ -1,0 +1,136 @@
+"""The FastAPI application: OpenAI's /v1 endpoints, /health and /metrics over one engine."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+import uuid
+from http import HTTPStatus
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.context import ServerSettings, ServingContext
+from server.engine_api import AsyncEngine, ServedModel
+from server.errors import APIError, install_error_handlers
+from server.generation import ClientDisconnected, Job, respond
+from server.metrics import ServerMetrics
+from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.responses import ChatFormat, CompletionFormat, Head
+from server.translate import chat_prompt, completion_prompt, default_max_tokens, sampling_params
+
+logger = logging.getLogger("server")
+
+ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"; only ever a metrics label
+
+
+class RequestAccounting:
+    """ASGI middleware: counts requests in flight, the arrival time, and requests by endpoint and status."""
+
+    def __init__(self, app: ASGIApp, ctx: ServingContext):
+        self.app = app
+        self.ctx = ctx
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})["arrival_s"] = time.perf_counter()
+        status = CLIENT_CLOSED_REQUEST
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.ctx.in_flight += 1
+        try:
+            await self.app(scope, receive, send_and_note)
+        except Exception:
+            status = HTTPStatus.INTERNAL_SERVER_ERROR.value  # a bug: Starlette answers 500 outside this middleware
+            raise
+        finally:
+            self.ctx.in_flight -= 1
+            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            self.ctx.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+
+def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
+    """An app serving `engine`; `app.state.ctx` is its ServingContext (set `ctx.draining` to turn requests away)."""
+    settings = settings or ServerSettings()
+    ctx = ServingContext(model, engine, settings, ServerMetrics(engine.stats))
+    app = FastAPI(title="saguaro serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.add_middleware(RequestAccounting, ctx=ctx)
+
+    def admitted(request: Request) -> None:
+        """/v1/* only: a valid key when one is set, and a server that is not shutting down."""
+        if settings.api_key is not None:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), settings.api_key):
+                raise APIError(HTTPStatus.UNAUTHORIZED, "missing or invalid API key: send Authorization: Bearer <key>",
+                               code="invalid_api_key")
+        if ctx.draining:
+            raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down", code="shutting_down")
+
+    def check_model(name: str) -> None:
+        if name != ctx.model_name:
+            raise APIError(HTTPStatus.NOT_FOUND, f"the model '{name}' does not exist: this server has '{ctx.model_name}'",
+                           param="model", code="model_not_found")
+
+    async def run(request: Request, job: Job) -> Response:
+        try:
+            return await respond(ctx, request, job, request.scope["state"]["arrival_s"])
+        except ClientDisconnected:
+            logger.info("client disconnected from %s: request aborted", job.request_id)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if ctx.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+        return JSONResponse({"status": "ok", "strategy": model.strategy_in_use})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(admitted)])
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": ctx.model_name, "object": "model", "created": int(time.time()), "owned_by": "saguaro",
+             "max_model_len": model.max_context},
+        ]})
+
+    @app.post("/v1/completions", dependencies=[Depends(admitted)])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        try:
+            prompt_ids = completion_prompt(model, body)
+            params = sampling_params(body, body.max_tokens, body.logprobs)
+        except ValueError as err:
+            raise APIError(HTTPStatus.BAD_REQUEST, str(err)) from err
+        head = Head(f"cmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name)
+        fmt = CompletionFormat(head, model.tokenizer, body.include_usage)
+        return await run(request, Job(head.id, prompt_ids, params, fmt, body.stream, body.include_usage))
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(admitted)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        try:
+            prompt_ids = chat_prompt(model, body)
+            max_new = body.max_new_tokens or default_max_tokens(model, len(prompt_ids))
+            params = sampling_params(body, max_new, body.logprobs_n)
+        except ValueError as err:
+            raise APIError(HTTPStatus.BAD_REQUEST, str(err)) from err
+        head = Head(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name)
+        fmt = ChatFormat(head, model.tokenizer, body.include_usage)
+        return await run(request, Job(head.id, prompt_ids, params, fmt, body.stream, body.include_usage))
+
+    return app

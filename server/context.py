@@ -1,0 +1,58 @@
+"""What one running server holds: the engine, its settings, its metrics and whether it still admits."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from server.engine_api import AsyncEngine, ServedModel
+from server.metrics import ServerMetrics
+
+logger = logging.getLogger("server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the HTTP layer behaves (the engine's own settings are the engine's).
+
+    served_model_name  the name /v1/models lists and requests must ask for (default: the engine's)
+    api_key            when set, /v1/* needs `Authorization: Bearer <api_key>`; /health and /metrics stay open
+    disconnect_poll_s  how often a non-streamed request checks that its client is still there
+    """
+
+    served_model_name: str | None = None
+    api_key: str | None = None
+    disconnect_poll_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("--served-model-name must not be empty")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api-key must not be empty (leave it out to serve without a key)")
+        if not self.disconnect_poll_s > 0:
+            raise ValueError(f"disconnect_poll_s must be > 0, got {self.disconnect_poll_s}")
+
+
+@dataclass
+class ServingContext:
+    """The state of one server. `draining` turns new requests away (503) during shutdown."""
+
+    model: ServedModel
+    engine: AsyncEngine
+    settings: ServerSettings
+    metrics: ServerMetrics
+    draining: bool = False
+    in_flight: int = 0  # HTTP requests not yet answered in full
+    _fallbacks_seen: int = field(default=0, repr=False)
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_model_name or self.model.model_name
+
+    def note_fallbacks(self) -> None:
+        """Log once each time the engine has fallen back (SSD worker fault -> SD -> AR)."""
+        stats = self.engine.stats()
+        if stats.fallbacks > self._fallbacks_seen:
+            self._fallbacks_seen = stats.fallbacks
+            logger.warning("engine fell back to strategy %s (fallback %d): see the engine's warning above",
+                           stats.strategy, stats.fallbacks)

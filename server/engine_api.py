@@ -1,0 +1,90 @@
+"""What the HTTP layer needs from the engine, as Protocols.
+
+The server is written against these names only, so that its tests can drive it with a small fake
+and `engine.AsyncLLM` / `engine.LLM` satisfy them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+
+class TokenLogprob(Protocol):
+    """One emitted token's log-probability under the target, and the target's top N."""
+
+    token_id: int
+    logprob: float  # -inf possible at temperature 0 (a token outside the argmax)
+    top: Sequence[tuple[int, float]]
+
+
+class Chunk(Protocol):
+    """What one engine round emitted for one request."""
+
+    token_ids: list[int]
+    text: str  # text delta; stop strings already cut out
+    logprobs: list[TokenLogprob] | None
+    time_s: float  # time.perf_counter() when the round emitted it
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    prompt_tokens: int
+    output_tokens: int  # cumulative
+
+
+class ServingStats(Protocol):
+    """A snapshot of the engine's counters (cumulative since start) and gauges."""
+
+    running: int
+    waiting: int
+    requests_finished: int
+    requests_aborted: int
+    prompt_tokens: int
+    generation_tokens: int
+    rounds: int
+    row_rounds: int
+    row_tokens: int
+    accepted: int
+    rejections: int
+    ssd_lookups: int
+    ssd_hits: int
+    fallbacks: int
+    strategy: str
+
+
+class ServedModel(Protocol):
+    """The synchronous engine (`engine.LLM`): tokenizer and model facts."""
+
+    tokenizer: Any  # a transformers tokenizer, or None for a bare model (token-id prompts only)
+    model_name: str
+    max_context: int | None
+    strategy_in_use: str
+
+    def encode(self, text: str, chat: bool = False) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+
+
+class ChunkStream(Protocol):
+    """One request's chunks; closing it (or cancelling a pending step) before the end aborts the request."""
+
+    def __aiter__(self) -> AsyncIterator[Chunk]: ...
+
+    async def __anext__(self) -> Chunk: ...
+
+    async def aclose(self) -> None: ...
+
+
+class AsyncEngine(Protocol):
+    """The engine's asynchronous front (`engine.AsyncLLM`).
+
+    `generate` raises ValueError (bad request), QueueFull or EngineStopped when called or at the
+    latest before the first chunk; EngineStopped raised *from* another exception is a failure.
+    """
+
+    def generate(self, prompt_ids: list[int], params: Any, request_id: str) -> ChunkStream: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> ServingStats: ...
+
+    def shutdown(self, deadline_s: float = 30.0) -> None: ...

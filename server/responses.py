@@ -1,0 +1,148 @@
+"""OpenAI response bodies: streamed chunks and whole responses, for completions and chat completions.
+
+Each streamed choice also carries `token_ids`, the tokens of that chunk (vLLM's extension), so a
+client can count tokens per chunk without a tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from server.engine_api import Chunk, TokenLogprob
+
+NEG_INF_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM send this for an impossible token
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def json_logprob(value: float) -> float:
+    return value if math.isfinite(value) else NEG_INF_LOGPROB
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """A token as text; `token_id:N` for a model without a tokenizer (vLLM's convention)."""
+    return f"token_id:{token_id}" if tokenizer is None else tokenizer.decode([token_id])
+
+
+@dataclass(frozen=True)
+class Head:
+    """What every body of one response repeats."""
+
+    id: str
+    created: int  # unix seconds
+    model: str
+
+
+class ResponseFormat(Protocol):
+    """How one endpoint shapes its streamed chunks and its whole response.
+
+    text_offset: characters of the completion sent before this chunk (completions' logprobs need it).
+    """
+
+    def chunk(self, chunk: Chunk, first: bool, text_offset: int) -> dict: ...
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict: ...
+
+    def response(self, text: str, logprobs: Sequence[TokenLogprob] | None, finish_reason: str | None,
+                 prompt_tokens: int, completion_tokens: int) -> dict: ...
+
+
+@dataclass(frozen=True)
+class CompletionFormat:
+    """/v1/completions: `text_completion` objects, logprobs as parallel lists."""
+
+    head: Head
+    tokenizer: Any
+    include_usage: bool = False
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprob] | None, text_offset: int = 0) -> dict | None:
+        if logprobs is None:
+            return None
+        tokens = [token_text(self.tokenizer, lp.token_id) for lp in logprobs]
+        offsets = []
+        for token in tokens:
+            offsets.append(text_offset)
+            text_offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [json_logprob(lp.logprob) for lp in logprobs],
+            "top_logprobs": [
+                {token_text(self.tokenizer, t): json_logprob(v) for t, v in lp.top} for lp in logprobs
+            ],
+            "text_offset": offsets,
+        }
+
+    def _body(self, choices: list[dict]) -> dict:
+        h = self.head
+        return {"id": h.id, "object": "text_completion", "created": h.created, "model": h.model, "choices": choices}
+
+    def chunk(self, chunk: Chunk, first: bool, text_offset: int) -> dict:
+        body = self._body([{
+            "index": 0, "text": chunk.text, "logprobs": self._logprobs(chunk.logprobs, text_offset),
+            "finish_reason": chunk.finish_reason if chunk.finished else None, "token_ids": list(chunk.token_ids),
+        }])
+        if self.include_usage:
+            body["usage"] = None  # OpenAI's shape: only the last, choice-less chunk carries usage
+        return body
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._body([]), "usage": usage(prompt_tokens, completion_tokens)}
+
+    def response(self, text, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+        return {**self._body([choice]), "usage": usage(prompt_tokens, completion_tokens)}
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """/v1/chat/completions: `chat.completion(.chunk)` objects, logprobs as a list of entries."""
+
+    head: Head
+    tokenizer: Any
+    include_usage: bool = False
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        token = token_text(self.tokenizer, token_id)
+        return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode("utf-8"))}
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprob] | None) -> dict | None:
+        if logprobs is None:
+            return None
+        return {"content": [
+            {**self._entry(lp.token_id, lp.logprob), "top_logprobs": [self._entry(t, v) for t, v in lp.top]}
+            for lp in logprobs
+        ]}
+
+    def _body(self, kind: str, choices: list[dict]) -> dict:
+        h = self.head
+        return {"id": h.id, "object": kind, "created": h.created, "model": h.model, "choices": choices}
+
+    def chunk(self, chunk: Chunk, first: bool, text_offset: int) -> dict:
+        # The role rides on the first chunk with content, so that every chunk carries tokens.
+        delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
+        body = self._body("chat.completion.chunk", [{
+            "index": 0, "delta": delta, "logprobs": self._logprobs(chunk.logprobs),
+            "finish_reason": chunk.finish_reason if chunk.finished else None, "token_ids": list(chunk.token_ids),
+        }])
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._body("chat.completion.chunk", []), "usage": usage(prompt_tokens, completion_tokens)}
+
+    def response(self, text, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
+        choice = {
+            "index": 0, "message": {"role": "assistant", "content": text},
+            "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason,
+        }
+        return {**self._body("chat.completion", [choice]), "usage": usage(prompt_tokens, completion_tokens)}
