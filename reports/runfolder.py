@@ -7,6 +7,13 @@
     rounds.jsonl      the engine's per-round records, tagged with variant key and batch index
     summary.json/.md  per-variant table, written at the end
 
+A client run (`saguaro bench --url`, load on a server) has config.json (its ClientConfig, `kind` "client"),
+environment.json and prompts.jsonl too, and instead of results and rounds:
+
+    requests.jsonl        one line per request sent: its load point, chunk times, latency, text or error
+    point-<load>-<v>.json one per load point (e.g. point-rate-2.json): theory.latency summary, throughput, inputs
+    summary.json/.md      every point, written at the end
+
 A *unit* is one generate call: (variant key, batch index). Its round records are appended first and
 its result lines last, each flushed to disk, so a unit counts as done exactly when its result lines are
 complete. On resume a torn last line is cut off, round records of unfinished units are dropped, and the
@@ -25,6 +32,8 @@ from reports.prompts import Prompt
 
 CONFIG, ENVIRONMENT, PROMPTS = "config.json", "environment.json", "prompts.jsonl"
 RESULTS, ROUNDS = "results.jsonl", "rounds.jsonl"
+REQUESTS = "requests.jsonl"
+CLIENT_KIND = "client"  # config.json's `kind` in a client run folder (engine bench configs have no `kind`)
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
 
 Unit = tuple[str, int]
@@ -158,6 +167,18 @@ class RunDir:
         """Record one finished generate call: its rounds first, then its results (the commit)."""
         _append(self.path / ROUNDS, rounds)
         _append(self.path / RESULTS, results)
+
+    # -- client runs ---------------------------------------------------------------------------------
+    def requests(self) -> list[dict]:
+        return _read_jsonl(self.path / REQUESTS, repair=False)
+
+    def append_requests(self, rows: list[dict]) -> None:
+        _append(self.path / REQUESTS, rows)
+
+    def write_point(self, load: str, value: float, summary: dict) -> Path:
+        name = f"point-{_slug(f'{load}-{value:g}')}.json"
+        self._write_json(name, summary)
+        return self.path / name
 
     def write_summary(self, summary: dict, markdown: str) -> None:
         self._write_json(SUMMARY_JSON, summary)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports.environment import describe
-from reports.runfolder import CONFIG, ENVIRONMENT, RunDir
+from reports.runfolder import CLIENT_KIND, CONFIG, ENVIRONMENT, RunDir
 
 
 @dataclass
@@ -18,6 +18,7 @@ class Run:
     environment: dict
     results: list[dict]
     rounds: list[dict]
+    requests: list[dict] = field(default_factory=list)  # client runs (saguaro bench --url): one per request
     _by_unit: dict | None = field(default=None, repr=False)
 
     @property
@@ -25,12 +26,19 @@ class Run:
         return self.path.name
 
     @property
+    def is_client(self) -> bool:
+        """A load test of a server (saguaro bench --url) rather than of the engine in process."""
+        return self.config.get("kind") == CLIENT_KIND
+
+    @property
     def where(self) -> str:
-        return describe(self.environment)
+        return f"client on {describe(self.environment)}" if self.is_client else describe(self.environment)
 
     @property
     def models(self) -> str:
         c = self.config
+        if self.is_client:
+            return f"{c.get('model')} served at {c.get('url')}"
         draft = c.get("draft") if any(s in ("sd", "ssd", "hf-assisted") for s in c.get("systems", ())) else None
         dtype = c.get("dtype")
         text = f"{c.get('target')} ({dtype})"
@@ -64,4 +72,4 @@ def load_run(path: str | Path) -> Run:
         config, env = run_dir.read_json(CONFIG), run_dir.read_json(ENVIRONMENT)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: damaged JSON ({err.msg})") from None
-    return Run(path, config, env, run_dir.results(), run_dir.rounds())
+    return Run(path, config, env, run_dir.results(), run_dir.rounds(), run_dir.requests())

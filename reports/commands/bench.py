@@ -5,6 +5,13 @@ are skipped for it): --K, --budget x --schedule (SSD fan-out), --C (temperature 
 --temperature, --batch-size. Results go to a new run folder, runs/<timestamp>-<name>/ (see --out);
 `--resume RUN_DIR` continues an interrupted run with its saved configuration, skipping what is done.
 Then `saguaro report RUN_DIR ...` turns run folders into a Markdown report with figures.
+
+Client mode: `--url http://HOST:PORT/v1` load-tests any OpenAI-compatible server (`saguaro serve`, vLLM, ...)
+with streamed requests instead of running the engine here: open-loop Poisson arrivals at each `--rate`
+(requests/s; inf = all at once) or a closed loop at each `--concurrency`, `--num-prompts` requests per point.
+It records every streamed chunk's time and reports TTFT, TPOT, ITL and E2EL (theory.latency, as vLLM's
+serving benchmark) and throughput per point; `--label` names the system (ar, sd, ssd) in reports, where
+several client runs draw one line each against the request rate.
 """
 
 from __future__ import annotations
@@ -27,8 +34,39 @@ def _fanout(text: str) -> tuple[int, ...]:
             f"a fan-out is F_0,...,F_K as integers (e.g. 4,3,2,2,1); got {text!r}") from None
 
 
+def _rate(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a rate is requests per second or inf; got {text!r}") from None
+
+
+# flags of the in-process engine bench (dest: the option shown in errors); client mode refuses them
+ENGINE_FLAGS = {"systems": "--systems", "Ks": "--K", "budget": "--budget", "schedule": "--schedule",
+                "fanout": "--fanout", "fanout_alpha": "--fanout-alpha", "fanout_r": "--fanout-r", "C": "--C",
+                "backup": "--backup", "batch_size": "--batch-size", "target": "--target", "draft": "--draft",
+                "dtype": "--dtype", "draft_dtype": "--draft-dtype", "draft_int8": "--draft-int8",
+                "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume"}
+CLIENT_FLAGS = {"model": "--model", "api_key": "--api-key", "rate": "--rate", "concurrency": "--concurrency",
+                "endpoint": "--endpoint", "timeout": "--timeout", "deadline": "--deadline", "label": "--label"}
+
+
+def add_client_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("client mode: load on an OpenAI-compatible server (with --url)")
+    g.add_argument("--url", help="the server's base URL, e.g. http://127.0.0.1:8000/v1 (switches to client mode)")
+    g.add_argument("--model", help="model name to request (default: the first the server lists)")
+    g.add_argument("--api-key", help="sent as a bearer token; never written to the run folder")
+    g.add_argument("--rate", type=_rate, nargs="+", help="open loop: Poisson arrivals, requests/s (inf = all at once)")
+    g.add_argument("--concurrency", type=int, nargs="+", help="closed loop: requests in flight")
+    g.add_argument("--endpoint", choices=["completions", "chat"], help="default completions")
+    g.add_argument("--timeout", type=float, help="seconds per request, to its last token (default 300)")
+    g.add_argument("--deadline", type=float, help="seconds for the whole run; then it stops (default 3600)")
+    g.add_argument("--label", help="the system's name in reports, e.g. ar, sd, ssd")
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("bench", help="benchmark strategies and peers side by side on real prompts (sweeps)",
+    p = sub.add_parser("bench", help="benchmark strategies and peers side by side on real prompts (sweeps), or "
+                       "load-test a server (--url)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("what to run")
     g.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS,
@@ -73,6 +111,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--name", help="run folder name after the timestamp (default: the prompt set)")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue this run folder (its config; other flags ignored)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_client_flags(p)
+    p.set_defaults(_defaults={dest: p.get_default(dest) for dest in ENGINE_FLAGS})
     return p
 
 
@@ -91,7 +131,59 @@ def config_from(args):
     )
 
 
+def _given(args, flags: dict[str, str], defaults: dict) -> list[str]:
+    return [option for dest, option in flags.items() if getattr(args, dest) != defaults.get(dest)]
+
+
+def client_config_from(args):
+    """The ClientConfig of `saguaro bench --url ...`; ValueError for flags that belong to the engine bench."""
+    from reports.bench.client_config import ClientConfig
+
+    engine_only = _given(args, ENGINE_FLAGS, args._defaults)
+    if engine_only:
+        raise ValueError(f"--url load-tests a server, which chooses its own strategy and models: drop "
+                         f"{' '.join(engine_only)} (or drop --url to bench the engine here)")
+    if len(args.temperature) != 1:
+        raise ValueError("client mode takes one --temperature per run: run the bench once per temperature")
+    return ClientConfig(
+        url=args.url, model=args.model, endpoint=args.endpoint or "completions", rates=tuple(args.rate or ()),
+        concurrencies=tuple(args.concurrency or ()), num_prompts=args.num_prompts, prompts=args.prompts,
+        categories=tuple(args.categories), prompt_order="file" if args.first else "round-robin",
+        max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, temperature=args.temperature[0],
+        seed=args.seed, timeout_s=args.timeout or 300.0, deadline_s=args.deadline or 3600.0, label=args.label,
+    )
+
+
+def run_client(args) -> int:
+    from reports.bench.client_run import COLUMNS as POINT_COLUMNS
+    from reports.bench.client_run import start_client
+
+    bench = start_client(client_config_from(args), args.out, args.name, api_key=args.api_key)
+    points = bench.config.points()
+    print(f"run folder: {bench.run_dir.path} ({len(points)} load points of {bench.config.num_prompts} requests, "
+          f"model {bench.model} at {bench.config.url})", file=sys.stderr)
+
+    def progress(point: dict) -> None:
+        if not args.no_progress:
+            print(f"{point['point']}: {point['completed']} completed, {point['failed']} failed, "
+                  f"{point['not_sent']} not sent in {point['duration_s']:.1f} s", file=sys.stderr)
+
+    outcome = bench.run(on_point=progress)
+    print(format_table(outcome.points, POINT_COLUMNS))
+    failed = sum(p["failed"] for p in outcome.points)
+    if failed:
+        print(f"{failed} requests failed (errors in requests.jsonl)", file=sys.stderr)
+    print(f"wrote {bench.run_dir.path}/summary.md; report: saguaro report {bench.run_dir.path}", file=sys.stderr)
+    return 0
+
+
 def run(args) -> int:
+    if args.url:
+        return run_client(args)
+    client_only = [option for dest, option in CLIENT_FLAGS.items() if getattr(args, dest) is not None]
+    if client_only:
+        raise ValueError(f"{' '.join(client_only)} belong to client mode: add --url http://HOST:PORT/v1 (a server "
+                         f"to load-test), or drop them to bench the engine here")
     from reports.bench import resume, start
 
     bench = resume(args.resume) if args.resume else start(config_from(args), args.out, args.name)
