@@ -3,14 +3,10 @@
 import torch
 
 from engine.kv_cache import KVState
+from tests.engine.kv_alone import alone
 from tests.engine.tiny import tiny_lm
 
 ATOL = 1e-5  # fp32 block shapes round differently; anything larger is a real bug
-
-
-def alone(model, tokens: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([tokens])).logits[0, -1]
 
 
 def test_ragged_prefill_matches_each_row_alone():

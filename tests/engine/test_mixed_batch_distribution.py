@@ -1,0 +1,65 @@
+"""Exactness under continuous batching with different sampling settings per row (statistical).
+
+Rows of two settings (T = 1; T = 0.7 with top-p 0.9 and top-k 5) are interleaved in one call whose batch
+holds at most 256 sequences, so rows join as others leave (a row emits 1..K+1 tokens a round). Each
+setting's sequences are compared with that setting's exact distribution of the first three tokens by a
+chi-square test (false-alarm rate 1e-3 per test, fixed seeds: deterministic). The negative control runs
+the same mixed batch with the biased "equals the target argmax" verifier and must be rejected.
+"""
+
+import numpy as np
+import pytest
+
+from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.config import DraftPlacement
+from tests.engine.test_sd_distribution import (
+    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution,
+)
+from tests.engine.tiny import noisy_copy, tiny_lm
+
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=5)]
+N = {"sd": 6_000, "ssd": 2_000}  # rows per setting
+SPECS = {
+    "sd": SpeculativeConfig(K=2),
+    "ssd": SpeculativeConfig(K=2, schedule="given", fanout=(3, 3, 3), placement=DraftPlacement(in_process=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_lm(0, vocab_size=V, hidden=16, scale=6.0)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return noisy_copy(target, noise=1.5, seed=1)
+
+
+def mixed_counts(target, draft, strategy: str) -> tuple[list[np.ndarray], list]:
+    n = N[strategy]
+    params = [SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=31 + i, **SETTINGS[i % 2])
+              for i in range(2 * n)]
+    with LLM(target, draft, strategy=strategy, speculative=SPECS[strategy], max_num_seqs=256) as llm:
+        out = llm.generate([PROMPT] * (2 * n), params)
+    counts = []
+    for setting in range(2):
+        index = [np.ravel_multi_index(o.token_ids, (V,) * STEPS) for o in out.outputs[setting::2]]
+        counts.append(np.bincount(index, minlength=V**STEPS))
+    return counts, out.metrics.rounds
+
+
+@pytest.mark.parametrize("strategy", ["sd", "ssd"])
+def test_mixed_settings_under_continuous_batching_match_each_target_distribution(target, draft, strategy):
+    counts, rounds = mixed_counts(target, draft, strategy)
+    assert max(r.batch_size for r in rounds) == 256
+    assert sum(r.phase == "prefill" for r in rounds) > 10  # rows really joined a running batch
+    for setting, c in zip(SETTINGS, counts):
+        params = SamplingParams(max_new_tokens=STEPS, **setting)
+        assert chi_square_p(c, exact_distribution(target, params)) > FALSE_ALARM
+
+
+def test_negative_control_biased_verifier_is_detected_in_a_mixed_batch(target, draft, monkeypatch):
+    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    counts, _ = mixed_counts(target, draft, "sd")
+    params = SamplingParams(max_new_tokens=STEPS, **SETTINGS[0])
+    assert chi_square_p(counts[0], exact_distribution(target, params)) < 1e-12
