@@ -37,7 +37,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random stream of the first prompt (the others derive theirs)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop the output before this text (repeat for several)")
+    p.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
+                   help="stop after this token id (repeat for several)")
+    p.add_argument("--logprobs", type=int, metavar="N",
+                   help="report each token's log-probability under the target and the top N (0..5); with --json")
+    p.add_argument("--stream", action="store_true", help="print the text as rounds emit it (one prompt)")
+    p.add_argument("--max-num-seqs", type=int, help="most sequences in one batch (default: all prompts at once)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
@@ -70,7 +78,10 @@ def run(args) -> int:
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos, seed=args.seed,
+        stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id), logprobs=args.logprobs,
     )
+    if args.stream and len(prompts) != 1:
+        raise ValueError(f"--stream prints one prompt's text as it comes; got {len(prompts)} prompts")
     from engine.config import DraftPlacement
 
     budget = args.budget if args.budget in (None, "auto") else int(args.budget)
@@ -85,8 +96,13 @@ def run(args) -> int:
         args.target, args.draft if args.strategy != "ar" else None,
         strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
         draft_int8=args.draft_int8, device=args.device, threads=args.threads,
-        chat_template=not args.no_chat_template, cache_dir=args.cache,
+        chat_template=not args.no_chat_template, cache_dir=args.cache, max_num_seqs=args.max_num_seqs,
     ) as llm:
+        if args.stream:
+            for chunk in llm.stream(prompts, params):
+                print(chunk.text, end="", flush=True)
+            print()
+            return 0
         result = llm.generate(prompts, params)
     if args.rounds_out:
         result.metrics.write_rounds(args.rounds_out)
@@ -94,6 +110,9 @@ def run(args) -> int:
         print(json.dumps({
             "outputs": [
                 {"prompt": p, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                 "logprobs": None if o.logprobs is None else [
+                     {"token_id": t.token_id, "logprob": t.logprob, "top": [list(x) for x in t.top]}
+                     for t in o.logprobs],
                  "metrics": o.metrics.summary()}
                 for p, o in zip(prompts, result)
             ],
