@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
+from pathlib import Path
 
 from engine.decode_loop import QueueFull
 from engine.llm import LLM
@@ -76,7 +77,8 @@ class RequestStream:
 
 
 class AsyncLLM:
-    def __init__(self, llm: LLM, *, max_waiting: int | None = 64):
+    def __init__(self, llm: LLM, *, max_waiting: int | None = 64, rounds_path: str | Path | None = None):
+        """rounds_path: append every round record (JSONL, the schema the simulator fits and validates on)."""
         if llm.loop is None:
             raise ValueError("this LLM is closed: build a new one")
         if max_waiting is not None and max_waiting < 1:
@@ -86,6 +88,9 @@ class AsyncLLM:
         if max_waiting is not None:
             self.loop.scheduler.config = dataclasses.replace(self.loop.scheduler.config, max_waiting=max_waiting)
         llm.serving = True
+        self._rounds_file = open(rounds_path, "a", encoding="utf-8") if rounds_path is not None else None
+        if self._rounds_file is not None:
+            self.loop.on_record = self._write_round
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -140,6 +145,10 @@ class AsyncLLM:
             for request_id in list(self._queues):
                 self._deliver(request_id, err)
 
+    def _write_round(self, record) -> None:
+        self._rounds_file.write(record.to_json() + "\n")
+        self._rounds_file.flush()
+
     def _deliver(self, request_id: str, item) -> None:
         target = self._queues.get(request_id)
         if target is None:
@@ -168,5 +177,9 @@ class AsyncLLM:
         self._wake.set()
         self._thread.join(timeout=60.0)
         self.llm.serving = False
+        if self._rounds_file is not None:
+            self.loop.on_record = None
+            self._rounds_file.close()
+            self._rounds_file = None
         if self.llm.loop is not None:
             self.llm.close()
