@@ -40,6 +40,7 @@ class ReportData:
     hit_by_k: list[dict] = field(default_factory=list)  # reports.analysis.hits
     miss_points: list[dict] = field(default_factory=list)
     power_law: list[dict] = field(default_factory=list)
+    serving: list[dict] = field(default_factory=list)  # client runs: reports.analysis.serving.point_rows
 
     @property
     def where(self) -> str:
