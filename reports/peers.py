@@ -76,7 +76,8 @@ def hf_generate(
         kwargs.update(temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p or 1.0)
     if assistant is not None:
         kwargs.update(assistant_model=assistant)
-    torch.manual_seed(params.seed)  # transformers samples from the global RNG; ours takes a Generator
+    if params.seed is not None:  # transformers samples from the global RNG; ours takes a Generator
+        torch.manual_seed(params.seed)
     with _assistant_settings(assistant, K):
         t0 = time.perf_counter()
         with torch.inference_mode():

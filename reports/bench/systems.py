@@ -145,10 +145,14 @@ class Systems:
             requests = [
                 {**o.metrics.summary(), "token_ids": o.token_ids, "finish_reason": o.finish_reason} for o in gen
             ]
-            fault = getattr(engine.decoder, "fault", None)  # SSD: the worker failed and it ran autoregressively
-            if fault:
+            if engine.strategy_in_use != v.system:  # SSD: the worker failed and a fallback went on
+                fault = f"the SSD draft worker failed; went on as {engine.strategy_in_use} (warning in the log)"
                 requests = [{**r, "engine_fault": fault} for r in requests]
             rounds = [json.loads(r.to_json()) for r in gen.metrics.rounds]
+            # the engine counts rounds over its lifetime; a run folder numbers them within the call, so that a
+            # resumed run (a fresh engine) records what an uninterrupted one does
+            first = rounds[0]["round"] if rounds else 0
+            rounds = [{**r, "round": r["round"] - first} for r in rounds]
             return CallOutput(requests, gen.metrics.wall_s, rounds, threads)
         ids = [self.encoder.encode(p.content) for p in prompts]
         assistant = self.models.draft if v.system == "hf-assisted" else None
