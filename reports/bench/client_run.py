@@ -105,40 +105,44 @@ class ClientBench:
         log.info("%s: %d sent, peak %d in flight", point.name, len(sent), counted.peak)
         return sent, t0, counted.peak
 
-    async def _run(self, on_point: Callable[[dict], None] | None) -> list[dict]:
+    async def _run(self, on_point: Callable[[dict], None] | None) -> tuple[list[dict], list[str]]:
+        """Summaries of the points run, and the names of those the deadline left out."""
         c = self.config
         deadline_s = time.perf_counter() + c.deadline_s
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # open loop: never queue here
-        summaries = []
+        summaries, points = [], c.points()
         async with httpx.AsyncClient(timeout=httpx.Timeout(c.timeout_s), limits=limits) as client:
-            for point in c.points():
+            for n, point in enumerate(points):
                 if time.perf_counter() >= deadline_s:
                     log.warning("deadline reached: %s and later points not run", point.name)
-                    break
+                    return summaries, [p.name for p in points[n:]]
                 sent, t0, peak = await self._point(client, point, deadline_s)
                 lines = [_line(point, s, self.prompts[s.index % len(self.prompts)], t0) for s in sent]
                 self.run_dir.append_requests(lines)
                 summary = {**point_summary({**c.to_dict(), "model": self.model}, point.name, lines, c.num_prompts),
+                           "rate": rate_json(point.rate_per_s), "concurrency": point.concurrency,
                            "peak_in_flight": peak}
                 self.run_dir.write_point(point.load.value, point.value, summary)
                 summaries.append(summary)
                 if on_point is not None:
                     on_point(summary)
-        return summaries
+        return summaries, []
 
     def run(self, on_point: Callable[[dict], None] | None = None) -> ClientOutcome:
-        points = asyncio.run(self._run(on_point))
+        points, not_run = asyncio.run(self._run(on_point))
         summary = {"run": self.run_dir.path.name, "kind": self.config.kind, "label": self.config.label,
-                   "url": self.config.url, "model": self.model, "points": points}
+                   "url": self.config.url, "model": self.model, "points": points, "not_run": not_run}
         self.run_dir.write_summary(summary, markdown(summary))
         return ClientOutcome(self.run_dir, points, summary)
 
 
 def markdown(summary: dict) -> str:
     label = f" ({summary['label']})" if summary.get("label") else ""
-    return "\n".join([f"# Client bench {summary['run']}{label}", "",
-                      f"Model `{summary['model']}` served at {summary['url']}.", "",
-                      format_table(summary["points"], COLUMNS, markdown=True), ""])
+    lines = [f"# Client bench {summary['run']}{label}", "", f"Model `{summary['model']}` served at {summary['url']}.",
+             "", format_table(summary["points"], COLUMNS, markdown=True), ""]
+    if summary["not_run"]:
+        lines += [f"Not run (the --deadline passed first): {', '.join(summary['not_run'])}.", ""]
+    return "\n".join(lines)
 
 
 def start_client(config: ClientConfig, out: str | Path, name: str | None = None,

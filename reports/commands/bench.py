@@ -170,6 +170,8 @@ def run_client(args) -> int:
 
     outcome = bench.run(on_point=progress)
     print(format_table(outcome.points, POINT_COLUMNS))
+    if outcome.summary["not_run"]:
+        print(f"not run, the --deadline passed first: {', '.join(outcome.summary['not_run'])}", file=sys.stderr)
     failed = sum(p["failed"] for p in outcome.points)
     if failed:
         print(f"{failed} requests failed (errors in requests.jsonl)", file=sys.stderr)

@@ -169,13 +169,14 @@ def test_a_slow_answer_times_out_and_the_deadline_stops_the_run(tmp_path):
     running = Running(FakeOpenAI(Script(delays_s=(0.05, 0.4, 0.03)))).start()
     try:
         slow = bench(running.url, tmp_path / "slow", "--concurrency", "1", "-n", "1", "--timeout", "0.2")
-        late = bench(running.url, tmp_path / "late", "--rate", "4", "-n", "10", "--deadline", "0.3")
+        late = bench(running.url, tmp_path / "late", "--rate", "4", "8", "-n", "10", "--deadline", "0.3")
     finally:
         running.stop()
     (line,) = lines(slow)
     assert line["error"] == "timeout: no complete answer within 0.2 s" and len(line["chunk_times_s"]) == 1
-    point = json.loads((late / "summary.json").read_text())["points"][0]
-    assert point["not_sent"] > 0 and point["sent"] + point["not_sent"] == 10
+    summary = json.loads((late / "summary.json").read_text())
+    (point,) = summary["points"]
+    assert point["not_sent"] > 0 and point["sent"] + point["not_sent"] == 10 and summary["not_run"] == ["rate=8"]
     assert all(r["error"] is None or r["error"].startswith("deadline") for r in lines(late))
 
 
@@ -216,6 +217,17 @@ def test_bad_flag_combinations_exit_2_with_what_to_do(flags, message, capsys, tm
     err = capsys.readouterr().err
     assert "error:" in err and message in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_saguaro_serve_streams_what_the_client_reads(tmp_path):
+    from tests.server.conftest import running
+    from tests.server.fake import TOKENS_PER_CHUNK, FakeEngine, FakeModel
+
+    with running(FakeModel(), FakeEngine(delay_s=0.01)) as served:
+        run = bench(f"{served.url}/v1", tmp_path, "--concurrency", "2", "-n", "3", "--max-new-tokens", "7")
+    for line in lines(run):
+        assert line["error"] is None and line["token_counts"] == "server" and line["new_tokens"] == 7
+        assert line["chunk_tokens"] == [TOKENS_PER_CHUNK] * 3 + [1] and line["finish_reason"] == "length"
 
 
 # -- the report --------------------------------------------------------------------------------------------
