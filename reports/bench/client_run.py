@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 
 from reports.analysis.serving import point_summary
-from reports.bench.client import ENDPOINTS, Call, payload, served_model, stream
+from reports.bench.client import ENDPOINTS, Call, Streamed, payload, served_model, stream
 from reports.bench.client_config import ClientConfig, Load, Point, rate_json
 from reports.bench.load import InFlight, Sent, closed_loop, open_loop, poisson_offsets_s
 from reports.environment import environment
@@ -91,7 +91,7 @@ class ClientBench:
         c = self.config
         url = c.url + ENDPOINTS[c.endpoint]
 
-        async def send(index: int):
+        async def send(index: int) -> Streamed:
             return await stream(client, url, payload(c.endpoint, self.model, self._call(index)), c.timeout_s,
                                 deadline_s, self._headers)
 
