@@ -57,6 +57,7 @@ class DecodeLoop:
         self.records: list[RoundRecord] | None = None  # round records are kept while this is a list
         self.on_record: Callable[[RoundRecord], None] | None = None
         self.stats = ServingStats(strategy=proposer.name)
+        self.fault: str | None = None  # why the SSD worker was replaced (None while it serves, or never used)
         self.rounds = 0
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
@@ -153,6 +154,7 @@ class DecodeLoop:
 
     def _fall_back(self, err: Exception, what: str = "failed") -> None:
         """Swap the failed SSD worker for the fallback proposer, which takes over every running row."""
+        self.fault = f"SSD draft worker {what}: {type(err).__name__}: {err}"
         replacement = self.proposer.fallback(err, what)
         replacement.admit(self.running)
         self.proposer = replacement

@@ -177,6 +177,11 @@ class LLM:
         return self.loop.proposer.name
 
     @property
+    def fault(self) -> str | None:
+        """Why SSD's draft worker was replaced by its fallback (None if it never was)."""
+        return self.loop.fault
+
+    @property
     def proposer(self) -> Proposer:
         return self.loop.proposer
 

@@ -7,8 +7,8 @@ ignored (newer engines may add some); missing or ill-typed ones raise ValueError
 
 `backup` may be null (every sequence hit, no backup ran) or name several kinds joined by commas
 ("neural,random": a batch whose misses were served by different backups), as the engine writes it.
-The engine currently records the target's wait in an SSD round's `draft_ms` (the schema asks for the
-backup's time there); `RoundRecord.backup_time_ms` tells the two apart.
+An SSD round's `draft_ms` is the target's wait for the worker; the backup's own drafting time is
+`backup_ms` (engines before it was recorded leave it out); `RoundRecord.backup_time_ms` gives it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class RoundRecord:
     backups: tuple[Backup, ...] = ()  # kinds that served this round's misses; () when all hit
     wait_ms: float | None = None
     fanout: tuple[int, ...] | None = None
+    backup_ms: float | None = None  # SSD: the backup's own time, as the worker measured it
 
     @property
     def is_decode(self) -> bool:
@@ -55,7 +56,9 @@ class RoundRecord:
 
     @property
     def backup_time_ms(self) -> float | None:
-        """The just-in-time backup's time, when recorded (None where `draft_ms` holds the wait instead)."""
+        """The just-in-time backup's time, when recorded (None where only the wait is known)."""
+        if self.backup_ms is not None and self.backups:
+            return self.backup_ms
         if self.wait_ms is None or self.draft_ms == self.wait_ms:
             return None
         return self.draft_ms
@@ -167,6 +170,7 @@ def _ssd_fields(obj: dict, batch: int, K: int, where: str) -> dict:
         backups=backups,
         wait_ms=float(_get(obj, "wait_ms", number, where)),
         fanout=tuple(fanout),
+        backup_ms=float(_get(obj, "backup_ms", number, where)) if obj.get("backup_ms") is not None else None,
     )
 
 

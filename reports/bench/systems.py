@@ -146,7 +146,7 @@ class Systems:
                 {**o.metrics.summary(), "token_ids": o.token_ids, "finish_reason": o.finish_reason} for o in gen
             ]
             if engine.strategy_in_use != v.system:  # SSD: the worker failed and a fallback went on
-                fault = f"the SSD draft worker failed; went on as {engine.strategy_in_use} (warning in the log)"
+                fault = f"{engine.fault}; went on as {engine.strategy_in_use}"
                 requests = [{**r, "engine_fault": fault} for r in requests]
             rounds = [json.loads(r.to_json()) for r in gen.metrics.rounds]
             # the engine counts rounds over its lifetime; a run folder numbers them within the call, so that a

@@ -69,6 +69,9 @@ def test_engine_style_backup_fields():
     # the engine writes the wait into draft_ms: then the backup's own time is unknown
     assert parse_record({**SSD_ROUND, "draft_ms": 3.0, "wait_ms": 3.0}).backup_time_ms is None
     assert parse_record(SSD_ROUND).backup_time_ms == 12.5
+    # engines that record the backup's own time: that, not the wait
+    recorded = parse_record({**SSD_ROUND, "draft_ms": 30.0, "wait_ms": 30.0, "backup_ms": 7.5})
+    assert recorded.backup_time_ms == 7.5
 
 
 def test_an_ar_record_needs_k_zero():
