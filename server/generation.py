@@ -130,11 +130,13 @@ async def respond(ctx: ServingContext, request: Request, job: Job, arrival_s: fl
 async def _collect(first: Chunk, chunks: ChunkStream, timeline: Timeline) -> dict:
     """All of a request's chunks, joined: the arguments of ResponseFormat.response."""
     text: list[str] = []
+    token_ids: list[int] = []
     logprobs: list[TokenLogprob] | None = None if first.logprobs is None else []
     chunk = first
     while True:
         timeline.record(chunk)
         text.append(chunk.text)
+        token_ids.extend(chunk.token_ids)
         if logprobs is not None and chunk.logprobs:
             logprobs.extend(chunk.logprobs)
         if chunk.finished:
@@ -142,7 +144,7 @@ async def _collect(first: Chunk, chunks: ChunkStream, timeline: Timeline) -> dic
         chunk = await anext(chunks)
     if chunk.finish_reason == ABORTED:
         raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, SHUT_DOWN, code="shutting_down")
-    return {"text": "".join(text), "logprobs": logprobs, "finish_reason": chunk.finish_reason,
+    return {"text": "".join(text), "token_ids": token_ids, "logprobs": logprobs, "finish_reason": chunk.finish_reason,
             "prompt_tokens": chunk.prompt_tokens, "completion_tokens": chunk.output_tokens}
 
 

@@ -1,7 +1,7 @@
 """OpenAI response bodies: streamed chunks and whole responses, for completions and chat completions.
 
-Each streamed choice also carries `token_ids`, the tokens of that chunk (vLLM's extension), so a
-client can count tokens per chunk without a tokenizer.
+Each choice also carries `token_ids` (vLLM's extension): in a streamed chunk the tokens of that
+chunk, so a client can count tokens per chunk without a tokenizer; in a whole response all of them.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class ResponseFormat(Protocol):
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict: ...
 
-    def response(self, text: str, logprobs: Sequence[TokenLogprob] | None, finish_reason: str | None,
-                 prompt_tokens: int, completion_tokens: int) -> dict: ...
+    def response(self, text: str, token_ids: list[int], logprobs: Sequence[TokenLogprob] | None,
+                 finish_reason: str | None, prompt_tokens: int, completion_tokens: int) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,9 @@ class CompletionFormat:
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         return {**self._body([]), "usage": usage(prompt_tokens, completion_tokens)}
 
-    def response(self, text, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+    def response(self, text, token_ids, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
+        choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason,
+                  "token_ids": token_ids}
         return {**self._body([choice]), "usage": usage(prompt_tokens, completion_tokens)}
 
 
@@ -140,9 +141,9 @@ class ChatFormat:
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         return {**self._body("chat.completion.chunk", []), "usage": usage(prompt_tokens, completion_tokens)}
 
-    def response(self, text, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
+    def response(self, text, token_ids, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
         choice = {
             "index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason,
+            "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason, "token_ids": token_ids,
         }
         return {**self._body("chat.completion", [choice]), "usage": usage(prompt_tokens, completion_tokens)}

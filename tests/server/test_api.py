@@ -26,6 +26,7 @@ def test_completion_returns_the_text_and_usage(client, fake):
     body = client.post("/v1/completions", json=COMPLETION).json()
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     assert body["choices"][0]["text"] == expected_text(3, 5)  # "bbb" is id 3
+    assert body["choices"][0]["token_ids"] == [4, 5, 6, 7, 8]
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
     request_id, prompt_ids, params = fake.requests[0]

@@ -28,7 +28,8 @@ def test_closing_a_stream_aborts_its_request():
     fake = FakeEngine(delay_s=0.05)
     with running(FakeModel(), fake) as server, httpx.Client(base_url=server.url, timeout=10) as client:
         with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as response:
-            first = next(response.iter_lines())
+            lines = response.iter_lines()  # held: dropping it would close the connection
+            first = next(lines)
             assert first.startswith("data: ")
             request_id = json.loads(first.removeprefix("data: "))["id"]
         assert wait_for(lambda: fake.aborted == [request_id])
