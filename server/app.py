@@ -63,6 +63,8 @@ class RequestAccounting:
 def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings | None = None) -> FastAPI:
     """An app serving `engine`; `app.state.ctx` is its ServingContext (set `ctx.draining` to turn requests away)."""
     settings = settings or ServerSettings()
+    if not (settings.served_model_name or model.model_name):
+        raise ValueError("the model has no name (built in memory?): give a served model name")
     ctx = ServingContext(model, engine, settings, ServerMetrics(engine.stats))
     app = FastAPI(title="saguaro serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx

@@ -61,6 +61,8 @@ def validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
+    if loc == [] and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
+        return "the request body must be a JSON object (send Content-Type: application/json)", None
     message = first.get("msg", "invalid request")
     # Pydantic prefixes messages raised by our validators ("Value error, ..."): drop it.
     message = message.removeprefix("Value error, ")

@@ -127,11 +127,11 @@ class HTTPServer:
         if self._drain is not None:
             logger.warning("already shutting down (up to %.0f s for requests in flight)", self.shutdown_timeout_s)
             return
+        self.ctx.draining = True
+        logger.warning("shutting down: no new requests; %.0f s for those in flight", self.shutdown_timeout_s)
         self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
 
     async def _drain_then_exit(self) -> None:
-        self.ctx.draining = True
-        logger.warning("shutting down: no new requests; %.0f s for those in flight", self.shutdown_timeout_s)
         await self._stop_engine()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + FLUSH_TIMEOUT_S

@@ -1,8 +1,9 @@
 """Prometheus metrics of one server, in a registry of its own (never the process-global one).
 
 Two sources: what the server measures itself (requests by endpoint and status; TTFT, TPOT, ITL and
-E2EL from the request's arrival to each chunk it sends, as defined in theory/latency.py), and the
-engine's own counters, read from `stats()` at every scrape.
+E2EL as defined in theory/latency.py, from the request's arrival to each chunk the server gets from the
+engine, which for a stream is when it sends that chunk), and the engine's own counters, read from
+`stats()` at every scrape.
 """
 
 from __future__ import annotations

@@ -80,6 +80,13 @@ def test_a_body_that_is_not_json_is_a_400(client):
     assert error_of(response, 400)["message"] == "the request body is not valid JSON"
 
 
+def test_a_body_that_is_not_a_json_object_says_how_to_send_one(client):
+    for response in (client.post("/v1/completions", content=b'{"model": "fake-model"}'),  # no content type
+                     client.post("/v1/completions", json=[1, 2]),
+                     client.post("/v1/completions")):
+        assert "must be a JSON object" in error_of(response, 400)["message"]
+
+
 def test_the_engines_value_error_is_passed_through_as_a_400(client):
     error = error_of(client.post("/v1/completions", json={**COMPLETION, "max_tokens": 63}), 400)
     assert "exceeds the model's context of 64" in error["message"]
