@@ -54,5 +54,5 @@ class ServingContext:
         stats = self.engine.stats()
         if stats.fallbacks > self._fallbacks_seen:
             self._fallbacks_seen = stats.fallbacks
-            logger.warning("engine fell back to strategy %s (fallback %d): see the engine's warning above",
-                           stats.strategy, stats.fallbacks)
+            logger.warning("engine fell back to strategy %s (fallback %d): %s",
+                           stats.strategy, stats.fallbacks, self.model.fault or "see the engine's warning above")

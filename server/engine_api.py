@@ -58,6 +58,7 @@ class ServedModel(Protocol):
     model_name: str
     max_context: int | None
     strategy_in_use: str
+    fault: str | None  # why the SSD worker was replaced, once it was
 
     def encode(self, text: str, chat: bool = False) -> list[int]: ...
 

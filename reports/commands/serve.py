@@ -37,6 +37,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=64, help="requests queued before answering 503")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds requests in flight get to finish on SIGTERM/SIGINT")
+    p.add_argument("--rounds-out", type=Path, help="append per-round records (JSONL) here, for the simulator")
     return p
 
 
@@ -72,7 +73,7 @@ def _start_engine(args):
         max_num_seqs=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
     )
     try:
-        return llm, AsyncLLM(llm, max_waiting=args.max_waiting)
+        return llm, AsyncLLM(llm, max_waiting=args.max_waiting, rounds_path=args.rounds_out)
     except BaseException:
         llm.close()
         raise

@@ -33,6 +33,7 @@ class FakeModel:
     model_name = "fake-model"
     max_context = 64
     strategy_in_use = "ssd"
+    fault = None
 
     def __init__(self, tokenizer: FakeTokenizer | None = None):
         self.tokenizer = tokenizer if tokenizer is not None else FakeTokenizer()

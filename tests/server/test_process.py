@@ -38,14 +38,15 @@ def serve_process(tmp_path: Path):
     log = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(
         [*SAGUARO, "serve", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--strategy", "ssd", "-K", "2",
-         "--dtype", "float32", "--threads", "1", "--port", "0", "--served-model-name", "smol", "--shutdown-timeout", "60"],
+         "--dtype", "float32", "--threads", "1", "--port", "0", "--served-model-name", "smol", "--shutdown-timeout", "60",
+         "--rounds-out", str(tmp_path / "rounds.jsonl")],
         stdout=subprocess.PIPE, stderr=log, text=True, cwd=Path(__file__).parents[2],
     )
     try:
         line = first_line(proc.stdout, START_TIMEOUT_S)
         match = LISTENING.match((line or "").strip())
         assert match, f"no 'listening' line, got {line!r}; stderr: {(tmp_path / 'stderr.txt').read_text()[-2000:]}"
-        yield proc, match.group(1)
+        yield proc, match.group(1), tmp_path / "rounds.jsonl"
     finally:
         if proc.poll() is None:
             for child in psutil.Process(proc.pid).children(recursive=True):
@@ -56,7 +57,7 @@ def serve_process(tmp_path: Path):
 
 
 def test_sigterm_lets_the_request_in_flight_finish_refuses_new_ones_and_exits_0(serve_process):
-    proc, url = serve_process
+    proc, url, rounds = serve_process
     children = psutil.Process(proc.pid).children(recursive=True)
     assert any("spawn_main" in " ".join(c.cmdline()) for c in children)  # SSD's draft worker
     body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "ignore_eos": True,
@@ -89,3 +90,5 @@ def test_sigterm_lets_the_request_in_flight_finish_refuses_new_ones_and_exits_0(
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert alive == []
+    records = [json.loads(line) for line in rounds.read_text().splitlines()]  # --rounds-out: the simulator's input
+    assert {r["phase"] for r in records} == {"prefill", "decode"} and {r["strategy"] for r in records} == {"ssd"}
