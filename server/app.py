@@ -115,7 +115,7 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
         check_model(body.model)
         try:
             prompt_ids = completion_prompt(model, body)
-            params = sampling_params(body, body.max_tokens, body.logprobs)
+            params = sampling_params(body, body.max_new_tokens, body.logprobs)
         except ValueError as err:
             raise APIError(HTTPStatus.BAD_REQUEST, str(err)) from err
         head = Head(f"cmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name)

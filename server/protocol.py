@@ -93,11 +93,15 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions: one prompt, as text or as token ids."""
 
     prompt: Any
-    max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return DEFAULT_COMPLETION_TOKENS if self.max_tokens is None else self.max_tokens
 
     @field_validator("prompt")
     @classmethod

@@ -70,7 +70,7 @@ def _start_engine(args):
         args.target, args.draft if args.strategy != "ar" else None,
         strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
         draft_int8=args.draft_int8, device=args.device, threads=args.threads, cache_dir=args.cache,
-        max_num_seqs=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens,
+        max_num_seqs=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens, max_waiting=args.max_waiting,
     )
     try:
         return llm, AsyncLLM(llm, max_waiting=args.max_waiting, rounds_path=args.rounds_out)

@@ -42,6 +42,12 @@ def test_sampling_parameters_reach_the_engine(client, fake):
     assert params.stop == ("w9",) and params.stop_on_eos is False
 
 
+def test_completion_max_tokens_defaults_to_16_as_openais(client, fake):
+    client.post("/v1/completions", json={"model": "fake-model", "prompt": "aa"})
+    client.post("/v1/completions", json={"model": "fake-model", "prompt": "aa", "max_tokens": None})
+    assert [r[2].max_new_tokens for r in fake.requests] == [16, 16]
+
+
 def test_top_k_minus_one_and_top_p_one_mean_off(client, fake):
     client.post("/v1/completions", json={**COMPLETION, "top_k": -1, "top_p": 1.0})
     params = fake.requests[0][2]

@@ -147,6 +147,15 @@ def test_logprobs_are_the_targets(live, ar):
             assert math.isclose(chosen, reference, abs_tol=1e-4)
 
 
+def test_the_engines_own_checks_are_400s(live):
+    server, _ = live
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        outside = client.post("/v1/completions", json={"model": NAME, "prompt": [1, 64], "max_tokens": 2})
+        too_long = client.post("/v1/completions", json={"model": NAME, "prompt": PROMPTS[0], "max_tokens": 600})
+    assert outside.status_code == 400 and "token ids must be in [0, 64)" in outside.json()["error"]["message"]
+    assert too_long.status_code == 400 and "exceeds the model's context of 512" in too_long.json()["error"]["message"]
+
+
 def test_closing_a_stream_frees_its_row(live):
     server, aengine = live
     aborted = aengine.stats().requests_aborted
