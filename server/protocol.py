@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-MAX_LOGPROBS = 5  # top-N log-probabilities a request may ask for (OpenAI's completions limit)
+from engine.sampling_params import MAX_LOGPROBS  # top-N log-probabilities a request may ask for
+
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
