@@ -12,10 +12,9 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.test_sd_distribution import (
-    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution,
+from tests.engine.test_sd_distribution import (  # noqa: F401 (target, draft: the same fixtures)
+    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, draft, exact_distribution, target,
 )
-from tests.engine.tiny import noisy_copy, tiny_lm
 
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=5)]
 N = {"sd": 6_000, "ssd": 2_000}  # rows per setting
@@ -23,16 +22,6 @@ SPECS = {
     "sd": SpeculativeConfig(K=2),
     "ssd": SpeculativeConfig(K=2, schedule="given", fanout=(3, 3, 3), placement=DraftPlacement(in_process=True)),
 }
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, vocab_size=V, hidden=16, scale=6.0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, noise=1.5, seed=1)
 
 
 def mixed_counts(target, draft, strategy: str) -> tuple[list[np.ndarray], list]:
