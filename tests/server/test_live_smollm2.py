@@ -1,4 +1,4 @@
-"""The server over SmolLM2-135M (a real tokenizer and chat template), checked against `LLM.generate`.
+"""The server over SmolLM2-135M (a real tokenizer and chat template), AR and SSD, checked against `LLM.generate`.
 
 The references are computed with the same LLM before it is served (an LLM being served takes requests
 only through its AsyncLLM).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
-from engine import LLM, AsyncLLM, SamplingParams
+from engine import LLM, AsyncLLM, SamplingParams, SpeculativeConfig
 from server import ServerSettings
 from tests.server.conftest import running
 
@@ -20,9 +20,11 @@ PROMPT = "The three primary colours are"
 MAX_NEW = 20
 
 
-@pytest.fixture(scope="module")
-def served():
-    llm = LLM("smollm2-135m", dtype="float32", max_num_seqs=4)
+@pytest.fixture(scope="module", params=["ar", "ssd"])
+def served(request):
+    draft = None if request.param == "ar" else "smollm2-135m"  # SmolLM2 as its own draft
+    llm = LLM("smollm2-135m", draft, strategy=request.param, speculative=SpeculativeConfig(K=2), dtype="float32",
+              max_num_seqs=4)
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     chat_ids = llm.encode_chat(MESSAGES)
     expected = {
