@@ -108,7 +108,7 @@ class HTTPServer:
                 await self._stop_engine()
 
     def shutdown(self) -> None:
-        """Start the drain (thread-safe; a second call does nothing)."""
+        """Start the drain (thread-safe; a second call only says it is already under way)."""
         if self._loop is None:
             raise RuntimeError("the server is not running")
         self._loop.call_soon_threadsafe(self._start_drain)
