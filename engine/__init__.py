@@ -14,6 +14,7 @@ _EXPORTS = {
     "TokenLogprob": "engine.outputs",
     "AsyncLLM": "engine.async_llm",
     "EngineStopped": "engine.async_llm",
+    "EngineFailed": "engine.async_llm",
     "QueueFull": "engine.decode_loop",
     "ServingStats": "engine.metrics",
     "SamplingParams": "engine.sampling_params",

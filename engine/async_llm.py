@@ -28,11 +28,15 @@ from engine.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05
 
-__all__ = ["AsyncLLM", "EngineStopped", "QueueFull", "RequestStream"]
+__all__ = ["AsyncLLM", "EngineFailed", "EngineStopped", "QueueFull", "RequestStream"]
 
 
 class EngineStopped(RuntimeError):
     """The engine is shutting down or has failed: it takes no new request."""
+
+
+class EngineFailed(EngineStopped):
+    """The decode loop failed (a bug or a device error): every request in flight ends with this."""
 
 
 class RequestStream:
@@ -57,7 +61,7 @@ class RequestStream:
             raise
         if isinstance(item, BaseException):
             await self.aclose()
-            raise EngineStopped(f"the engine failed: {item}") from item
+            raise EngineFailed(f"the engine failed: {item}") from item
         if item.finished:
             self._finish()
         return item
@@ -102,9 +106,10 @@ class AsyncLLM:
     # -- requests -----------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> RequestStream:
         """Submit a request; its chunks arrive through the returned stream. Call from the event loop."""
-        if not self._accepting or self.failure is not None:
-            raise EngineStopped("the engine is shutting down" if self.failure is None else
-                                f"the engine failed: {self.failure}")
+        if self.failure is not None:
+            raise EngineFailed(f"the engine failed: {self.failure}") from self.failure
+        if not self._accepting:
+            raise EngineStopped("the engine is shutting down")
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight")
         seq = self.llm.make_sequence(self.llm.encode(prompt_ids), params, request_id=request_id)

@@ -172,6 +172,17 @@ class LLM:
         return getattr(self.target.config, "max_position_embeddings", None)
 
     @property
+    def lookahead(self) -> int:
+        """Context positions a request needs beyond prompt + max_new_tokens (a round's speculated tokens)."""
+        return self.config.speculative.K + 1 if self.config.strategy is not Strategy.AR else 0
+
+    def room(self, prompt_ids: list[int]) -> int | None:
+        """The most new tokens a request with this prompt may ask for (None: no known limit)."""
+        if self.max_context is None:
+            return None
+        return self.max_context - len(prompt_ids) - self.lookahead
+
+    @property
     def strategy_in_use(self) -> str:
         """"ar", "sd" or "ssd"; after an SSD worker fault, the fallback's name."""
         return self.loop.proposer.name
@@ -220,8 +231,7 @@ class LLM:
                       request_id: str | None = None, seed: int | None = None,
                       arrival_s: float | None = None) -> Sequence:
         """A request ready to submit to the loop; ValueError if it cannot fit the model's context."""
-        max_pos = self.max_context
-        lookahead = self.config.speculative.K + 1 if self.config.strategy is not Strategy.AR else 0
+        max_pos, lookahead = self.max_context, self.lookahead
         if max_pos is not None and len(prompt_ids) + params.max_new_tokens + lookahead > max_pos:
             raise ValueError(
                 f"prompt {index} has {len(prompt_ids)} tokens; with max_new_tokens={params.max_new_tokens} "

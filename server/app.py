@@ -127,7 +127,7 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
         check_model(body.model)
         try:
             prompt_ids = chat_prompt(model, body)
-            max_new = body.max_new_tokens or default_max_tokens(model, len(prompt_ids))
+            max_new = body.max_new_tokens or default_max_tokens(model, prompt_ids)
             params = sampling_params(body, max_new, body.logprobs_n)
         except ValueError as err:
             raise APIError(HTTPStatus.BAD_REQUEST, str(err)) from err

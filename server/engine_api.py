@@ -64,6 +64,9 @@ class ServedModel(Protocol):
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
 
+    def room(self, prompt_ids: list[int]) -> int | None:
+        """The most new tokens a request with this prompt may ask for (None: no known limit)."""
+
 
 class ChunkStream(Protocol):
     """One request's chunks; closing it (or cancelling a pending step) before the end aborts the request."""

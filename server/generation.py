@@ -21,7 +21,7 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine import EngineStopped, QueueFull
+from engine import EngineFailed, EngineStopped, QueueFull
 from server.context import ServingContext
 from server.engine_api import Chunk, ChunkStream, TokenLogprob
 from server.errors import APIError
@@ -74,7 +74,7 @@ def engine_error(err: Exception) -> APIError:
     if isinstance(err, QueueFull):
         return APIError(HTTPStatus.SERVICE_UNAVAILABLE, f"the server is busy (waiting queue full): retry later ({err})",
                         code="queue_full")
-    if isinstance(err, EngineStopped) and err.__cause__ is None:  # shutting down, or failed earlier
+    if isinstance(err, EngineStopped) and not isinstance(err, EngineFailed) and err.__cause__ is None:  # shutting down
         return APIError(HTTPStatus.SERVICE_UNAVAILABLE, str(err), code="engine_stopped")
     # The engine failed under this request (EngineStopped from the failure, or anything unexpected).
     logger.error("engine failure", exc_info=err)

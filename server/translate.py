@@ -23,18 +23,18 @@ def chat_prompt(model: ServedModel, request: ChatCompletionRequest) -> list[int]
     return model.encode_chat([m.as_template_message() for m in request.messages])
 
 
-def default_max_tokens(model: ServedModel, prompt_len: int) -> int:
+def default_max_tokens(model: ServedModel, prompt_ids: list[int]) -> int:
     """Chat without max_tokens: DEFAULT_CHAT_TOKENS, or less where the context has less room left.
 
     OpenAI's default is the rest of the context; on a CPU that can mean minutes of generation, so the
-    default is capped. (SD and SSD also need K + 1 positions of room: the engine says so if short.)
+    default is capped. The room is the engine's (SD and SSD keep K + 1 positions for a round's speculation).
     """
-    if model.max_context is None:
+    room = model.room(prompt_ids)
+    if room is None:
         return DEFAULT_CHAT_TOKENS
-    room = model.max_context - prompt_len
     if room < 1:
-        raise ValueError(f"the messages have {prompt_len} tokens, the model's context is {model.max_context}: "
-                         "shorten them")
+        raise ValueError(f"the messages have {len(prompt_ids)} tokens, and the model's context of "
+                         f"{model.max_context} leaves no room for an answer: shorten them")
     return min(room, DEFAULT_CHAT_TOKENS)
 
 

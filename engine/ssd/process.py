@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -89,6 +90,9 @@ def serve(ws: WorkerSpec) -> None:
     from engine.ssd.draft_worker import DraftWorker
     from engine.ssd.messages import MalformedMessage
 
+    # Ctrl-C in a terminal reaches the whole process group: the target decides when the worker stops
+    # (it sends STOP), so the worker neither dies mid-round nor prints its own traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(ws.threads)
     if ws.cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, ws.cores)

@@ -39,6 +39,9 @@ class FakeModel:
         self.tokenizer = tokenizer if tokenizer is not None else FakeTokenizer()
         self.chats: list[list[dict]] = []
 
+    def room(self, prompt_ids: list[int]) -> int:
+        return self.max_context - len(prompt_ids)
+
     def encode(self, text: str, chat: bool | None = None) -> list[int]:
         if not text.strip():
             raise ValueError("empty prompt: give some text (or token ids)")
