@@ -145,3 +145,10 @@ class EngineConfig:
             raise ValueError(f"strategy {self.strategy.value} needs a draft model: pass draft=...")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.draft_int8 and self.draft_dtype not in (None, "float32"):
+            raise ValueError(f"draft_int8 quantises a float32 draft; drop draft_dtype={self.draft_dtype!r} or int8")
+
+    @property
+    def draft_load_dtype(self) -> str:
+        """The dtype the draft is loaded in: draft_dtype, float32 for int8 (quantised from float32), else dtype."""
+        return self.draft_dtype or ("float32" if self.draft_int8 else self.dtype)

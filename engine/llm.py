@@ -106,7 +106,7 @@ class LLM:
         self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer)
         self.draft = self._draft_given = None
         if draft is not None and self.config.strategy is not Strategy.AR:
-            self.draft, _ = self._load(draft, draft_dtype or dtype, cache_dir, None)
+            self.draft, _ = self._load(draft, self.config.draft_load_dtype, cache_dir, None)
             self._check_vocab()
             # SSD's worker process rebuilds a draft given as a model from its weights (the exact
             # model passed, before int8), and one given by alias / path by loading it the same way.

@@ -149,5 +149,5 @@ def draft_recipe(given, config) -> "ModelRecipe":
 
     if given is not None:
         return ModelRecipe.from_model(given, int8=config.draft_int8)
-    return ModelRecipe(path=config.draft, dtype=config.draft_dtype or config.dtype, int8=config.draft_int8,
+    return ModelRecipe(path=config.draft, dtype=config.draft_load_dtype, int8=config.draft_int8,
                        cache_dir=config.cache_dir)

@@ -110,3 +110,13 @@ def test_cli_process_exits_2_without_traceback():
     )
     assert result.returncode == 2, result.stderr
     assert "/no/such/model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_int8_draft_is_loaded_in_float32_whatever_the_targets_dtype():
+    from engine.config import EngineConfig
+
+    config = EngineConfig(target="t", draft="d", strategy="ssd", dtype="bfloat16", draft_int8=True)
+    assert config.draft_load_dtype == "float32"
+    assert EngineConfig(target="t", draft="d", strategy="sd", dtype="bfloat16").draft_load_dtype == "bfloat16"
+    with pytest.raises(ValueError, match="draft_int8 quantises a float32 draft"):
+        EngineConfig(target="t", draft="d", strategy="sd", draft_dtype="bfloat16", draft_int8=True)
