@@ -67,10 +67,6 @@ class SamplingParams:
         """What decides the warped distribution; requests with equal keys are warped together."""
         return (0.0, None, None) if self.greedy else (float(self.temperature), self.top_k, self.top_p)
 
-    def same_distribution(self, other: "SamplingParams") -> bool:
-        """True when two requests sample from the same warped distribution."""
-        return self.warp_key == other.warp_key
-
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -41,7 +41,8 @@ def draft_tokens(
     generator: Generators,
     active: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Feed `first` [N, T] (holes where not valid) then draft K tokens with K forwards in total.
+    """Feed `first` [N, T] (holes where not valid) then draft K tokens with K forwards in total (SD's
+    proposal, SSD's neural backup and its branches all draft this way).
 
     `params` and `generator` are per row (a branch uses its sequence's settings and random stream).
     Rows where `active` [N] is False only get holes after `first` (their results are to be ignored).

@@ -17,8 +17,9 @@ import torch
 from engine.config import SpeculativeConfig
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ms_since
-from engine.sampling import RowSampling, sample, saguaro, warp_rows
+from engine.sampling import RowSampling
 from engine.sequence import Sequence
+from engine.ssd.tree import draft_tokens
 from engine.strategies.base import Proposal
 from engine.verifier import Verification
 
@@ -57,21 +58,10 @@ class InProcessDraft:
 
     def propose(self, rows: RowSampling) -> Proposal:
         t0 = time.perf_counter()
-        K = self.K
         tokens, valid = right_aligned(self.tails, self.pad_id, self.device)
-        logits = self.state.extend(tokens, valid)[:, -1]  # [B, V]
-        xs, qs = [], []
-        for i, n_top in enumerate(self.spec.saguaro_top()):
-            q = warp_rows(logits.float(), rows)  # [B, V]
-            if self.spec.C < 1:
-                q = saguaro(q, n_top, self.spec.C)
-            x = sample(q, self.generators)  # [B]
-            xs.append(x)
-            qs.append(q)
-            if i < K - 1:
-                logits = self.state.extend(x[:, None])[:, -1]
-        self.x = torch.stack(xs, dim=1)  # [B, K]
-        return Proposal(self.x, torch.stack(qs, dim=1), draft_ms=ms_since(t0), draft_forwards=K)
+        self.x, q, _ = draft_tokens(self.state, tokens, valid, self.K, self.spec.saguaro_top(), self.spec.C, rows,
+                                    self.generators)  # [B, K], [B, K, V]
+        return Proposal(self.x, q, draft_ms=ms_since(t0), draft_forwards=self.K)
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         K = self.K

@@ -18,15 +18,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file")
-    p.add_argument("-K", "--lookahead", type=int, default=4, dest="K", help="draft tokens per round")
-    p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
-    p.add_argument("--fanout", type=int, nargs="+", help="F_0..F_K (K + 1 integers)")
-    p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
-                   help="SSD fan-out schedule (given = --fanout / --fanout-backup)")
-    p.add_argument("--fanout-backup", type=int, nargs="+", help="SSD F^b: fan-out after a backup round")
-    p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
-    p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
-                   help="SSD backup on a cache miss")
+    add_speculation_flags(p)
     p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (own cores on CPU)")
     p.add_argument("--draft-device", help="SSD draft worker device (default cpu, or cuda:1 with a CUDA target)")
     p.add_argument("--init-method", default="tcp://127.0.0.1:0", help="SSD rendezvous tcp://host:port (0 = free)")
@@ -58,6 +50,36 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def add_speculation_flags(p: argparse.ArgumentParser) -> None:
+    """K, Saguaro's C and SSD's fan-out, budget and backup (generate and serve share them)."""
+    p.add_argument("-K", "--lookahead", type=int, default=4, dest="K", help="draft tokens per round")
+    p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
+    p.add_argument("--fanout", type=int, nargs="+", help="F_0..F_K (K + 1 integers)")
+    p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
+                   help="SSD fan-out schedule (given = --fanout / --fanout-backup)")
+    p.add_argument("--fanout-backup", type=int, nargs="+", help="SSD F^b: fan-out after a backup round")
+    p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
+    p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
+                   help="SSD backup on a cache miss")
+
+
+def speculative_config(args, placement):
+    """The SpeculativeConfig the flags of add_speculation_flags ask for, with the given placement."""
+    from engine import SpeculativeConfig
+
+    budget = args.budget
+    if budget not in (None, "auto"):
+        try:
+            budget = int(budget)
+        except ValueError:
+            raise ValueError(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
+    return SpeculativeConfig(
+        K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
+        fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=args.schedule,
+        budget=budget, backup=args.backup, placement=placement,
+    )
+
+
 def read_prompts(args) -> list[str | list[int]]:
     if args.prompt:
         return list(args.prompt)
@@ -72,7 +94,7 @@ def read_prompts(args) -> list[str | list[int]]:
 
 
 def run(args) -> int:
-    from engine import LLM, SamplingParams, SpeculativeConfig
+    from engine import LLM, SamplingParams
 
     prompts = read_prompts(args)
     params = SamplingParams(
@@ -84,14 +106,8 @@ def run(args) -> int:
         raise ValueError(f"--stream prints one prompt's text as it comes; got {len(prompts)} prompts")
     from engine.config import DraftPlacement
 
-    budget = args.budget if args.budget in (None, "auto") else int(args.budget)
-    spec = SpeculativeConfig(
-        K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
-        fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=args.schedule,
-        budget=budget, backup=args.backup,
-        placement=DraftPlacement(draft_threads=args.draft_threads, draft_device=args.draft_device,
-                                 init_method=args.init_method, external=args.external_draft),
-    )
+    spec = speculative_config(args, DraftPlacement(draft_threads=args.draft_threads, draft_device=args.draft_device,
+                                                   init_method=args.init_method, external=args.external_draft))
     with LLM(
         args.target, args.draft if args.strategy != "ar" else None,
         strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reports.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET
+from reports.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET, add_speculation_flags, speculative_config
 
 DTYPES = ["float32", "bfloat16", "float16"]
 
@@ -20,15 +20,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file (sd, ssd)")
     p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
-    p.add_argument("-K", "--lookahead", type=int, default=4, dest="K", help="draft tokens per round")
-    p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
-    p.add_argument("--fanout", type=int, nargs="+", help="F_0..F_K (K + 1 integers)")
-    p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
-                   help="SSD fan-out schedule (given = --fanout / --fanout-backup)")
-    p.add_argument("--fanout-backup", type=int, nargs="+", help="SSD F^b: fan-out after a backup round")
-    p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
-    p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
-                   help="SSD backup on a cache miss")
+    add_speculation_flags(p)
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--draft-dtype", choices=DTYPES)
     p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
@@ -70,15 +62,10 @@ def run(args) -> int:
 
 
 def _start_engine(args):
-    from engine import LLM, AsyncLLM, SpeculativeConfig
+    from engine import LLM, AsyncLLM
     from engine.config import DraftPlacement
 
-    budget = args.budget if args.budget in (None, "auto") else int(args.budget)
-    spec = SpeculativeConfig(
-        K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
-        fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=args.schedule,
-        budget=budget, backup=args.backup, placement=DraftPlacement(draft_threads=args.draft_threads),
-    )
+    spec = speculative_config(args, DraftPlacement(draft_threads=args.draft_threads))
     llm = LLM(
         args.target, args.draft if args.strategy != "ar" else None,
         strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,

@@ -93,6 +93,7 @@ def test_speculative_strategy_without_draft_is_refused(target):
         (["generate", "hi", "-K", "0"], "K (draft tokens per round) must be"),
         (["generate", "hi", "--top-p", "2"], "top_p must be in (0, 1]"),
         (["generate", "hi", "--target", "/no/such/model"], "/no/such/model"),
+        (["generate", "hi", "--budget", "lots"], "--budget must be an integer or 'auto'"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(args, message, capsys):
