@@ -122,7 +122,10 @@ def test_run_folder_holds_requests_with_chunk_times_and_a_summary_per_point(serv
         assert sum(r["itl_s"]) >= 0.06 - 0.01 and max(r["itl_s"]) < 0.03 + SLACK_S
         assert r["e2el_s"] == pytest.approx(times[-1] - r["sent_s"])
         assert r["tpot_s"] == pytest.approx((r["e2el_s"] - r["ttft_s"]) / 5)
-    assert [b["seed"] for b in server.app.seen.bodies] == [5, 6, 7]  # request i carries seed + i
+    # request i carries seed + i (they arrive in any order at rate inf, so pair seeds with prompts)
+    seeds = {tuple(b["prompt"]): b["seed"] for b in server.app.seen.bodies}
+    sent = [json.loads(line)["ids"] for line in (run / "prompts.jsonl").read_text().splitlines()[:3]]
+    assert [seeds[tuple(ids)] for ids in sent] == [5, 6, 7]
     point = json.loads((run / "point-rate-inf.json").read_text())
     assert (point["completed"], point["failed"], point["rate"], point["url"]) == (3, 0, "inf", server.url)
     assert point["total_output_tokens"] == 18 and point["peak_in_flight"] == 3
