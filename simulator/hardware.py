@@ -28,10 +28,13 @@ class Hardware:
     interconnect_gb_s: float  # device-to-device bandwidth per direction, GB/s (TP all-reduce, draft link)
     interconnect_latency_us: float  # one small all-reduce / one message, µs
     layer_overhead_us: float  # fixed cost per layer per forward (launches, framework), µs
-    memory_gb: float
-    mem_efficiency: float = 0.8
-    flops_efficiency: float = 0.7
+    memory_gb: float  # device memory, GB (10^9 bytes)
+    mem_efficiency: float = 0.8  # assumed achievable fraction of peak bandwidth (each preset says why)
+    flops_efficiency: float = 0.7  # assumed achievable fraction of peak FLOP/s
     overlaps_memory_and_compute: bool = True
+    # fraction of memory_gb that weights and KV cache may fill; the rest holds activations and the runtime
+    # (vLLM's default gpu_memory_utilization, 0.9)
+    usable_memory_fraction: float = 0.9
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -40,29 +43,38 @@ class Hardware:
         for field in ("interconnect_latency_us", "layer_overhead_us"):
             if not getattr(self, field) >= 0:
                 raise ValueError(f"{field} must be >= 0 for hardware {self.name!r}")
-        for field in ("mem_efficiency", "flops_efficiency"):
+        for field in ("mem_efficiency", "flops_efficiency", "usable_memory_fraction"):
             if not 0 < getattr(self, field) <= 1:
-                raise ValueError(f"{field} is a fraction of peak and must lie in (0, 1]; got {getattr(self, field)}")
+                raise ValueError(f"{field} is a fraction and must lie in (0, 1]; got {getattr(self, field)}")
+
+    @property
+    def usable_memory_gb(self) -> float:
+        return self.memory_gb * self.usable_memory_fraction
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer, as the roofline needs it."""
+    """A decoder-only transformer, as the roofline and the feasibility checks need it."""
 
     name: str
     params: float  # parameters as loaded (untied output head counted)
     layers: int
     hidden: int
-    heads: int
+    heads: int  # attention (query) heads
     kv_heads: int
     head_dim: int
     vocab: int
-    dtype_bytes: float = 2.0  # bf16
+    context_window: int | None = None  # most positions (prompt + output) the model takes; None: not checked
+    dtype_bytes: float = 2.0  # bytes per weight (bf16)
+    kv_dtype_bytes: float = 2.0  # bytes per KV-cache element (bf16, as the weights: vLLM's kv_cache_dtype "auto")
     source: str = ""
 
     def __post_init__(self) -> None:
-        for field in ("params", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "dtype_bytes"):
+        for field in ("params", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "dtype_bytes",
+                      "kv_dtype_bytes"):
             _positive(field, getattr(self, field), f" for model {self.name!r}")
+        if self.context_window is not None:
+            _positive("context_window", self.context_window, f" for model {self.name!r}")
         if self.kv_heads > self.heads:
             raise ValueError(f"kv_heads ({self.kv_heads}) cannot exceed heads ({self.heads}) for {self.name!r}")
 
@@ -72,7 +84,7 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> float:
-        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes  # K and V
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes  # K and V
 
 
 @dataclass(frozen=True)

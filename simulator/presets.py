@@ -1,20 +1,27 @@
 """Hardware and model presets. Every number says where it comes from.
 
-Accelerator peaks are the vendors' datasheet figures (dense bf16, i.e. half the "with sparsity" number).
-The achieved fractions (`mem_efficiency`, `flops_efficiency`) and the per-layer overhead are our
-assumptions, calibrated once as stated; change them with `dataclasses.replace` if your stack differs.
+Each constant carries its source in a comment and in the preset's `source` text: a spec sheet or model
+config (the vendors' datasheet peaks are dense bf16, i.e. half the "with sparsity" number), a paper
+figure, "calibrated on X" (fitted once so the roofline reproduces a measured figure) or "assumed" (no
+measurement behind it; change it with `dataclasses.replace` if your stack differs).
 """
 
 from __future__ import annotations
 
 from simulator.hardware import Hardware, ModelSpec
 
-# Fixed per-layer overhead on the GPUs: chosen so that Llama-3.1-70B on 4×H100 (TP 4) decodes at the
-# paper's AR figure, 54.7 tokens/s (Kumar, Dao & May 2026, §7 of docs/ssd.md), with the efficiencies below.
+# calibrated on the paper's AR figure: Llama-3.1-70B on 4×H100 (TP 4) decodes at 54.7 tokens/s (Kumar, Dao
+# & May 2026; docs/ssd.md §7) with the efficiencies below (tests/simulator/test_presets.py checks it)
 _GPU_LAYER_OVERHEAD_US = 40.0
+_NCCL_ALLREDUCE_US = 10.0  # assumed: one small NCCL all-reduce over NVLink
+_GPU_MEM_EFFICIENCY = 0.8  # assumed achievable fraction of peak HBM bandwidth
+_GPU_FLOPS_EFFICIENCY = 0.7  # assumed achievable fraction of dense bf16 peak
+_USABLE_MEMORY_FRACTION = 0.9  # vLLM's default gpu_memory_utilization; the rest: activations, CUDA context
 _GPU_NOTE = (
-    "; mem_efficiency 0.8 and flops_efficiency 0.7 are assumed achievable fractions; layer_overhead_us "
-    "calibrated to the paper's Llama-3.1-70B TP4 H100 AR 54.7 tok/s; 10 µs per small NCCL all-reduce assumed"
+    f"; mem_efficiency {_GPU_MEM_EFFICIENCY} and flops_efficiency {_GPU_FLOPS_EFFICIENCY}: assumed; "
+    f"layer_overhead_us {_GPU_LAYER_OVERHEAD_US:g}: calibrated on the paper's Llama-3.1-70B TP4 H100 AR "
+    f"54.7 tok/s; interconnect_latency_us {_NCCL_ALLREDUCE_US:g} per small NCCL all-reduce: assumed; "
+    f"usable memory {_USABLE_MEMORY_FRACTION}: vLLM's default gpu_memory_utilization"
 )
 
 HARDWARE: dict[str, Hardware] = {
@@ -23,9 +30,12 @@ HARDWARE: dict[str, Hardware] = {
         mem_bandwidth_gb_s=3350.0,
         peak_tflops=989.5,
         interconnect_gb_s=450.0,
-        interconnect_latency_us=10.0,
+        interconnect_latency_us=_NCCL_ALLREDUCE_US,
         layer_overhead_us=_GPU_LAYER_OVERHEAD_US,
         memory_gb=80.0,
+        mem_efficiency=_GPU_MEM_EFFICIENCY,
+        flops_efficiency=_GPU_FLOPS_EFFICIENCY,
+        usable_memory_fraction=_USABLE_MEMORY_FRACTION,
         source="NVIDIA H100 datasheet: HBM3 3.35 TB/s, BF16 1,979 TFLOPS with sparsity (989.5 dense), "
         "NVLink 900 GB/s total (450 per direction), 80 GB" + _GPU_NOTE,
     ),
@@ -34,9 +44,12 @@ HARDWARE: dict[str, Hardware] = {
         mem_bandwidth_gb_s=4800.0,
         peak_tflops=989.5,
         interconnect_gb_s=450.0,
-        interconnect_latency_us=10.0,
+        interconnect_latency_us=_NCCL_ALLREDUCE_US,
         layer_overhead_us=_GPU_LAYER_OVERHEAD_US,
         memory_gb=141.0,
+        mem_efficiency=_GPU_MEM_EFFICIENCY,
+        flops_efficiency=_GPU_FLOPS_EFFICIENCY,
+        usable_memory_fraction=_USABLE_MEMORY_FRACTION,
         source="NVIDIA H200 datasheet: HBM3e 4.8 TB/s, BF16 1,979 TFLOPS with sparsity (989.5 dense), "
         "NVLink 900 GB/s total (450 per direction), 141 GB" + _GPU_NOTE,
     ),
@@ -45,28 +58,34 @@ HARDWARE: dict[str, Hardware] = {
         mem_bandwidth_gb_s=2039.0,
         peak_tflops=312.0,
         interconnect_gb_s=300.0,
-        interconnect_latency_us=10.0,
+        interconnect_latency_us=_NCCL_ALLREDUCE_US,
         layer_overhead_us=_GPU_LAYER_OVERHEAD_US,
         memory_gb=80.0,
+        mem_efficiency=_GPU_MEM_EFFICIENCY,
+        flops_efficiency=_GPU_FLOPS_EFFICIENCY,
+        usable_memory_fraction=_USABLE_MEMORY_FRACTION,
         source="NVIDIA A100 datasheet: HBM2e 2,039 GB/s, BF16 312 TFLOPS dense (624 with sparsity), "
         "NVLink 600 GB/s total (300 per direction), 80 GB" + _GPU_NOTE,
     ),
     "cpu": Hardware(
         name="EPYC-2core-1thread",
-        mem_bandwidth_gb_s=17.6,
-        peak_tflops=0.293,
-        interconnect_gb_s=2.0,
-        interconnect_latency_us=100.0,
-        layer_overhead_us=1716.0,
-        memory_gb=24.0,
-        mem_efficiency=1.0,
+        mem_bandwidth_gb_s=17.6,  # calibrated, as the source says
+        peak_tflops=0.293,  # calibrated, as the source says
+        interconnect_gb_s=2.0,  # assumed: a process-to-process queue on the same host
+        interconnect_latency_us=100.0,  # assumed, as above
+        layer_overhead_us=1716.0,  # calibrated on the forwards below (Python per layer)
+        memory_gb=24.0,  # this machine's RAM (`free`: 23 GiB, about 24 GB)
+        mem_efficiency=1.0,  # the fitted 17.6 GB/s and 293 GFLOP/s are already achieved figures
         flops_efficiency=1.0,
         overlaps_memory_and_compute=False,
-        source="fitted (least squares on relative error) to docs/models-and-data.md, one thread, bf16, prefix 200: "
+        usable_memory_fraction=0.75,  # assumed: the OS, Python and torch keep about a quarter
+        source="calibrated on this machine: fitted (least squares on relative error) to docs/models-and-data.md, "
+        "one thread, bf16, prefix 200: "
         "Qwen2.5-Coder-1.5B n=1,4,5,8 -> 289,285,301,341 ms; 0.5B n=1,4,8,12,16,24 -> 117,126,146,168,182,222 ms. "
         "Effective 17.6 GB/s and 293 GFLOP/s, added (memory and compute do not overlap: the max() form fits "
         "to 13%, the sum to 9%), 1.72 ms per layer per forward (the doc measured 1.5-2 ms of Python per layer). "
-        "Link: a process-to-process queue on the same host, 0.1 ms and 2 GB/s assumed. Not valid for int8 drafts.",
+        "Link: a process-to-process queue on the same host, 0.1 ms and 2 GB/s assumed. Memory: this machine's "
+        "24 GB of RAM, 75% usable (assumed). Not valid for int8 drafts.",
     ),
 }
 
@@ -80,8 +99,10 @@ MODELS: dict[str, ModelSpec] = {
         kv_heads=8,
         head_dim=128,
         vocab=128256,
-        source="meta-llama/Llama-3.1-70B config.json (80 layers, hidden 8192, 64 heads, 8 KV heads, vocab 128256); "
-        "70.55 B parameters (model card)",
+        context_window=131072,
+        source="meta-llama/Llama-3.1-70B config.json (80 layers, hidden 8192, 64 heads, 8 KV heads, vocab 128256, "
+        "max_position_embeddings 131072: the 128K context of the model card); 70.55 B parameters (model card); "
+        "bf16 weights and KV cache",
     ),
     "llama-3.2-1b": ModelSpec(
         name="Llama-3.2-1B",
@@ -92,8 +113,9 @@ MODELS: dict[str, ModelSpec] = {
         kv_heads=8,
         head_dim=64,
         vocab=128256,
+        context_window=131072,
         source="meta-llama/Llama-3.2-1B config.json (16 layers, hidden 2048, 32 heads, 8 KV heads, tied "
-        "embeddings); 1.24 B parameters (model card)",
+        "embeddings, max_position_embeddings 131072); 1.24 B parameters (model card); bf16 weights and KV cache",
     ),
     "qwen3-32b": ModelSpec(
         name="Qwen3-32B",
@@ -104,8 +126,10 @@ MODELS: dict[str, ModelSpec] = {
         kv_heads=8,
         head_dim=128,
         vocab=151936,
+        context_window=40960,
         source="Qwen/Qwen3-32B model card and config.json: 32.8 B parameters, 64 layers, 64 Q / 8 KV heads, "
-        "head_dim 128",
+        "head_dim 128, max_position_embeddings 40960 (the model card: 32,768 native, 131,072 with YaRN, which "
+        "this preset does not assume); bf16 weights and KV cache",
     ),
     "qwen3-0.6b": ModelSpec(
         name="Qwen3-0.6B",
@@ -116,8 +140,9 @@ MODELS: dict[str, ModelSpec] = {
         kv_heads=8,
         head_dim=128,
         vocab=151936,
+        context_window=40960,
         source="Qwen/Qwen3-0.6B model card and config.json: 0.6 B parameters (0.44 B non-embedding, tied), "
-        "28 layers, 16 Q / 8 KV heads, head_dim 128",
+        "28 layers, 16 Q / 8 KV heads, head_dim 128, max_position_embeddings 40960; bf16 weights and KV cache",
     ),
     "qwen2.5-coder-1.5b": ModelSpec(
         name="Qwen2.5-Coder-1.5B-Instruct",
@@ -128,8 +153,10 @@ MODELS: dict[str, ModelSpec] = {
         kv_heads=2,
         head_dim=128,
         vocab=151936,
+        context_window=32768,
         source="docs/models-and-data.md: 28 layers, d=1536, 12 heads / 2 KV heads, ~1.78 B parameters as loaded "
-        "(untied output head), vocab 151,936",
+        "(untied output head), vocab 151,936; config.json of the provisioned model: max_position_embeddings "
+        "32768, no sliding window; bf16 weights and KV cache",
     ),
     "qwen2.5-coder-0.5b": ModelSpec(
         name="Qwen2.5-Coder-0.5B-Instruct",
@@ -140,16 +167,24 @@ MODELS: dict[str, ModelSpec] = {
         kv_heads=2,
         head_dim=64,
         vocab=151936,
+        context_window=32768,
         source="docs/models-and-data.md: 24 layers, d=896, ~0.63 B parameters as loaded; Qwen2.5-0.5B "
-        "config.json: 14 Q / 2 KV heads, head_dim 64",
+        "config.json: 14 Q / 2 KV heads, head_dim 64; config.json of the provisioned model: "
+        "max_position_embeddings 32768; bf16 weights and KV cache",
     ),
 }
 
-# Model pairs with the number of target devices the paper (or this machine) uses.
+# Model pairs: (target, draft, target tensor-parallel degree). The draft runs at TP 1 (SSD: on its own device).
 PAIRS: dict[str, tuple[str, str, int]] = {
-    "llama": ("llama-3.1-70b", "llama-3.2-1b", 4),  # paper: TP 4 on H100, draft on a 5th device
-    "qwen3": ("qwen3-32b", "qwen3-0.6b", 2),
-    "qwen-coder": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 1),  # the default pair of this project
+    "llama": ("llama-3.1-70b", "llama-3.2-1b", 4),
+    "qwen3": ("qwen3-32b", "qwen3-0.6b", 4),
+    "qwen-coder": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 1),
+}
+# where each pair's TP degree comes from
+PAIR_SOURCES: dict[str, str] = {
+    "llama": "the paper's setup (docs/ssd.md §7): TP 4 on H100, draft on a 5th device",
+    "qwen3": "the paper's second pair, same setup (docs/ssd.md §7): TP 4, draft on its own device",
+    "qwen-coder": "this project's default pair (docs/models-and-data.md): one device",
 }
 
 

@@ -97,8 +97,8 @@ class RooflineTiming:
 
     target: Deployment
     draft: Deployment
-    random_backup_ms: float = 0.01  # uniform tokens: one small kernel
-    lookup_backup_ms: float = 0.05  # n-gram lookup over the prompt on the host
+    random_backup_ms: float = 0.01  # assumed: uniform tokens, one small kernel
+    lookup_backup_ms: float = 0.05  # assumed: an n-gram lookup over the prompt on the host
     sampling_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:

@@ -19,7 +19,8 @@ import math
 from pathlib import Path
 
 TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
-                 "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "hit", "tok/round"]
+                 "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "hit", "tok/round",
+                 "overloaded", "capacity_rps"]
 
 
 def _floats(text: str) -> list[float]:
@@ -256,12 +257,14 @@ def _write_json(path: str, payload) -> None:
 def run(args: argparse.Namespace) -> int:
     from reports.tables import format_table
     from simulator import Policy, rounds_per_second, simulate, sweep, write_chrome_trace
+    from simulator import feasibility
 
     if args.validate:
         return _validate(args)
     scenario = scenario_from_args(args, args.rate)
     grid = _grid(args)
     points = grid.points()
+    feasibility.check(*(scenario.config(**p) for p in points))  # cannot run as asked: one line, exit 2
     if args.benchmark:
         configs = [scenario.config(**p) for p in points]
         for config in configs:
@@ -285,13 +288,18 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(config, trace=bool(args.trace))
         if args.trace:
             print(f"trace: {write_chrome_trace(result.timeline, args.trace)}")
+        result, overloaded = feasibility.honest(config, result)  # overloaded: capacity, not latency
         results = [result]
         if args.json != "-":
-            print(_detail(result))
+            print(_detail(result) if overloaded is None else f"{overloaded}\n\n{_detail(result)}")
     else:
-        results = [result for _, result in sweep(scenario, grid)]
+        swept = sweep(scenario, grid)  # in the order of points
+        results = [feasibility.honest(scenario.config(**p), r)[0] for p, (_, r) in zip(points, swept)]
         if args.json != "-":
             print(format_table([r.row() for r in results], TABLE_COLUMNS, markdown=args.markdown))
+            if any(r.settings.get("overloaded") for r in results):
+                print("overloaded rows: arrivals exceed the capacity (capacity_rps, requests/s at full load), so "
+                      "their latencies are not quoted")
     if args.json:
         _write_json(args.json, [r.to_dict() for r in results])
     return 0

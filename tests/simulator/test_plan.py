@@ -1,11 +1,15 @@
-"""Capacity planning on constant timings, where the answer can be checked by hand."""
+"""Capacity planning on constant timings, where the answer can be checked by hand, and on the roofline where
+some grid points cannot run."""
 
 import json
 import math
 
 import pytest
 
-from simulator import ConstantTiming, Grid, LatencyTarget, Lengths, Scenario, plan, write_chrome_trace
+from simulator import (ConstantTiming, Deployment, Grid, LatencyTarget, Lengths, RooflineTiming, Scenario, plan,
+                       write_chrome_trace)
+from simulator.plan import missed, shortfall
+from simulator.presets import hardware_preset, model_preset
 from simulator.trace import chrome_trace
 
 # AR: 10 ms per token; SD K=4 at α=0.8: (4·1 + 10) = 14 ms per round for 3.36 tokens.
@@ -75,3 +79,41 @@ def test_chrome_trace_has_one_row_per_actor(tmp_path):
     assert names[spans[0]["tid"]] == "draft" and names[spans[1]["tid"]] == "target"
     path = write_chrome_trace(timeline, tmp_path / "t.json")
     assert json.loads(path.read_text()) == trace
+
+
+# Llama-3.1-70B on 4×H100 (roofline): batch 256 × 4,050 tokens needs 120 GB per device, batch 1 fits
+LLAMA = Scenario(RooflineTiming(Deployment(model_preset("llama-3.1-70b"), hardware_preset("h100"), 4),
+                                Deployment(model_preset("llama-3.2-1b"), hardware_preset("h100"))),
+                 prompt_len=Lengths(4000), output_len=Lengths(50), target_devices=4, rounds=300)
+
+
+def test_points_that_cannot_run_are_dropped_with_their_reason():
+    result = plan(LLAMA, Grid(strategies=("ar",), batch=(1, 256)), rate_per_s=0.5,
+                  target=LatencyTarget("itl", 99, 100.0), check_requests=20)
+    (dropped,) = result.infeasible
+    assert dropped.settings["batch"] == 256 and "GB per device" in dropped.reason
+    assert [c.settings["batch"] for c in (*result.candidates, *result.rejected)] == [1]
+    assert result.best is not None and result.best.settings["batch"] == 1
+
+
+def test_a_grid_where_nothing_can_run_is_refused():
+    with pytest.raises(ValueError, match="none of the 2 configurations can run; the first, strategy=ar"):
+        plan(LLAMA, Grid(strategies=("ar",), batch=(256, 512)), rate_per_s=0.5, target=LatencyTarget())
+
+
+def test_every_target_of_the_slo_must_hold():
+    # AR at batch 1: ITL 10 ms meets 50 ms, but 100-token requests take about 990 ms end to end
+    grid = Grid(strategies=("ar",), batch=(1,))
+    slo = [LatencyTarget("itl", 50, 50.0), LatencyTarget("e2el", 50, 500.0)]
+    result = plan(SCENARIO, grid, rate_per_s=0.2, target=slo, check_requests=30)
+    assert result.best is None and not result.candidates and len(result.rejected) == 1
+    assert result.closest is result.rejected[0] and result.target == slo[0]
+    assert missed(slo, result.closest.screened) == (slo[1],)
+    assert shortfall(slo, result.closest.screened) == pytest.approx(990 / 500, rel=0.02)
+    relaxed = [slo[0], LatencyTarget("e2el", 50, 1500.0)]
+    assert plan(SCENARIO, grid, rate_per_s=0.2, target=relaxed, check_requests=30).best is not None
+
+
+def test_one_target_per_metric():
+    with pytest.raises(ValueError, match="one target per latency metric"):
+        plan(SCENARIO, Grid(strategies=("ar",)), 1.0, [LatencyTarget("itl", 99, 5.0), LatencyTarget("itl", 50, 9.0)])

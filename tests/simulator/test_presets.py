@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from simulator import Deployment, RooflineTiming
-from simulator.presets import HARDWARE, MODELS, PAIRS, hardware_preset, model_preset
+from simulator.presets import HARDWARE, MODELS, PAIR_SOURCES, PAIRS, hardware_preset, model_preset
 from theory.glossary import Backup, Strategy
 
 
@@ -63,3 +63,13 @@ def test_unknown_presets_list_the_choices():
 def test_bad_hardware_is_refused():
     with pytest.raises(ValueError, match="mem_efficiency"):
         dataclasses.replace(hardware_preset("h100"), mem_efficiency=1.5)
+
+
+def test_the_qwen3_pair_runs_at_the_papers_tp_4():
+    assert PAIRS["qwen3"][2] == 4 and PAIRS["llama"][2] == 4  # docs/ssd.md §7: target on 4×H100
+    assert set(PAIR_SOURCES) == set(PAIRS)
+
+
+@pytest.mark.parametrize("model", MODELS.values(), ids=lambda m: m.name)
+def test_every_model_states_its_context_window(model):
+    assert model.context_window and f"{model.context_window}" in model.source.replace(",", "")
