@@ -11,7 +11,9 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
 - the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify.
 Where a record holds the SSD wait rather than the backup's time (`RoundRecord.backup_time_ms` is None),
-a neural backup is not used for the draft fit and a fast backup's time is its round's wait less the link.
+a neural backup is not used for the draft fit and a fast backup's time is its round's wait less the link
+or, where the looked-up build outlasted the verify, less the rest of that build (the engine's per-row
+miss policy finishes the build before the backup).
 """
 
 from __future__ import annotations
@@ -151,10 +153,18 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
                  and r.cache_build_ms < r.verify_ms and r.wait_ms is not None]
     link_ms = float(np.median(hit_waits)) / 2 if hit_waits else 0.0
     fast = {}
+    ssd_overhead = overhead.get(Strategy.SSD.value, 0.0)
+
+    def fast_backup_ms(r: RoundRecord) -> float:
+        if r.backup_time_ms is not None:
+            return r.backup_time_ms
+        # The wait also covers the link both ways and, per-row, the rest of the looked-up build
+        # (cache_build_ms in such records) where it outlasted the verify.
+        overrun = (r.cache_build_ms or 0.0) - r.verify_ms - ssd_overhead
+        return max(0.0, r.wait_ms - max(2 * link_ms, overrun))
+
     for backup in (Backup.RANDOM, Backup.LOOKUP):
-        misses = [r for r in decode if r.backup is backup and not all(r.hit)]
-        times = [r.backup_time_ms if r.backup_time_ms is not None else max(0.0, r.wait_ms - 2 * link_ms)
-                 for r in misses]
+        times = [fast_backup_ms(r) for r in decode if r.backup is backup and not all(r.hit)]
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(

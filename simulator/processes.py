@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import simpy
 
-from theory.glossary import Backup, Strategy
+from theory.glossary import Backup, MissPolicy, Strategy
 
 from simulator.batch import Batch
 from simulator.draws import Draws
@@ -23,12 +23,12 @@ class Testbed:
     """What the actors share: the clock, the models, the channels, the batch and the recorder."""
 
     def __init__(self, env: simpy.Environment, *, strategy: Strategy, K: int, backup: Backup,
-                 budget: int, budget_backup: int, preempt_build: bool, timing: TimingModel, draws: Draws,
+                 budget: int, budget_backup: int, miss_policy: MissPolicy, timing: TimingModel, draws: Draws,
                  batch: Batch, recorder: Recorder, to_draft: Link, to_target: Link,
                  spec_bytes_per_seq: float, outcome_bytes_per_seq: float, max_rounds: int,
                  max_requests: int | None) -> None:
         self.env, self.strategy, self.K, self.backup = env, strategy, K, backup
-        self.budget, self.budget_backup, self.preempt_build = budget, budget_backup, preempt_build
+        self.budget, self.budget_backup, self.miss_policy = budget, budget_backup, miss_policy
         self.timing, self.draws, self.batch, self.rec = timing, draws, batch, recorder
         self.to_draft, self.to_target = to_draft, to_target
         self.spec_bytes, self.outcome_bytes = spec_bytes_per_seq, outcome_bytes_per_seq
@@ -125,6 +125,7 @@ def cache_lookup(seqs: list, draws: Draws, rec: Recorder) -> int:
     """Mark each sequence's next speculation as a hit or a miss; return the number of misses.
 
     A sequence verified before looks up the cache (the hit model decides); a new one has no cache yet.
+    `hits_by_k` counts lookups that found the outcome, even if the whole-batch miss policy then drops them.
     """
     if len(seqs) == 1:  # the common case at batch 1, without the list building below
         seq = seqs[0]
@@ -149,12 +150,17 @@ def cache_lookup(seqs: list, draws: Draws, rec: Recorder) -> int:
 def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
     """Asynchronous SSD: build the cache while the target verifies; on a hit the next speculation is ready.
 
-    A miss is known as soon as the outcome arrives (the cache keys are chosen before the tree decode), so
-    with `preempt_build` the backup starts at once; otherwise it waits for the build to finish first.
+    A miss is known as soon as the outcome arrives (the cache keys are chosen before the tree decode).
+    What happens then is the miss policy's:
+    - PER_ROW (this engine): the build runs to its end, the hit rows take their cached branches and the
+      missed rows share one backup; a round takes max(T_v, T_build) + [any miss]·T_backup.
+    - WHOLE_BATCH (the reference engine): a miss in any row abandons what is left of the build and the
+      backup drafts every row, so none keeps its hit; such a round takes T_v + T_backup.
     """
     timing, rec, draws, K, backup = bed.timing, bed.rec, bed.draws, bed.K, bed.backup
     draft, tracing = rec.draft, rec.spans is not None
     send, receive, cache_build_ms = bed.to_target.send, bed.to_draft.receive, timing.cache_build_ms
+    whole_batch = bed.miss_policy is MissPolicy.WHOLE_BATCH
     building, build_start_ms, build_end_ms = None, 0.0, 0.0
     while True:
         seqs = yield receive()
@@ -164,16 +170,21 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
         rec.batch_lookups += 1
         if missed == 0:
             rec.batch_all_hit += 1
+        abandon = whole_batch and missed > 0
         if building is not None:
-            if missed == 0 or not bed.preempt_build:
+            if abandon:
+                end_ms = min(arrived_ms, build_end_ms)
+            else:
                 if arrived_ms < build_end_ms:
                     yield building  # the cache build outlasts the verify: the round stretches
                 end_ms = build_end_ms
-            else:  # a miss: abandon what is left of the build
-                end_ms = min(arrived_ms, build_end_ms)
             draft["cache_build"] += end_ms - build_start_ms
             if tracing:
                 rec.span("draft", "cache_build", build_start_ms, end_ms)
+        if abandon:  # the build that held the hit rows' branches is gone: every row gets the backup
+            for seq in seqs:
+                seq.from_cache = False
+            missed = n
         context = bed.batch.context
         if missed:
             start_ms = env.now

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import simpy
 
-from theory.glossary import Backup, Strategy
+from theory.glossary import Backup, MissPolicy, Strategy
 
 from simulator.acceptance import AcceptanceModel, HitModel, Replay, Source
 from simulator.batch import Batch
@@ -28,8 +28,10 @@ class Policy:
     """How tokens are produced: strategy, lookahead K, SSD fan-out schedules and backup.
 
     `fanout` is F^p (used while verifying a speculation that came from the cache), `fanout_backup` F^b
-    (after a backup round; None: same). Each has K+1 entries, F_0..F_K. `preempt_build`: on a miss the
-    draft drops the rest of the cache build and starts the backup at once (the closed forms' assumption).
+    (after a backup round; None: same). Each has K+1 entries, F_0..F_K. `miss_policy`: what the draft
+    does when some rows miss (theory.MissPolicy): PER_ROW (this engine) finishes the cache build, keeps the
+    hit rows' branches and backs up the missed rows; WHOLE_BATCH (the reference engine) drops the rest of
+    the build at once and backs up every row.
     """
 
     strategy: Strategy
@@ -37,12 +39,13 @@ class Policy:
     fanout: tuple[int, ...] | None = None
     fanout_backup: tuple[int, ...] | None = None
     backup: Backup = Backup.NEURAL
-    preempt_build: bool = True
+    miss_policy: MissPolicy = MissPolicy.PER_ROW
 
     def __post_init__(self) -> None:
         strategy = Strategy(self.strategy)
         object.__setattr__(self, "strategy", strategy)
         object.__setattr__(self, "backup", Backup(self.backup))
+        object.__setattr__(self, "miss_policy", MissPolicy(self.miss_policy))
         if strategy is Strategy.AR:
             if self.K != 0:
                 object.__setattr__(self, "K", 0)
@@ -117,7 +120,8 @@ class SimConfig:
         p = self.policy
         out = {"strategy": p.strategy.value, "K": p.K, "batch": self.workload.max_batch}
         if p.strategy is Strategy.SSD:
-            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout)), backup=p.backup.value)
+            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout)), backup=p.backup.value,
+                       miss_policy=p.miss_policy.value)
         return out
 
 
@@ -144,7 +148,7 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
     to_target = Link(env, link, "link_to_target", rec.spans)
     bed = Testbed(
         env, strategy=p.strategy, K=p.K, backup=p.backup, budget=p.budget, budget_backup=p.budget_backup,
-        preempt_build=p.preempt_build, timing=config.timing, draws=_draws(config, draw_rng), batch=batch,
+        miss_policy=p.miss_policy, timing=config.timing, draws=_draws(config, draw_rng), batch=batch,
         recorder=rec, to_draft=to_draft, to_target=to_target,
         spec_bytes_per_seq=p.K * (TOKEN_ID_BYTES + config.draft_probs_bytes),
         outcome_bytes_per_seq=OUTCOME_BYTES, max_rounds=config.rounds, max_requests=config.requests,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from theory import Backup, Strategy, integer_fanout
+from theory import Backup, MissPolicy, Strategy, integer_fanout
 from theory import uniform_fanout as theory_uniform_fanout
 
 from simulator.acceptance import (
@@ -69,6 +69,7 @@ class Scenario:
     hits: HitModel = field(default_factory=lambda: PowerLawHit(r=1.0, scale=0.5))
     saguaro: SaguaroTable | None = None
     fanout_rule: str = "geometric"
+    miss_policy: MissPolicy = MissPolicy.PER_ROW  # SSD at batch > 1 when some rows miss
     prompt_len: Lengths = Lengths(128)
     output_len: Lengths | None = Lengths(256)
     rate_per_s: float | None = None  # None: closed loop at the batch size
@@ -83,6 +84,7 @@ class Scenario:
     def __post_init__(self) -> None:
         if self.fanout_rule not in FANOUT_RULES:
             raise ValueError(f"fanout_rule must be one of {', '.join(FANOUT_RULES)}; got {self.fanout_rule!r}")
+        object.__setattr__(self, "miss_policy", MissPolicy(self.miss_policy))
         if self.rate_per_s is not None and self.output_len is None:
             raise ValueError("an open loop (rate_per_s) needs finite output lengths")
 
@@ -120,7 +122,8 @@ class Scenario:
         acceptance, hits = self.models_at(C)
         fanout = self.fanout(K, budget, C) if strategy is Strategy.SSD else None
         policy = Policy(strategy, K=K if strategy is not Strategy.AR else 0, fanout=fanout,
-                        backup=backup if strategy is Strategy.SSD else Backup.NEURAL)
+                        backup=backup if strategy is Strategy.SSD else Backup.NEURAL,
+                        miss_policy=self.miss_policy)
         if self.rate_per_s is None:
             workload = ClosedLoop(batch, self.prompt_len, self.output_len)
         else:

@@ -13,7 +13,7 @@ from theory.fanout import (
     outcome_probabilities,
     uniform_fanout,
 )
-from theory.glossary import Backup, Strategy
+from theory.glossary import Backup, MissPolicy, Strategy
 from theory.powerlaw import PowerLawFit, fit_r, miss_rate
 from theory.saguaro import SaguaroPosition, all_accepted_hit_probability, saguaro_position, saguaro_q
 from theory.speedup import (
@@ -30,6 +30,7 @@ from theory.speedup import (
 __all__ = [
     "Backup",
     "BackupOption",
+    "MissPolicy",
     "PowerLawFit",
     "SaguaroPosition",
     "Strategy",

@@ -17,6 +17,7 @@ a      scale of the power law, miss ≈ a·F^(−r) (a = 1 in docs/ssd.md; fitte
 σ      Saguaro-modified draft distribution σ_{F,C}: q's top F+1 tokens scaled by C, renormalised
 T_n    the n best-ranked tokens of q (ties to the lower token id);  G(x) guesses after rejecting x
 b*     critical batch size: smallest b at which the fast backup beats the neural one (Cor. 16)
+miss policy  what a batch does when some of its rows miss (MissPolicy: per-row or whole-batch)
 """
 
 from __future__ import annotations
@@ -39,3 +40,28 @@ class Backup(str, Enum):
     RANDOM = "random"  # uniform random tokens: almost free, about one token per round
     LOOKUP = "lookup"  # prompt-lookup / n-gram draft: almost free, better than random
     AUTO = "auto"  # pick by the Cor. 16 speedup from measured quantities
+
+
+class MissPolicy(str, Enum):
+    """What SSD does at batch b > 1 when some rows' outcomes miss the cache (docs/ssd.md §3, Cor. 16).
+
+    Per round, T_v = 1, M = max(1, T_p):
+    - PER_ROW (this engine, engine/ssd/draft_worker.py): the cache build always runs to its end; then every
+      hit row takes its cached branch and the missed rows share one backup call. A round takes
+      M + [any row missed]·T_b; each row's tokens follow its own hit or miss.
+    - WHOLE_BATCH (the reference engine): a miss in any row abandons the build and the backup drafts every
+      row, so no row keeps its hit. A round takes M if all rows hit, else 1 + T_b, and then every row's
+      speculation is a backup one.
+    """
+
+    PER_ROW = "per-row"
+    WHOLE_BATCH = "whole-batch"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "MissPolicy":
+        """Accept the Python spelling ("per_row"); refuse anything else with the choices."""
+        if isinstance(value, str) and value.replace("_", "-") in cls._value2member_map_:
+            return cls._value2member_map_[value.replace("_", "-")]
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"miss_policy must be one of {choices} (what a batch does when some rows miss); "
+                         f"got {value!r}")

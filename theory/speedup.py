@@ -18,6 +18,7 @@ from theory._checks import (
     as_probability,
     scalar_or_array,
 )
+from theory.glossary import MissPolicy
 
 
 def expected_tokens(alpha: npt.ArrayLike, K: npt.ArrayLike) -> FloatOrArray:
@@ -92,15 +93,30 @@ def ssd_speedup(
     T_b: npt.ArrayLike,
     b: npt.ArrayLike = 1,
     T_ar: npt.ArrayLike = 1.0,
+    *,
+    miss_policy: MissPolicy | str = MissPolicy.PER_ROW,
 ) -> FloatOrArray:
-    """SSD speedup over AR (Thm 7; batch form Cor. 16), times in units of one verify:
+    """SSD speedup over AR per sequence (Thm 7; batch form Cor. 16), times in units of one verify.
 
-        [p_hit·E_hit + (1 − p_hit)·E_miss] · T_ar / [p_hit^b·max(1, T_p) + (1 − p_hit^b)·(1 + T_b)]
+    With M = max(1, T_p) (the round stretches when the cache build outlasts the verify) and s = p_hit^b
+    (all b independent rows hit):
 
-    A round takes one verify if its speculation came from the cache, stretched to `T_p` when the cache
-    build outlasts the verify; a miss adds the backup time `T_b`. With b independent sequences the batch
-    stays on the fast path only if all b hit (Cor. 16); b = 1 is Thm 7. Each sequence still emits its
-    own hit/miss tokens, so the numerator keeps the per-sequence p_hit.
+        per-row:      [p_hit·E_hit + (1 − p_hit)·E_miss] · T_ar / [M + (1 − s)·T_b]
+        whole-batch:  [s·E_hit + (1 − s)·E_miss] · T_ar / [s·M + (1 − s)·(1 + T_b)]
+
+    `MissPolicy.PER_ROW` (this engine): the build always runs to its end, then the missed rows share one
+    backup whenever any row missed; each row emits its own hit or miss tokens. `MissPolicy.WHOLE_BATCH`
+    (the reference engine): a miss in any row abandons the build as soon as the outcome arrives (the
+    cache keys are known before the tree decode) and backs up every row, so either all rows hit or the
+    round takes 1 + T_b and every row emits backup tokens.
+
+    Both equal the paper's form [p_hit·E_hit + (1 − p_hit)·E_miss] / [s·M + (1 − s)·(1 + T_b)] when
+    b = 1 and T_p ≤ 1. The paper's form takes its denominator from the whole-batch policy (a miss drops
+    the build at the end of the verify) and its numerator from the per-row one (hit rows keep their
+    cached tokens). When T_p > 1 this mix is wrong for both: at b = 1 it charges a miss round 1 + T_b,
+    whereas an engine that finishes its build (this one) pays M + T_b; at b > 1 it credits hit rows with
+    cache tokens from a build it has dropped, so whenever M > 1 + T_b its per-sequence speed rises with
+    b (more rounds skip the long build) although no sequence gets faster.
     """
     p_hit = as_probability(p_hit, "p_hit", " (the probability that the verify outcome is in the cache)")
     E_hit = as_positive(E_hit, "E_hit", " (expected tokens per round after a hit; at least 1)")
@@ -109,9 +125,15 @@ def ssd_speedup(
     T_b = as_nonnegative(T_b, "T_b", " (backup time in units of one verify)")
     b = as_int(b, "b (batch size)", minimum=1)
     T_ar = as_positive(T_ar, "T_ar", " (AR decode step in units of one verify; about 1)")
+    miss_policy = MissPolicy(miss_policy)
     all_hit = p_hit**b
-    tokens = p_hit * E_hit + (1.0 - p_hit) * E_miss
-    time = all_hit * np.maximum(1.0, T_p) + (1.0 - all_hit) * (1.0 + T_b)
+    stretched = np.maximum(1.0, T_p)
+    if miss_policy is MissPolicy.PER_ROW:
+        tokens = p_hit * E_hit + (1.0 - p_hit) * E_miss
+        time = stretched + (1.0 - all_hit) * T_b
+    else:
+        tokens = all_hit * E_hit + (1.0 - all_hit) * E_miss
+        time = all_hit * stretched + (1.0 - all_hit) * (1.0 + T_b)
     return scalar_or_array(tokens * T_ar / time)
 
 
@@ -122,15 +144,19 @@ def ssd_over_sd_neural(
     T_sd: npt.ArrayLike,
     T_p: npt.ArrayLike = 1.0,
     b: npt.ArrayLike = 1,
+    *,
+    miss_policy: MissPolicy | str = MissPolicy.PER_ROW,
 ) -> FloatOrArray:
     """speedup_SSD / speedup_SD with the draft itself as backup (`T_b = T_SD`, `E_miss = E_SD`), Cor. 8.
 
     Cor. 8: if `T_p ≤ 1` and `E_hit ≥ E_SD` (same draft, same acceptance) this is ≥ 1, i.e. SSD is never
-    slower than SD, and > 1 once `p_hit > 0` and `T_SD > 0`: the denominator
-    `p_hit^b + (1 − p_hit^b)(1 + T_SD)` never exceeds SD's `1 + T_SD`. It holds at any batch size.
+    slower than SD, and > 1 once `p_hit > 0` and `T_SD > 0`: under either miss policy the round then takes
+    `1 + (1 − p_hit^b)·T_SD`, never more than SD's `1 + T_SD`, and emits at least E_SD tokens per row.
+    It holds at any batch size. With `T_p > 1` the per-row policy pays the stretched build on every round
+    and can fall behind SD.
     """
     T_sd = as_nonnegative(T_sd, "T_sd", " (K·T_d / T_v, the draft time per round in verify units)")
-    ssd = np.asarray(ssd_speedup(p_hit, E_hit, E_sd, T_p, T_sd, b))
+    ssd = np.asarray(ssd_speedup(p_hit, E_hit, E_sd, T_p, T_sd, b, miss_policy=miss_policy))
     sd = np.asarray(E_sd, dtype=np.float64) / (1.0 + T_sd)
     return scalar_or_array(ssd / sd)
 

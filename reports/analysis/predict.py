@@ -3,9 +3,10 @@
 All three are decode-phase speedups over AR at the same temperature and batch size (prefill left out:
 the closed forms have no prefill term):
 - measured: Σ emitted / Σ round time of the variant's decode rounds, over the same for AR;
-- closed form (theory): `sd_speedup` (Leviathan et al.) or `ssd_speedup` (Thm 7 / Cor. 16) evaluated
-  with the run's own α, hit rate and mean per-round times (verify, draft, cache build, AR step; T_b is the
-  target's mean wait in rounds with a miss, i.e. the backup plus the link);
+- closed form (theory): `sd_speedup` (Leviathan et al.) or `ssd_speedup` (Thm 7 / Cor. 16, per-row miss
+  policy, as this engine does) evaluated with the run's own α, hit rate and mean per-round times (verify,
+  draft, cache build, AR step; T_b is the target's mean wait in rounds with a miss, i.e. the backup plus the
+  link, less the part of the cache build that outlasts the verify, which the per-row form already charges);
   they have no term for per-round overhead (sampling, bookkeeping), which is part of their error;
 - simulated (simulator): the SimPy model with a timing model fitted (`simulator.fit_timing`) on all the
   run's round records, replaying each variant's accepted counts and hits (`simulator.validate.simulate_like`).
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 from reports.analysis import rounds as R
 from reports.analysis.load import Run
-from theory import expected_tokens, sd_speedup, ssd_speedup
+from theory import MissPolicy, expected_tokens, sd_speedup, ssd_speedup
 
 SPECULATIVE_OURS = ("sd", "ssd")
 
@@ -43,10 +44,11 @@ def _closed_form(row: dict, t: R.Timings, ar: R.Timings) -> tuple[float | None, 
         return None, {}
     a_hit = row["alpha_hit"] if row["alpha_hit"] is not None else alpha
     a_miss = row["alpha_miss"] if row["alpha_miss"] is not None else a_hit
+    overrun_ms = max(0.0, t.cache_build_ms - T_v)  # in every round's wait, misses' included
     inputs = {"p_hit": p_hit, "alpha_hit": a_hit, "alpha_miss": a_miss, "T_p": t.cache_build_ms / T_v,
-              "T_b": (t.miss_wait_ms or 0.0) / T_v, "T_ar_over_T_v": ar.verify_ms / T_v}
+              "T_b": max(0.0, (t.miss_wait_ms or 0.0) - overrun_ms) / T_v, "T_ar_over_T_v": ar.verify_ms / T_v}
     value = ssd_speedup(p_hit, expected_tokens(a_hit, K), expected_tokens(a_miss, K), inputs["T_p"],
-                        inputs["T_b"], row["batch"], inputs["T_ar_over_T_v"])
+                        inputs["T_b"], row["batch"], inputs["T_ar_over_T_v"], miss_policy=MissPolicy.PER_ROW)
     return float(value), inputs
 
 

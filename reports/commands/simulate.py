@@ -62,6 +62,10 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--saguaro-table", metavar="JSON", help='{"C": [...], "alpha": [...], "r": [...], "scale": [...]}')
     g.add_argument("--fanout-rule", choices=["geometric", "uniform"], default="geometric",
                    help="schedule for a budget: Thm 12 integer optimum (default) or even spread")
+    g.add_argument("--miss-policy", choices=["per-row", "whole-batch"], default="per-row",
+                   help="SSD at batch > 1 when some rows miss: per-row (default; this engine: the cache build "
+                        "completes, hit rows keep their branch, missed rows share one backup) or whole-batch "
+                        "(the reference engine: any miss drops the build and backs up every row)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="> 0: the draft also sends q (vocab × 2 bytes per token) over the link")
     g = p.add_argument_group("workload")
@@ -162,7 +166,8 @@ def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
     vocab = timing.draft.model.vocab if hasattr(timing, "draft") and hasattr(timing.draft, "model") else 151936
     return Scenario(
         timing=timing, acceptance=acceptance, hits=hits, saguaro=_saguaro_table(args.saguaro_table),
-        fanout_rule=args.fanout_rule, prompt_len=_lengths(args.prompt_len) or _lengths("128"),
+        fanout_rule=args.fanout_rule, miss_policy=args.miss_policy,
+        prompt_len=_lengths(args.prompt_len) or _lengths("128"),
         output_len=_lengths(args.output_len), rate_per_s=rate_per_s,
         link=LinkSpec(latency, bandwidth), draft_probs_bytes=2.0 * vocab if args.temperature > 0 else 0.0,
         target_devices=tp, rounds=args.rounds, seed=args.seed,
@@ -284,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             config = replace(config, policy=Policy("ssd", K=p["K"], fanout=tuple(int(f) for f in args.fanout),
-                                                   backup=p["backup"]))
+                                                   backup=p["backup"], miss_policy=args.miss_policy))
         result = simulate(config, trace=bool(args.trace))
         if args.trace:
             print(f"trace: {write_chrome_trace(result.timeline, args.trace)}")

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+MISS_POLICIES = ("per-row", "whole-batch")  # theory.MissPolicy's values (kept here: no import at parse time)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -31,6 +32,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         p.add_argument("--p-hit", type=float, required=True, help="probability the outcome is in the cache")
         p.add_argument("--t-p", type=float, default=1.0, help="cache-build time T_p (default 1: fits a verify)")
         p.add_argument("--alpha-hit", type=float, help="acceptance after a hit (default: --alpha)")
+        p.add_argument("--miss-policy", choices=MISS_POLICIES, default=MISS_POLICIES[0],
+                       help="at batch > 1 when some rows miss: per-row (default; this engine: the build "
+                            "completes, hit rows keep their branch, missed rows share one backup) or "
+                            "whole-batch (the reference engine: any miss drops the build and backs up every row)")
 
     p = command("speedup", "E(α, K), SD and SSD speedups over AR (Thm 7, Cor. 16) and the Cor. 8/9 bounds")
     round_flags(p)
@@ -121,9 +126,10 @@ def _speedup(args: argparse.Namespace) -> tuple[dict, list[str]]:
     cor8 = neural and args.t_p <= 1 and q["E_hit"] >= q["E_sd"]
     rows = []
     for b in args.batch:
-        ssd = ssd_speedup(args.p_hit, q["E_hit"], E_miss, args.t_p, T_b, b)
+        ssd = ssd_speedup(args.p_hit, q["E_hit"], E_miss, args.t_p, T_b, b, miss_policy=args.miss_policy)
         rows.append({"b": b, "all_hit": args.p_hit**b, "ssd_speedup": ssd, "ssd_over_sd": ssd / sd})
-    summary = {**q, "E_miss": E_miss, "T_b": T_b, "sd_speedup": sd, "cor9_ceiling_ssd_over_sd": ceiling,
+    summary = {**q, "E_miss": E_miss, "T_b": T_b, "miss_policy": args.miss_policy, "sd_speedup": sd,
+               "cor9_ceiling_ssd_over_sd": ceiling,
                "cor8_never_slower_than_sd": cor8}
     tables = [_pairs(summary), format_table(rows, ["b", "all_hit", "ssd_speedup", "ssd_over_sd"])]
     return {"inputs": _inputs(args), **summary, "by_batch": rows}, tables
@@ -174,11 +180,13 @@ def _backup(args: argparse.Namespace) -> tuple[dict, list[str]]:
     q = _round_quantities(args)
     neural = BackupOption(Backup.NEURAL, E_miss=q["E_sd"], T_b=args.t_sd)
     fast = BackupOption(Backup(args.fast), E_miss=args.fast_e_miss, T_b=args.fast_t_b)
-    speeds = backup_speedups(args.p_hit, q["E_hit"], args.t_p, [neural, fast], args.batch)
+    speeds = backup_speedups(args.p_hit, q["E_hit"], args.t_p, [neural, fast], args.batch, args.miss_policy)
     rows = [{"b": b, "neural": speeds[0, i], args.fast: speeds[1, i],
              "choice": args.fast if speeds[1, i] > speeds[0, i] else "neural"} for i, b in enumerate(args.batch)]
-    b_star = critical_batch_size(args.p_hit, q["E_hit"], args.t_p, neural, fast, b_max=args.b_max)
-    summary = {**q, "b_star": b_star if b_star is not None else f"none up to {args.b_max}"}
+    b_star = critical_batch_size(args.p_hit, q["E_hit"], args.t_p, neural, fast, b_max=args.b_max,
+                                 miss_policy=args.miss_policy)
+    summary = {**q, "miss_policy": args.miss_policy,
+               "b_star": b_star if b_star is not None else f"none up to {args.b_max}"}
     tables = [_pairs(summary), format_table(rows, ["b", "neural", args.fast, "choice"])]
     return {"inputs": _inputs(args), **q, "b_star": b_star, "by_batch": rows}, tables
 

@@ -73,13 +73,15 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
             wait = draft
         else:
             missed = hit.count(False)
+            # The worker finishes the build it started with the last speculation (per-row miss policy), then
+            # backs up the missed rows.
+            wait = max(2 * link, build_prev - verify_prev)
             if missed:
                 draft = (K * _draft_step(missed, missed * context) if backup == "neural" else TRUE["random_ms"])
                 draft *= jitter()
-                wait = 2 * link + draft
+                wait += draft
             else:
                 draft = 0.0
-                wait = max(2 * link, build_prev - verify_prev)
             accepted = [_k(rng, alpha if (h or backup == "neural") else 0.0, K) for h in hit]
             build = (_draft_step(batch * (K + 1), batch * context) + K * _draft_step(branches, batch * context))
             build *= jitter()

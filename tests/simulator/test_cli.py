@@ -36,6 +36,22 @@ def test_trace_and_constant_timing(tmp_path):
     assert any(e.get("name") == "verify" for e in json.loads(path.read_text())["traceEvents"])
 
 
+@pytest.mark.parametrize("miss_policy", ["per-row", "whole-batch"])
+def test_per_sequence_speed_does_not_rise_with_batch_under_either_miss_policy(miss_policy, tmp_path):
+    # Issue 11's repro (fewer rounds): a build of 3 verifies and a random backup at p_hit 0.7. Crediting hits
+    # from a dropped build once made b = 16 2.4x faster per sequence than b = 1.
+    path = tmp_path / "out.json"
+    argv = ["simulate", "--K", "4", "--batch", "1", "16", "--timing", "constant", "--t-verify-ms", "10",
+            "--t-draft-ms", "1", "--t-build-ms", "30", "--hit-model", "constant", "--p-hit", "0.7", "--backup",
+            "random", "--output-len", "inf", "--rounds", "4000", "--miss-policy", miss_policy, "--json", str(path)]
+    assert main(argv) == 0
+    results = json.loads(path.read_text())
+    assert [r["settings"]["miss_policy"] for r in results] == [miss_policy] * 2
+    b1, b16 = (r["tokens_per_s_per_seq"] for r in results)
+    # Per-row: equal in expectation (T_b = 0); 5% is about 5 standard errors of b1 - b16 at 4,000 rounds.
+    assert b16 <= b1 * 1.05
+
+
 def test_fit_and_validate_from_records(tmp_path, capsys):
     calibration = write_jsonl(tmp_path / "cal.jsonl", engine_run("sd", 2, 1, 60), engine_run("sd", 4, 2, 60, seed=1),
                               engine_run("ar", 0, 2, 40, seed=2))

@@ -1,4 +1,4 @@
-"""Backup choice by the Cor. 16 speedup and our closed form for the critical batch size b*."""
+"""Backup choice by the Cor. 16 speedup and our closed form for the critical batch size b*, per miss policy."""
 
 from __future__ import annotations
 
@@ -7,27 +7,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from theory import Backup, BackupOption, backup_speedups, best_backup, critical_batch_size, ssd_speedup
+from theory import (Backup, BackupOption, MissPolicy, backup_speedups, best_backup, critical_batch_size,
+                    ssd_speedup)
 
-FAST = settings(deadline=None, max_examples=80)
+FAST = settings(deadline=None, max_examples=160)
 E_SD = 3.3616  # E(0.8, 4)
 NEURAL = BackupOption(Backup.NEURAL, E_miss=E_SD, T_b=0.3)
 RANDOM = BackupOption(Backup.RANDOM, E_miss=1.0, T_b=0.0)
 
 
-def brute_force_b_star(p_hit, E_hit, T_p, neural, fast, b_max) -> int | None:
+def brute_force_b_star(p_hit, E_hit, T_p, neural, fast, b_max, miss_policy) -> int | None:
     b = np.arange(1, b_max + 1)
-    speeds = backup_speedups(p_hit, E_hit, T_p, [neural, fast], b)
+    speeds = backup_speedups(p_hit, E_hit, T_p, [neural, fast], b, miss_policy)
     wins = np.flatnonzero(speeds[1] > speeds[0])
     return int(b[wins[0]]) if wins.size else None
 
 
-def test_speedups_are_cor16_per_backup() -> None:
+@pytest.mark.parametrize("policy", list(MissPolicy))
+def test_speedups_are_cor16_per_backup(policy) -> None:
     b = np.array([1, 4, 16])
-    speeds = backup_speedups(0.9, E_SD, 1.0, [NEURAL, RANDOM], b)
+    speeds = backup_speedups(0.9, E_SD, 1.5, [NEURAL, RANDOM], b, policy)
     assert speeds.shape == (2, 3)
-    assert np.allclose(speeds[0], ssd_speedup(0.9, E_SD, E_SD, 1.0, 0.3, b))
-    assert np.allclose(speeds[1], ssd_speedup(0.9, E_SD, 1.0, 1.0, 0.0, b))
+    assert np.allclose(speeds[0], ssd_speedup(0.9, E_SD, E_SD, 1.5, 0.3, b, miss_policy=policy))
+    assert np.allclose(speeds[1], ssd_speedup(0.9, E_SD, 1.0, 1.5, 0.0, b, miss_policy=policy))
 
 
 def test_neural_backup_at_batch_one_fast_backup_at_large_batch() -> None:
@@ -35,6 +37,22 @@ def test_neural_backup_at_batch_one_fast_backup_at_large_batch() -> None:
     assert best_backup(0.9, E_SD, 1.0, [NEURAL, RANDOM], b).tolist() == [0, 0, 1, 1, 1]
     assert critical_batch_size(0.9, E_SD, 1.0, NEURAL, RANDOM) == 3
     assert critical_batch_size(0.9, E_SD, 1.0, NEURAL, RANDOM, b_max=2) is None
+
+
+def test_whole_batch_random_backup_never_wins_here() -> None:
+    # Any miss hands every row the random backup's single token: at T_p = 1 both backups cost the same round
+    # time once a miss happens, and the neural one yields 3.4 tokens a row there against 1.
+    b = np.array([1, 3, 64])
+    assert best_backup(0.9, E_SD, 1.0, [NEURAL, RANDOM], b, MissPolicy.WHOLE_BATCH).tolist() == [0, 0, 0]
+    assert critical_batch_size(0.9, E_SD, 1.0, NEURAL, RANDOM, miss_policy=MissPolicy.WHOLE_BATCH) is None
+
+
+def test_per_row_b_star_moves_with_a_long_build() -> None:
+    # T_p = 2: every round pays the build, so the neural backup's 0.3 weighs less and fast wins later (3 at
+    # T_p = 1). By hand: N_n = 3.3616, N_f = 0.9·3.3616 + 0.1 = 3.1254; fast wins iff N_f·(2 + 0.3u) > 2·N_n,
+    # u > 0.5037, 0.9^b < 0.4963, b > 6.65.
+    assert critical_batch_size(0.9, E_SD, 2.0, NEURAL, RANDOM) == brute_force_b_star(
+        0.9, E_SD, 2.0, NEURAL, RANDOM, 512, MissPolicy.PER_ROW) == 7
 
 
 def test_b_star_edge_cases() -> None:
@@ -50,17 +68,19 @@ def test_b_star_edge_cases() -> None:
 @given(
     p_hit=st.floats(0.0, 1.0),
     E_hit=st.floats(1.0, 8.0),
-    T_p=st.floats(0.0, 2.0),
+    T_p=st.floats(0.0, 3.0),
     E_neural=st.floats(1.0, 8.0),
     T_neural=st.floats(0.0, 2.0),
     E_fast=st.floats(1.0, 8.0),
     T_fast=st.floats(0.0, 2.0),
+    policy=st.sampled_from(list(MissPolicy)),
 )
-def test_closed_form_b_star_matches_brute_force(p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast) -> None:
+def test_closed_form_b_star_matches_brute_force(p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast,
+                                                policy) -> None:
     neural = BackupOption(Backup.NEURAL, E_neural, T_neural)
     fast = BackupOption(Backup.LOOKUP, E_fast, T_fast)
-    want = brute_force_b_star(p_hit, E_hit, T_p, neural, fast, 512)
-    assert critical_batch_size(p_hit, E_hit, T_p, neural, fast, b_max=512) == want
+    want = brute_force_b_star(p_hit, E_hit, T_p, neural, fast, 512, policy)
+    assert critical_batch_size(p_hit, E_hit, T_p, neural, fast, b_max=512, miss_policy=policy) == want
 
 
 def test_bad_backup_input_raises_value_error() -> None:

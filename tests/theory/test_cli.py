@@ -38,6 +38,26 @@ def test_speedup_json(capsys) -> None:
     assert data["by_batch"][0]["ssd_over_sd"] > data["by_batch"][1]["ssd_over_sd"] > 1
 
 
+def test_speedup_per_sequence_does_not_rise_with_batch_under_either_miss_policy(capsys) -> None:
+    # Issue 11's repro: a random backup and a build of 3 verifies made the old form 2.4x faster at b = 16.
+    argv = [*SPEEDUP, "--p-hit", "0.7", "--t-p", "3", "--e-miss", "1", "--t-b", "0", "--batch", "1", "16"]
+    per_row = run_json(argv, capsys)
+    whole = run_json([*argv, "--miss-policy", "whole-batch"], capsys)
+    assert per_row["miss_policy"] == "per-row" and whole["miss_policy"] == "whole-batch"
+    for data in (per_row, whole):
+        assert data["by_batch"][1]["ssd_speedup"] <= data["by_batch"][0]["ssd_speedup"]
+    tokens = 0.7 * 3.3616 + 0.3
+    assert per_row["by_batch"][0]["ssd_speedup"] == pytest.approx(tokens / 3, rel=1e-4)  # the build, every round
+    assert whole["by_batch"][0]["ssd_speedup"] == pytest.approx(tokens / (0.7 * 3 + 0.3), rel=1e-4)  # dropped
+
+
+def test_miss_policy_choices_are_the_enums() -> None:
+    from reports.commands.theory import MISS_POLICIES
+    from theory import MissPolicy
+
+    assert MISS_POLICIES == tuple(m.value for m in MissPolicy)
+
+
 def test_fanout_table_and_json(capsys) -> None:
     assert main(FANOUT) == 0
     out = capsys.readouterr().out
