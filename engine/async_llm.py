@@ -183,6 +183,7 @@ class AsyncLLM:
         self._thread.join(timeout=60.0)
         self.llm.serving = False
         if self._rounds_file is not None:
+            self.loop.release_records()
             self.loop.on_record = None
             self._rounds_file.close()
             self._rounds_file = None

@@ -62,7 +62,7 @@ class DecodeLoop:
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: set[str] = set()
-        self._last_decode: RoundRecord | None = None
+        self._held: RoundRecord | None = None  # the last decode record, until the next round fills in its outcome
 
     # -- from any thread ----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -93,6 +93,8 @@ class DecodeLoop:
             chunks += self._prefill(joining)
         if self.running:
             chunks += self._round()
+        if not self.running:
+            self._release()  # no next round will fill in the held record
         self.stats.running, self.stats.waiting = len(self.running), len(self.scheduler.waiting)
         return chunks
 
@@ -196,12 +198,16 @@ class DecodeLoop:
             round_ms=ms_since(t0), draft_forwards=proposal.draft_forwards, hit=proposal.hit,
             cache_build_ms=proposal.cache_build_ms, branches=proposal.branches, backup=proposal.backup,
             wait_ms=proposal.draft_ms if proposal.hit is not None else None, fanout=proposal.fanout,
-            backup_ms=proposal.backup_ms,
+            backup_ms=proposal.backup_ms, prompt_index=[s.index for s in self.running],
         )
-        if proposal.previous_outcome_hit is not None and self._last_decode is not None:
-            self._last_decode.outcome_hit = proposal.previous_outcome_hit
-        self._last_decode = record if proposal.hit is not None else None
-        self._record(record)
+        held = self._held
+        if held is not None:
+            if proposal.previous_outcome_hit is not None and held.hit is not None:
+                held.outcome_hit = proposal.previous_outcome_hit
+            if proposal.previous_outcome_rank is not None and len(proposal.previous_outcome_rank) == held.batch_size:
+                held.outcome_rank = proposal.previous_outcome_rank
+        self._release()
+        self._record(record, hold=K > 0)
         self._retire()
         return [c for c in chunks if c is not None]
 
@@ -219,12 +225,25 @@ class DecodeLoop:
             s.ssd_lookups += len(looked_up)
             s.ssd_hits += sum(looked_up)
 
-    def _record(self, record: RoundRecord) -> None:
+    def _record(self, record: RoundRecord, hold: bool = False) -> None:
+        """Keep the record (in `records` at once) and hand it to `on_record`; with `hold`, only once the next
+        round has told how its outcome stood against the draft's guesses (`release_records` forces it)."""
         self.rounds += 1
         if self.records is not None:
             self.records.append(record)
-        if self.on_record is not None:
+        if hold:
+            self._held = record
+        elif self.on_record is not None:
             self.on_record(record)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and self.on_record is not None:
+            self.on_record(held)
+
+    def release_records(self) -> None:
+        """Hand a held decode record to `on_record` now, without what the next round would have added."""
+        self._release()
 
     def _count_finished(self, seqs: list[Sequence]) -> None:
         self.stats.requests_finished += sum(s.finish_reason != "abort" for s in seqs)

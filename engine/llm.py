@@ -208,7 +208,10 @@ class LLM:
             chat = self.config.chat_template if chat is None else chat
             if chat and getattr(self.tokenizer, "chat_template", None):
                 return self.encode_chat([{"role": "user", "content": prompt}])
-            return list(self.tokenizer(prompt)["input_ids"])
+            ids = list(self.tokenizer(prompt)["input_ids"])
+            if not ids:
+                raise ValueError(f"the prompt {prompt[:40]!r} encodes to no tokens with this tokenizer: give other text")
+            return ids
         ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("empty prompt: give at least one token id")

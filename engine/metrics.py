@@ -44,6 +44,10 @@ class RoundRecord:
     wait_ms: float | None = None
     fanout: list[int] | None = None
     outcome_hit: list[bool | None] | None = None  # was this round's outcome in the cache (None: row finished)
+    # SD and SSD: the rank of each row's bonus t* among the draft's guesses for its outcome k (None: unknown);
+    # a fan-out F_k would have held it iff rank < F_k
+    outcome_rank: list[int | None] | None = None
+    prompt_index: list[int] | None = None  # decode rounds: each row's prompt index in its generate() call
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None})

@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve")
+COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve", "calibrate")
 
 
 class CliError(Exception):

@@ -9,7 +9,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   neural backups (K forwards of the missed rows);
 - prefill: p0 + p_row·batch·tokens for the target and for the draft;
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
-- the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify.
+- the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify;
+- interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
+  memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
+  any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
+  records hold only SSD rounds: the fit then already includes it). `saguaro calibrate` records both kinds.
 Where a record holds the SSD wait rather than the backup's time (`RoundRecord.backup_time_ms` is None),
 a neural backup is not used for the draft fit and a fast backup's time is its round's wait less the link
 or, where the looked-up build outlasted the verify, less the rest of that build (the engine's per-row
@@ -18,7 +22,7 @@ miss policy finishes the build before the backup).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import nnls
@@ -54,6 +58,7 @@ class FittedTiming:
     overhead: dict = field(default_factory=dict)  # strategy value -> ms per round
     fast_backup_ms: dict = field(default_factory=dict)  # backup value -> ms
     link_latency_ms: float = 0.0
+    ssd_verify_factor: float = 1.0  # the verify's slowdown while the SSD worker builds next to it
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
 
@@ -70,6 +75,13 @@ class FittedTiming:
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         return self._target(batch * tokens, batch * context)
+
+    def for_strategy(self, strategy: Strategy) -> "FittedTiming":
+        """The timing as that strategy sees it: SSD's verify carries the worker's interference."""
+        if Strategy(strategy) is not Strategy.SSD or self.ssd_verify_factor == 1.0:
+            return self
+        f = self.ssd_verify_factor
+        return replace(self, verify=tuple(c * f for c in self.verify), ssd_verify_factor=1.0)
 
     def draft_ms(self, batch: int, K: int, context: int) -> float:
         return K * self._draft(batch, batch * context)
@@ -126,9 +138,17 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     if len(decode) < 3:
         raise ValueError(f"need at least 3 decode rounds to fit timings, got {len(decode)}: record a longer run")
     errors, counts = {}, {}
-    X = [[1.0, r.batch_size * (r.K + 1), r.batch_size * r.context_len] for r in decode]
-    verify, errors["verify"] = _fit_linear(X, [r.verify_ms for r in decode])
-    counts["verify"] = len(decode)
+    design = lambda r: [1.0, r.batch_size * (r.K + 1), r.batch_size * r.context_len]  # noqa: E731
+    alone = [r for r in decode if r.strategy is not Strategy.SSD]
+    plain = alone if len(alone) >= 3 else decode
+    verify, errors["verify"] = _fit_linear([design(r) for r in plain], [r.verify_ms for r in plain])
+    counts["verify"] = len(plain)
+    ssd_verify_factor = 1.0
+    busy = [r for r in decode if r.strategy is Strategy.SSD]
+    if plain is alone and busy:
+        v = np.asarray(verify)
+        ssd_verify_factor = float(np.median([r.verify_ms / max(float(np.dot(v, design(r))), 1e-9) for r in busy]))
+        counts["ssd_verify"] = len(busy)
     draft = None
     X, y = _draft_rows(decode)
     if len(y) >= 3:
@@ -169,5 +189,6 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
         verify=verify, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
-        overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, errors=errors, counts=counts,
+        overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
+        errors=errors, counts=counts,
     )

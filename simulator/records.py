@@ -2,8 +2,11 @@
 
 The schema (engine/metrics.py `RoundRecord`): strategy, round, batch_size, K, context_len, accepted,
 emitted, draft_ms, verify_ms, round_ms, draft_forwards, phase ("decode" | "prefill"), tokens (prefill);
-SSD decode rounds also carry hit, cache_build_ms, branches, backup, wait_ms, fanout. Unknown keys are
-ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming file and line.
+SSD decode rounds also carry hit, cache_build_ms, branches, backup, wait_ms, fanout. SD and SSD decode
+rounds may carry outcome_rank (per row: where the verified bonus stood among the draft's guesses for its
+outcome, null where unknown; simulator.hits), SSD ones outcome_hit, and every decode round prompt_index.
+Unknown keys are ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming
+file and line.
 
 `backup` may be null (every sequence hit, no backup ran) or name several kinds joined by commas
 ("neural,random": a batch whose misses were served by different backups), as the engine writes it.
@@ -44,6 +47,9 @@ class RoundRecord:
     wait_ms: float | None = None
     fanout: tuple[int, ...] | None = None
     backup_ms: float | None = None  # SSD: the backup's own time, as the worker measured it
+    outcome_rank: tuple[int | None, ...] | None = None  # SD/SSD: rank of each row's bonus among the guesses
+    outcome_hit: tuple[bool | None, ...] | None = None  # SSD: was each row's outcome in the cache
+    prompt_index: tuple[int, ...] | None = None  # each row's prompt index in its generate() call
 
     @property
     def is_decode(self) -> bool:
@@ -139,7 +145,30 @@ def parse_record(obj: object, where: str = "record") -> RoundRecord:
         raise ValueError(f"{where}: an AR record must have K = 0, got {K}")
     if strategy is Strategy.SSD and phase == DECODE:
         fields.update(_ssd_fields(obj, batch, K, where))
+    if phase == DECODE:
+        fields.update(_outcome_fields(obj, batch, where))
     return RoundRecord(**fields)
+
+
+def _optional_list(obj: dict, key: str, n: int, kinds: tuple[type, ...], where: str, nullable: bool) -> tuple | None:
+    values = obj.get(key)
+    if values is None:
+        return None
+    ok = isinstance(values, list) and len(values) == n and all(
+        (v is None and nullable) or (isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
+                                     and (isinstance(v, bool) or v >= 0)) for v in values)
+    if not ok:
+        kind = " or ".join(k.__name__ for k in kinds) + (" or null" if nullable else "")
+        raise ValueError(f"{where}: '{key}' must be a list of {n} values ({kind}, non-negative), got {values!r}")
+    return tuple(values)
+
+
+def _outcome_fields(obj: dict, batch: int, where: str) -> dict:
+    return dict(
+        outcome_rank=_optional_list(obj, "outcome_rank", batch, (int,), where, nullable=True),
+        outcome_hit=_optional_list(obj, "outcome_hit", batch, (bool,), where, nullable=True),
+        prompt_index=_optional_list(obj, "prompt_index", batch, (int,), where, nullable=False),
+    )
 
 
 def _ssd_fields(obj: dict, batch: int, K: int, where: str) -> dict:

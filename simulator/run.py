@@ -146,9 +146,11 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
     link = config.link if p.strategy is Strategy.SSD else LinkSpec()  # SD's draft shares the target's devices
     to_draft = Link(env, link, "link_to_draft", rec.spans)
     to_target = Link(env, link, "link_to_target", rec.spans)
+    # a timing fitted with the SSD worker's interference applies it to SSD's verifies only (simulator.fit)
+    timing = config.timing.for_strategy(p.strategy) if hasattr(config.timing, "for_strategy") else config.timing
     bed = Testbed(
         env, strategy=p.strategy, K=p.K, backup=p.backup, budget=p.budget, budget_backup=p.budget_backup,
-        miss_policy=p.miss_policy, timing=config.timing, draws=_draws(config, draw_rng), batch=batch,
+        miss_policy=p.miss_policy, timing=timing, draws=_draws(config, draw_rng), batch=batch,
         recorder=rec, to_draft=to_draft, to_target=to_target,
         spec_bytes_per_seq=p.K * (TOKEN_ID_BYTES + config.draft_probs_bytes),
         outcome_bytes_per_seq=OUTCOME_BYTES, max_rounds=config.rounds, max_requests=config.requests,

@@ -24,6 +24,7 @@ from simulator.acceptance import (
     Replay,
     Source,
 )
+from simulator.hits import EmpiricalHit, best_schedule
 from simulator.link import LinkSpec
 from simulator.metrics import SimResult
 from simulator.run import Policy, SimConfig, simulate
@@ -106,7 +107,7 @@ class Scenario:
         if budget < 1:
             raise ValueError(f"the fan-out budget B must be >= 1; got {budget}")
         acceptance, hits = self.models_at(C)
-        if self.fanout_rule == "uniform" or not isinstance(hits, PowerLawHit):
+        if self.fanout_rule == "uniform" or not isinstance(hits, (PowerLawHit, EmpiricalHit)):
             return tuple(int(f) for f in theory_uniform_fanout(K, budget))
         if isinstance(acceptance, IidAcceptance):
             alpha = acceptance.rate(Source.CACHE)
@@ -114,6 +115,8 @@ class Scenario:
             alpha = float(np.mean(acceptance.alphas_cache or acceptance.alphas))
         else:
             return tuple(int(f) for f in theory_uniform_fanout(K, budget))
+        if isinstance(hits, EmpiricalHit):
+            return best_schedule(hits, alpha, K, budget)
         return tuple(int(f) for f in integer_fanout(alpha, hits.r, K, budget, hits.scale))
 
     def config(self, strategy: Strategy, K: int = 4, budget: int = 12, backup: Backup = Backup.NEURAL,

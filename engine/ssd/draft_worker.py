@@ -30,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
 from engine.ssd.messages import Join, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
-from engine.ssd.speculation_cache import SpeculationCache, guesses
+from engine.ssd.speculation_cache import SpeculationCache, bonus_ranks, guesses
 from engine.ssd.tree import decode_branches, draft_tokens
 from theory.glossary import Backup
 
@@ -78,6 +78,7 @@ class DraftWorker:
         self.cache = SpeculationCache([], None)
         self.current: Current | None = None
         self.row_fanout: list[tuple[int, ...]] = []
+        self.glue_logits: Tensor | None = None  # [n, K+1, V] the ranking the last cache's guesses came from
         self.build_ms = 0.0
         self.built_fanout = list(self.policy.schedule(True))
         self.last_backup: str | None = None
@@ -90,6 +91,7 @@ class DraftWorker:
             raise ValueError(f"round for {n_old} rows, but the worker holds {len(self.rows.seq_ids)}")
         found: list[int | None] = []
         x = self.current.tokens.tolist() if n_old else []
+        ranks = self._outcome_ranks(msg) if n_old else []
         for b, (seq_id, kb, tb) in enumerate(zip(self.rows.seq_ids, msg.accepted, msg.bonus)):
             found.append(self.cache.lookup(seq_id, kb, tb))
             self.rows.contexts[b] = self.rows.contexts[b] + x[b][:kb] + [tb]
@@ -120,7 +122,18 @@ class DraftWorker:
             hit_index += [None] * len(msg.joins)
         self.state, self.rows = state, rows
         self.V = msg.V
-        return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, msg.round)
+        return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, msg.round, ranks)
+
+    def _outcome_ranks(self, msg: Round) -> list[int]:
+        """Each row's rank of its verified bonus among the guesses the last cache could make (every row,
+        finished or not: its outcome was verified all the same); −1 where no cache was built."""
+        if self.glue_logits is None or self.glue_logits.shape[0] != len(msg.accepted):
+            return [-1] * len(msg.accepted)
+        K, n = self.K, len(msg.accepted)
+        k = torch.tensor(msg.accepted, dtype=torch.long)  # [n]
+        x = torch.cat([self.current.tokens, torch.full((n, 1), -1, dtype=torch.long)], dim=1)  # [n, K+1]
+        logits = self.glue_logits[torch.arange(n), k]  # [n, V] the ranking at position k+1
+        return bonus_ranks(logits, torch.tensor(msg.bonus, dtype=torch.long), x[torch.arange(n), k])
 
     def _prefill(self, joins: list[Join]) -> KVState:
         """The joiners' prompts through the draft (their first token is the tail, fed by the backup)."""
@@ -135,7 +148,8 @@ class DraftWorker:
         generators = [torch.Generator(device=self.device).manual_seed(j.seed) for j in joins]
         return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, generators)
 
-    def _next_speculation(self, bonus: Tensor, hit_index: list[int | None], round_: int) -> Speculation:
+    def _next_speculation(self, bonus: Tensor, hit_index: list[int | None], round_: int,
+                          ranks: list[int]) -> Speculation:
         """Assemble the next speculation: cached branches for the hit rows, the backup for the rest."""
         K, V, n = self.K, self.V, len(self.rows.seq_ids)
         hit = [i is not None for i in hit_index]
@@ -176,7 +190,7 @@ class DraftWorker:
         self.last_backup_ms = ms_since(t0) if miss else 0.0
         source = [Source.HIT if hit[b] else SOURCE_OF[backup] for b in range(n)]
         return Speculation(round_, source, tokens, q, self.last_backup_ms, self.build_ms,
-                           len(self.cache), list(self.built_fanout))
+                           len(self.cache), list(self.built_fanout), ranks)
 
     def saguaro_top(self, after_hit: bool) -> tuple[int, ...]:
         """Saguaro's down-weighted set at draft positions 1..K: the F_{i−1} guesses + the drafted token."""
@@ -189,6 +203,7 @@ class DraftWorker:
         K, n, cur = self.K, len(self.rows.seq_ids), self.current
         if n == 0 or cur is None:
             self.row_fanout, self.cache, self.build_ms = [], SpeculationCache([], None), 0.0
+            self.glue_logits = None
             return
         self.row_fanout = [self.policy.schedule(s == "hit") for s in cur.sources]
         tokens, valid = right_aligned(cur.tails, self.pad_id, self.device)
@@ -199,6 +214,7 @@ class DraftWorker:
         fast = ~cur.known  # fast backup rows: the glue fed t*, y_1..y_K (W = K + 1)
         if fast.any():
             logits[fast] = out[fast, -(K + 1) :]
+        self.glue_logits = logits
         row, k, t = guesses(logits, cur.tokens, self.row_fanout)
         branches = None
         if row.numel():

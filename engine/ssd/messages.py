@@ -79,6 +79,7 @@ class Speculation:
     cache_build_ms: float  # time the draft spent building the cache that was just looked up
     branches: int  # branches in that cache
     fanout: list[int]  # F_0..F_K used for that cache (hit schedule)
+    ranks: list[int] = field(default_factory=list)  # per row of the last round: its bonus's rank (−1: unknown)
     kind: Kind = field(default=Kind.SPECULATION, init=False)
 
     @property
@@ -114,7 +115,8 @@ def encode(msg: Message) -> list[Tensor]:
     if isinstance(msg, Speculation):
         B, K = msg.tokens.shape
         V = msg.q.shape[-1]
-        ints = [int(s) for s in msg.source] + msg.tokens.reshape(-1).tolist() + [msg.branches] + msg.fanout
+        ints = ([int(s) for s in msg.source] + msg.tokens.reshape(-1).tolist() + [msg.branches, len(msg.ranks)]
+                + msg.ranks + msg.fanout)
         floats = [msg.backup_ms, msg.cache_build_ms]
         return [_header(Kind.SPECULATION, B, K, V, len(ints), 2, msg.round),
                 torch.tensor(ints, dtype=torch.long), torch.tensor(floats, dtype=torch.float64),
@@ -185,7 +187,7 @@ def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | N
     if kind is Kind.ROUND:
         return _round(ints, floats, B, K, V, round_)
     # SPECULATION
-    if n_ints < B + B * K + 1 or n_floats != 2 or len(tensors) != 4:
+    if n_ints < B + B * K + 2 or n_floats != 2 or len(tensors) != 4:
         raise MalformedMessage("SPECULATION payload has the wrong length")
     try:
         source = [Source(s) for s in ints[:B]]
@@ -200,5 +202,9 @@ def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | N
         raise MalformedMessage("SPECULATION q is not a probability distribution")
     if B and not bool((q.gather(-1, tokens[..., None]) > 0).all()):
         raise MalformedMessage("SPECULATION has a token its own q gives probability 0")
-    branches, fanout = ints[B + B * K], ints[B + B * K + 1 :]
-    return Speculation(round_, source, tokens, q, floats[0], floats[1], branches, fanout)
+    at = B + B * K
+    branches, R = ints[at], ints[at + 1]
+    if R < 0 or n_ints < at + 2 + R or min(ints[at + 2 : at + 2 + R], default=0) < -1:
+        raise MalformedMessage("SPECULATION ranks do not match the payload")
+    ranks, fanout = ints[at + 2 : at + 2 + R], ints[at + 2 + R :]
+    return Speculation(round_, source, tokens, q, floats[0], floats[1], branches, fanout, ranks)

@@ -4,6 +4,10 @@ Guesses for outcome k < K are the top F_k tokens of the draft's ranking at posit
 drafted (and, under outcome k, rejected) token x_{k+1} excluded: the residual max(0, p − q) is zero
 there. For k = K they are the top F_K tokens of the draft's next-token distribution after x_K.
 Ranking uses the draft's logits (ties to the lower id), so it is defined at temperature 0 too.
+
+`bonus_ranks` measures the same ranking from the other side: where the verified bonus t* stood. With
+fan-out F the outcome is in the cache exactly when its rank is below F, so one run's ranks tell what any
+fan-out schedule would have hit (the empirical hit model, simulator.calibrate).
 """
 
 from __future__ import annotations
@@ -25,14 +29,14 @@ def guesses(logits: Tensor, x: Tensor, fanouts: list[tuple[int, ...]]) -> tuple[
     if most == 0:
         empty = torch.empty(0, dtype=torch.long)
         return empty, empty, empty
-    top = torch.topk(logits, min(most + 1, logits.shape[-1]), dim=-1).indices.cpu()  # [B, K+1, F+1]
+    top = ranked_top(logits, min(most + 1, logits.shape[-1]))  # [B][K+1] token lists, best first
     rows, ks, ts = [], [], []
     for b in range(B):
         for k in range(K + 1):
             want = fanouts[b][k]
             if want == 0:
                 continue
-            ranked = top[b, k].tolist()
+            ranked = top[b][k]
             if k < K:
                 rejected = int(x[b, k])
                 ranked = [t for t in ranked if t != rejected]
@@ -42,6 +46,45 @@ def guesses(logits: Tensor, x: Tensor, fanouts: list[tuple[int, ...]]) -> tuple[
                 ts.append(t)
     as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
     return as_long(rows), as_long(ks), as_long(ts)
+
+
+def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
+    """Rank of each row's bonus token t* in the draft's ranking that `guesses` uses: logits [N, V] at the
+    outcome's position (k+1), excluded [N] the rejected draft token x_{k+1} (−1 when all K were accepted).
+
+    rank = tokens other than the excluded one that rank above t* (higher logit, or equal and a lower id),
+    so `guesses` with fan-out F holds t* iff rank < F. An excluded t* (impossible after a rejection) has
+    rank V, never guessed.
+    """
+    logits = logits.float()
+    ids = torch.arange(logits.shape[-1], device=logits.device)  # [V]
+    mine = logits.gather(-1, bonus[:, None])  # [N, 1]
+    above = (logits > mine) | ((logits == mine) & (ids < bonus[:, None]))  # [N, V]
+    rank = above.sum(-1)  # [N]
+    excluded_above = above.gather(-1, excluded.clamp(min=0)[:, None])[:, 0] & (excluded >= 0)  # [N]
+    rank = rank - excluded_above.long()
+    return torch.where(bonus == excluded, logits.shape[-1], rank).tolist()
+
+
+def ranked_top(logits: Tensor, n: int) -> list[list[list[int]]]:
+    """The n best tokens of each row of logits [B, R, V], best first, equal logits in increasing id.
+
+    torch.topk leaves the order of equal values (and which of them make the cut) unspecified, so the
+    cut is settled by value: every token above the n-th best value, then the tokens equal to it by id.
+    """
+    cut = torch.topk(logits, n, dim=-1).values[..., -1:]  # [B, R, 1] the n-th best value
+    above = logits > cut  # [B, R, V]
+    out = []
+    for b in range(logits.shape[0]):
+        per_row = []
+        for r in range(logits.shape[1]):
+            z = logits[b, r]
+            ids = above[b, r].nonzero()[:, 0]  # increasing id
+            ids = ids[torch.sort(z[ids], descending=True, stable=True).indices]  # by value; ties keep id order
+            tied = (z == cut[b, r]).nonzero()[: n - ids.numel(), 0]
+            per_row.append(ids.tolist() + tied.tolist())
+        out.append(per_row)
+    return out
 
 
 class SpeculationCache:

@@ -50,6 +50,20 @@ def draft_tokens(
     and the raw logits [N, K, V] (float32). The last token is sampled, not fed.
     """
     logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
+    return draft_from(state, logits, K, saguaro_top, C, params, generator, active)
+
+
+def draft_from(
+    state: KVState,
+    logits: Tensor,
+    K: int,
+    saguaro_top: tuple[int, ...],
+    C: float,
+    params: RowSampling,
+    generator: Generators,
+    active: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`draft_tokens` once `first` is fed: `logits` [N, V] are the draft's logits after it."""
     ys, qs, zs = [], [], []
     for i in range(K):
         q = warp_rows(logits, params)  # [N, V]

@@ -34,6 +34,8 @@ class Proposal:
     backup_ms: float | None = None  # the backup's own drafting time (part of draft_ms)
     fanout: list[int] | None = None
     previous_outcome_hit: list[bool | None] | None = None  # per row of the last round: its outcome was cached
+    # SD and SSD: per row of the last round, the rank of its bonus among the draft's guesses (None: unknown)
+    previous_outcome_rank: list[int | None] | None = None
 
 
 class Proposer(Protocol):

@@ -6,6 +6,11 @@ Draft cache bookkeeping per row: the cache holds the committed tokens except a s
 was fed tail, x_1..x_{K−1}; after k accepted it drops x_{k+1}..x_{K−1}: max(K − 1 − k, 0) slots.
 A row that joins (or every row, when SD takes over from a failed SSD worker) is prefilled with its
 prompt and output so far but the newest token, which is its tail.
+
+Each round also measures where the verified bonus t* stood in the draft's ranking (engine.ssd.
+speculation_cache.bonus_ranks), so an SD run tells what any SSD fan-out would have hit: after a rejection
+at position k+1 from the logits drafted there, after all K accepted from the logits the next round's feed
+of [x_K, t*] gives at x_K (hence one round late, and unknown for a row that finished then).
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from __future__ import annotations
 import time
 
 import torch
+from torch import Tensor
 
 from engine.config import SpeculativeConfig
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
-from engine.ssd.tree import draft_tokens
+from engine.ssd.speculation_cache import bonus_ranks
+from engine.ssd.tree import draft_from
 from engine.strategies.base import Proposal
 from engine.verifier import Verification
 
@@ -42,6 +49,8 @@ class InProcessDraft:
         self.state = KVState(draft, 0, device)
         self.tails: list[list[int]] = []
         self.generators: list[torch.Generator] = []
+        self.ranks: list[int | None] = []  # per row of the last round: its bonus's rank (None: not yet known)
+        self.late: list[int | None] = []  # per row: where its all-accepted outcome's rank goes in `ranks`
 
     def admit(self, seqs: list[Sequence]) -> None:
         state = KVState(self.draft, len(seqs), self.device)
@@ -49,26 +58,54 @@ class InProcessDraft:
         state.extend(tokens, valid, logits_to_keep=1)
         self.state = KVState.concat([self.state, state])
         self.tails += [[s.output_ids[-1]] for s in seqs]
+        self.late += [None] * len(seqs)
         self.generators += [torch.Generator(device=self.device).manual_seed(draft_seed(s.seed)) for s in seqs]
 
     def retire(self, keep: list[int]) -> None:
         self.state.select(torch.tensor(keep, dtype=torch.long))
         self.tails = [self.tails[i] for i in keep]
+        self.late = [self.late[i] for i in keep]
         self.generators = [self.generators[i] for i in keep]
 
     def propose(self, rows: RowSampling) -> Proposal:
         t0 = time.perf_counter()
         tokens, valid = right_aligned(self.tails, self.pad_id, self.device)
-        self.x, q, _ = draft_tokens(self.state, tokens, valid, self.K, self.spec.saguaro_top(), self.spec.C, rows,
-                                    self.generators)  # [B, K], [B, K, V]
-        return Proposal(self.x, q, draft_ms=ms_since(t0), draft_forwards=self.K)
+        fed = self.state.extend(tokens, valid)  # [B, W, V]
+        previous = self._late_ranks(fed)
+        self.x, q, self.z = draft_from(self.state, fed[:, -1].float(), self.K, self.spec.saguaro_top(),
+                                       self.spec.C, rows, self.generators)  # [B, K], [B, K, V], [B, K, V]
+        return Proposal(self.x, q, draft_ms=ms_since(t0), draft_forwards=self.K, previous_outcome_rank=previous)
+
+    def _late_ranks(self, fed: Tensor) -> list[int | None] | None:
+        """Fill in the ranks of last round's all-accepted outcomes from the draft's logits at x_K (the
+        second newest fed token); return the last round's ranks, or None if there was no last round."""
+        waiting = [(b, i) for b, i in enumerate(self.late) if i is not None]
+        if waiting:
+            rows = torch.tensor([b for b, _ in waiting], dtype=torch.long, device=fed.device)
+            bonus = torch.tensor([self.tails[b][-1] for b, _ in waiting], dtype=torch.long, device=fed.device)
+            ranks = bonus_ranks(fed[rows, -2], bonus, torch.full_like(bonus, -1))
+            for (_, i), rank in zip(waiting, ranks):
+                self.ranks[i] = rank
+        previous, self.ranks, self.late = self.ranks or None, [], [None] * len(self.tails)
+        return previous
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         K = self.K
         k = result.accepted.to(self.device)  # [B]
         self.state.rollback((K - 1 - k).clamp(min=0))
         x_last, bonus = self.x[:, -1].tolist(), result.bonus.tolist()
-        self.tails = [[x_last[b], bonus[b]] if kb == K else [bonus[b]] for b, kb in enumerate(k.tolist())]
+        ks = k.tolist()
+        self.tails = [[x_last[b], bonus[b]] if kb == K else [bonus[b]] for b, kb in enumerate(ks)]
+        rejected = [b for b, kb in enumerate(ks) if kb < K]
+        self.ranks = [None] * len(ks)
+        if rejected:
+            rows = torch.tensor(rejected, dtype=torch.long)
+            at = k.cpu()[rows]
+            ranks = bonus_ranks(self.z[rows.to(self.z.device), at.to(self.z.device)],
+                                result.bonus.cpu()[rows].to(self.z.device), self.x[rows, at].to(self.z.device))
+            for b, rank in zip(rejected, ranks):
+                self.ranks[b] = rank
+        self.late = [b if kb == K else None for b, kb in enumerate(ks)]
 
     def close(self) -> None:
         pass

@@ -96,6 +96,7 @@ class DraftWorkerProposer:
             spec.tokens.to(self.device), spec.q.to(self.device), draft_ms=wait_ms, draft_forwards=0, hit=spec.hits,
             cache_build_ms=spec.cache_build_ms, branches=spec.branches, backup=",".join(backups) or None,
             backup_ms=spec.backup_ms, fanout=spec.fanout, previous_outcome_hit=previous,
+            previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,
         )
 
     def observe(self, result: Verification, verify_ms: float) -> None:

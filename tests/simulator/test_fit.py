@@ -78,3 +78,21 @@ def test_calibration_measures_alpha_and_the_power_law():
     assert measured.acceptance.alpha == pytest.approx(0.7, abs=0.03)
     assert measured.hits.r == pytest.approx(1.2, abs=0.25)
     assert measured.hits.scale == pytest.approx(0.5, rel=0.3)
+
+
+def test_the_ssd_workers_interference_is_measured_against_the_verify_alone():
+    """SSD rounds whose verify runs 1.25x slower (the worker next door) give a factor of 1.25 that only SSD sees."""
+    plain = _records(engine_run("sd", 2, 1, 80, seed=3), engine_run("sd", 4, 2, 80, seed=4))
+    slowed = []
+    for r in engine_run("ssd", 3, 2, 80, fanout=(3, 2, 2, 3), seed=6):
+        if r["phase"] == "decode":
+            r = {**r, "verify_ms": 1.25 * r["verify_ms"], "round_ms": r["round_ms"] + 0.25 * r["verify_ms"]}
+        slowed.append(r)
+    fitted = fit_timing(plain + _records(slowed))
+    assert fitted.verify == pytest.approx(TRUE["verify"], rel=1e-6)  # fitted on the SD rounds alone
+    assert fitted.ssd_verify_factor == pytest.approx(1.25)
+    ssd = fitted.for_strategy(Strategy.SSD)
+    assert ssd.verify_ms(2, 4, 300) == pytest.approx(1.25 * fitted.verify_ms(2, 4, 300))
+    assert fitted.for_strategy(Strategy.SD) is fitted
+    # records of SSD alone cannot tell the verify alone: the fit already holds the slowdown, no factor
+    assert fit_timing(_records(slowed)).ssd_verify_factor == 1.0

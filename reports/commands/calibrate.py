@@ -1,0 +1,134 @@
+"""`saguaro calibrate`: a short run (about two minutes on a CPU) that measures what an SD run cannot tell the
+simulator about SSD on this machine, as round records for `saguaro simulate --fit`:
+
+- the verify's time with the draft worker busy next to it (SSD) against alone (SD), at the same batch
+  sizes: the interference factor of this placement (about 1 for separate GPUs; shared memory bandwidth
+  on one CPU);
+- the branch decode's cost against the number of branches: SSD cache builds at each --batch size hold
+  batch·budget branches;
+- the neural backup's own time (the worker sends it with every answer).
+
+The records go to --out (JSONL); pass them to `saguaro simulate --fit` together with an SD run's records.
+The summary printed at the end is also written next to them (.summary.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from reports.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET
+
+PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
+          "sentences why the iterative version is faster than the naive recursive one.")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (~2 min)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"alias, model folder or .gguf (default {DEFAULT_TARGET})")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"alias, model folder or .gguf (default {DEFAULT_DRAFT})")
+    p.add_argument("-K", "--K", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--budget", type=int, default=12, help="SSD fan-out budget per sequence (default 12)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4],
+                   help="batch sizes; SSD builds batch·budget branches (default 1 2 4)")
+    p.add_argument("--prompt", default=PROMPT, help="the prompt every sequence decodes (default: a coding question)")
+    p.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="token ids instead of --prompt")
+    p.add_argument("--tokens", type=int, default=40, help="tokens per sequence and run (default 40)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="target dtype (default bfloat16)")
+    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
+    p.add_argument("--threads", type=int, default=1, help="target threads (default 1: one core, as in SSD)")
+    p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (default 1)")
+    p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
+    p.add_argument("--out", type=Path, required=True, help="JSONL file for the round records")
+    return p
+
+
+def _check(args) -> None:
+    if args.K < 1:
+        raise ValueError(f"-K must be >= 1 (draft tokens per round); got {args.K}")
+    if args.budget < 1:
+        raise ValueError(f"--budget must be >= 1; got {args.budget}")
+    if min(args.batch) < 1:
+        raise ValueError(f"--batch sizes must be >= 1; got {args.batch}")
+    if args.tokens < 2 * (args.K + 1):
+        raise ValueError(f"--tokens must be at least 2·(K+1) = {2 * (args.K + 1)} to see a few rounds")
+    if args.out.exists() and args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a folder: give a file name for the JSONL records")
+
+
+def _records(llm, prompt: str | list[int], batch: int, tokens: int) -> list:
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens, stop_on_eos=False)
+    llm.generate([prompt] * batch, params)  # warm-up at this shape
+    return llm.generate([prompt] * batch, params).metrics.rounds
+
+
+def summarize(records: list) -> dict:
+    """Median verify by strategy and batch, the interference factor, tree step and backup times."""
+    decode = [r for r in records if r.phase == "decode"]
+    out: dict = {"verify_ms": {}, "interference": {}, "cache_build_ms": {}, "backup_ms": {}}
+    for strategy in ("sd", "ssd"):
+        for b in sorted({r.batch_size for r in decode}):
+            times = [r.verify_ms for r in decode if r.strategy == strategy and r.batch_size == b]
+            if times:
+                out["verify_ms"].setdefault(strategy, {})[b] = round(statistics.median(times), 2)
+    for b, ssd in out["verify_ms"].get("ssd", {}).items():
+        sd = out["verify_ms"].get("sd", {}).get(b)
+        if sd:
+            out["interference"][b] = round(ssd / sd, 3)
+    for r in decode:
+        if r.strategy == "ssd" and r.cache_build_ms and r.branches:
+            out["cache_build_ms"].setdefault(r.branches, []).append(r.cache_build_ms)
+        if r.strategy == "ssd" and r.backup_ms and r.backup:
+            out["backup_ms"].setdefault(r.hit.count(False) if r.hit else 0, []).append(r.backup_ms)
+    for name in ("cache_build_ms", "backup_ms"):
+        out[name] = {k: round(statistics.median(v), 1) for k, v in sorted(out[name].items())}
+    factors = list(out["interference"].values())
+    out["interference_factor"] = round(statistics.median(factors), 3) if factors else None
+    return out
+
+
+def run(args) -> int:
+    _check(args)
+    from engine import LLM, SpeculativeConfig
+    from engine.config import DraftPlacement
+
+    start = time.perf_counter()
+    records = []
+    common = dict(dtype=args.dtype, draft_int8=args.draft_int8, cache_dir=args.cache, chat_template=True)
+    print(f"calibrate: SD (the draft in-process: verify alone) at batch {' '.join(map(str, args.batch))}",
+          file=sys.stderr)
+    spec = SpeculativeConfig(K=args.K)
+    with LLM(args.target, args.draft, strategy="sd", speculative=spec, threads=args.threads, **common) as llm:
+        target, tokenizer = llm.target, llm.tokenizer
+        for b in args.batch:
+            records += _records(llm, args.prompt_ids or args.prompt, b, args.tokens)
+            print(f"  SD batch {b}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    print("calibrate: SSD (the draft worker in its own process, building the cache during each verify)",
+          file=sys.stderr)
+    spec = SpeculativeConfig(K=args.K, budget=args.budget,
+                             placement=DraftPlacement(draft_threads=args.draft_threads))
+    # threads=None: the SSD engine gives its worker its own core(s) and the target the rest, as in the bench
+    with LLM(target, args.draft, strategy="ssd", speculative=spec, tokenizer=tokenizer, **common) as llm:
+        for b in args.batch:
+            records += _records(llm, args.prompt_ids or args.prompt, b, args.tokens)
+            print(f"  SSD batch {b}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(r.to_json() + "\n" for r in records))
+    summary = summarize(records)
+    summary["wall_s"] = round(time.perf_counter() - start, 1)
+    summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                           if not k.startswith("_")}
+    summary_path = args.out.with_suffix(".summary.json")
+    summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=1))
+    print(f"wrote {args.out} ({len(records)} rounds) and {summary_path}; use: saguaro simulate --fit SD_RECORDS "
+          f"{args.out}", file=sys.stderr)
+    return 0

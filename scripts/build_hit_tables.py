@@ -1,0 +1,83 @@
+"""Build simulator/data/hit_tables.json from `saguaro bench` run folders of SD (or SSD) runs.
+
+Every round record of this engine carries `outcome_rank`, so one SD run per (prompt set, temperature, C)
+measures what any fan-out schedule would hit. Entries: the whole prompt set, and each of its tasks.
+
+    python scripts/build_hit_tables.py RUN_DIR [RUN_DIR ...] [--out simulator/data/hit_tables.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from reports.environment import environment
+from simulator.hits import TABLES, from_records
+from simulator.records import parse_record
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def entries_of(run: Path) -> tuple[list[dict], dict]:
+    config = json.loads((run / "config.json").read_text())
+    prompts = {p["id"]: p for p in _jsonl(run / "prompts.jsonl")}
+    settings = {r["key"]: r["settings"] for r in _jsonl(run / "results.jsonl") if "settings" in r}
+    groups: dict[tuple, list] = defaultdict(list)
+    for row in _jsonl(run / "rounds.jsonl"):
+        if row.get("phase") != "decode" or row.get("outcome_rank") is None:
+            continue
+        s = settings[row["key"]]
+        key = (s["temperature"], s.get("C") or 1.0)
+        record = parse_record({k: v for k, v in row.items() if k not in ("key", "batch_index", "prompt_ids")})
+        groups[(config["prompts"], *key)].append(record)
+        # by task: keep only the rows of that task (a round mixes prompts of several tasks)
+        tasks = [prompts[row["prompt_ids"][i]]["task"] for i in row["prompt_index"]]
+        for task in set(tasks):
+            keep = [i for i, t in enumerate(tasks) if t == task]
+            part = {**row, "batch_size": len(keep)}
+            for name in ("accepted", "emitted", "outcome_rank", "prompt_index", "hit", "outcome_hit"):
+                if row.get(name) is not None:
+                    part[name] = [row[name][i] for i in keep]
+            groups[(f"{config['prompts']}/{task}", *key)].append(
+                parse_record({k: v for k, v in part.items() if k not in ("key", "batch_index", "prompt_ids")}))
+    entries = []
+    for (workload, T, C), records in sorted(groups.items()):
+        model = from_records(records, source=f"{run.name}: {workload}, T={T:g}, C={C:g}")
+        entries.append({"workload": workload, "temperature": T, "C": C, "model": model.to_dict()})
+    about = {k: config.get(k) for k in ("target", "draft", "dtype", "draft_int8", "max_new_tokens", "n_prompts")}
+    return entries, about
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, default=TABLES)
+    args = p.parse_args(argv)
+    entries, abouts = [], []
+    for run in args.runs:
+        if not (run / "rounds.jsonl").is_file():
+            print(f"error: {run} is not a bench run folder (no rounds.jsonl)", file=sys.stderr)
+            return 2
+        found, about = entries_of(run)
+        entries += found
+        abouts.append({"run": run.name, **about})
+    pair = " / ".join(sorted({f"{a['target']} + {a['draft']}" for a in abouts}))
+    table = {"pair": pair, "runs": abouts, "environment": environment(), "entries": entries}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(table, indent=1) + "\n")
+    for e in entries:
+        m = e["model"]
+        fit = m.get("power_law") or {}
+        print(f"{e['workload']:<32} T={e['temperature']:<4g} C={e['C']:<4g} outcomes={m['outcomes']:<5} "
+              f"alpha={m['alpha']} r={fit.get('r')} r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
