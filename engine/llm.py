@@ -101,7 +101,9 @@ class LLM:
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
         if threads is not None:
             torch.set_num_threads(threads)
-        self.device = torch.device(device)
+        from engine.models import check_device
+
+        self.device = check_device(device)  # a missing device is refused before any model loads
         self.loop: DecodeLoop | None = None
         self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer)
         self.draft = self._draft_given = None

@@ -2,14 +2,20 @@
 
 A cache folder is built in a temporary sibling (name starts with `TEMP_PREFIX`) and renamed into
 place in one step, with `manifest.json` written last. So a folder under its final name either has
-a complete manifest or was not made by us. Loading checks every file's size against the manifest
-(cheap); `verify=True` also re-hashes every file (a 7 GB fp32 model takes ~15 s, too slow for
-every load).
+a complete manifest or was not made by us. The manifest records each file's size, sha256 and stat
+stamps (mtime, ctime). Every use checks size and stamps (cheap) and re-hashes a file whose stamps
+changed (a 7 GB fp32 model takes ~15 s), so a changed byte is never loaded; a file whose content
+still matches gets its new stamps written back. `verify=True` re-hashes every file.
+
+A build killed with SIGKILL leaves its temp folder behind; `find_leftovers` reports such folders
+and `clean_leftovers` removes them (only folders carrying our marker, and never one whose key is
+locked by a build in progress).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import hashlib
@@ -49,6 +55,13 @@ class CorruptCacheError(ProvisioningError):
 class CachedFile:
     size: int
     sha256: str
+    # stat stamps when the hash was last known good; None in manifests written before they existed
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
+
+    def unchanged(self, st: os.stat_result) -> bool:
+        """True when the file's stamps are the recorded ones (a write changes mtime and ctime)."""
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (self.size, self.mtime_ns, self.ctime_ns)
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,12 @@ def read_manifest(folder: Path) -> Manifest:
         if raw["format"] != MANIFEST_FORMAT:
             raise ValueError(f"format {raw['format']!r}, expected {MANIFEST_FORMAT}")
         files = {
-            rel: CachedFile(size=int(entry["size"]), sha256=str(entry["sha256"]))
+            rel: CachedFile(
+                size=int(entry["size"]),
+                sha256=str(entry["sha256"]),
+                mtime_ns=None if entry.get("mtime_ns") is None else int(entry["mtime_ns"]),
+                ctime_ns=None if entry.get("ctime_ns") is None else int(entry["ctime_ns"]),
+            )
             for rel, entry in raw["files"].items()
         }
         return Manifest(
@@ -109,37 +127,100 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 def check_folder(folder: Path, *, verify: bool = False) -> Manifest:
-    """The folder's manifest, after checking every listed file's size (and hash when `verify`)."""
+    """The folder's manifest, after checking every listed file against it.
+
+    Size and stat stamps are compared for every file; a file whose stamps differ (or every file,
+    when `verify`) is re-hashed. A file that still hashes right gets its new stamps recorded.
+    """
     manifest = read_manifest(folder)
     if not manifest.files:
         raise CorruptCacheError(f"{folder}/{MANIFEST_NAME} lists no files")
+    restamped: dict[str, CachedFile] = {}
     for rel, expected in manifest.files.items():
         path = folder / rel
         if not path.is_file():
             raise CorruptCacheError(f"cache file {path} is missing")
-        size = path.stat().st_size
-        if size != expected.size:
+        st = path.stat()  # taken before hashing: a write during the hash shows up next time
+        if st.st_size != expected.size:
             raise CorruptCacheError(
-                f"cache file {path} is {size} bytes but its manifest says {expected.size}"
+                f"cache file {path} is {st.st_size} bytes but its manifest says {expected.size}"
             )
-        if verify and sha256_file(path) != expected.sha256:
-            raise CorruptCacheError(f"cache file {path} does not match its sha256 in the manifest")
+        if verify or not expected.unchanged(st):
+            if sha256_file(path) != expected.sha256:
+                raise CorruptCacheError(
+                    f"cache file {path} was changed after it was provisioned "
+                    "(its sha256 differs from the manifest)"
+                )
+            if not expected.unchanged(st):
+                restamped[rel] = dataclasses.replace(
+                    expected, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns
+                )
+    if restamped:
+        manifest = dataclasses.replace(manifest, files={**manifest.files, **restamped})
+        try:
+            write_manifest(folder, manifest)
+        except OSError as err:  # a read-only cache: correct, only re-hashed on every use
+            logger.info("cannot record new stamps in %s (%s)", folder / MANIFEST_NAME, err)
     return manifest
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    """Write `folder/manifest.json` in one step (a temp file renamed over it)."""
+    payload = {
+        "format": MANIFEST_FORMAT,
+        "name": manifest.name,
+        "source": manifest.source,
+        "created": manifest.created,
+        "files": {
+            rel: {"size": f.size, "sha256": f.sha256, "mtime_ns": f.mtime_ns, "ctime_ns": f.ctime_ns}
+            for rel, f in manifest.files.items()
+        },
+    }
+    handle, temp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{MANIFEST_NAME}", dir=folder)
+    try:
+        os.chmod(temp, 0o644)  # mkstemp makes it 0600; the manifest is as readable as the weights
+        with os.fdopen(handle, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, folder / MANIFEST_NAME)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
 
 
 def is_ours(folder: Path) -> bool:
     return (folder / MARKER_NAME).is_file() or (folder / MANIFEST_NAME).is_file()
 
 
+def _unwritable(root: Path, err: OSError) -> ProvisioningError:
+    return ProvisioningError(
+        f"cannot write to the model cache {root} ({err.strerror or err}); make it writable, "
+        f"or choose another folder with --cache DIR or ${ENV_CACHE}"
+    )
+
+
 @contextlib.contextmanager
-def key_lock(root: Path, key: str) -> Iterator[None]:
-    """Hold an exclusive lock on one cache key, so only one process builds it at a time."""
-    root.mkdir(parents=True, exist_ok=True)
-    # The lock file is ours and tiny; it stays, because unlinking a lock file races with waiters.
-    with open(root / f"{LOCK_PREFIX}{key}", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+def key_lock(root: Path, key: str, *, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive lock on one cache key, so only one process builds it at a time.
+
+    Yields True once held; with `wait=False` it yields False at once if another holder has it.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        # The lock file is ours and tiny; it stays, because unlinking a lock file races with waiters.
+        handle = open(root / f"{LOCK_PREFIX}{key}", "a")
+    except OSError as err:
+        raise _unwritable(root, err) from err
+    with handle:
         try:
-            yield
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -150,6 +231,49 @@ def remove_stale_temps(root: Path, key: str) -> None:
         if stale.is_dir() and is_ours(stale):
             logger.warning("removing %s left by an interrupted conversion", stale)
             shutil.rmtree(stale)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A temp folder that one of our builds (or discards) made and did not remove."""
+
+    path: Path
+    key: str  # the cache key whose lock guards it
+    size: int  # bytes
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def find_leftovers(root: Path) -> list[Leftover]:
+    """Our temp folders under `root` (named `TEMP_PREFIX<key>TEMP_SEPARATOR...` and marked as ours).
+
+    One being built right now is listed too; `clean_leftovers` skips those.
+    """
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.glob(f"{TEMP_PREFIX}*{TEMP_SEPARATOR}*")):
+        if path.is_dir() and not path.is_symlink() and is_ours(path):
+            key = path.name[len(TEMP_PREFIX):].split(TEMP_SEPARATOR, 1)[0]
+            found.append(Leftover(path, key, folder_bytes(path)))
+    return found
+
+
+def clean_leftovers(root: Path) -> tuple[list[Leftover], list[Leftover]]:
+    """Remove our leftover temp folders; returns (removed, skipped because a build holds the key)."""
+    removed, busy = [], []
+    for leftover in find_leftovers(root):
+        with key_lock(root, leftover.key, wait=False) as held:
+            if not held:
+                busy.append(leftover)
+                continue
+            if leftover.path.is_dir() and is_ours(leftover.path):
+                logger.warning("removing %s left by an interrupted build", leftover.path)
+                shutil.rmtree(leftover.path)
+                removed.append(leftover)
+    return removed, busy
 
 
 def discard_folder(folder: Path) -> None:
@@ -170,7 +294,10 @@ def discard_folder(folder: Path) -> None:
 @contextlib.contextmanager
 def building(root: Path, key: str) -> Iterator[Path]:
     """A fresh temp folder for `key`; deleted if the body raises. Call only under `key_lock`."""
-    temp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{key}{TEMP_SEPARATOR}", dir=root))
+    try:
+        temp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{key}{TEMP_SEPARATOR}", dir=root))
+    except OSError as err:
+        raise _unwritable(root, err) from err
     (temp / MARKER_NAME).write_text("built by saguaro (engine/model_cache.py)\n")
     try:
         yield temp
@@ -188,24 +315,15 @@ def publish(temp: Path, final: Path, name: str, source: Mapping[str, object]) ->
             continue
         with open(path, "rb") as f:
             os.fsync(f.fileno())  # data on disk before the manifest vouches for it
-        files[rel] = CachedFile(size=path.stat().st_size, sha256=sha256_file(path))
+        st = path.stat()
+        files[rel] = CachedFile(st.st_size, sha256_file(path), st.st_mtime_ns, st.st_ctime_ns)
     manifest = Manifest(
         name=name,
         source=dict(source),
         files=files,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
-    payload = {
-        "format": MANIFEST_FORMAT,
-        "name": manifest.name,
-        "source": manifest.source,
-        "created": manifest.created,
-        "files": {rel: {"size": f.size, "sha256": f.sha256} for rel, f in files.items()},
-    }
-    with open(temp / MANIFEST_NAME, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+    write_manifest(temp, manifest)
     if final.exists():
         discard_folder(final)
     os.rename(temp, final)

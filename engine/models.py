@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -45,17 +46,41 @@ class LoadedModel:
     source: Path  # the folder the weights were loaded from
 
 
-def _rebuild_hint(alias: str) -> str:
-    group = next(g for g in ("smoke", "default", "all") if alias in provision.GROUPS[g])
-    return f"rebuild it with `saguaro models provision --which {group}`"
-
-
-def _checked(folder: Path, hint: str, verify: bool) -> Path:
+def _checked(folder: Path, verify: bool) -> Path:
     try:
         model_cache.check_folder(folder, verify=verify)
     except model_cache.CorruptCacheError as err:
-        raise model_cache.CorruptCacheError(f"refusing to load it: {err}; {hint}") from err
+        raise model_cache.CorruptCacheError(
+            f"refusing to load it: {err}; repair it with `{provision.repair_command(folder)}`"
+        ) from err
     return folder
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """The torch device for `device`, refused with a ValueError unless this machine has it."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"unknown device {str(device)!r}; use cpu, cuda or cuda:N") from err
+    if parsed.type == "cpu":
+        return parsed
+    backend = getattr(torch, parsed.type, None)  # torch.cuda, torch.mps, torch.xpu
+    if parsed.type == "mps":
+        backend = torch.backends.mps
+    if backend is None or not hasattr(backend, "is_available"):
+        raise ValueError(f"unsupported device {str(device)!r}; use cpu, cuda or cuda:N")
+    if not backend.is_available():
+        raise ValueError(
+            f"device {str(device)!r} is not available here (this torch build or machine has no "
+            f"{parsed.type.upper()} device); use --device cpu"
+        )
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if parsed.index is not None and parsed.index >= count:
+        raise ValueError(
+            f"device {str(device)!r} does not exist: this machine has {count} {parsed.type} "
+            f"device(s), {parsed.type}:0 to {parsed.type}:{count - 1}"
+        )
+    return parsed
 
 
 def resolve_folder(spec: str | os.PathLike[str], root: Path, *, verify: bool = False) -> tuple[Path, str]:
@@ -64,16 +89,16 @@ def resolve_folder(spec: str | os.PathLike[str], root: Path, *, verify: bool = F
     if alias in provision.PACKAGED:
         folder = root / provision.PACKAGED[alias].key
         if folder.exists():  # present but damaged: refuse rather than silently rebuild on load
-            return _checked(folder, _rebuild_hint(alias), verify), alias
+            return _checked(folder, verify), alias
         return provision.provision(alias, root).folder, alias
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         folder = root / provision.gguf_file_key(model_cache.sha256_file(path))
         if folder.exists():
-            return _checked(folder, f"delete {folder} and load {path} again", verify), path.stem
+            return _checked(folder, verify), path.stem
         return provision.provision_gguf_file(path, root).folder, path.stem
     if path.is_dir() and (path / model_cache.MANIFEST_NAME).is_file():
-        return _checked(path, f"delete {path} and provision it again", verify), path.name
+        return _checked(path, verify), path.name
     if path.is_dir() and (path / "config.json").is_file():
         return path, path.name
     raise ValueError(
@@ -103,16 +128,33 @@ def load_model(
     cache_dir: str | os.PathLike[str] | None = None,
     verify: bool = False,
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer; `verify=True` re-hashes a cache folder's files first."""
+    """Load a causal LM and its tokenizer; `verify=True` re-hashes a cache folder's files first.
+
+    A folder that transformers cannot read (malformed config.json, no or damaged weights, bad
+    tokenizer files) and a device this machine lacks raise ValueError naming what to fix.
+    """
+    device = check_device(device)  # before minutes of loading
     root = model_cache.resolve_cache_root(cache_dir, os.environ)
     folder, name = resolve_folder(spec, root, verify=verify)
     # The folder is local: local_files_only keeps transformers from ever asking a hub.
-    with _quiet_progress(logger.isEnabledFor(logging.INFO)):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    try:
+        with _quiet_progress(logger.isEnabledFor(logging.INFO)):
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    except (OSError, SafetensorError) as err:
+        raise ValueError(
+            f"cannot load the model in {folder}: {err}; it needs a valid config.json and complete "
+            "*.safetensors weights (save it again with save_pretrained, or copy it again)"
+        ) from err
     model = model.to(device).eval().requires_grad_(False)
     tokenizer = None
     if any((folder / file).is_file() for file in TOKENIZER_FILES):
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError, TypeError) as err:
+            raise ValueError(
+                f"cannot load the tokenizer in {folder}: {err}; save its tokenizer again "
+                "(tokenizer.save_pretrained) or remove its tokenizer files"
+            ) from err
     logger.info("loaded %s from %s (%s, %s)", name, folder, dtype, device)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=folder)
 

@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ __all__ = [
     "DEFAULT_DRAFT", "DEFAULT_TARGET", "GROUPS", "PACKAGED", "SMOKE_MODEL", "GgufPart", "PackagedGguf",
     "MissingPackageError", "ProvisioningError", "ProvisionResult", "WrongHashError",
     "assemble", "cache_folder", "cache_ready", "convert_gguf", "gguf_file_key", "locate_parts",
-    "package_dir", "provision", "provision_gguf_file",
+    "check_gguf", "package_dir", "provision", "provision_gguf_file", "repair_command",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,11 +125,28 @@ def assemble(model: PackagedGguf, paths: list[Path], dest: Path | None) -> None:
         )
 
 
+def check_gguf(path: Path) -> None:
+    """Refuse a file that is not a complete GGUF (wrong magic, truncated, damaged tensor table)."""
+    from gguf import GGUFReader
+
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ProvisioningError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
+    try:
+        GGUFReader(path)  # parses the header and maps every tensor: a short file fails here
+    except (ValueError, IndexError, KeyError, OSError) as err:
+        raise ProvisioningError(
+            f"{path} is truncated or damaged ({err}); copy or download the .gguf file again"
+        ) from err
+
+
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise a GGUF file into a plain float32 transformers folder (weights + tokenizer)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf(gguf)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained (its config carries a gguf quantization_config).
@@ -241,6 +259,23 @@ def provision_gguf_file(
 def gguf_file_key(sha256: str) -> str:
     """Cache folder name of a local GGUF file with this sha256."""
     return f"gguf-{sha256[:16]}"
+
+
+def repair_command(folder: Path) -> str:
+    """What rebuilds the cache folder `folder` (a damaged one), as one command line or sentence."""
+    root = folder.parent
+    default = model_cache.resolve_cache_root(None, os.environ)
+    cache = "" if root == default else f" --cache {shlex.quote(str(root))}"
+    for alias, packaged in PACKAGED.items():
+        if packaged.key == folder.name:
+            return f"saguaro models provision --which {alias}{cache}"
+    try:
+        source = model_cache.read_manifest(folder).source
+    except model_cache.CorruptCacheError:
+        source = {}
+    if source.get("kind") == "gguf-file" and source.get("path"):
+        return f"saguaro models provision --gguf {shlex.quote(str(source['path']))}{cache}"
+    return f"saguaro models provision --gguf FILE{cache} with the .gguf file it was made from"
 
 
 def cache_folder(model: str | PackagedGguf, cache_dir: str | os.PathLike[str] | None = None) -> Path:

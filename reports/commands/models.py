@@ -1,10 +1,12 @@
 """`saguaro models`: provision the real models from their PyPI data wheels, list them, verify them.
 
-  saguaro models provision [--which default|smoke|all|ALIAS] [--cache DIR] [--rebuild]
+  saguaro models provision [--which default|smoke|all|ALIAS | --gguf FILE] [--cache DIR] [--rebuild]
   saguaro models list [--cache DIR]
   saguaro models verify [--cache DIR]
+  saguaro models clean [--cache DIR]
 
-The cache is --cache, else $SAGUARO_CACHE, else ~/.cache/saguaro.
+The cache is --cache, else $SAGUARO_CACHE, else ~/.cache/saguaro. `provision` rebuilds a damaged
+entry; `clean` removes temp folders left by interrupted builds (provision does too).
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     prov = actions.add_parser("provision", help="assemble, verify and convert models into the cache")
     prov.add_argument("--which", choices=GROUP_CHOICES + ALIAS_CHOICES, default="default",
                       help="default = the Qwen-Coder 1.5B/0.5B pair, smoke = SmolLM2-135M (default: default)")
+    prov.add_argument("--gguf", type=Path, metavar="FILE",
+                      help="convert (or repair the cache entry of) a local .gguf file instead of --which")
     prov.add_argument("--rebuild", action="store_true", help="convert again even if the cache is valid")
     actions.add_parser("list", help="the model aliases, whether provisioned, and where")
     actions.add_parser("verify", help="re-hash every cached file against its manifest")
+    actions.add_parser("clean", help="remove temp folders left by interrupted builds")
     for action in actions.choices.values():
         action.add_argument("--cache", type=Path, metavar="DIR", help="model cache folder")
     return p
@@ -44,10 +49,52 @@ def run(args: argparse.Namespace) -> int:
 
     root = model_cache.resolve_cache_root(args.cache, os.environ)
     if args.models_action == "provision":
+        _clean(model_cache, root, quiet=True)
+        if args.gguf is not None:
+            return _provision_gguf(provision, root, args.gguf, args.rebuild)
         return _provision(provision, root, args.which, args.rebuild)
     if args.models_action == "list":
         return _list(provision, model_cache, root)
+    if args.models_action == "clean":
+        return _clean(model_cache, root, quiet=False)
     return _verify(provision, model_cache, root)
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+def _clean(model_cache, root: Path, *, quiet: bool) -> int:
+    if not root.is_dir() or not os.access(root, os.W_OK):
+        if not quiet:
+            print(f"nothing to clean in {root}" if not root.is_dir() else f"{root} is not writable")
+        return 0
+    removed, busy = model_cache.clean_leftovers(root)
+    for leftover in removed:
+        print(f"removed {leftover.path} ({_gib(leftover.size)}) left by an interrupted build")
+    for leftover in busy:
+        print(f"kept    {leftover.path}: a build of {leftover.key} is running")
+    if not quiet and not removed and not busy:
+        print(f"no leftovers in {root}")
+    return 0
+
+
+def _provision_gguf(provision, root: Path, gguf: Path, rebuild: bool) -> int:
+    if not gguf.is_file() or gguf.suffix != ".gguf":
+        raise ValueError(f"--gguf {gguf}: expected an existing .gguf file")
+    result = provision.provision_gguf_file(gguf, root, rebuild=rebuild)
+    _report(result.name, result)
+    return 0
+
+
+def _report(alias: str, result) -> None:
+    if result.reused:
+        print(f"{alias}: already provisioned in {result.folder}")
+    else:
+        print(
+            f"{alias}: assemble+hash {result.assemble_s:.1f} s, convert {result.convert_s:.1f} s, "
+            f"hash+manifest {result.manifest_s:.1f} s -> {result.folder}"
+        )
 
 
 def _provision(provision, root: Path, which: str, rebuild: bool) -> int:
@@ -55,14 +102,7 @@ def _provision(provision, root: Path, which: str, rebuild: bool) -> int:
     for alias in aliases:  # every missing package reported before any minutes are spent
         provision.locate_parts(provision.PACKAGED[alias])
     for alias in aliases:
-        result = provision.provision(alias, root, rebuild=rebuild)
-        if result.reused:
-            print(f"{alias}: already provisioned in {result.folder}")
-        else:
-            print(
-                f"{alias}: assemble+hash {result.assemble_s:.1f} s, convert {result.convert_s:.1f} s, "
-                f"hash+manifest {result.manifest_s:.1f} s -> {result.folder}"
-            )
+        _report(alias, provision.provision(alias, root, rebuild=rebuild))
     if provision.DEFAULT_TARGET in aliases and provision.DEFAULT_DRAFT in aliases:
         from engine.models import check_compatible, vocabulary
 
@@ -70,6 +110,15 @@ def _provision(provision, root: Path, which: str, rebuild: bool) -> int:
         check_compatible(target, root / provision.PACKAGED[provision.DEFAULT_DRAFT].key)
         print(f"target and draft share one vocabulary ({vocabulary(target).logits} ids)")
     return 0
+
+
+def _state(provision, folder: Path) -> str:
+    """ready / not provisioned / DAMAGED with the command that repairs it (re-hashes changed files)."""
+    if not folder.exists():
+        return "not provisioned"
+    if provision.cache_ready(folder):
+        return "ready"
+    return f"DAMAGED (repair: {provision.repair_command(folder)})"
 
 
 def _list(provision, model_cache, root: Path) -> int:
@@ -81,18 +130,14 @@ def _list(provision, model_cache, root: Path) -> int:
             packages = "installed"
         except provision.ProvisioningError:
             packages = f"missing ({packaged.install_command})"
-        if not folder.exists():
-            state = "not provisioned"
-        elif provision.cache_ready(folder):
-            state = "ready"
-        else:
-            state = "DAMAGED (saguaro models provision rebuilds it)"
-        print(f"{alias:16} {state:16} {folder}\n{'':16} {packaged.title}; packages {packages}")
+        print(f"{alias:16} {_state(provision, folder):16} {folder}\n{'':16} {packaged.title}; packages {packages}")
     known = {p.key for p in provision.PACKAGED.values()}
     for folder in model_cache.list_folders(root):
         if folder.name not in known:
-            state = "ready" if provision.cache_ready(folder) else "DAMAGED"
-            print(f"{'(local gguf)':16} {state:16} {folder}")
+            print(f"{'(local gguf)':16} {_state(provision, folder):16} {folder}")
+    for leftover in model_cache.find_leftovers(root):
+        print(f"{'(leftover)':16} {_gib(leftover.size):16} {leftover.path}: temp folder of an interrupted "
+              "build; `saguaro models clean` removes it")
     return 0
 
 
@@ -101,19 +146,18 @@ def _verify(provision, model_cache, root: Path) -> int:
     if not folders:
         print(f"nothing provisioned in {root}")
         return 0
-    failed = []
+    repairs = []
     for folder in folders:
         start = time.perf_counter()
         try:
             model_cache.check_folder(folder, verify=True)
         except model_cache.CorruptCacheError as err:
-            failed.append(folder.name)
-            print(f"FAILED {folder}: {err}")
+            repairs.append(provision.repair_command(folder))
+            print(f"FAILED {folder}: {err}; repair: {repairs[-1]}")
             continue
         print(f"ok     {folder} ({time.perf_counter() - start:.1f} s)")
-    if failed:
+    if repairs:
         raise model_cache.CorruptCacheError(
-            f"{len(failed)} cache folder(s) failed verification ({', '.join(failed)}); "
-            "`saguaro models provision --which all` rebuilds the packaged ones"
+            f"{len(repairs)} cache folder(s) failed verification; repair with: {'; '.join(repairs)}"
         )
     return 0

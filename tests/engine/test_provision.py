@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -177,14 +178,17 @@ def test_truncated_cache_file_is_refused_on_load(site, tmp_path, converter):
         load_model(folder, cache_dir=tmp_path / "cache")
 
 
-def test_same_size_corruption_is_found_only_by_verify(site, tmp_path, converter):
+def test_same_size_corruption_with_its_mtime_put_back_is_still_found(site, tmp_path, converter):
     folder = provision.provision(fake_package(site), tmp_path / "cache").folder
     weights = folder / "model.safetensors"
+    before = weights.stat()
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    model_cache.check_folder(folder)  # sizes still match
-    with pytest.raises(CorruptCacheError, match="does not match its sha256"):
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # size and mtime as recorded
+    with pytest.raises(CorruptCacheError, match="changed after it was provisioned"):
+        model_cache.check_folder(folder)  # the ctime moved, so the file was re-hashed
+    with pytest.raises(CorruptCacheError, match="sha256 differs"):
         load_model(folder, cache_dir=tmp_path / "cache", verify=True)
 
 
@@ -218,7 +222,7 @@ def test_load_model_refuses_a_damaged_alias_cache_and_says_how_to_rebuild(tmp_pa
     folder = tmp_path / "cache" / provision.PACKAGED[provision.SMOKE_MODEL].key
     folder.mkdir(parents=True)
     (folder / model_cache.MARKER_NAME).write_text("")
-    with pytest.raises(CorruptCacheError, match="saguaro models provision --which smoke"):
+    with pytest.raises(CorruptCacheError, match="saguaro models provision --which smollm2-135m"):
         load_model(provision.SMOKE_MODEL, cache_dir=tmp_path / "cache")
 
 
