@@ -196,7 +196,8 @@ def is_ours(folder: Path) -> bool:
 
 def _unwritable(root: Path, err: OSError) -> ProvisioningError:
     return ProvisioningError(
-        f"cannot write to the model cache {root} ({err.strerror or err}); make it writable, "
+        f"cannot write to the model cache {root} ({err.strerror or err}: {err.filename or root}); "
+        "make it a writable folder, "
         f"or choose another folder with --cache DIR or ${ENV_CACHE}"
     )
 
@@ -270,7 +271,7 @@ def clean_leftovers(root: Path) -> tuple[list[Leftover], list[Leftover]]:
                 busy.append(leftover)
                 continue
             if leftover.path.is_dir() and is_ours(leftover.path):
-                logger.warning("removing %s left by an interrupted build", leftover.path)
+                logger.info("removing %s left by an interrupted build", leftover.path)
                 shutil.rmtree(leftover.path)
                 removed.append(leftover)
     return removed, busy

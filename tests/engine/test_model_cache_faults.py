@@ -82,7 +82,7 @@ def test_flipped_weight_byte_is_refused_on_load_with_the_command_that_repairs_it
     flip_byte(folder / "model.safetensors", -1)  # same size: only the stamps and the hash tell
     with pytest.raises(CorruptCacheError, match="was changed after it was provisioned") as caught:
         load_model(ALIAS, cache_dir=root)
-    assert f"saguaro models provision --which {ALIAS} --cache {root}" in str(caught.value)
+    assert f"saguaro models provision --which {ALIAS} --rebuild --cache {root}" in str(caught.value)
 
 
 def test_flipped_header_byte_is_refused_not_a_safetensors_traceback(packaged, tmp_path):
@@ -103,7 +103,7 @@ def test_list_calls_a_damaged_entry_damaged_and_the_advised_command_repairs_it(p
     status, out, _ = run_cli(["models", "list", "--cache", str(root)], capsys)
     line = next(row for row in out.splitlines() if row.startswith(ALIAS))
     assert "ready" not in line and "DAMAGED" in line
-    repair = f"saguaro models provision --which {ALIAS} --cache {root}"
+    repair = f"saguaro models provision --which {ALIAS} --rebuild --cache {root}"
     assert repair in line
 
     status, _, err = run_cli(["models", "verify", "--cache", str(root)], capsys)
@@ -149,7 +149,7 @@ def test_a_changed_local_gguf_entry_names_the_gguf_repair_and_it_works(tmp_path,
     flip_byte(folder / "model.safetensors", -1)
     with pytest.raises(CorruptCacheError) as caught:
         load_model(gguf, cache_dir=root)
-    repair = f"saguaro models provision --gguf {gguf.resolve()} --cache {root}"
+    repair = f"saguaro models provision --gguf {gguf.resolve()} --rebuild --cache {root}"
     assert repair in str(caught.value)
     status, out, _ = run_cli(repair.split()[1:], capsys)
     assert status == 0 and "already provisioned" not in out
@@ -158,22 +158,33 @@ def test_a_changed_local_gguf_entry_names_the_gguf_repair_and_it_works(tmp_path,
 
 # -- leftovers of killed builds --------------------------------------------------------------------
 
-def killed_build(root: Path, key: str, tag: str, *, ours: bool = True) -> Path:
-    """What a SIGKILLed build leaves: a marked temp folder holding part of a model."""
-    folder = root / f"{model_cache.TEMP_PREFIX}{key}{model_cache.TEMP_SEPARATOR}{tag}"
-    folder.mkdir(parents=True)
-    if ours:
-        (folder / model_cache.MARKER_NAME).write_text("")
-    (folder / "model.safetensors").write_bytes(b"\0" * 4096)
-    return folder
+@pytest.fixture
+def killed_build():
+    """What a SIGKILLed build leaves: its temp folder (made by `building`, never exited) with part
+    of a model in it. `ours=False`: a look-alike folder someone else made, without our marker."""
+    unfinished = []  # entered builds, kept alive: a collected generator would run its clean-up
+
+    def make(root: Path, key: str, tag: str = "", *, ours: bool = True) -> Path:
+        if ours:
+            root.mkdir(parents=True, exist_ok=True)
+            unfinished.append(model_cache.building(root, key))
+            folder = unfinished[-1].__enter__()  # killed: no exit, no clean-up
+        else:
+            folder = root / f"{model_cache.TEMP_PREFIX}{key}{model_cache.TEMP_SEPARATOR}{tag}"
+            folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"\0" * 4096)
+        return folder
+
+    yield make
+    unfinished.clear()
 
 
 def test_leftover_of_a_killed_rebuild_is_listed_and_cleaned_but_foreign_folders_are_not(
-    packaged, tmp_path, capsys
+    packaged, tmp_path, capsys, killed_build
 ):
     root = tmp_path / "cache"
     provision.provision(ALIAS, root)
-    leftover = killed_build(root, packaged.key, "killed")
+    leftover = killed_build(root, packaged.key)
     foreign = killed_build(root, packaged.key, "someone-else", ours=False)
 
     _, out, _ = run_cli(["models", "list", "--cache", str(root)], capsys)
@@ -185,17 +196,17 @@ def test_leftover_of_a_killed_rebuild_is_listed_and_cleaned_but_foreign_folders_
     assert provision.cache_ready(root / packaged.key)
 
 
-def test_provision_of_a_ready_model_also_removes_leftovers(packaged, tmp_path, capsys):
+def test_provision_of_a_ready_model_also_removes_leftovers(packaged, tmp_path, capsys, killed_build):
     root = tmp_path / "cache"
     provision.provision(ALIAS, root)
-    leftover = killed_build(root, packaged.key, "killed")
+    leftover = killed_build(root, packaged.key)
     status, out, _ = run_cli(["models", "provision", "--which", ALIAS, "--cache", str(root)], capsys)
     assert status == 0 and "already provisioned" in out and not leftover.exists()
 
 
-def test_clean_keeps_the_temp_folder_of_a_build_in_progress(tmp_path):
+def test_clean_keeps_the_temp_folder_of_a_build_in_progress(tmp_path, killed_build):
     root = tmp_path / "cache"
-    building = killed_build(root, "some-key", "running")
+    building = killed_build(root, "some-key")
     with model_cache.key_lock(root, "some-key"):
         removed, busy = model_cache.clean_leftovers(root)
     assert removed == [] and [b.path for b in busy] == [building] and building.exists()
@@ -306,3 +317,21 @@ def test_bad_device_is_refused_before_loading_any_model(tmp_path, monkeypatch, c
                               "--device", device, "--cache", str(tmp_path / "cache")], capsys)
     assert_one_line_error(status, err, repr(device))
     assert loads == []
+
+
+def test_damage_the_stamps_cannot_see_is_found_by_verify_and_its_advice_repairs_it(packaged, tmp_path, capsys):
+    root = tmp_path / "cache"
+    folder = provision.provision(ALIAS, root).folder
+    weights = folder / "model.safetensors"
+    flip_byte(weights, -1)
+    manifest = model_cache.read_manifest(folder)  # bit rot: the stamps are recorded as they now are
+    st = weights.stat()
+    files = {**manifest.files, "model.safetensors": dataclasses.replace(
+        manifest.files["model.safetensors"], mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)}
+    model_cache.write_manifest(folder, dataclasses.replace(manifest, files=files))
+    status, _, err = run_cli(["models", "verify", "--cache", str(root)], capsys)
+    repair = f"saguaro models provision --which {ALIAS} --rebuild --cache {root}"
+    assert_one_line_error(status, err, repair)
+    status, out, _ = run_cli(repair.split()[1:], capsys)
+    assert status == 0 and "already provisioned" not in out
+    assert run_cli(["models", "verify", "--cache", str(root)], capsys)[0] == 0

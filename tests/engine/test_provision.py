@@ -222,7 +222,7 @@ def test_load_model_refuses_a_damaged_alias_cache_and_says_how_to_rebuild(tmp_pa
     folder = tmp_path / "cache" / provision.PACKAGED[provision.SMOKE_MODEL].key
     folder.mkdir(parents=True)
     (folder / model_cache.MARKER_NAME).write_text("")
-    with pytest.raises(CorruptCacheError, match="saguaro models provision --which smollm2-135m"):
+    with pytest.raises(CorruptCacheError, match="saguaro models provision --which smollm2-135m --rebuild"):
         load_model(provision.SMOKE_MODEL, cache_dir=tmp_path / "cache")
 
 
