@@ -335,3 +335,11 @@ def test_damage_the_stamps_cannot_see_is_found_by_verify_and_its_advice_repairs_
     status, out, _ = run_cli(repair.split()[1:], capsys)
     assert status == 0 and "already provisioned" not in out
     assert run_cli(["models", "verify", "--cache", str(root)], capsys)[0] == 0
+
+
+def test_a_lock_file_that_cannot_be_opened_is_one_line_naming_the_cache(tmp_path):
+    root = tmp_path / "cache"
+    (root / f"{model_cache.LOCK_PREFIX}some-key").mkdir(parents=True)  # open(..., "a") fails
+    with pytest.raises(ProvisioningError, match=f"cannot write to the model cache {root}"):
+        with model_cache.key_lock(root, "some-key"):
+            pass
