@@ -111,3 +111,27 @@ def test_bad_requests_raise_value_error_before_anything_runs(target):
         asyncio.run(main())
     finally:
         engine.shutdown(1.0)
+
+
+def test_the_rounds_file_holds_each_sd_rounds_outcome_ranks(target, tmp_path):
+    """A decode record reaches the file once the next round has filled in its outcome's rank, so the served
+    rounds carry what the hit model needs (only a row's last round, with nothing after it, lacks it)."""
+    from engine import SpeculativeConfig
+    from engine.config import DraftPlacement
+    from tests.engine.tiny import noisy_copy
+
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
+    engine = AsyncLLM(LLM(target, noisy_copy(target, 1.0), strategy="sd", speculative=spec, max_num_seqs=4),
+                      rounds_path=tmp_path / "rounds.jsonl")
+
+    async def main():
+        return await asyncio.gather(*(collect(engine.generate(p, GREEDY, f"r{i}")) for i, p in enumerate(PROMPTS)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown(5.0)
+    decode = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    decode = [r for r in decode if r["phase"] == "decode"]
+    assert decode and sum("outcome_rank" in r for r in decode) >= len(decode) - 1
+    assert all(len(r["outcome_rank"]) == r["batch_size"] for r in decode if "outcome_rank" in r)
