@@ -23,6 +23,7 @@ from engine.decode_loop import DecodeLoop
 from engine.metrics import RunMetrics
 from engine.models import TORCH_DTYPES
 from engine.outputs import Chunk, Generation
+from engine.prompt_input import check_prompts, check_text, is_single_prompt, token_ids
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence
@@ -202,7 +203,10 @@ class LLM:
     def encode(self, prompt: str | Seq[int], chat: bool | None = None) -> list[int]:
         """Token ids of a prompt: text through the tokenizer (and, when `chat` — by default the engine's
         chat_template setting — through the chat template as one user message), ids as given."""
+        if self.target is None:
+            raise ValueError("this LLM is closed: build a new one")
         if isinstance(prompt, str):
+            check_text(prompt)
             if not prompt.strip():
                 raise ValueError("empty prompt: give some text (or token ids)")
             if self.tokenizer is None:
@@ -214,7 +218,7 @@ class LLM:
             if not ids:
                 raise ValueError(f"the prompt {prompt[:40]!r} encodes to no tokens with this tokenizer: give other text")
             return ids
-        ids = [int(t) for t in prompt]
+        ids = token_ids(prompt)
         if not ids:
             raise ValueError("empty prompt: give at least one token id")
         vocab = _vocab_size(self.target)
@@ -229,6 +233,8 @@ class LLM:
             raise ValueError("this model has no chat template: send a plain completion prompt instead")
         if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
             raise ValueError("messages must be a non-empty list of {role, content} with text content")
+        for i, m in enumerate(messages):
+            check_text(m["content"], f"message {i}'s content")
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -253,10 +259,9 @@ class LLM:
         return seq
 
     def _sequences(self, prompts, params) -> list[Sequence]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if is_single_prompt(prompts):
             prompts = [prompts]
-        if len(prompts) == 0:
-            raise ValueError("no prompts given: pass a list with at least one prompt")
+        check_prompts(prompts)
         shared = params is None or isinstance(params, SamplingParams)
         if params is None:
             params = SamplingParams()

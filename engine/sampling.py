@@ -41,7 +41,7 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
 
     Order (the same as transformers' default warper order in `GenerationMixin._get_logits_processor`,
     which appends TemperatureLogitsWarper, then TopKLogitsWarper, then TopPLogitsWarper):
-      1. temperature: z = logits / T;
+      1. temperature: z = (logits − max) / T (the shift leaves softmax as it is and keeps a tiny T finite);
       2. top-k: keep the k largest z (ties at the boundary go to the lowest token id, so exactly k survive;
          transformers keeps every token tied with the k-th, which can be more than k);
       3. top-p on softmax of the survivors: keep the smallest prefix of the most probable tokens whose mass
@@ -49,7 +49,8 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
          ties ordered by lowest id);
       4. renormalise.
     Temperature 0 is greedy: a one-hot on the argmax (ties -> lowest id); top-k / top-p never remove the
-    argmax, so they do not change it. Computed in float32, or float64 when the logits are float64.
+    argmax, so they do not change it. A tiny T > 0 (down to the smallest subnormal) gives the limit T -> 0+:
+    uniform over the tied maxima, zero elsewhere. Computed in float32, or float64 when the logits are float64.
 
     The same function warps the target's p and the draft's q, so the verifier checks exactly the
     distributions that would have been sampled.
@@ -61,7 +62,7 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
     if params.greedy:
         return torch.zeros_like(z).scatter_(-1, z.argmax(dim=-1, keepdim=True), 1.0)  # [..., V] one-hot
 
-    z = z / params.temperature
+    z = _over_temperature(z, params.temperature)
     top_k = params.top_k if params.top_k is not None and params.top_k < vocab_size else None
     top_p = params.top_p if params.top_p is not None and params.top_p < 1 else None
     if top_p is None:
@@ -82,6 +83,19 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
     probs_sorted = probs_sorted.masked_fill(mass_before >= top_p, 0)
     probs_sorted = probs_sorted / probs_sorted.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs_sorted).scatter(-1, order, probs_sorted)  # [..., V], back to token ids
+
+
+def _over_temperature(z: Tensor, temperature: float) -> Tensor:
+    """z / T with each row's maximum moved to 0 first, `[..., V] -> [..., V]`.
+
+    softmax is unchanged by the shift, and it keeps a tiny T from overflowing: z / 1e-40 is ±inf in
+    float32 and softmax of inf is NaN. After the shift the maxima are exactly 0 and stay 0 (0 / T is NaN
+    in floating point once 1 / T overflows, or T rounds to 0 in the compute dtype, hence the fill), the
+    other entries are < 0 and may go to -inf, so as T -> 0 the distribution goes to its limit: uniform over
+    the tied maxima.
+    """
+    shifted = z - z.amax(dim=-1, keepdim=True)  # [..., V] <= 0, the maxima exactly 0
+    return (shifted / temperature).masked_fill_(shifted == 0, 0.0)  # [..., V]
 
 
 def _top_k_mask(z: Tensor, k: int) -> Tensor:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 5  # top-N log-probabilities a request may ask for (OpenAI's limit)
+MAX_SEED = (1 << 63) - 1  # seeds travel as int64 (torch generators, the SSD worker's messages)
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1] (or None to disable), got {self.top_p!r}")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer (or None for a random one), got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be a non-negative integer up to 2**63 - 1 (or None for a random one), "
+                             f"got {self.seed!r}: take it modulo 2**63")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")

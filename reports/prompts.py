@@ -67,19 +67,32 @@ def _jsonl_row(row: object, where: str, default_id: str, default_category: str) 
         text = row["turns"][0]
     ids = row.get("ids")
     if ids is not None:
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):  # not bools
             raise ValueError(f"{where}: 'ids' must be a non-empty list of non-negative token ids")
         ids = tuple(ids)
     elif not isinstance(text, str) or not text.strip():
         raise ValueError(f"{where}: needs a non-empty 'prompt' (or 'turns') text, or an 'ids' list of token ids")
+    elif not _encodes(text):
+        raise ValueError(f"{where}: the prompt holds a lone surrogate (an escape such as \\udcff that is not a "
+                         "character): write the text itself in UTF-8")
     category = str(row.get("category", default_category))
     return Prompt(str(row.get("id", default_id)), category, str(row.get("task", category)),
                   None if ids is not None else text, ids)
 
 
+def _read_utf8(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}): "
+                         "save the file as UTF-8 (iconv -t UTF-8)") from None
+
+
 def _jsonl(path: Path) -> list[Prompt]:
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_read_utf8(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -93,6 +106,14 @@ def _jsonl(path: Path) -> list[Prompt]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: prompt ids must be unique (results are keyed by them)")
     return prompts
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def round_robin(prompts: list[Prompt]) -> list[Prompt]:

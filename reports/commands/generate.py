@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -81,16 +82,47 @@ def speculative_config(args, placement):
 
 
 def read_prompts(args) -> list[str | list[int]]:
+    """The prompts from argv, --prompts-file or stdin, checked to be UTF-8 text before any model loads."""
     if args.prompt:
+        for n, arg in enumerate(args.prompt, 1):
+            _check_argument(arg, n)
         return list(args.prompt)
     if args.prompts_file:
         from reports.prompts import load_prompts
 
         return [p.content for p in load_prompts(str(args.prompts_file))]
     if sys.stdin is not None and not sys.stdin.isatty():
-        text = sys.stdin.read()
-        return [text]
+        return [_read_stdin()]
     raise ValueError("no prompt given: pass it as an argument, with --prompts-file, or on stdin")
+
+
+def _check_argument(arg: str, n: int) -> None:
+    # Python decodes argv with surrogateescape: bytes that are not UTF-8 arrive as lone surrogates.
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(arg)
+        raise ValueError(f"prompt argument {n} is not UTF-8 text ({_bad_byte(raw)}): "
+                         "pass UTF-8 text (convert it with iconv -t UTF-8)") from None
+
+
+def _read_stdin() -> str:
+    buffer = getattr(sys.stdin, "buffer", None)
+    raw = buffer.read() if buffer is not None else sys.stdin.read().encode("utf-8", errors="surrogatepass")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"the prompt on stdin is not UTF-8 text ({_bad_byte(raw)}): "
+                         "pipe UTF-8 text (convert it with iconv -t UTF-8)") from None
+
+
+def _bad_byte(raw: bytes) -> str:
+    """Where the first byte that is not UTF-8 sits, for the error message."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"byte 0x{raw[err.start]:02x} at offset {err.start}"
+    return "a lone surrogate"
 
 
 def run(args) -> int:
