@@ -18,14 +18,23 @@ class FanoutSchedule(str, Enum):
     GEOMETRIC = "geometric"  # Thm 12 from the running α and the fitted power-law r
 
 
+class StartFault(str, Enum):
+    """Fault injection for tests: what the worker process does while it starts."""
+
+    EXIT_BEFORE_JOINING = "exit before joining"  # before it connects to the target's store
+    EXIT_WHILE_LOADING = "exit while loading"  # connected, while it builds its model
+    HANG_WHILE_LOADING = "hang while loading"
+
+
 @dataclass(frozen=True)
 class WorkerFaults:
     """Fault injection for tests: at the given round (1 = the first decode round) the worker process
-    exits, hangs, or answers with a malformed message."""
+    exits, hangs, or answers with a malformed message; `at_start`: a fault while it starts."""
 
     exit_at_round: int | None = None
     hang_at_round: int | None = None
     malformed_at_round: int | None = None
+    at_start: StartFault | None = None
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,8 @@ class DecodeLoop:
         """Swap the failed SSD worker for the fallback proposer, which takes over every running row."""
         self.fault = f"SSD draft worker {what}: {type(err).__name__}: {err}"
         replacement = self.proposer.fallback(err, what)
-        replacement.admit(self.running)
+        if self.running:  # none when the worker fails to start
+            replacement.admit(self.running)
         self.proposer = replacement
         self.stats.fallbacks += 1
         self.stats.strategy = replacement.name

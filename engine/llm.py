@@ -100,6 +100,10 @@ class LLM:
             cache_dir=None if cache_dir is None else str(cache_dir),
         )
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
+        if self.config.strategy is Strategy.SSD:
+            from engine.ssd.process import preflight
+
+            preflight(self.config.speculative.placement)  # a taken port, an unguarded script: before loading
         if threads is not None:
             torch.set_num_threads(threads)
         from engine.models import check_device

@@ -19,6 +19,9 @@ class InProcessChannel:
     def __init__(self, draft: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device):
         self.worker = DraftWorker(draft, spec, pad_id, device)
 
+    def wait_ready(self) -> None:
+        """The worker is built with the channel: always ready."""
+
     def exchange(self, msg: Round) -> Speculation:
         reply = self.worker.respond(msg)
         self.worker.build_cache()

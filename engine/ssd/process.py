@@ -5,27 +5,39 @@ recipe for its model (an alias/path to load, or a config + state dict for in-mem
 live model; it sets its torch threads and, on CPU, pins itself to its own cores. It connects to the
 rendezvous the target hosts (engine.ssd.transport) and serves until STOP or until the link breaks.
 Closing always reaps the child: STOP, join, then terminate / kill if it does not leave.
+
+The target watches the child while it starts: it polls the store for the worker's JOINED and READY keys and
+the process's liveness, so a worker that dies before it connects or while it loads its model is noticed at
+once (not at the start deadline). The child watches its parent (engine.ssd.lifetime).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import pickle
-import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from engine.config import SpeculativeConfig, WorkerFaults
+from engine.config import DraftPlacement, SpeculativeConfig, StartFault, WorkerFaults
+from engine.ssd.lifetime import (WorkerExit, die_with_parent, explain_exit, ignore_sigint, refuse_unguarded_main,
+                                 silence_stderr, spawn_with_sigint_blocked)
 from engine.ssd.messages import Round, Speculation, Stop
-from engine.ssd.transport import DraftUnavailable, Endpoint, host_store, parse_init_method
+from engine.ssd.transport import (DRAFT_RANK, DraftUnavailable, Endpoint, check_port_free, host_store,
+                                  parse_init_method)
 
 log = logging.getLogger(__name__)
 SPEC_KEY = "saguaro/worker_spec"
+JOINED_KEY = "saguaro/worker_joined"  # set by the worker once connected to the store, before the group forms
+READY_KEY = "saguaro/worker_ready"  # set by the worker once its model is built
+POLL_S = 0.05
 IDLE_S = 7 * 24 * 3600.0  # the worker waits for the next batch as long as the link is up
 JOIN_S = 10.0
 
@@ -83,6 +95,17 @@ class WorkerSpec:
     cores: list[int] | None
     connect_s: float
     faults: WorkerFaults | None
+    parent_pid: int | None = None  # the target's process (None: started by hand, maybe on another host)
+    death_signal: bool = False  # Linux parent-death signal (only when the target's main thread started us)
+
+
+def preflight(placement: DraftPlacement) -> None:
+    """Checks that need no model, run before loading any: the rendezvous port is free, and this is not a
+    spawned process re-running the caller's unguarded script."""
+    if not placement.in_process:
+        if not placement.external:
+            refuse_unguarded_main()
+        check_port_free(placement.init_method)
 
 
 def serve(ws: WorkerSpec) -> None:
@@ -90,16 +113,27 @@ def serve(ws: WorkerSpec) -> None:
     from engine.ssd.draft_worker import DraftWorker
     from engine.ssd.messages import MalformedMessage
 
+    die_with_parent(ws.parent_pid, ws.death_signal)
     # Ctrl-C in a terminal reaches the whole process group: the target decides when the worker stops
     # (it sends STOP), so the worker neither dies mid-round nor prints its own traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_sigint()
+    faults = ws.faults or WorkerFaults()
     torch.set_num_threads(ws.threads)
     if ws.cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, ws.cores)
     device = torch.device(ws.device)
-    endpoint = Endpoint.connect(ws.address, device, ws.connect_s)
+    host, port = parse_init_method(ws.address)
+    if faults.at_start is StartFault.EXIT_BEFORE_JOINING:
+        os._exit(WorkerExit.FAULT_INJECTED)
+    store = dist.TCPStore(host, port, 2, False, timeout=datetime.timedelta(seconds=ws.connect_s))
+    store.set(JOINED_KEY, str(os.getpid()))
+    endpoint = Endpoint(store, DRAFT_RANK, host, device, ws.connect_s)
+    if faults.at_start is StartFault.EXIT_WHILE_LOADING:
+        os._exit(WorkerExit.FAULT_INJECTED)
+    if faults.at_start is StartFault.HANG_WHILE_LOADING:
+        time.sleep(IDLE_S)
     worker = DraftWorker(ws.recipe.build(device), ws.spec, ws.pad_id, device)
-    faults = ws.faults or WorkerFaults()
+    store.set(READY_KEY, "1")
     try:
         while True:
             msg = endpoint.recv(IDLE_S, expect_K=ws.spec.K)
@@ -107,7 +141,7 @@ def serve(ws: WorkerSpec) -> None:
                 return
             if isinstance(msg, Round):
                 if msg.round == faults.exit_at_round:
-                    os._exit(3)
+                    os._exit(WorkerExit.FAULT_INJECTED)
                 if msg.round == faults.hang_at_round:
                     time.sleep(IDLE_S)
                 reply = worker.respond(msg)
@@ -118,8 +152,9 @@ def serve(ws: WorkerSpec) -> None:
             endpoint.send(reply, ws.connect_s)
             worker.build_cache()
     except (DraftUnavailable, MalformedMessage, ValueError) as err:
-        log.warning("draft worker stops: %s", err)
+        log.info("draft worker stops: %s", err)  # the target reports faults; the worker stays quiet
     finally:
+        silence_stderr()
         endpoint.close()
 
 
@@ -147,49 +182,77 @@ class ProcessChannel:
         cores, self.target_threads = _cores(placement.draft_threads) if not cuda else (None, None)
         store, address = host_store(placement.init_method, placement.start_deadline_s)
         ws = WorkerSpec(recipe, spec, pad_id, address, draft_device, placement.draft_threads, cores,
-                        placement.start_deadline_s, placement.faults)
+                        placement.start_deadline_s, placement.faults, parent_pid=os.getpid(),
+                        death_signal=threading.current_thread() is threading.main_thread())
         self.process = None
+        self.store = store
+        self.endpoint: Endpoint | None = None
+        self.ready = False  # the worker has built its model
+        self.in_step = True  # False while an exchange is under way: a stream broken off mid-way is out of step
+        self.address = address
         if placement.external:
             store.set(SPEC_KEY, pickle.dumps(ws))  # the hand-started worker reads its settings here
             log.warning("waiting for a draft worker: run `python -m engine.ssd.process %s` on the draft host", address)
         else:
             self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
-            self.process.start()
-        self.endpoint: Endpoint | None = None
-        self.exchanged = False
-        self.address = address
+            spawn_with_sigint_blocked(self.process.start)
         try:
+            self._await(JOINED_KEY, "connect")
             host, _ = parse_init_method(address)
             target_comm = torch.device("cuda", target_device.index or 0) if cuda else comm_device
             self.endpoint = Endpoint(store, 0, host, target_comm, placement.start_deadline_s)
-        except RuntimeError as err:
+        except RuntimeError as err:  # DraftUnavailable included
             self.close()
             raise DraftUnavailable(f"the draft worker did not connect: {err}") from None
+        except BaseException:  # Ctrl-C while it starts: reap it before leaving
+            self.close()
+            raise
 
-    def _exchange(self, msg, timeout_s: float) -> Speculation:
+    def _await(self, key: str, what: str) -> None:
+        """Wait for the worker to set `key`, watching the process: a worker that died is reported at once."""
+        deadline = time.monotonic() + self.start_deadline_s
+        while not self.store.check([key]):
+            if self.process is not None and not self.process.is_alive():
+                code = self.process.exitcode
+                raise DraftUnavailable(f"the draft worker process left before it could {what} ({explain_exit(code)})")
+            if time.monotonic() > deadline:
+                raise DraftUnavailable(f"the draft worker did not {what} within {self.start_deadline_s:g} s")
+            time.sleep(POLL_S)
+
+    def wait_ready(self) -> None:
+        """Block until the worker has built its model (the first exchange only); interruptible, as nothing
+        has been sent yet."""
+        if not self.ready:
+            self._await(READY_KEY, "load its model")
+            self.ready = True
+
+    def exchange(self, msg: Round) -> Speculation:
+        self.wait_ready()
         if self.endpoint is None or (self.process is not None and not self.process.is_alive()):
             raise DraftUnavailable("the draft worker is not running")
+        if not self.in_step:
+            raise DraftUnavailable("an earlier exchange with the draft worker broke off mid-way")
+        # The first answer also prefills the batch; a long prefill is fine until the start deadline.
+        timeout_s = self.deadline_s if msg.round else max(self.deadline_s, self.start_deadline_s)
+        self.in_step = False
         self.endpoint.send(msg, timeout_s)
         reply = self.endpoint.recv(timeout_s, expect_K=self.spec.K, expect_V=msg.V)
+        self.in_step = True
         if not isinstance(reply, Speculation):
             raise DraftUnavailable(f"the draft worker answered {type(reply).__name__}, not a speculation")
         return reply
 
-    def exchange(self, msg: Round) -> Speculation:
-        # The first answer waits for the worker to load its model; later ones only for a round.
-        first, self.exchanged = not self.exchanged, True
-        return self._exchange(msg, self.start_deadline_s if first else self.deadline_s)
-
     def close(self) -> None:
         """Stop the worker and reap it; safe to call twice and after a fault."""
-        if self.endpoint is not None:
-            if not self.endpoint.broken and (self.process is None or self.process.is_alive()):
-                try:
-                    self.endpoint.send(Stop(), 2.0)
-                except DraftUnavailable:
-                    pass
+        # STOP only on a stream in step; a worker still loading its model is not waited for.
+        orderly = self.endpoint is not None and not self.endpoint.broken and self.in_step
+        if orderly and (self.process is None or self.process.is_alive()):
+            try:
+                self.endpoint.send(Stop(), 2.0)
+            except DraftUnavailable:
+                orderly = False
         if self.process is not None and self.process.pid is not None:
-            self.process.join(JOIN_S if self.endpoint is not None and not self.endpoint.broken else 0.5)
+            self.process.join(JOIN_S if orderly and self.ready else 0.5)
             if self.process.is_alive():
                 self.process.terminate()
                 self.process.join(JOIN_S)
@@ -206,14 +269,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m engine.ssd.process tcp://TARGET_HOST:PORT", file=sys.stderr)
         return 2
-    import datetime
-
-    import torch.distributed as dist
-
     host, port = parse_init_method(argv[0])
     store = dist.TCPStore(host, port, 2, False, timeout=datetime.timedelta(seconds=300))
     ws: WorkerSpec = pickle.loads(store.get(SPEC_KEY))
-    ws.address, ws.cores = argv[0], None
+    ws.address, ws.cores, ws.parent_pid = argv[0], None, None
     del store
     serve(ws)
     return 0

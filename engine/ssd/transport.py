@@ -10,7 +10,10 @@ Every receive has a deadline; a timeout, a dead peer or a broken link raise Draf
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
+import re
+import socket
 from urllib.parse import urlparse
 
 import torch
@@ -24,6 +27,12 @@ TARGET_RANK, DRAFT_RANK = 0, 1
 
 class DraftUnavailable(RuntimeError):
     """The draft worker died, hung past its deadline, or the link to it broke."""
+
+
+def _reason(err: Exception) -> str:
+    """gloo's error in one short clause: no source path, no advice paragraph (the target's warning is one line)."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip().splitlines()[0] if str(err).strip() else "")
+    return re.split(r"(?<=[.!])\s", text, maxsplit=1)[0] or type(err).__name__
 
 
 def parse_init_method(init_method: str) -> tuple[str, int]:
@@ -40,11 +49,45 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _port_taken(host: str, port: int) -> ValueError:
+    return ValueError(f"port {port} of {init_address(host, port)} is taken (another engine or program listens "
+                      f"there): choose another, e.g. --init-method {init_address(host, 0)} (port 0 = a free one)")
+
+
+def init_address(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+def check_port_free(init_method: str) -> None:
+    """ValueError if the target could not host the rendezvous at this fixed port (port 0 always can).
+    The store listens on every interface, so the port is probed there, the way the store binds it."""
+    host, port = parse_init_method(init_method)
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store: TIME_WAIT is no conflict
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise _port_taken(host, port) from None
+            if err.errno == errno.EACCES:
+                raise ValueError(f"port {port} needs privileges this process lacks: choose a port above 1023, "
+                                 f"or {init_address(host, 0)} for a free one") from None
+            raise
+
+
 def host_store(init_method: str, connect_s: float) -> tuple[dist.TCPStore, str]:
     """The target's side of the rendezvous: start the store; returns it and the address the draft joins."""
     host, port = parse_init_method(init_method)
-    store = dist.TCPStore(host, port, 2, True, timeout=datetime.timedelta(seconds=connect_s), wait_for_workers=False)
-    return store, f"tcp://{host}:{store.port}"
+    try:
+        store = dist.TCPStore(host, port, 2, True, timeout=datetime.timedelta(seconds=connect_s),
+                              wait_for_workers=False)
+    except dist.DistNetworkError as err:
+        if "EADDRINUSE" in str(err):  # taken since check_port_free, or by a socket it could not see
+            raise _port_taken(host, port) from None
+        raise
+    return store, init_address(host, store.port)
 
 
 class Endpoint:
@@ -79,7 +122,7 @@ class Endpoint:
                 self.group.send([tensor.to(self.device)], self.peer, 0).wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as err:
             self.broken = True
-            raise DraftUnavailable(f"sending to the peer failed: {err}") from None
+            raise DraftUnavailable(f"sending to the peer failed: {_reason(err)}") from None
 
     def _recv_one(self, shape: tuple[int, ...], dtype: torch.dtype, timeout_s: float) -> Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
@@ -87,7 +130,8 @@ class Endpoint:
             self.group.recv([buf], self.peer, 0).wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as err:
             self.broken = True
-            raise DraftUnavailable(f"no message from the peer within {timeout_s:g} s or the link broke: {err}") from None
+            raise DraftUnavailable(f"no message from the peer within {timeout_s:g} s or the link broke: "
+                                   f"{_reason(err)}") from None
         return buf.cpu()
 
     def recv(self, timeout_s: float, expect_K: int | None = None, expect_V: int | None = None) -> Message:

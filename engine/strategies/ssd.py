@@ -25,6 +25,7 @@ from engine.config import SpeculativeConfig
 from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
+from engine.ssd.lifetime import sigint_deferred
 from engine.ssd.messages import Join, MalformedMessage, Round, Source
 from engine.ssd.transport import DraftUnavailable
 from engine.strategies.ar import NoDraft
@@ -54,8 +55,10 @@ class DraftWorkerProposer:
         # Per current row: its row in the worker's last speculation, or the Join that will introduce it.
         self.rows: list[int | Join] = []
         self.worker_rows = 0
-        self.accepted: list[int] = []  # outcome of the worker's last speculation, per worker row
-        self.bonus: list[int] = []
+        # Outcome of the worker's last speculation, per worker row; None until the target has verified it
+        # (a round broken off by Ctrl-C between the answer and the verification leaves it None).
+        self.accepted: list[int] | None = []
+        self.bonus: list[int] | None = []
         self.verify_ms = 0.0
         self.exchanges = 0
         self.open_channel = open_channel
@@ -78,19 +81,28 @@ class DraftWorkerProposer:
         going_on = {r for r in self.rows if isinstance(r, int)}
         joins = [r for r in self.rows if isinstance(r, Join)]
         alive = [b in going_on for b in range(self.worker_rows)]
-        msg = Round(self.exchanges, self.accepted, self.bonus, alive, self.verify_ms, joins, self.K, self.V)
+        accepted, bonus = self.accepted, self.bonus
+        if accepted is None:  # never verified: harmless only for rows that leave, whose outcome is ignored
+            if any(alive):
+                raise DraftUnavailable("a speculation was never verified, yet its rows go on")
+            accepted, bonus = [0] * self.worker_rows, [self.pad_id] * self.worker_rows
+        msg = Round(self.exchanges, accepted, bonus, alive, self.verify_ms, joins, self.K, self.V)
         t0 = time.perf_counter()
         if self.channel is None:
             raise DraftUnavailable("the draft worker is not running")
-        spec = self.channel.exchange(msg)
-        wait_ms = ms_since(t0)
-        B = len(self.rows)
-        if spec.tokens.shape != (B, self.K) or spec.q.shape != (B, self.K, self.V):
-            raise MalformedMessage(f"speculation for {tuple(spec.tokens.shape)} tokens, expected ({B}, {self.K}) "
-                                   f"over V={self.V}")
-        hits = iter(spec.hits)
-        previous = [next(hits) if a else None for a in alive] if self.worker_rows else None
-        self.rows, self.worker_rows, self.exchanges = list(range(B)), B, self.exchanges + 1
+        self.channel.wait_ready()  # interruptible: nothing has been sent yet
+        # Ctrl-C waits until the answer is read and booked, so the stream and this side stay in step.
+        with sigint_deferred():
+            spec = self.channel.exchange(msg)
+            wait_ms = ms_since(t0)
+            B = len(self.rows)
+            if spec.tokens.shape != (B, self.K) or spec.q.shape != (B, self.K, self.V):
+                raise MalformedMessage(f"speculation for {tuple(spec.tokens.shape)} tokens, expected ({B}, "
+                                       f"{self.K}) over V={self.V}")
+            hits = iter(spec.hits)
+            previous = [next(hits) if a else None for a in alive] if self.worker_rows else None
+            self.rows, self.worker_rows, self.exchanges = list(range(B)), B, self.exchanges + 1
+            self.accepted = self.bonus = None
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
         return Proposal(
             spec.tokens.to(self.device), spec.q.to(self.device), draft_ms=wait_ms, draft_forwards=0, hit=spec.hits,

@@ -1,0 +1,275 @@
+"""The draft worker's life (issue 13): a worker that dies while it starts is noticed at once, a worker dies with
+its parent at every stage, Ctrl-C inside generate() leaves SSD running and exact, a taken rendezvous port is
+refused in one line before any model loads. Tiny models; each test starts at most one worker process."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import engine.decode_loop
+from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.config import DraftPlacement, StartFault, WorkerFaults
+from engine.ssd.transport import host_store
+from reports.cli import main as cli
+from tests.engine.test_ssd_process import assert_no_children_left, decode_strategies
+from tests.engine.tiny import noisy_copy, tiny_lm
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
+NOTICE_S = 30.0  # far below the 300 s start deadline it used to take, far above a loaded 2-core machine's noise
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_lm(0, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(target):
+    return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
+
+
+def ssd(target, faults=None, start_deadline_s=300.0, **placement):
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(faults=faults, start_deadline_s=start_deadline_s,
+                                                           **placement))
+    return LLM(target, noisy_copy(target, 1.0), strategy="ssd", speculative=spec)
+
+
+# -- a worker that dies while it starts -------------------------------------------------------------
+def test_a_worker_that_dies_before_connecting_is_noticed_at_once(target, ar_tokens):
+    t0 = time.monotonic()
+    with ssd(target, WorkerFaults(at_start=StartFault.EXIT_BEFORE_JOINING)) as llm:
+        started_s = time.monotonic() - t0
+        assert llm.strategy_in_use == "sd"
+        assert "left before it could connect" in llm.fault
+        out = llm.generate(PROMPTS, GREEDY)
+    assert started_s < NOTICE_S
+    assert [o.token_ids for o in out] == ar_tokens
+    assert_no_children_left()
+
+
+def test_a_worker_that_dies_while_loading_its_model_is_noticed_at_once(target, ar_tokens):
+    with ssd(target, WorkerFaults(at_start=StartFault.EXIT_WHILE_LOADING)) as llm:
+        t0 = time.monotonic()
+        out = llm.generate(PROMPTS, GREEDY)
+        took_s = time.monotonic() - t0
+        assert "left before it could load its model" in llm.fault
+    assert took_s < NOTICE_S
+    assert [o.token_ids for o in out] == ar_tokens
+    assert set(decode_strategies(out)) == {"sd"}
+    assert_no_children_left()
+
+
+UNGUARDED = """
+import sys
+sys.path.insert(0, {root!r})
+from engine import LLM, SamplingParams, SpeculativeConfig
+from tests.engine.tiny import noisy_copy, tiny_lm
+
+target = tiny_lm(0, scale=4.0)
+llm = LLM(target, noisy_copy(target, 1.0), strategy="ssd", speculative=SpeculativeConfig(K=2))
+out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=4, stop_on_eos=False))
+print(llm.strategy_in_use, len(out[0].token_ids))
+llm.close()
+"""
+
+
+def test_a_script_without_a_main_guard_falls_back_at_once_and_says_why(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED.format(root=str(ROOT)))
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    took_s = time.monotonic() - t0
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["sd", "4"]
+    assert 'if __name__ == "__main__":' in run.stderr and "Traceback" not in run.stderr
+    assert took_s < 2 * NOTICE_S  # two interpreters import torch; the start deadline is 300 s
+
+
+# -- a worker dies with its parent --------------------------------------------------------------------
+PARENT = """
+import sys, time
+sys.path.insert(0, {root!r})
+from engine import LLM, SpeculativeConfig
+from engine.config import DraftPlacement, StartFault, WorkerFaults
+from tests.engine.tiny import noisy_copy, tiny_lm
+
+if __name__ == "__main__":
+    target = tiny_lm(0, scale=4.0)
+    faults = WorkerFaults(at_start=StartFault.HANG_WHILE_LOADING)
+    llm = LLM(target, noisy_copy(target, 1.0), strategy="ssd",
+              speculative=SpeculativeConfig(K=2, placement=DraftPlacement(faults=faults)))
+    print("up", flush=True)
+    time.sleep(600)
+"""
+
+
+def _worker_of(parent: psutil.Process, timeout_s: float) -> list[psutil.Process]:
+    """The parent's children once the draft worker (a spawned interpreter) is among them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = parent.children(recursive=True)
+        if any("spawn_main" in " ".join(c.cmdline()) for c in children):
+            return children
+        time.sleep(0.05)
+    raise AssertionError("the draft worker process never appeared")
+
+
+@pytest.mark.parametrize("stage", ["starting", "loading"])
+def test_the_worker_and_its_resource_tracker_die_with_a_killed_parent(tmp_path, stage):
+    """`starting`: killed the moment the worker process exists (it is still importing); `loading`: killed
+    once LLM() has returned, while the worker builds its model (made to hang there)."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT.format(root=str(ROOT)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        parent = psutil.Process(proc.pid)
+        if stage == "loading":
+            assert proc.stdout.readline().strip() == "up"
+        children = _worker_of(parent, 120)
+        parent.kill()
+        proc.wait(10)
+        t0 = time.monotonic()
+        _, alive = psutil.wait_procs(children, timeout=NOTICE_S)
+        gone_s = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    for p in alive:
+        p.kill()
+    assert alive == [], f"left behind: {[p.cmdline() for p in alive]}"
+    assert gone_s < 15.0
+
+
+# -- Ctrl-C inside generate() --------------------------------------------------------------------------
+def _interrupt_in_exchange(llm, monkeypatch, at_call: int) -> None:
+    """SIGINT lands just after a round was sent, before its answer is read (the desync of issue 13)."""
+    endpoint = llm.proposer.channel.endpoint
+    real_recv, calls = endpoint.recv, []
+
+    def recv(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_recv(*args, **kwargs)
+
+    monkeypatch.setattr(endpoint, "recv", recv)
+
+
+def _interrupt_in_verify(llm, monkeypatch, at_call: int) -> None:
+    """Ctrl-C while the target verifies: the worker's answer is in, its outcome never will be."""
+    real_verify, calls = engine.decode_loop.verify, []
+
+    def verify(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise KeyboardInterrupt
+        return real_verify(*args, **kwargs)
+
+    monkeypatch.setattr(engine.decode_loop, "verify", verify)
+
+
+# The interrupted call has three rows where the worker's last speculation had at most two: a stale outcome
+# would not fit.
+@pytest.mark.parametrize("where, at_call", [(_interrupt_in_exchange, 2), (_interrupt_in_verify, 1)],
+                         ids=["exchange", "verify"])
+def test_ctrl_c_inside_generate_leaves_ssd_running_with_exact_output(target, ar_tokens, monkeypatch, where, at_call):
+    with ssd(target, deadline_s=10.0) as llm:
+        llm.generate(PROMPTS, GREEDY)
+        with monkeypatch.context() as patch:
+            where(llm, patch, at_call)
+            with pytest.raises(KeyboardInterrupt):
+                llm.generate(PROMPTS + [[9, 10, 11]], GREEDY)
+        out = llm.generate(PROMPTS, GREEDY)
+        again = llm.generate(PROMPTS[::-1], GREEDY)
+        assert llm.fault is None
+    assert [o.token_ids for o in out] == ar_tokens
+    assert [o.token_ids for o in again] == ar_tokens[::-1]
+    assert set(decode_strategies(out)) == {"ssd"} and set(decode_strategies(again)) == {"ssd"}
+    assert out.metrics.summary()["hit_rate"] > 0
+    assert_no_children_left()
+
+
+# -- a taken rendezvous port ---------------------------------------------------------------------------
+@pytest.fixture
+def taken_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_a_taken_port_is_refused_before_any_model_loads(taken_port):
+    spec = SpeculativeConfig(placement=DraftPlacement(init_method=f"tcp://127.0.0.1:{taken_port}"))
+    # The models do not exist: the port is checked first.
+    with pytest.raises(ValueError, match=f"port {taken_port} of tcp://127.0.0.1:{taken_port} is taken.*port 0"):
+        LLM("/no/such/target", "/no/such/draft", strategy="ssd", speculative=spec)
+
+
+def test_a_port_taken_after_the_check_is_refused_the_same_way(taken_port):
+    with pytest.raises(ValueError, match=f"port {taken_port} .* is taken"):
+        host_store(f"tcp://127.0.0.1:{taken_port}", 5.0)
+
+
+def test_a_taken_port_on_the_command_line_is_one_line_and_exit_2(taken_port, capsys):
+    code = cli(["generate", "--strategy", "ssd", "--init-method", f"tcp://127.0.0.1:{taken_port}",
+                "--target", "/no/such/target", "--draft", "/no/such/draft", "Hi"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and f"port {taken_port}" in err and "Traceback" not in err
+
+
+def test_two_engines_on_one_port_the_second_is_refused(target):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with ssd(target, init_method=f"tcp://127.0.0.1:{port}") as first:
+        assert first.strategy_in_use == "ssd"
+        with pytest.raises(ValueError, match=f"port {port} .* is taken"):
+            ssd(target, init_method=f"tcp://127.0.0.1:{port}")
+    assert_no_children_left()
+
+
+# -- only the parent speaks ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cli_args(tmp_path_factory):
+    from tests.engine.test_models import save_tiny
+
+    folder = tmp_path_factory.mktemp("tiny")
+    save_tiny(folder / "model", vocab_size=64)
+    (folder / "prompts.jsonl").write_text('{"ids": [1, 2, 3]}\n')
+    return [sys.executable, "-m", "reports.cli", "generate", "--strategy", "ssd", "--target", str(folder / "model"),
+            "--draft", str(folder / "model"), "--dtype", "float32", "-K", "2", "--ignore-eos",
+            "--prompts-file", str(folder / "prompts.jsonl")]
+
+
+@pytest.mark.parametrize("when", ["worker starting", "generating"])
+def test_ctrl_c_of_generate_ssd_prints_one_line(cli_args, when):
+    """A terminal's Ctrl-C reaches the whole process group, the worker included."""
+    proc = subprocess.Popen(cli_args + ["--max-new-tokens", "200", "--stream"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, cwd=ROOT)
+    try:
+        if when == "generating":
+            proc.stdout.read(1)
+        else:
+            _worker_of(psutil.Process(proc.pid), 120)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (proc.returncode, err.decode()) == (130, "saguaro: interrupted\n")
+
+
+def test_a_normal_close_prints_nothing(cli_args):
+    run = subprocess.run(cli_args + ["--max-new-tokens", "16", "--json"], capture_output=True, text=True,
+                         timeout=240, cwd=ROOT)
+    assert run.returncode == 0 and run.stderr == ""
