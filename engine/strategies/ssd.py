@@ -79,6 +79,8 @@ class DraftWorkerProposer:
 
     def propose(self, rows: RowSampling) -> Proposal:
         going_on = {r for r in self.rows if isinstance(r, int)}
+        if not going_on and not getattr(self.channel, "in_step", True):
+            self._restart()  # an exchange broke off mid-way (not by Ctrl-C, which waits): a fresh worker
         joins = [r for r in self.rows if isinstance(r, Join)]
         alive = [b in going_on for b in range(self.worker_rows)]
         accepted, bonus = self.accepted, self.bonus
@@ -110,6 +112,13 @@ class DraftWorkerProposer:
             backup_ms=spec.backup_ms, fanout=spec.fanout, previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,
         )
+
+    def _restart(self) -> None:
+        """Replace a worker whose message stream is out of step; only when no row goes on (all rows join)."""
+        log.info("restarting the SSD draft worker: an earlier exchange broke off mid-way")
+        self.close()
+        self.worker_rows, self.accepted, self.bonus, self.exchanges = 0, [], [], 0
+        self.start()
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         self.accepted, self.bonus = result.accepted.tolist(), result.bonus.tolist()

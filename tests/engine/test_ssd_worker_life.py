@@ -198,6 +198,34 @@ def test_ctrl_c_inside_generate_leaves_ssd_running_with_exact_output(target, ar_
     assert_no_children_left()
 
 
+class Abandoned(BaseException):
+    """Something other than Ctrl-C that leaves an exchange half done (Ctrl-C itself waits for the answer)."""
+
+
+def test_an_exchange_broken_off_mid_way_restarts_the_worker_for_the_next_call(target, ar_tokens, monkeypatch):
+    with ssd(target, deadline_s=10.0) as llm:
+        llm.generate(PROMPTS, GREEDY)
+        first_pid = llm.proposer.channel.process.pid
+        endpoint = llm.proposer.channel.endpoint
+        real_recv, calls = endpoint.recv, []
+
+        def recv(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise Abandoned  # the round was sent, its answer is never read
+            return real_recv(*args, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(endpoint, "recv", recv)
+            with pytest.raises(Abandoned):
+                llm.generate(PROMPTS, GREEDY)
+        out = llm.generate(PROMPTS, GREEDY)
+        assert llm.fault is None and llm.proposer.channel.process.pid != first_pid
+    assert [o.token_ids for o in out] == ar_tokens
+    assert set(decode_strategies(out)) == {"ssd"}
+    assert_no_children_left()
+
+
 # -- a taken rendezvous port ---------------------------------------------------------------------------
 @pytest.fixture
 def taken_port():
