@@ -11,6 +11,7 @@ import argparse
 
 from simulator import ConstantHit, FittedTiming, IidAcceptance, PerPositionAcceptance, PowerLawHit, RooflineTiming
 from simulator.presets import PAIR_SOURCES
+from simulator.hits import EmpiricalHit
 
 
 def _source(args, flag: str, given: str = "given", default: str = "default: assumed, not measured") -> str:
@@ -42,7 +43,7 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
     else:
         add("pair, hardware", "none: the timing model below stands for them", "--timing / --fit")
         if isinstance(timing, FittedTiming):
-            add("timing", "fitted to engine records", f"measured: {args.fit}")
+            add("timing", "fitted to engine records", f"measured: {' '.join(args.fit)}")
         else:
             add("timing", f"constant: T_v {timing.t_verify_ms:g} ms, T_d {timing.t_draft_ms:g} ms",
                 "--t-verify-ms, --t-draft-ms (given or defaults)")
@@ -68,6 +69,11 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
             f"{args.fanout_rule}", src)
     elif isinstance(hits, ConstantHit):
         add("cache hits", f"constant p_hit = {hits.p_hit:g}", "--p-hit " + _source(args, "p_hit"))
+    elif isinstance(hits, EmpiricalHit):
+        fit = hits.meta.get("power_law") or {}
+        shape = f"; power-law fit r = {fit['r']:g} ({fit['r_ci95'][0]:g}..{fit['r_ci95'][1]:g})" if fit else ""
+        add("cache hits", f"measured ranks of the bonus among the draft's guesses{shape}; fan-out rule "
+            f"{args.fanout_rule}", hits.source)
     if scenario.saguaro is not None:
         add("Saguaro table", f"C in {scenario.saguaro.C[0]:g}..{scenario.saguaro.C[-1]:g}", args.saguaro_table)
     if getattr(args, "miss_policy", None):

@@ -37,6 +37,8 @@ def entries_of(run: Path) -> tuple[list[dict], dict]:
         groups[(config["prompts"], *key)].append(record)
         # by task: keep only the rows of that task (a round mixes prompts of several tasks)
         tasks = [prompts[row["prompt_ids"][i]]["task"] for i in row["prompt_index"]]
+        if len({p["task"] for p in prompts.values()}) < 2:
+            continue  # one task: the whole set says it
         for task in set(tasks):
             keep = [i for i, t in enumerate(tasks) if t == task]
             part = {**row, "batch_size": len(keep)}
@@ -47,7 +49,11 @@ def entries_of(run: Path) -> tuple[list[dict], dict]:
                 parse_record({k: v for k, v in part.items() if k not in ("key", "batch_index", "prompt_ids")}))
     entries = []
     for (workload, T, C), records in sorted(groups.items()):
-        model = from_records(records, source=f"{run.name}: {workload}, T={T:g}, C={C:g}")
+        try:
+            model = from_records(records, source=f"{run.name}: {workload}, T={T:g}, C={C:g}")
+        except ValueError as err:  # a task too small to have both kinds of outcome
+            print(f"skipped {workload} T={T:g} C={C:g}: {err}", file=sys.stderr)
+            continue
         entries.append({"workload": workload, "temperature": T, "C": C, "model": model.to_dict()})
     about = {k: config.get(k) for k in ("target", "draft", "dtype", "draft_int8", "max_new_tokens", "n_prompts")}
     return entries, about

@@ -24,7 +24,7 @@ from simulator.acceptance import (
     Replay,
     Source,
 )
-from simulator.hits import EmpiricalHit, best_schedule
+from simulator.hits import EmpiricalHit, best_schedule, measured
 from simulator.link import LinkSpec
 from simulator.metrics import SimResult
 from simulator.run import Policy, SimConfig, simulate
@@ -67,7 +67,7 @@ class SaguaroTable:
 class Scenario:
     timing: TimingModel
     acceptance: AcceptanceModel | Replay = field(default_factory=lambda: IidAcceptance(0.8))
-    hits: HitModel = field(default_factory=lambda: PowerLawHit(r=1.0, scale=0.5))
+    hits: HitModel = field(default_factory=measured)  # the measured table (spec_bench, T = 0, C = 1)
     saguaro: SaguaroTable | None = None
     fanout_rule: str = "geometric"
     miss_policy: MissPolicy = MissPolicy.PER_ROW  # SSD at batch > 1 when some rows miss

@@ -42,7 +42,9 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g = p.add_argument_group("timing")
     g.add_argument("--timing", choices=["roofline", "constant"], default="roofline",
                    help="timing model when --fit is not given (default roofline)")
-    g.add_argument("--fit", metavar="RECORDS", help="fit the timing model from the engine's per-round JSONL records")
+    g.add_argument("--fit", metavar="RECORDS", nargs="+",
+                   help="fit the timing model from the engine's per-round JSONL records (several files: one fit; "
+                        "add saguaro calibrate's records for SSD's interference, branch cost and backup time)")
     g.add_argument("--t-verify-ms", type=float, default=10.0, help="constant timing: T_v (default 10)")
     g.add_argument("--t-draft-ms", type=float, default=1.0, help="constant timing: one draft step T_d (default 1)")
     g.add_argument("--t-build-ms", type=float, help="constant timing: cache build T_p (default (K+1)·T_d)")
@@ -53,11 +55,16 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--alpha-lookup", type=float, help="acceptance rate of the prompt-lookup backup")
     g.add_argument("--replay", metavar="RECORDS", help="replay accepted counts and hits from engine records")
     g.add_argument("--calibrate", metavar="RECORDS",
-                   help="measure α (and r, scale or p_hit from SSD rounds) from engine records instead of the flags")
-    g.add_argument("--hit-model", choices=["powerlaw", "constant"], default="powerlaw",
-                   help="cache hits: power-law misses a·F^(-r) per outcome (default) or a constant p_hit")
+                   help="measure α and the hit model (from the rounds' outcome ranks, SD or SSD) from engine "
+                        "records instead of the flags")
+    g.add_argument("--hit-model", choices=["measured", "powerlaw", "constant"], default="measured",
+                   help="cache hits: measured (default: where the bonus stood among the draft's guesses, "
+                        "measured on the default pair, simulator/data/hit_tables.json; the entry of --hit-table "
+                        "nearest in --temperature and C), power-law misses a·F^(-r) per outcome, or a constant")
+    g.add_argument("--hit-table", default="spec_bench", metavar="WORKLOAD",
+                   help="measured hit model's workload: spec_bench (default), spec_bench/<task>, humaneval")
     g.add_argument("--r", type=float, default=1.0, help="power-law exponent r (default 1)")
-    g.add_argument("--scale", type=float, default=0.5, help="power-law scale a (default 0.5)")
+    g.add_argument("--scale", type=float, default=1.0, help="power-law scale a, with --hit-model powerlaw (default 1, as in the docs and theory fanout)")
     g.add_argument("--p-hit", type=float, default=0.9, help="constant hit probability (default 0.9)")
     g.add_argument("--saguaro-table", metavar="JSON", help='{"C": [...], "alpha": [...], "r": [...], "scale": [...]}')
     g.add_argument("--fanout-rule", choices=["geometric", "uniform"], default="geometric",
@@ -119,13 +126,36 @@ def _saguaro_table(path: str | None):
                          f"C, alpha, r and scale") from None
 
 
+def read_all(paths: list[str]) -> list:
+    from simulator import read_records
+
+    return [r for path in paths for r in read_records(path)]
+
+
+def fit_all(paths: list[str]):
+    """fit_timing over every file; fast-backup times the records lack come from a calibration summary
+    (`saguaro calibrate` writes NAME.summary.json next to NAME.jsonl)."""
+    from dataclasses import replace
+
+    from simulator import fit_timing
+
+    fitted = fit_timing(read_all(paths))
+    fast = dict(fitted.fast_backup_ms)
+    for path in paths:
+        summary = Path(path).with_suffix(".summary.json")
+        if summary.is_file():
+            for kind, ms in (json.loads(summary.read_text()).get("fast_backup_ms") or {}).items():
+                fast.setdefault(kind, float(ms))
+    return replace(fitted, fast_backup_ms=fast)
+
+
 def timing_from_args(args: argparse.Namespace):
     """(timing model, target devices, draft hardware or None, fitted model or None)."""
     from simulator import ConstantTiming, Deployment, RooflineTiming, fit_timing, read_records
     from simulator.presets import PAIRS, hardware_preset, model_preset
 
     if args.fit:
-        fitted = fit_timing(read_records(args.fit))
+        fitted = fit_all(args.fit)
         return fitted, 1, None, fitted
     if args.timing == "constant":
         timing = ConstantTiming(t_verify_ms=args.t_verify_ms, t_draft_ms=args.t_draft_ms,
@@ -142,19 +172,37 @@ def timing_from_args(args: argparse.Namespace):
     return timing, tp, draft_hw, None
 
 
+def hit_model_from_args(args: argparse.Namespace):
+    """The hit model the flags ask for (`--calibrate` may replace it with the records' own)."""
+    from simulator import ConstantHit, PowerLawHit
+    from simulator.hits import measured
+
+    if args.hit_model == "powerlaw":
+        return PowerLawHit(args.r, args.scale)
+    if args.hit_model == "constant":
+        return ConstantHit(args.p_hit)
+    Cs = getattr(args, "C", None) or [1.0]
+    return measured(args.hit_table, args.temperature, Cs[0] if len(Cs) == 1 else 1.0)
+
+
 def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
     from simulator import (ConstantHit, IidAcceptance, LinkSpec, PerPositionAcceptance, PowerLawHit, Replay,
                            Scenario, read_records)
     from simulator.calibrate import calibrate
+    from simulator.hits import from_records
 
     timing, tp, draft_hw, fitted = timing_from_args(args)
-    hits = PowerLawHit(args.r, args.scale) if args.hit_model == "powerlaw" else ConstantHit(args.p_hit)
+    hits = hit_model_from_args(args)
     if args.replay:
         acceptance = Replay(tuple(read_records(args.replay)))
     elif args.calibrate:
-        measured = calibrate(read_records(args.calibrate))
+        records = read_records(args.calibrate)
+        measured = calibrate(records)
         acceptance = IidAcceptance(measured.acceptance.alpha, alpha_lookup=args.alpha_lookup)
-        hits = measured.hits or hits
+        if any(r.outcome_rank is not None for r in records):
+            hits = from_records(records, source=f"measured: {args.calibrate}")
+        else:
+            hits = measured.hits or hits
     elif args.alpha_per_position:
         acceptance = PerPositionAcceptance(tuple(args.alpha_per_position), alpha_lookup=args.alpha_lookup)
     else:
@@ -219,7 +267,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     if not args.fit:
         raise ValueError("--validate needs --fit CALIBRATION.jsonl: the timings are fitted on a separate run")
-    fitted = fit_timing(read_records(args.fit))
+    fitted = fit_all(args.fit)
     rows = []
     for path in args.validate:
         for row in validate(fitted, read_records(path)):
@@ -234,7 +282,7 @@ def _validate(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, {"fit": fit, "validation": rows, "passed": passed})
     if args.json != "-":
-        print(f"fitted on {args.fit}: " + ", ".join(f"{k}={v}" for k, v in fit.items()))
+        print(f"fitted on {' '.join(args.fit)}: " + ", ".join(f"{k}={v}" for k, v in fit.items()))
         print(format_table(rows, list(rows[0]) if rows else [], markdown=args.markdown))
         print(f"{passed}/{len(rows)} configurations within {TOLERANCE:.0%} of the measured tokens/s")
     return 0

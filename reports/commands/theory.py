@@ -45,10 +45,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     p = command("fanout", "Thm 12 optimal fan-out, real and integer, against the uniform schedule")
     p.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate α")
-    p.add_argument("--r", type=float, required=True, help="power-law exponent of the miss rate")
     p.add_argument("--K", type=int, required=True, help="lookahead: outcomes are k = 0..K")
     p.add_argument("--B", type=int, required=True, help="cache budget Σ_k F_k")
-    p.add_argument("--scale", type=float, default=1.0, help="a in miss ≈ a·F^(−r) (default 1, as in the docs)")
+    p.add_argument("--r", type=float,
+                   help="power-law exponent of the miss rate; without it the measured hit model (the default of "
+                        "simulate and plan too: where the bonus stood among the draft's guesses on the default "
+                        "pair) gives the hit probabilities, and its fitted r the real-valued optimum")
+    p.add_argument("--scale", type=float, default=1.0, help="a in miss ≈ a·F^(−r) with --r (default 1, as in the docs)")
+    p.add_argument("--hit-table", default="spec_bench", metavar="WORKLOAD",
+                   help="measured hit model's workload (default spec_bench; also humaneval, spec_bench/<task>)")
+    p.add_argument("--temperature", type=float, default=0.0, help="measured hit model's temperature (default 0)")
+    p.add_argument("--C", type=float, default=1.0, help="measured hit model's Saguaro constant (default 1)")
 
     p = command("fit-r", "fit r in miss ≈ a·F^(−r) (Def. 11) from measured (fan-out, miss rate) pairs")
     p.add_argument("--fanout", type=float, nargs="+", required=True, help="fan-outs F (≥ 1)")
@@ -141,20 +148,34 @@ def _fanout(args: argparse.Namespace) -> tuple[dict, list[str]]:
     from theory import uniform_fanout
     from theory.fanout import round_largest_remainder
 
-    real = optimal_fanout(args.alpha, args.r, args.K, args.B)
+    if args.r is None:  # the measured model: simulate's and plan's default, so all three agree
+        from simulator.hits import best_schedule, measured
+
+        model = measured(args.hit_table, args.temperature, args.C)
+        r = (model.meta.get("power_law") or {}).get("r", model.tail_r)
+        real = optimal_fanout(args.alpha, r, args.K, args.B)
+        integer = best_schedule(model, args.alpha, args.K, args.B)
+        hit_of = lambda F: model.hit_rate(args.alpha, tuple(int(round(f)) for f in F))  # noqa: E731
+        source = f"{model.source} (real optimum: its fitted power law, r = {r:g})"
+    else:
+        real = optimal_fanout(args.alpha, args.r, args.K, args.B)
+        integer = integer_fanout(args.alpha, args.r, args.K, args.B, args.scale)
+        hit_of = lambda F: expected_hit_probability(F, args.alpha, args.r, args.scale)  # noqa: E731
+        source = f"power law: miss = {args.scale:g}·F^(-{args.r:g})"
     schedules = {
         "optimal_real": real,
-        "optimal_integer": integer_fanout(args.alpha, args.r, args.K, args.B, args.scale),
+        "optimal_integer": integer,
         "largest_remainder": round_largest_remainder(real, args.B),
         "uniform": uniform_fanout(args.K, args.B),
     }
     P = outcome_probabilities(args.alpha, args.K)
     rows = [{"k": k, "P(k)": P[k], **{name: F[k] for name, F in schedules.items()}} for k in range(args.K + 1)]
-    hits = {name: expected_hit_probability(F, args.alpha, args.r, args.scale) for name, F in schedules.items()}
+    hits = {name: float(hit_of(F)) for name, F in schedules.items()}
     hit_rows = [{"schedule": name, "hit_probability": h, "miss_rate": 1 - h} for name, h in hits.items()]
-    tables = [format_table(rows, ["k", "P(k)", *schedules]),
+    tables = [f"hit model: {source}", format_table(rows, ["k", "P(k)", *schedules]),
               format_table(hit_rows, ["schedule", "hit_probability", "miss_rate"])]
-    return {"inputs": _inputs(args), "P": P, "schedules": schedules, "hit_probability": hits}, tables
+    return {"inputs": _inputs(args), "hit_model": source, "P": P, "schedules": schedules,
+            "hit_probability": hits}, tables
 
 
 def _fit_r(args: argparse.Namespace) -> tuple[dict, list[str]]:

@@ -102,3 +102,21 @@ def test_the_best_schedule_is_the_best_of_all_schedules():
         schedules = [f for f in itertools.product(range(B + 1), repeat=K + 1) if sum(f) == B]
         assert sum(chosen) == B
         assert model.hit_rate(alpha, chosen) == pytest.approx(max(model.hit_rate(alpha, f) for f in schedules))
+
+
+def test_theory_simulate_and_plan_share_one_default_hit_model(capsys):
+    """The measured table is the default everywhere: `theory fanout`'s hit probability of a schedule is the
+    simulated SSD hit rate of that schedule (no new sequences: every lookup follows a verified round)."""
+    from reports.cli import main
+    from simulator import ClosedLoop, ConstantTiming, IidAcceptance, Policy, Scenario, SimConfig, simulate
+
+    assert main(["theory", "fanout", "--alpha", "0.8", "--K", "4", "--B", "10", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fanout = tuple(int(f) for f in out["schedules"]["optimal_integer"])
+    model = Scenario(ConstantTiming()).hits  # the API's default model is the same table
+    assert out["hit_model"].startswith(model.source)
+    config = SimConfig(policy=Policy("ssd", K=4, fanout=fanout), timing=ConstantTiming(),
+                       acceptance=IidAcceptance(0.8), hits=model, workload=ClosedLoop(1, output_len=None),
+                       rounds=20_000, seed=2)
+    simulated = simulate(config).hit_rate
+    assert simulated == pytest.approx(out["hit_probability"]["optimal_integer"], abs=0.01)

@@ -19,9 +19,13 @@ def test_plan_prints_its_assumptions_and_every_slo_metric_in_ms(capsys):
     out = capsys.readouterr().out
     for expected in ["assumptions", "qwen3: target Qwen3-32B at TP 4, draft Qwen3-0.6B", "docs/ssd.md §7",
                      "target 4× H100-SXM5-80GB", "i.i.d., α = 0.8", "--alpha default: assumed, not measured",
-                     "power law: misses 0.5·F^(-1)", "--r, --scale defaults: assumed, not measured",
+                     "measured ranks of the bonus among the draft's guesses",
+                     "measured: qwen-coder-1.5b + qwen-coder-0.5b, spec_bench, T=0, C=1",
                      "128 / 64 tokens", "Poisson, 1 requests/s", "0 / 300 rounds", "itl p99 <= 100 ms"]:
         assert expected in out, expected
+    assert main(["plan", "--rate", "1", "--itl-ms", "100", "--hit-model", "powerlaw", *QWEN3]) == 0
+    out = capsys.readouterr().out
+    assert "power law: misses 1·F^(-1)" in out and "--r, --scale defaults: assumed, not measured" in out
     for header in ["ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "limit_ms", "full_load_ms"]:
         assert header in out, header
     assert "{" not in out  # tables, not Python dicts
