@@ -1,15 +1,18 @@
-"""`saguaro calibrate`: a short run (about two minutes on a CPU) that measures what an SD run cannot tell the
-simulator about SSD on this machine, as round records for `saguaro simulate --fit`:
+"""`saguaro calibrate`: a short run (about four minutes for the default pair on a 2-core CPU, most of
+it loading the models) that measures what an SD run cannot tell the simulator about SSD on this
+machine, as round records for `saguaro simulate --fit`:
 
 - the verify's time with the draft worker busy next to it (SSD) against alone (SD), at the same batch
   sizes: the interference factor of this placement (about 1 for separate GPUs; shared memory bandwidth
   on one CPU);
 - the branch decode's cost against the number of branches: SSD cache builds at each --batch size hold
   batch·budget branches;
-- the neural backup's own time (the worker sends it with every answer).
+- the neural backup's own time (the worker sends it with every answer), and the fast backups' (random
+  tokens, prompt lookup) timed in-process, as the worker calls them.
 
 The records go to --out (JSONL); pass them to `saguaro simulate --fit` together with an SD run's records.
-The summary printed at the end is also written next to them (.summary.json).
+The summary printed at the end is also written next to them (.summary.json); `simulate --fit` reads the
+fast backups' times from it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ PROMPT = ("Write a Python function that returns the n-th Fibonacci number iterat
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (~2 min)",
+    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (a few minutes)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"alias, model folder or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"alias, model folder or .gguf (default {DEFAULT_DRAFT})")
@@ -70,6 +73,26 @@ def _records(llm, prompt: str | list[int], batch: int, tokens: int) -> list:
     return llm.generate([prompt] * batch, params).metrics.rounds
 
 
+def fast_backup_ms(K: int, V: int, batches: list[int], reps: int = 20) -> dict:
+    """Median ms of the random and lookup backups for one missed row (they cost about the same per row)."""
+    import torch
+
+    from engine.ssd.backups import lookup_backup, random_backup
+
+    generator = torch.Generator().manual_seed(0)
+    context = list(range(200)) * 2
+    times: dict = {"random": [], "lookup": []}
+    q = torch.zeros(1, K, V)  # the worker writes each backup's q into the speculation's dense q
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        q[0] = random_backup(1, K, V, generator)[1][0]
+        t1 = time.perf_counter()
+        q[0] = lookup_backup([context], K, V)[1][0]
+        times["random"].append((t1 - t0) * 1e3)
+        times["lookup"].append((time.perf_counter() - t1) * 1e3)
+    return {k: round(statistics.median(v), 3) for k, v in times.items()}
+
+
 def summarize(records: list) -> dict:
     """Median verify by strategy and batch, the interference factor, tree step and backup times."""
     decode = [r for r in records if r.phase == "decode"]
@@ -108,6 +131,7 @@ def run(args) -> int:
     spec = SpeculativeConfig(K=args.K)
     with LLM(args.target, args.draft, strategy="sd", speculative=spec, threads=args.threads, **common) as llm:
         target, tokenizer = llm.target, llm.tokenizer
+        vocab = int(target.get_output_embeddings().weight.shape[0])
         for b in args.batch:
             records += _records(llm, args.prompt_ids or args.prompt, b, args.tokens)
             print(f"  SD batch {b}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
@@ -123,6 +147,7 @@ def run(args) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(r.to_json() + "\n" for r in records))
     summary = summarize(records)
+    summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab, args.batch)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                            if not k.startswith("_")}

@@ -29,7 +29,10 @@ def test_calibrate_records_sd_and_ssd_rounds_and_summarises_them(pair, tmp_path)
     assert {r.branches for r in decode if r.strategy.value == "ssd" and r.round > 0} >= {3, 6}  # budget · batch
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert set(summary["interference"]) == {"1", "2"} and summary["interference_factor"] > 0
-    assert summary["settings"]["budget"] == 3
+    assert summary["settings"]["budget"] == 3 and set(summary["fast_backup_ms"]) == {"random", "lookup"}
+    # simulate --fit reads the fast backups' times from the summary beside the records
+    assert main(["simulate", "--fit", str(out), "--strategy", "ssd", "--backup", "random", "--K", "2",
+                 "--budget", "3", "--rounds", "200", "--output-len", "16", "--prompt-len", "8"]) == 0
     fitted = fit_timing(records)
     assert fitted.counts["ssd_verify"] == sum(r.strategy.value == "ssd" for r in decode)
     assert fitted.ssd_verify_factor > 0

@@ -1,0 +1,129 @@
+"""The planner's question, checked: from an SD run's records plus `saguaro calibrate` alone, predict every
+configuration of a `saguaro bench` run (AR, SD, SSD at each K / budget / backup) and compare with what it
+measured.
+
+- timing: `fit_timing` on the calibration records only (its own prompt, SD and SSD rounds: the verify alone,
+  the worker's interference, branch decode cost, backup time);
+- acceptance and hits: the SD variant's records of the bench run (α per position, and the empirical hit
+  model from where each bonus stood among the draft's guesses), one set per temperature;
+- the simulator then runs each configuration (closed loop at its batch size, the run's mean prompt and
+  output lengths) and its decode tokens/s (Σ emitted / Σ round time) is compared with the measured one.
+A second prediction shows the former way for contrast: timing fitted on the SD rounds alone, the power-law
+hit model a·F^(−r) with the old defaults (r = 1, a = 0.5).
+
+    python scripts/validate_ssd.py RUN_DIR --calibration CALIB.jsonl [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, SimConfig, fit_timing, simulate
+from reports.commands.simulate import fit_all
+from simulator.hits import from_records
+from simulator.link import LinkSpec
+from simulator.records import parse_record, read_records
+from simulator.workload import Lengths
+from theory.glossary import Backup
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def variants(run: Path) -> dict[str, tuple[dict, list]]:
+    """key -> (settings, decode records in order)."""
+    settings = {r["key"]: r["settings"] | {"system": r["system"]} for r in _jsonl(run / "results.jsonl")
+                if "settings" in r}
+    records: dict[str, list] = defaultdict(list)
+    for row in _jsonl(run / "rounds.jsonl"):
+        if row.get("phase") == "decode":
+            records[row["key"]].append(parse_record({k: v for k, v in row.items()
+                                                     if k not in ("key", "batch_index", "prompt_ids")}))
+    return {k: (settings[k], v) for k, v in records.items() if k in settings}
+
+
+def measured_tokens_per_s(rows: list) -> float:
+    return sum(sum(r.emitted) for r in rows) / sum(r.round_ms for r in rows) * 1e3
+
+
+def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, seed: int) -> float:
+    first = rows[0]
+    starts = [r for i, r in enumerate(rows) if i == 0 or r.context_len < rows[i - 1].context_len]
+    prompt = max(1, round(float(np.mean([r.context_len for r in starts]))))
+    calls = len(starts)
+    output = max(2, round(sum(sum(r.emitted) for r in rows) / (calls * first.batch_size)) + 1)
+    strategy = settings["system"]
+    backup = Backup(settings.get("backup") or "neural")
+    policy = Policy(strategy, K=settings.get("K") or 0, fanout=first.fanout if strategy == "ssd" else None,
+                    backup=backup)
+    config = SimConfig(policy=policy, timing=timing, acceptance=acceptance,
+                       hits=hits if strategy == "ssd" else None,
+                       workload=ClosedLoop(first.batch_size, Lengths(prompt), Lengths(output)),
+                       link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)), rounds=rounds, seed=seed)
+    return simulate(config).decode_tokens_per_s
+
+
+def label(settings: dict, rows: list) -> str:
+    s = settings
+    parts = [s["system"], f"T={s['temperature']:g}", f"b={rows[0].batch_size}"]
+    if s.get("K"):
+        parts.append(f"K={s['K']}")
+    if s["system"] == "ssd":
+        parts += [f"F={'-'.join(map(str, rows[0].fanout))}", s.get("backup") or "neural"]
+    return " ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run", type=Path)
+    p.add_argument("--calibration", type=Path, required=True)
+    p.add_argument("--rounds", type=int, default=4000, help="simulated rounds per configuration")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    timing = fit_all([str(args.calibration)])  # with the fast backups from its .summary.json
+    found = variants(args.run)
+    sd = {s["temperature"]: rows for s, rows in found.values() if s["system"] == "sd"}
+    if not sd:
+        print("error: the run has no SD variant to take α and hits from", file=sys.stderr)
+        return 2
+    table = []
+    for key, (settings, rows) in found.items():
+        T = settings["temperature"]
+        if T not in sd:
+            continue
+        sd_rows = sd[T]
+        alphas = tuple(float(a) for a in from_records(sd_rows).meta["alpha"])
+        acceptance = PerPositionAcceptance(alphas)
+        hits = from_records(sd_rows)
+        measured = measured_tokens_per_s(rows)
+        predicted = predict(timing, settings, rows, acceptance, hits, args.rounds, args.seed)
+        # the former way: an SD run alone (given the same fast-backup times, which it cannot see)
+        old_timing = replace(fit_timing(list(sd_rows)), fast_backup_ms=timing.fast_backup_ms)
+        old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed)
+        table.append({"configuration": label(settings, rows), "rounds": len(rows), "measured": round(measured, 3),
+                      "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
+                      "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4)})
+    print("| configuration | rounds | measured tok/s | predicted | error | former way | its error |")
+    print("|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['configuration']} | {r['rounds']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
+              f"{r['error']:+.1%} | {r['former_predicted']:.3f} | {r['former_error']:+.1%} |")
+    print(f"\ntiming fitted on {args.calibration}: ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
+          f"link {timing.link_latency_ms:.2f} ms, fit errors {json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": table, "ssd_verify_factor": timing.ssd_verify_factor,
+                                         "fit_errors": timing.errors}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
