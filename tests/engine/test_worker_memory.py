@@ -5,7 +5,7 @@ import torch
 
 from engine import LLM, SpeculativeConfig
 from engine.config import DraftPlacement
-from engine.ssd.memory import check_budget, kv_bytes_per_token, worker_bytes_per_sequence
+from engine.ssd.memory import PEAK_OVER_KEPT, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
 from tests.engine.tiny import tiny_lm
 
 
@@ -20,8 +20,8 @@ def test_the_estimate_counts_kv_copies_q_logits_and_glue():
 def test_an_absurd_budget_is_refused_with_the_largest_that_fits(monkeypatch):
     model = tiny_lm(0)
     monkeypatch.setattr("engine.ssd.memory.device_bytes", lambda device: 2**20)  # a 1 MiB device
-    per_branch = worker_bytes_per_sequence(model, 4, 1) - worker_bytes_per_sequence(model, 4, 0)
-    most = int((2**19 - worker_bytes_per_sequence(model, 4, 0)) // per_branch)
+    per_branch = PEAK_OVER_KEPT * (worker_bytes_per_sequence(model, 4, 1) - worker_bytes_per_sequence(model, 4, 0))
+    most = int((2**19 - PEAK_OVER_KEPT * worker_bytes_per_sequence(model, 4, 0)) // per_branch)
     check_budget(model, 4, most, torch.device("cpu"))  # the largest that fits passes
     with pytest.raises(ValueError, match=f"lower --budget to at most {most} "):
         check_budget(model, 4, most + 1, torch.device("cpu"))
