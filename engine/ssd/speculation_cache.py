@@ -69,21 +69,21 @@ def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
 def ranked_top(logits: Tensor, n: int) -> list[list[list[int]]]:
     """The n best tokens of each row of logits [B, R, V], best first, equal logits in increasing id.
 
-    torch.topk leaves the order of equal values (and which of them make the cut) unspecified, so the
-    cut is settled by value: every token above the n-th best value, then the tokens equal to it by id.
+    torch.topk leaves the order of equal values (and which of them make the cut) unspecified. Where a row's
+    n + 1 best values are all distinct, its order is the only one and topk's answer stands; other rows
+    (ties: rare with float logits) are settled by value, then id.
     """
-    cut = torch.topk(logits, n, dim=-1).values[..., -1:]  # [B, R, 1] the n-th best value
-    above = logits > cut  # [B, R, V]
-    out = []
-    for b in range(logits.shape[0]):
-        per_row = []
-        for r in range(logits.shape[1]):
-            z = logits[b, r]
-            ids = above[b, r].nonzero()[:, 0]  # increasing id
-            ids = ids[torch.sort(z[ids], descending=True, stable=True).indices]  # by value; ties keep id order
-            tied = (z == cut[b, r]).nonzero()[: n - ids.numel(), 0]
-            per_row.append(ids.tolist() + tied.tolist())
-        out.append(per_row)
+    V = logits.shape[-1]
+    top = torch.topk(logits, min(n + 1, V), dim=-1)  # one more, to see a tie at the cut
+    cut = top.values[..., n - 1 : n]  # [B, R, 1] the n-th best value
+    unique = (top.values[..., 1:] != top.values[..., :-1]).all(-1)  # [B, R]
+    out = top.indices[..., :n].tolist()
+    for b, r in (~unique).nonzero().tolist():
+        z = logits[b, r]
+        ids = (z > cut[b, r]).nonzero()[:, 0]  # increasing id
+        ids = ids[torch.sort(z[ids], descending=True, stable=True).indices]  # by value; ties keep id order
+        tied = (z == cut[b, r]).nonzero()[: n - ids.numel(), 0]
+        out[b][r] = ids.tolist() + tied.tolist()
     return out
 
 
