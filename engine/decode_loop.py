@@ -94,7 +94,7 @@ class DecodeLoop:
         if self.running:
             chunks += self._round()
         if not self.running:
-            self._release()  # no next round will fill in the held record
+            self.release_records()  # no next round will fill in the held record
         self.stats.running, self.stats.waiting = len(self.running), len(self.scheduler.waiting)
         return chunks
 
@@ -207,7 +207,7 @@ class DecodeLoop:
                 held.outcome_hit = proposal.previous_outcome_hit
             if proposal.previous_outcome_rank is not None and len(proposal.previous_outcome_rank) == held.batch_size:
                 held.outcome_rank = proposal.previous_outcome_rank
-        self._release()
+        self.release_records()
         self._record(record, hold=K > 0)
         self._retire()
         return [c for c in chunks if c is not None]
@@ -237,14 +237,11 @@ class DecodeLoop:
         elif self.on_record is not None:
             self.on_record(record)
 
-    def _release(self) -> None:
+    def release_records(self) -> None:
+        """Hand a held decode record to `on_record` now, with whatever it has been told so far."""
         held, self._held = self._held, None
         if held is not None and self.on_record is not None:
             self.on_record(held)
-
-    def release_records(self) -> None:
-        """Hand a held decode record to `on_record` now, without what the next round would have added."""
-        self._release()
 
     def _count_finished(self, seqs: list[Sequence]) -> None:
         self.stats.requests_finished += sum(s.finish_reason != "abort" for s in seqs)

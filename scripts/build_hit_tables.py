@@ -15,42 +15,39 @@ from collections import defaultdict
 from pathlib import Path
 
 from reports.environment import environment
+from reports.runfolder import RunDir
 from simulator.hits import TABLES, from_records
 from simulator.records import parse_record
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def entries_of(run: Path) -> tuple[list[dict], dict]:
-    config = json.loads((run / "config.json").read_text())
-    prompts = {p["id"]: p for p in _jsonl(run / "prompts.jsonl")}
-    settings = {r["key"]: r["settings"] for r in _jsonl(run / "results.jsonl") if "settings" in r}
+def entries_of(path: Path) -> tuple[list[dict], dict]:
+    run = RunDir.open(path)
+    config = run.config
+    task_of = {p.id: p.task for p in run.prompts() or []}
+    by_task = len(set(task_of.values())) > 1  # one task: the whole set says it
+    settings = {r["key"]: r["settings"] for r in run.results() if "settings" in r}
     groups: dict[tuple, list] = defaultdict(list)
-    for row in _jsonl(run / "rounds.jsonl"):
+    for row in run.rounds():  # parse_record ignores the bench's own keys (key, batch_index, prompt_ids)
         if row.get("phase") != "decode" or row.get("outcome_rank") is None:
             continue
         s = settings[row["key"]]
         key = (s["temperature"], s.get("C") or 1.0)
-        record = parse_record({k: v for k, v in row.items() if k not in ("key", "batch_index", "prompt_ids")})
-        groups[(config["prompts"], *key)].append(record)
+        groups[(config["prompts"], *key)].append(parse_record(row))
+        if not by_task:
+            continue
         # by task: keep only the rows of that task (a round mixes prompts of several tasks)
-        tasks = [prompts[row["prompt_ids"][i]]["task"] for i in row["prompt_index"]]
-        if len({p["task"] for p in prompts.values()}) < 2:
-            continue  # one task: the whole set says it
+        tasks = [task_of[row["prompt_ids"][i]] for i in row["prompt_index"]]
         for task in set(tasks):
             keep = [i for i, t in enumerate(tasks) if t == task]
             part = {**row, "batch_size": len(keep)}
             for name in ("accepted", "emitted", "outcome_rank", "prompt_index", "hit", "outcome_hit"):
                 if row.get(name) is not None:
                     part[name] = [row[name][i] for i in keep]
-            groups[(f"{config['prompts']}/{task}", *key)].append(
-                parse_record({k: v for k, v in part.items() if k not in ("key", "batch_index", "prompt_ids")}))
+            groups[(f"{config['prompts']}/{task}", *key)].append(parse_record(part))
     entries = []
     for (workload, T, C), records in sorted(groups.items()):
         try:
-            model = from_records(records, source=f"{run.name}: {workload}, T={T:g}, C={C:g}")
+            model = from_records(records, source=f"{path.name}: {workload}, T={T:g}, C={C:g}")
         except ValueError as err:  # a task too small to have both kinds of outcome
             print(f"skipped {workload} T={T:g} C={C:g}: {err}", file=sys.stderr)
             continue
@@ -66,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     entries, abouts = [], []
     for run in args.runs:
-        if not (run / "rounds.jsonl").is_file():
-            print(f"error: {run} is not a bench run folder (no rounds.jsonl)", file=sys.stderr)
+        try:
+            found, about = entries_of(run)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
             return 2
-        found, about = entries_of(run)
         entries += found
         abouts.append({"run": run.name, **about})
     pair = " / ".join(sorted({f"{a['target']} + {a['draft']}" for a in abouts}))

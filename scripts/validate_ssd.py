@@ -27,6 +27,7 @@ import numpy as np
 
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, SimConfig, fit_timing, simulate
 from reports.commands.simulate import fit_all
+from reports.runfolder import RunDir
 from simulator.hits import from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
@@ -34,19 +35,14 @@ from simulator.workload import Lengths
 from theory.glossary import Backup
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def variants(run: Path) -> dict[str, tuple[dict, list]]:
+def variants(path: Path) -> dict[str, tuple[dict, list]]:
     """key -> (settings, decode records in order)."""
-    settings = {r["key"]: r["settings"] | {"system": r["system"]} for r in _jsonl(run / "results.jsonl")
-                if "settings" in r}
+    run = RunDir.open(path)
+    settings = {r["key"]: r["settings"] | {"system": r["system"]} for r in run.results() if "settings" in r}
     records: dict[str, list] = defaultdict(list)
-    for row in _jsonl(run / "rounds.jsonl"):
+    for row in run.rounds():  # parse_record ignores the bench's own keys (key, batch_index, prompt_ids)
         if row.get("phase") == "decode":
-            records[row["key"]].append(parse_record({k: v for k, v in row.items()
-                                                     if k not in ("key", "batch_index", "prompt_ids")}))
+            records[row["key"]].append(parse_record(row))
     return {k: (settings[k], v) for k, v in records.items() if k in settings}
 
 
@@ -91,23 +87,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     timing = fit_all([str(args.calibration)])  # with the fast backups from its .summary.json
     found = variants(args.run)
-    sd = {s["temperature"]: rows for s, rows in found.values() if s["system"] == "sd"}
-    if not sd:
+    # per temperature, from its SD variant: the hit model (with α per position), and the former way's
+    # timing fitted on that SD run alone (given the same fast-backup times, which it cannot see)
+    from_sd = {}
+    for s, rows in found.values():
+        if s["system"] == "sd":
+            hits = from_records(rows)
+            from_sd[s["temperature"]] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
+                                         replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms))
+    if not from_sd:
         print("error: the run has no SD variant to take α and hits from", file=sys.stderr)
         return 2
     table = []
     for key, (settings, rows) in found.items():
-        T = settings["temperature"]
-        if T not in sd:
+        if settings["temperature"] not in from_sd:
             continue
-        sd_rows = sd[T]
-        alphas = tuple(float(a) for a in from_records(sd_rows).meta["alpha"])
-        acceptance = PerPositionAcceptance(alphas)
-        hits = from_records(sd_rows)
+        hits, acceptance, old_timing = from_sd[settings["temperature"]]
         measured = measured_tokens_per_s(rows)
         predicted = predict(timing, settings, rows, acceptance, hits, args.rounds, args.seed)
-        # the former way: an SD run alone (given the same fast-backup times, which it cannot see)
-        old_timing = replace(fit_timing(list(sd_rows)), fast_backup_ms=timing.fast_backup_ms)
         old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed)
         table.append({"configuration": label(settings, rows), "rounds": len(rows), "measured": round(measured, 3),
                       "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),

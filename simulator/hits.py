@@ -176,18 +176,11 @@ def from_records(records: list[RoundRecord], source: str = "records", seed: int 
     counts = tuple(RankCounts.of(rejected[k]) for k in range(K))
     all_accepted = RankCounts.of(accepted_all)
     fit = fit_power_law(rejected, accepted_all, K, seed=seed)
-    model = EmpiricalHit(counts, all_accepted, fit["r"] if fit else 1.0, source)
     meta = {"K": K, "outcomes": sum(len(v) for v in rejected.values()) + len(accepted_all),
             "alpha": alpha_per_position(records)}
     if fit:
         meta["power_law"] = fit
-    return EmpiricalHit(model.rejected, model.all_accepted, model.tail_r, source, meta)
-
-
-def pooled_miss_curve(rejected: dict[int, list[int]], accepted_all: list[int], F: np.ndarray) -> np.ndarray:
-    """P(rank ≥ F) over all measured outcomes, weighted as they occurred (one uniform fan-out F for every k)."""
-    ranks = np.array([r for v in rejected.values() for r in v] + list(accepted_all))
-    return np.array([(ranks >= f).mean() for f in F]) if ranks.size else np.full(len(F), np.nan)
+    return EmpiricalHit(counts, all_accepted, fit["r"] if fit else 1.0, source, meta)
 
 
 def fit_power_law(rejected: dict[int, list[int]], accepted_all: list[int], K: int, seed: int = 0,

@@ -25,8 +25,9 @@ def kv_bytes_per_token(model: torch.nn.Module, element_bytes: int | None = None)
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    if element_bytes is None:
-        element_bytes = 4 if next(model.parameters()).dtype == torch.int8 else next(model.parameters()).element_size()
+    if element_bytes is None:  # the cache holds activations: float32 for an int8 model, else the weights' dtype
+        weight = next(model.parameters())
+        element_bytes = 4 if weight.dtype == torch.int8 else weight.element_size()
     return 2 * cfg.num_hidden_layers * kv_heads * head_dim * element_bytes
 
 

@@ -73,7 +73,7 @@ def _records(llm, prompt: str | list[int], batch: int, tokens: int) -> list:
     return llm.generate([prompt] * batch, params).metrics.rounds
 
 
-def fast_backup_ms(K: int, V: int, batches: list[int], reps: int = 20) -> dict:
+def fast_backup_ms(K: int, V: int, reps: int = 20) -> dict:
     """Median ms of the random and lookup backups for one missed row (they cost about the same per row)."""
     import torch
 
@@ -147,7 +147,7 @@ def run(args) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(r.to_json() + "\n" for r in records))
     summary = summarize(records)
-    summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab, args.batch)
+    summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                            if not k.startswith("_")}
