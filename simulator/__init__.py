@@ -2,7 +2,7 @@
 
 Parts (one concept per file): `timing` (constant and roofline models) and `fit` (fitted from engine
 records) with `hardware`/`presets`; `acceptance` and `draws` (i.i.d., per-position, power-law hits,
-replay); `workload` (closed and open loops); `link`; `processes` (the actors); `run` (config -> result);
+replay); `workload` (closed and open loops, replayed request logs); `link`; `processes` (the actors); `run` (config -> result);
 `scenario` (sweeps); `plan` (capacity); `validate` (against the engine); `trace` (Chrome trace).
 """
 
@@ -18,12 +18,12 @@ from simulator.scenario import Grid, SaguaroTable, Scenario, sweep
 from simulator.timing import ConstantTiming, RooflineTiming
 from simulator.trace import write_chrome_trace
 from simulator.validate import validate
-from simulator.workload import ClosedLoop, Lengths, OpenLoop
+from simulator.workload import ClosedLoop, Lengths, OpenLoop, Replayed
 
 __all__ = [
     "ClosedLoop", "ConstantHit", "ConstantTiming", "Deployment", "FittedTiming", "Grid", "Hardware",
     "IidAcceptance", "LatencyTarget", "Lengths", "LinkSpec", "ModelSpec", "OpenLoop", "PerPositionAcceptance",
-    "PlanResult", "Policy", "PowerLawHit", "Replay", "RooflineTiming", "RoundRecord", "SaguaroTable", "Scenario",
+    "PlanResult", "Policy", "PowerLawHit", "Replay", "Replayed", "RooflineTiming", "RoundRecord", "SaguaroTable", "Scenario",
     "SimConfig", "SimResult", "fit_timing", "plan", "read_records", "rounds_per_second", "simulate", "sweep",
     "uniform_fanout", "validate", "write_chrome_trace",
 ]

@@ -202,7 +202,7 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
 
 
 def arrivals(env: simpy.Environment, batch: Batch, source: RequestSource):
-    """Open loop: Poisson arrivals into the batch's queue."""
-    while True:
-        yield env.timeout(source.gap_ms())
+    """Open loop: Poisson (or replayed) arrivals into the batch's queue."""
+    while (gap := source.gap_ms(env.now)) is not None:
+        yield env.timeout(gap)
         batch.queue.put(source.next_request(env.now))

@@ -17,7 +17,7 @@ from simulator.link import Link, LinkSpec
 from simulator.metrics import Recorder, SimResult, summarize
 from simulator.processes import Testbed, ar_decoder, arrivals, sd_draft_worker, ssd_draft_worker, verifier
 from simulator.timing import TimingModel
-from simulator.workload import ClosedLoop, RequestSource, Workload
+from simulator.workload import ClosedLoop, Replayed, RequestSource, Workload
 
 TOKEN_ID_BYTES = 4
 OUTCOME_BYTES = 8  # (k, t*) per sequence
@@ -153,7 +153,9 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
         miss_policy=p.miss_policy, timing=timing, draws=_draws(config, draw_rng), batch=batch,
         recorder=rec, to_draft=to_draft, to_target=to_target,
         spec_bytes_per_seq=p.K * (TOKEN_ID_BYTES + config.draft_probs_bytes),
-        outcome_bytes_per_seq=OUTCOME_BYTES, max_rounds=config.rounds, max_requests=config.requests,
+        outcome_bytes_per_seq=OUTCOME_BYTES, max_rounds=config.rounds,
+        # a replayed run ends with its last request
+        max_requests=config.requests or (wl.requests if isinstance(wl, Replayed) else None),
     )
     if closed:
         for _ in range(wl.concurrency):

@@ -2,6 +2,7 @@
 
 - `ClosedLoop`: a fixed number of sequences in flight; a finished request is replaced at once.
 - `OpenLoop`: Poisson arrivals at `rate_per_s`, served by a batch of at most `max_batch` sequences.
+- `Replayed`: given requests at given times (a served run's log, replayed), the same batch limit.
 Prompt and output lengths come from `Lengths`; all randomness from one seeded numpy Generator.
 """
 
@@ -83,7 +84,35 @@ class OpenLoop:
             raise ValueError(f"max_batch must be >= 1; got {self.max_batch}")
 
 
-Workload = ClosedLoop | OpenLoop
+@dataclass(frozen=True)
+class Replayed:
+    """Requests as a served run saw them: arrival times (ms from the start, non-decreasing) with each
+    request's prompt and output lengths, served by a batch of at most `max_batch` sequences. The
+    simulation ends when the last one completes."""
+
+    arrivals_ms: tuple[float, ...]
+    prompt_lens: tuple[int, ...]
+    output_lens: tuple[int, ...]
+    max_batch: int = 8
+
+    def __post_init__(self) -> None:
+        n = len(self.arrivals_ms)
+        if n == 0 or len(self.prompt_lens) != n or len(self.output_lens) != n:
+            raise ValueError("a replayed workload needs one arrival time, prompt length and output length per "
+                             f"request; got {n}, {len(self.prompt_lens)} and {len(self.output_lens)}")
+        if any(b < a for a, b in zip(self.arrivals_ms, self.arrivals_ms[1:])) or self.arrivals_ms[0] < 0:
+            raise ValueError("replayed arrival times must be >= 0 and in order (sort the requests by arrival)")
+        if min(self.prompt_lens) < 1 or min(self.output_lens) < 1:
+            raise ValueError("replayed prompt and output lengths must be >= 1 token")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1; got {self.max_batch}")
+
+    @property
+    def requests(self) -> int:
+        return len(self.arrivals_ms)
+
+
+Workload = ClosedLoop | OpenLoop | Replayed
 
 
 @dataclass
@@ -108,12 +137,21 @@ class RequestSource:
 
     def next_request(self, now_ms: float) -> Request:
         wl, rng = self.workload, self._rng
+        if isinstance(wl, Replayed):
+            i = self._next_id
+            self._next_id += 1
+            return Request(i, wl.prompt_lens[i], wl.output_lens[i], arrival_ms=now_ms)
         prompt = int(wl.prompt_len.sample(rng, 1)[0])
         output = None if wl.output_len is None else int(wl.output_len.sample(rng, 1)[0])
         request = Request(self._next_id, prompt, output, arrival_ms=now_ms)
         self._next_id += 1
         return request
 
-    def gap_ms(self) -> float:
-        """Time to the next arrival of an open loop (exponential: a Poisson process)."""
-        return float(self._rng.exponential(1e3 / self.workload.rate_per_s))
+    def gap_ms(self, now_ms: float = 0.0) -> float | None:
+        """Time to the next arrival of an open loop (exponential: a Poisson process), or of a replayed
+        run (None when all its requests have arrived)."""
+        wl = self.workload
+        if isinstance(wl, Replayed):
+            i = self._next_id
+            return None if i >= wl.requests else max(0.0, wl.arrivals_ms[i] - now_ms)
+        return float(self._rng.exponential(1e3 / wl.rate_per_s))

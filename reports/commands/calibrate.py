@@ -1,10 +1,13 @@
-"""`saguaro calibrate`: a short run (about four minutes for the default pair on a 2-core CPU, most of
-it loading the models) that measures what an SD run cannot tell the simulator about SSD on this
-machine, as round records for `saguaro simulate --fit`:
+"""`saguaro calibrate`: a short run (about two minutes for the default pair on a 2-core CPU) that
+measures what an SD run cannot tell the simulator about SSD on this machine, as round records for
+`saguaro simulate --fit`:
 
-- the verify's time with the draft worker busy next to it (SSD) against alone (SD), at the same batch
-  sizes: the interference factor of this placement (about 1 for separate GPUs; shared memory bandwidth
-  on one CPU);
+- the verify's time with the draft worker busy next to it (SSD) against alone (SD and AR), at the same
+  batch sizes: the interference factor of this placement (about 1 for separate GPUs; shared memory
+  bandwidth on one CPU). The three engines share one target and take turns call by call (AR, SD, SSD,
+  then the next repetition in another order), so a drift of the machine's speed during the run falls
+  on all of them alike and the factor compares like with like;
+- the target's forward at one new token per row (AR), so that the verify's fit reaches down to AR;
 - the branch decode's cost against the number of branches: SSD cache builds at each --batch size hold
   batch·budget branches;
 - the neural backup's own time (the worker sends it with every answer), and the fast backups' (random
@@ -37,11 +40,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"alias, model folder or .gguf (default {DEFAULT_DRAFT})")
     p.add_argument("-K", "--K", type=int, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--budget", type=int, default=12, help="SSD fan-out budget per sequence (default 12)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4],
-                   help="batch sizes; SSD builds batch·budget branches (default 1 2 4)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4],
+                   help="batch sizes; SSD builds batch·budget branches (default 1 4)")
     p.add_argument("--prompt", default=PROMPT, help="the prompt every sequence decodes (default: a coding question)")
     p.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="token ids instead of --prompt")
-    p.add_argument("--tokens", type=int, default=40, help="tokens per sequence and run (default 40)")
+    p.add_argument("--tokens", type=int, default=32,
+                   help="tokens per sequence in each SD and SSD call; AR's calls take half (default 32)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="calls per engine and batch size, taken in turns with the others (default 3)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="target dtype (default bfloat16)")
     p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
@@ -61,6 +67,8 @@ def _check(args) -> None:
         raise ValueError(f"--batch sizes must be >= 1; got {args.batch}")
     if args.tokens < 2 * (args.K + 1):
         raise ValueError(f"--tokens must be at least 2·(K+1) = {2 * (args.K + 1)} to see a few rounds")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
     if args.out.exists() and args.out.is_dir():
         raise ValueError(f"--out {args.out} is a folder: give a file name for the JSONL records")
 
@@ -69,7 +77,6 @@ def _records(llm, prompt: str | list[int], batch: int, tokens: int) -> list:
     from engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens, stop_on_eos=False)
-    llm.generate([prompt] * batch, params)  # warm-up at this shape
     return llm.generate([prompt] * batch, params).metrics.rounds
 
 
@@ -97,7 +104,7 @@ def summarize(records: list) -> dict:
     """Median verify by strategy and batch, the interference factor, tree step and backup times."""
     decode = [r for r in records if r.phase == "decode"]
     out: dict = {"verify_ms": {}, "interference": {}, "cache_build_ms": {}, "backup_ms": {}}
-    for strategy in ("sd", "ssd"):
+    for strategy in ("ar", "sd", "ssd"):
         for b in sorted({r.batch_size for r in decode}):
             times = [r.verify_ms for r in decode if r.strategy == strategy and r.batch_size == b]
             if times:
@@ -125,25 +132,34 @@ def run(args) -> int:
 
     start = time.perf_counter()
     records = []
+    prompt = args.prompt_ids or args.prompt
     common = dict(dtype=args.dtype, draft_int8=args.draft_int8, cache_dir=args.cache, chat_template=True)
-    print(f"calibrate: SD (the draft in-process: verify alone) at batch {' '.join(map(str, args.batch))}",
-          file=sys.stderr)
-    spec = SpeculativeConfig(K=args.K)
-    with LLM(args.target, args.draft, strategy="sd", speculative=spec, threads=args.threads, **common) as llm:
-        target, tokenizer = llm.target, llm.tokenizer
+    say = lambda text: print(f"calibrate: {text} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)  # noqa: E731
+    say("loading the target and the draft (SD: the draft in-process, the verify alone)")
+    with LLM(args.target, args.draft, strategy="sd", speculative=SpeculativeConfig(K=args.K),
+             threads=args.threads, **common) as sd:
+        target, tokenizer = sd.target, sd.tokenizer
         vocab = int(target.get_output_embeddings().weight.shape[0])
-        for b in args.batch:
-            records += _records(llm, args.prompt_ids or args.prompt, b, args.tokens)
-            print(f"  SD batch {b}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
-    print("calibrate: SSD (the draft worker in its own process, building the cache during each verify)",
-          file=sys.stderr)
-    spec = SpeculativeConfig(K=args.K, budget=args.budget,
-                             placement=DraftPlacement(draft_threads=args.draft_threads))
-    # threads=None: the SSD engine gives its worker its own core(s) and the target the rest, as in the bench
-    with LLM(target, args.draft, strategy="ssd", speculative=spec, tokenizer=tokenizer, **common) as llm:
-        for b in args.batch:
-            records += _records(llm, args.prompt_ids or args.prompt, b, args.tokens)
-            print(f"  SSD batch {b}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+        ar = LLM(target, strategy="ar", tokenizer=tokenizer, threads=args.threads, **common)
+        say("starting SSD's draft worker in its own process (it builds the cache during each verify)")
+        spec = SpeculativeConfig(K=args.K, budget=args.budget,
+                                 placement=DraftPlacement(draft_threads=args.draft_threads))
+        # the target keeps --threads in all three engines, so that only the worker next door differs
+        with LLM(target, args.draft, strategy="ssd", speculative=spec, tokenizer=tokenizer, threads=args.threads,
+                 **common) as ssd:
+            if ssd.strategy_in_use != "ssd":
+                raise RuntimeError(f"SSD's draft worker did not start ({ssd.fault}); nothing to calibrate")
+            engines = [("ar", ar, max(args.K + 1, args.tokens // 2)), ("sd", sd, args.tokens),
+                       ("ssd", ssd, args.tokens)]
+            for b in args.batch:
+                for _, llm, _ in engines:  # warm-up at this shape, not recorded
+                    _records(llm, prompt, b, args.K + 2)
+                for rep in range(args.repeats):
+                    turn = engines[rep % 3:] + engines[:rep % 3]  # each engine goes first once in three
+                    for _, llm, tokens in turn:
+                        records += _records(llm, prompt, b, tokens)
+                say(f"batch {b}: {args.repeats} turns of AR, SD and SSD done")
+        ar.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(r.to_json() + "\n" for r in records))
     summary = summarize(records)

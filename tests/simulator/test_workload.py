@@ -69,3 +69,36 @@ def test_closed_loop_keeps_concurrency_and_open_loop_caps_the_batch():
 def test_bad_workloads_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         bad()
+
+
+def _replay(arrivals, prompts, outputs, max_batch=4):
+    from simulator import Replayed
+
+    config = SimConfig(Policy("ar", K=0), TIMING, IidAcceptance(0.7), None,
+                       Replayed(tuple(arrivals), tuple(prompts), tuple(outputs), max_batch), rounds=10**9)
+    return simulate(config)
+
+
+def test_a_replayed_log_runs_its_requests_at_their_times_exactly():
+    # AR, prefill 20 ms, a decode round 10 ms. A arrives at 0 (3 tokens): first token at 20, then 30, 40.
+    # B arrives at 100 (2 tokens), when nothing runs: prefill 100-120, its second token at 130.
+    apart = _replay([0.0, 100.0], [5, 5], [3, 2])
+    assert apart.completed_requests == 2 and apart.tokens == 5
+    assert apart.ttft_ms["p50"] == pytest.approx(20.0) and apart.ttft_ms["p99"] == pytest.approx(20.0)
+    assert apart.e2el_ms["mean"] == pytest.approx((40.0 + 30.0) / 2)
+    assert apart.sim_ms == pytest.approx(130.0)
+    # B arrives at 25, during A's round 20-30: it joins at the next round's start, whose prefill (30-50)
+    # stalls A; the round 50-60 then ends both. B's TTFT 25, A's e2e 60 and TPOT (60 - 20) / 2 = 20.
+    joined = _replay([0.0, 25.0], [5, 5], [3, 2])
+    assert joined.sim_ms == pytest.approx(60.0)
+    assert joined.ttft_ms["mean"] == pytest.approx((20.0 + 25.0) / 2)
+    assert joined.tpot_ms["mean"] == pytest.approx((20.0 + 10.0) / 2)  # A 20 ms; B (60 - 50) / 1
+
+
+def test_a_replayed_log_is_checked():
+    from simulator import Replayed
+
+    with pytest.raises(ValueError, match="in order"):
+        Replayed((10.0, 5.0), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="one arrival time"):
+        Replayed((0.0,), (1, 1), (1,))
