@@ -4,14 +4,15 @@ measured.
 
 - timing: `fit_timing` on the calibration records only (its own prompt, SD and SSD rounds: the verify alone,
   the worker's interference, branch decode cost, backup time);
-- acceptance and hits: the SD variant's records of the bench run (α per position, and the empirical hit
-  model from where each bonus stood among the draft's guesses), one set per temperature;
+- acceptance and hits: one reference SD variant's records per temperature (α per position, and the
+  empirical hit model from where each bonus stood among the draft's guesses): the SD variant at batch 1
+  with the largest K among the runs given, so that its positions cover every K predicted;
 - the simulator then runs each configuration (closed loop at its batch size, the run's mean prompt and
   output lengths) and its decode tokens/s (Σ emitted / Σ round time) is compared with the measured one.
 A second prediction shows the former way for contrast: timing fitted on the SD rounds alone, the power-law
 hit model a·F^(−r) with the old defaults (r = 1, a = 0.5).
 
-    python scripts/validate_ssd.py RUN_DIR --calibration CALIB.jsonl [--json OUT.json]
+    python scripts/validate_ssd.py RUN_DIR... --calibration CALIB.jsonl [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ from theory.glossary import Backup
 
 
 def variants(path: Path) -> dict[str, tuple[dict, list]]:
-    """key -> (settings, decode records in order)."""
+    """key -> (settings, decode records in order), the key prefixed with the run folder's name."""
     run = RunDir.open(path)
-    settings = {r["key"]: r["settings"] | {"system": r["system"]} for r in run.results() if "settings" in r}
+    settings = {r["key"]: r["settings"] | {"system": r["system"], "run": path.name}
+                for r in run.results() if "settings" in r}
     records: dict[str, list] = defaultdict(list)
     for row in run.rounds():  # parse_record ignores the bench's own keys (key, batch_index, prompt_ids)
         if row.get("phase") == "decode":
             records[row["key"]].append(parse_record(row))
-    return {k: (settings[k], v) for k, v in records.items() if k in settings}
+    return {f"{path.name}/{k}": (settings[k], v) for k, v in records.items() if k in settings}
 
 
 def measured_tokens_per_s(rows: list) -> float:
@@ -73,31 +75,41 @@ def label(settings: dict, rows: list) -> str:
     if s.get("K"):
         parts.append(f"K={s['K']}")
     if s["system"] == "ssd":
-        parts += [f"F={'-'.join(map(str, rows[0].fanout))}", s.get("backup") or "neural"]
+        fanout = rows[0].fanout
+        parts += [f"{s.get('schedule') or 'uniform'} B={sum(fanout)} F={'-'.join(map(str, fanout))}",
+                  s.get("backup") or "neural"]
     return " ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run", type=Path)
+    p.add_argument("runs", type=Path, nargs="+", help="saguaro bench run folders")
     p.add_argument("--calibration", type=Path, required=True)
     p.add_argument("--rounds", type=int, default=4000, help="simulated rounds per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     timing = fit_all([str(args.calibration)])  # with the fast backups from its .summary.json
-    found = variants(args.run)
-    # per temperature, from its SD variant: the hit model (with α per position), and the former way's
-    # timing fitted on that SD run alone (given the same fast-backup times, which it cannot see)
-    from_sd = {}
-    for s, rows in found.values():
-        if s["system"] == "sd":
-            hits = from_records(rows)
-            from_sd[s["temperature"]] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
-                                         replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms))
-    if not from_sd:
-        print("error: the run has no SD variant to take α and hits from", file=sys.stderr)
+    found = {k: v for run in args.runs for k, v in variants(run).items()}
+    # per temperature, from its reference SD variant (batch 1, the largest K): the hit model (with α per
+    # position), and the former way's timing fitted on that SD run alone (given the same fast-backup times,
+    # which it cannot see)
+    reference: dict[float, tuple[str, dict, list]] = {}
+    for key, (s, rows) in found.items():
+        if s["system"] == "sd" and rows[0].batch_size == 1:
+            best = reference.get(s["temperature"])
+            if best is None or s["K"] > best[1]["K"]:
+                reference[s["temperature"]] = (key, s, rows)
+    if not reference:
+        print("error: the runs have no SD variant at batch 1 to take α and hits from", file=sys.stderr)
         return 2
+    from_sd = {}
+    for temperature, (key, s, rows) in reference.items():
+        hits = from_records(rows)
+        from_sd[temperature] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
+                                replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms))
+        print(f"T = {temperature:g}: α per position and hits from {key} "
+              f"(α {', '.join(f'{a:.3f}' for a in hits.meta['alpha'])})", file=sys.stderr)
     table = []
     for key, (settings, rows) in found.items():
         if settings["temperature"] not in from_sd:
@@ -106,15 +118,22 @@ def main(argv: list[str] | None = None) -> int:
         measured = measured_tokens_per_s(rows)
         predicted = predict(timing, settings, rows, acceptance, hits, args.rounds, args.seed)
         old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed)
-        table.append({"configuration": label(settings, rows), "rounds": len(rows), "measured": round(measured, 3),
+        table.append({"configuration": label(settings, rows), "run": settings["run"],
+                      "reference": key == reference[settings["temperature"]][0], "rounds": len(rows), "measured": round(measured, 3),
                       "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
                       "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4)})
     print("| configuration | rounds | measured tok/s | predicted | error | former way | its error |")
     print("|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['configuration']} | {r['rounds']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
+        mark = " (α source)" if r["reference"] else ""
+        print(f"| {r['configuration']}{mark} | {r['rounds']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
               f"{r['error']:+.1%} | {r['former_predicted']:.3f} | {r['former_error']:+.1%} |")
-    print(f"\ntiming fitted on {args.calibration}: ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
+    held_out = [r for r in table if not r["reference"]]
+    within = sum(abs(r["error"]) <= 0.10 for r in held_out)
+    print(f"\n{within} of {len(held_out)} configurations (the α sources left out) within 10%; "
+          f"median |error| {np.median([abs(r['error']) for r in held_out]):.1%}, "
+          f"largest {max(held_out, key=lambda r: abs(r['error']))['error']:+.1%}")
+    print(f"timing fitted on {args.calibration}: ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
           f"link {timing.link_latency_ms:.2f} ms, fit errors {json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}")
     if args.json:
         args.json.write_text(json.dumps({"rows": table, "ssd_verify_factor": timing.ssd_verify_factor,
