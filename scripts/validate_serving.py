@@ -1,0 +1,144 @@
+"""Served runs, predicted: replay each load point of a `saguaro bench --url` run in the simulator and compare its
+TTFT and TPOT (p50, p99) with what the client measured.
+
+- the requests: each point's arrival times, prompt and output lengths as the client logged them
+  (`simulator.Replayed`), served by a batch of at most --max-num-seqs (the server's setting);
+- timing: `fit_timing` on a `saguaro calibrate` run only (with its fast backups);
+- acceptance and hits: an SD bench run's records on the same prompts at the same temperature (the variant at
+  batch 1 with the largest K: α per position and the empirical hit model), as in validate_ssd.py;
+- the served strategy's settings (K, fan-out, backup) from the server's own round records (--server-rounds);
+  nothing else is read from them.
+Each point is simulated with --seeds seeds (acceptance and hits are drawn) and the median of each statistic is
+the prediction; with few requests per point a p99 is close to the slowest request.
+
+    python scripts/validate_serving.py CLIENT_RUN --calibration CALIB.jsonl --sd-run SD_BENCH_RUN \
+        --server-rounds SERVER_ROUNDS.jsonl --max-num-seqs 4 [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from reports.commands.simulate import fit_all
+from reports.runfolder import RunDir
+from simulator import PerPositionAcceptance, Policy, Replayed, SimConfig, simulate
+from simulator.hits import from_records
+from simulator.link import LinkSpec
+from simulator.records import parse_record, read_records
+from theory.glossary import Backup
+from theory.latency import statistics
+
+METRICS = ("ttft", "tpot")
+STATS = ("p50", "p99")
+TOLERANCE = 0.15
+
+
+def client_points(path: Path) -> dict[str, list[dict]]:
+    """point name -> the point's requests (those that completed), in arrival order."""
+    points: dict[str, list[dict]] = defaultdict(list)
+    for line in (path / "requests.jsonl").read_text(encoding="utf-8").splitlines():
+        request = json.loads(line)
+        if request.get("error") is None and request.get("ttft_s") is not None:
+            points[request["point"]].append(request)
+    return {k: sorted(v, key=lambda r: r["scheduled_s"]) for k, v in points.items()}
+
+
+def measured(requests: list[dict]) -> dict[str, float]:
+    out = {}
+    for metric in METRICS:
+        values = [r[f"{metric}_s"] * 1e3 for r in requests if r.get(f"{metric}_s") is not None]
+        stats = statistics(values, (50, 99))
+        out.update({f"{metric}_{s}": stats[s] for s in STATS})
+    return out
+
+
+def reference_sd(run: Path, temperature: float) -> list:
+    """Decode records of the run's SD variant at batch 1 with the largest K, at this temperature."""
+    bench = RunDir.open(run)
+    settings = {r["key"]: r["settings"] for r in bench.results() if r.get("system") == "sd" and "settings" in r}
+    records: dict[str, list] = defaultdict(list)
+    for row in bench.rounds():
+        if row.get("phase") == "decode" and row["key"] in settings:
+            records[row["key"]].append(parse_record(row))
+    keys = [k for k, rows in records.items()
+            if rows[0].batch_size == 1 and settings[k]["temperature"] == temperature]
+    if not keys:
+        raise ValueError(f"{run} has no SD variant at batch 1 and temperature {temperature:g}")
+    return records[max(keys, key=lambda k: settings[k]["K"])]
+
+
+def served_policy(path: Path) -> Policy:
+    decode = [r for r in read_records(path) if r.is_decode]
+    if not decode:
+        raise ValueError(f"{path} holds no decode rounds: pass the server's --rounds-out file")
+    first = decode[0]
+    if first.strategy.value != "ssd":
+        return Policy(first.strategy, K=first.K)
+    fanouts = {r.fanout for r in decode if r.fanout}
+    if len(fanouts) != 1:
+        raise ValueError(f"the server used several fan-out schedules ({sorted(fanouts)}): give a run with one")
+    return Policy("ssd", K=first.K, fanout=fanouts.pop(), backup=Backup(first.backup or "neural"))
+
+
+def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_num_seqs: int,
+            seeds: int) -> dict[str, float]:
+    t0 = requests[0]["scheduled_s"]
+    workload = Replayed(tuple((r["scheduled_s"] - t0) * 1e3 for r in requests),
+                        tuple(int(r["prompt_tokens"]) for r in requests),
+                        tuple(int(r["new_tokens"]) for r in requests), max_num_seqs)
+    runs = []
+    for seed in range(seeds):
+        config = SimConfig(policy=policy, timing=timing, acceptance=acceptance,
+                           hits=hits if policy.strategy.value == "ssd" else None, workload=workload,
+                           link=LinkSpec(latency_ms=timing.link_latency_ms), rounds=10**9, seed=seed)
+        result = simulate(config)
+        runs.append({f"{m}_{s}": getattr(result, f"{m}_ms")[s] for m in METRICS for s in STATS})
+    return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("client_runs", type=Path, nargs="+", help="saguaro bench --url run folders")
+    p.add_argument("--calibration", type=Path, required=True)
+    p.add_argument("--sd-run", type=Path, required=True, help="saguaro bench run with an SD variant at batch 1")
+    p.add_argument("--server-rounds", type=Path, required=True, help="the server's --rounds-out records")
+    p.add_argument("--max-num-seqs", type=int, required=True, help="the server's --max-num-seqs")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    timing = fit_all([str(args.calibration)])
+    hits = from_records(reference_sd(args.sd_run, args.temperature))
+    acceptance = PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"]))
+    policy = served_policy(args.server_rounds)
+    rows = []
+    for run in args.client_runs:
+        for point, requests in client_points(run).items():
+            got = measured(requests)
+            want = predict(timing, policy, acceptance, hits, requests, args.max_num_seqs, args.seeds)
+            rows.append({"run": run.name, "point": point, "requests": len(requests), "measured": got,
+                         "predicted": want, "error": {k: want[k] / got[k] - 1 for k in got}})
+    cols = [f"{m}_{s}" for m in METRICS for s in STATS]
+    print("| point | requests | " + " | ".join(f"{c} measured / predicted (ms)" for c in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for r in rows:
+        cells = [f"{r['measured'][c]:.0f} / {r['predicted'][c]:.0f} ({r['error'][c]:+.0%})" for c in cols]
+        print(f"| {r['point']} | {r['requests']} | " + " | ".join(cells) + " |")
+    errors = [abs(e) for r in rows for e in r["error"].values()]
+    print(f"\n{sum(e <= TOLERANCE for e in errors)} of {len(errors)} figures within {TOLERANCE:.0%}; "
+          f"median |error| {np.median(errors):.1%}; policy {policy.strategy.value} K={policy.K}"
+          + (f" F={'-'.join(map(str, policy.fanout))} {policy.backup.value}" if policy.fanout else "")
+          + f"; ssd_verify_factor {timing.ssd_verify_factor:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "policy": str(policy)}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

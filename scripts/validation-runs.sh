@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The runs behind reports/cpu-default-pair-validation (issue 11): a calibration, the engine configurations
+# on held-out HumanEval prompts, an SD reference on the served prompts, and SSD served at four rates.
+# Run it alone on the machine (SSD needs its own core; anything else computing voids its figures).
+# Settings: OUT (runs/validation), PARTS ("calibrate serve b4 b2 k t07 fast": which parts, in this order).
+# Then: scripts/validate_ssd.py and scripts/validate_serving.py on the folders (see the report's README).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="$root/.venv/bin"
+out="${OUT:-runs/validation}"
+read -r -a parts <<< "${PARTS:-calibrate serve b4 b2 k t07 fast}"
+prompts="$root/reports/cpu-default-pair-validation/prompts.jsonl"   # HumanEval/100-107
+model=(--dtype bfloat16 --draft-int8 --threads 1)
+engine=(--prompts "$prompts" -n 8 --max-new-tokens 128 --ignore-eos "${model[@]}" --warmup 1 --order grouped
+        --no-progress --out "$out")
+mkdir -p "$out"
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+for part in "${parts[@]}"; do
+    case "$part" in
+    calibrate)
+        stamp calibrate
+        "$bin/saguaro" calibrate --draft-int8 --out "$out/calibration.jsonl" ;;
+    serve)  # the served prompts' SD reference (α and hits), then SSD served at four rates and concurrency 1
+        stamp "SD reference on the served prompts"
+        "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \
+            "${model[@]}" --warmup 1 --no-progress --out "$out" --name sd-reference-served
+        stamp "SSD served"
+        OUT="$out/serving" TOKENS=64 N=8 RATES="0.05 0.1 0.2 inf" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
+            bash "$root/scripts/bench-serving.sh" ;;
+    b4)
+        stamp "batch 4"
+        "$bin/saguaro" bench --systems ar sd ssd -K 4 --budget 8 16 --schedule uniform --backup neural \
+            --batch-size 4 "${engine[@]}" --name b4 ;;
+    b2)
+        stamp "batch 2"
+        "$bin/saguaro" bench --systems ar sd ssd -K 4 --budget 8 --schedule uniform --backup neural \
+            --batch-size 2 "${engine[@]}" --name b2 ;;
+    k)
+        stamp "K 2 3 5 at batch 1"
+        "$bin/saguaro" bench --systems sd ssd -K 2 3 5 --budget 8 --schedule geometric --backup neural \
+            "${engine[@]}" --name k235 ;;
+    t07)
+        stamp "T 0.7 at batch 1"
+        "$bin/saguaro" bench --systems sd ssd -K 3 5 --budget 8 --schedule geometric --backup neural random \
+            --temperature 0.7 "${engine[@]}" --name t07 ;;
+    fast)
+        stamp "fast backups at batch 1"
+        "$bin/saguaro" bench --systems ssd -K 4 --budget 4 16 --schedule uniform --backup lookup random \
+            "${engine[@]}" --name fast-backups ;;
+    *)
+        echo "unknown part $part (calibrate serve b4 b2 k t07 fast)" >&2
+        exit 2 ;;
+    esac
+done
+stamp done
