@@ -32,7 +32,7 @@ class Settings:
     batch: int
     K: int | None = None
     C: float | None = None
-    budget: int | None = None  # B = Σ F_k (SSD)
+    budget: int | str | None = None  # B = Σ F_k (SSD), or "auto": sized by the engine at run time
     schedule: str | None = None  # "uniform", "geometric" or "explicit" (SSD)
     fanout: tuple[int, ...] | None = None  # F_0..F_K (SSD)
     backup: str | None = None  # SSD's backup on a cache miss
@@ -41,7 +41,7 @@ class Settings:
         parts = []
         if self.K is not None:
             parts.append(f"K={self.K}")
-        if self.fanout is not None:
+        if self.fanout is not None or self.budget == "auto":
             parts.append(f"B={self.budget} {self.schedule}" if self.schedule != "explicit"
                          else "F=" + "-".join(map(str, self.fanout)))
         if self.C is not None and self.C != 1.0:
@@ -69,8 +69,8 @@ class Variant:
         return f"{self.system} {self.settings.label()}"
 
 
-def _positive_ints(name: str, values: tuple, minimum: int = 1) -> None:
-    if not values:
+def _positive_ints(name: str, values: tuple, minimum: int = 1, allow_empty: bool = False) -> None:
+    if not values and not allow_empty:
         raise ValueError(f"give at least one value for {name}")
     if any(not isinstance(v, int) or v < minimum for v in values):
         raise ValueError(f"{name} must be integers >= {minimum}, got {list(values)}")
@@ -124,7 +124,8 @@ class BenchConfig:
         if unknown or not self.systems:
             raise ValueError(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
         _positive_ints("K (--K)", self.Ks)
-        _positive_ints("fan-out budget (--budget)", self.budgets)
+        _positive_ints("fan-out budget (--budget)", tuple(b for b in self.budgets if b != "auto"),
+                       allow_empty=True)
         _positive_ints("batch size (--batch-size)", self.batch_sizes)
         for name, given, allowed in (("schedule", self.schedules, SCHEDULES), ("backup", self.backups, BACKUPS),
                                      ("dtype", (self.dtype,), DTYPES)):
@@ -166,12 +167,16 @@ class BenchConfig:
         return cls(**data)
 
     def schedules_for(self, K: int) -> list[tuple[int, str, tuple[int, ...]]]:
-        """(budget, schedule name, F_0..F_K) for each SSD fan-out to run at lookahead K."""
+        """(budget, schedule name, F_0..F_K) for each SSD fan-out to run at lookahead K; F is None for the
+        budget "auto" (the engine sizes it at run time, each round's schedule is in its records)."""
         if self.fanout is not None:
             return [(sum(self.fanout), "explicit", self.fanout)]
         out = []
         for B in self.budgets:
             for name in self.schedules:
+                if B == "auto":
+                    out.append((B, name, None))
+                    continue
                 if name == "uniform":
                     F = uniform_fanout(K, B)
                 else:

@@ -91,6 +91,8 @@ class Systems:
     @staticmethod
     def engine_key(v: Variant) -> tuple:
         s = v.settings
+        if v.system == "ssd" and s.budget == "auto":
+            return (v.system, s.K, s.C, "auto", s.schedule, s.backup)
         return (v.system, s.K, s.C, s.fanout, s.backup) if v.system in ("sd", "ssd") else (v.system,)
 
     def _engine(self, v: Variant) -> LLM:
@@ -98,6 +100,9 @@ class Systems:
         if key not in self._engines:
             s, m = v.settings, self.models
             spec = SpeculativeConfig(K=s.K, C=s.C, fanout=s.fanout, backup=s.backup or "neural") if s.K else None
+            if v.system == "ssd" and s.budget == "auto":  # sized by the engine from its measured timings
+                spec = SpeculativeConfig(K=s.K, C=s.C, backup=s.backup or "neural", budget="auto",
+                                         schedule=s.schedule)
             ssd = v.system == "ssd"
             # SD uses the (possibly int8) object as it is; SSD's worker loads the draft by its recipe
             draft = None if v.system == "ar" else (m.draft_spec or m.draft) if ssd else m.draft

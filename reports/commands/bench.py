@@ -26,6 +26,15 @@ COLUMNS = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup
            "p99_itl_ms", "alpha", "tokens_per_round", "hit_rate"]
 
 
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a budget is a whole number of guesses or 'auto'; got {text!r}") from None
+
+
 def _fanout(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(f) for f in text.replace("-", ",").split(","))
@@ -84,7 +93,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("sweep axes (several values each: the grid is run)")
     g.add_argument("-K", "--K", "--lookahead", type=int, nargs="+", default=[4], dest="Ks",
                    help="draft tokens per round (default 4)")
-    g.add_argument("--budget", type=int, nargs="+", default=[12], help="SSD fan-out budget B = Σ F_k (default 12)")
+    g.add_argument("--budget", type=_budget, nargs="+", default=[12],
+                   help="SSD fan-out budget B = Σ F_k, or auto: the engine sizes it at run time so that the cache "
+                        "build fits inside one verify (default 12)")
     g.add_argument("--schedule", nargs="+", default=["uniform"], choices=SCHEDULES,
                    help="SSD fan-out schedule for each budget: uniform, or geometric (Thm 12 optimum)")
     g.add_argument("--fanout", type=_fanout, help="an explicit SSD schedule F_0,...,F_K instead (one K)")

@@ -38,7 +38,7 @@ def speedup_vs_k(ax: Axes, data: ReportData) -> list[dict]:
 
 
 def speedup_vs_budget(ax: Axes, data: ReportData) -> list[dict]:
-    rows = [r for r in data.rows if r["system"] == "ssd"]
+    rows = [r for r in data.rows if r["system"] == "ssd" and isinstance(r.get("budget"), (int, float))]  # not "auto"
     plotted, drawn = _lines(ax, rows, "budget", Y,
                             "SSD runs at two or more budgets (--budget 6 12 24 --schedule uniform geometric)")
     _finish(ax, "budget", "SSD speedup over AR vs fan-out budget: uniform vs geometric schedule", len(drawn))

@@ -168,3 +168,28 @@ def test_bench_uses_the_saved_prompts_when_resuming(tiny_models, tmp_path):
 def test_bad_input_exits_2_with_what_to_do(argv, message, tmp_path, capsys):
     assert main(["bench", "--out", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_budget_auto_runs_ssd_sized_by_the_engine(tiny_models, tmp_path):
+    # --budget auto next to a fixed budget: two SSD variants, labelled apart, each with AR's greedy tokens
+    cfg = config(systems=("ar", "ssd"), budgets=(3, "auto"), schedules=("uniform",))
+    variants, _ = cfg.grid()
+    labels = sorted(v.settings.label() for v in variants if v.system == "ssd")
+    assert labels == ["K=2 B=3 uniform neural T=0 b=1", "K=2 B=auto uniform neural T=0 b=1"]
+    bench = start(cfg, tmp_path, "auto", tiny_models)
+    outcome = bench.run(progress=False)
+    assert outcome.errors == 0 and not outcome.unavailable
+    by_prompt: dict[str, set] = {}
+    for (key, prompt), r in results(bench.run_dir).items():
+        by_prompt.setdefault(prompt, set()).add(tuple(r["token_ids"]))
+    assert len(by_prompt) == 4 and all(len(outputs) == 1 for outputs in by_prompt.values())
+    auto_rounds = [r for r in bench.run_dir.rounds() if "B=auto" in r["key"] and r.get("phase") == "decode"]
+    assert auto_rounds and all(r["fanout"] for r in auto_rounds)  # each round says the schedule it used
+
+
+def test_a_budget_that_is_neither_a_number_nor_auto_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--budget", "lots", "--systems", "ssd"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "whole number of guesses or 'auto'" in err and "Traceback" not in err
