@@ -1,0 +1,108 @@
+"""Adaptive speculation length: which K maximises tokens per unit time, and the α it is chosen from.
+
+One SD round drafts K tokens (K·T_d) and verifies K + 1 positions in one target forward (T_v(K + 1));
+under i.i.d. acceptance it emits E(α, K) = (1 − α^(K+1)) / (1 − α) tokens (theory.speedup). So
+
+    tokens per unit time(K) = Σ_b E(α_b, K) / (K·T_d + T_v(K + 1))
+
+over the b rows of a batch that share one K (one forward serves them all). `best_K` maximises it by
+brute force over K_min..K_max; the sizes are tiny (K_max ≲ 16), so there is nothing to approximate.
+
+Exactness (docs/ssd.md §1): SD is exact for any proposal whose length is fixed before the round's
+verification, so a K chosen from past rounds only (their outcomes and timings) leaves the output
+distribution unchanged; so does stopping the draft early on the draft's own probabilities.
+
+α estimate: a Beta(a₀, b₀) posterior mean over exponentially forgotten counts. A round with k of K
+accepted is a truncated geometric observation: k acceptances, plus one rejection when k < K. The prior
+(`PRIOR_ACCEPTED`, `PRIOR_REJECTED` = 1, 1: mean ½) keeps the first rounds away from the extremes the
+plain ratio gives (one all-accepted round would say α = 1 and jump to K_max; with no rejections the ratio
+is undefined); forgetting (`DECAY` per round, an effective memory of about 1 / (1 − DECAY) = 10 rounds)
+lets K follow an acceptance that drifts within a sequence (code vs. prose, a topic change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from theory._checks import as_int, as_nonnegative, as_positive, as_probability
+from theory.speedup import expected_tokens
+
+PRIOR_ACCEPTED = 1.0  # Beta prior a₀: pseudo-acceptances
+PRIOR_REJECTED = 1.0  # Beta prior b₀: pseudo-rejections
+DECAY = 0.9  # weight of the past counts after each new round
+
+
+def acceptance_estimate(
+    accepted: npt.ArrayLike,
+    rejected: npt.ArrayLike,
+    prior_accepted: float = PRIOR_ACCEPTED,
+    prior_rejected: float = PRIOR_REJECTED,
+) -> float | npt.NDArray[np.float64]:
+    """Posterior mean of α, `(a₀ + accepted) / (a₀ + b₀ + accepted + rejected)` (counts may be fractional,
+    as forgotten counts are)."""
+    accepted = as_nonnegative(accepted, "accepted", " (accepted draft tokens, possibly decayed)")
+    rejected = as_nonnegative(rejected, "rejected", " (rejections, possibly decayed)")
+    a0 = as_positive(prior_accepted, "prior_accepted")
+    b0 = as_positive(prior_rejected, "prior_rejected")
+    alpha = (a0 + accepted) / (a0 + b0 + accepted + rejected)
+    return alpha[()] if alpha.ndim == 0 else alpha
+
+
+def updated_counts(
+    accepted: npt.ArrayLike, rejected: npt.ArrayLike, k: npt.ArrayLike, K: int, decay: float = DECAY
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The counts after one more round in which k of K draft tokens were accepted (per row)."""
+    accepted = as_nonnegative(accepted, "accepted")
+    rejected = as_nonnegative(rejected, "rejected")
+    K = int(as_int(K, "K", minimum=0))
+    k = as_int(k, "k", minimum=0)
+    if np.any(k > K):
+        raise ValueError(f"k (accepted this round) must lie in 0..K = 0..{K}, got {k}")
+    decay = float(as_probability(decay, "decay", " (weight the past counts keep per round)"))
+    return decay * accepted + k, decay * rejected + (k < K)
+
+
+def round_rate(
+    alpha: npt.ArrayLike, K: int, draft_ms: float, verify_ms: float | Callable[[int], float]
+) -> float:
+    """Σ_b E(α_b, K) / (K·T_d + T_v(K + 1)): expected tokens per ms of a round of K over the rows α_b.
+
+    `verify_ms` is T_v as one number, or as a function of the block width K + 1 (the verify forward
+    grows with the tokens it scores once the target stops being memory-bound).
+    """
+    K = int(as_int(K, "K", minimum=0))
+    draft_ms = float(as_nonnegative(draft_ms, "draft_ms", " (time of one draft token)"))
+    T_v = verify_ms(K + 1) if callable(verify_ms) else verify_ms
+    T_v = float(as_positive(T_v, "verify_ms", " (time of one verify forward)"))
+    tokens = float(np.sum(expected_tokens(alpha, K)))
+    return tokens / (K * draft_ms + T_v)
+
+
+def best_K(
+    alpha: npt.ArrayLike,
+    draft_ms: float,
+    verify_ms: float | Callable[[int], float],
+    K_max: int,
+    K_min: int = 1,
+) -> int:
+    """The K in K_min..K_max that maximises `round_rate` (the smallest such K on a tie).
+
+    `alpha` is one acceptance rate or one per row of a batch that shares the round; the times may be in any
+    one unit (ms, or verify units with `verify_ms = 1`). Higher α never gives a smaller K: E(α, K+1)/E(α, K)
+    grows with α while the round time does not depend on α.
+    """
+    alpha = as_probability(alpha, "alpha", " (per-token acceptance rate)")
+    K_min = int(as_int(K_min, "K_min", minimum=0))
+    K_max = int(as_int(K_max, "K_max", minimum=K_min))
+    rates = [round_rate(alpha, K, draft_ms, verify_ms) for K in range(K_min, K_max + 1)]
+    return K_min + int(np.argmax(rates))
+
+
+def heuristic_K(K: int, all_accepted: bool, K_min: int = 1) -> int:
+    """transformers' "heuristic" assisted-generation schedule, for comparison: K + 2 after a round in which
+    every draft token was accepted, K − 1 otherwise (not below K_min). It looks at neither α's size nor
+    the timings, only at the last round."""
+    return K + 2 if all_accepted else max(K_min, K - 1)
