@@ -30,8 +30,9 @@ from engine.sampling_params import SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
 from engine.ssd.messages import Join, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
-from engine.ssd.speculation_cache import SpeculationCache, bonus_ranks, guesses
-from engine.ssd.tree import decode_branches, draft_tokens
+from engine.ssd.sparse import RANK_DEPTH, SparseQ, TopLogits
+from engine.ssd.speculation_cache import SpeculationCache, guesses
+from engine.ssd.tree import decode_branches, draft_compact
 from theory.glossary import Backup
 
 SOURCE_OF = {Backup.NEURAL: Source.NEURAL, Backup.RANDOM: Source.RANDOM, Backup.LOOKUP: Source.LOOKUP}
@@ -59,8 +60,8 @@ class Current:
     """The speculation last sent and what building its cache needs."""
 
     tokens: Tensor  # [n, K] x
-    logits: Tensor  # [n, K, V] draft logits at x's positions where known
-    known: Tensor  # [n] bool: rows whose logits are known (hit or neural backup)
+    ranking: TopLogits  # [n, K, M] the draft's best tokens at x's positions where known
+    known: Tensor  # [n] bool: rows whose ranking is known (hit or neural backup)
     sources: list[str]  # "hit" or the backup's name, per row
     tails: list[list[int]]  # tokens not yet fed to the draft, per row
 
@@ -78,7 +79,8 @@ class DraftWorker:
         self.cache = SpeculationCache([], None)
         self.current: Current | None = None
         self.row_fanout: list[tuple[int, ...]] = []
-        self.glue_logits: Tensor | None = None  # [n, K+1, V] the ranking the last cache's guesses came from
+        self.glue_ranking: TopLogits | None = None  # [n, K+1, M] the ranking the last cache's guesses came from
+        self.V = 0  # the vocabulary, from the first round
         self.build_ms = 0.0
         self.built_fanout = list(self.policy.schedule(True))
         self.last_backup: str | None = None
@@ -127,13 +129,13 @@ class DraftWorker:
     def _outcome_ranks(self, msg: Round) -> list[int]:
         """Each row's rank of its verified bonus among the guesses the last cache could make (every row,
         finished or not: its outcome was verified all the same); −1 where no cache was built."""
-        if self.glue_logits is None or self.glue_logits.shape[0] != len(msg.accepted):
+        if self.glue_ranking is None or self.glue_ranking.ids.shape[0] != len(msg.accepted):
             return [-1] * len(msg.accepted)
-        K, n = self.K, len(msg.accepted)
+        n = len(msg.accepted)
         k = torch.tensor(msg.accepted, dtype=torch.long)  # [n]
         x = torch.cat([self.current.tokens, torch.full((n, 1), -1, dtype=torch.long)], dim=1)  # [n, K+1]
-        logits = self.glue_logits[torch.arange(n), k]  # [n, V] the ranking at position k+1
-        return bonus_ranks(logits, torch.tensor(msg.bonus, dtype=torch.long), x[torch.arange(n), k])
+        ranking = TopLogits(self.glue_ranking.ids[torch.arange(n), k], self.glue_ranking.V)  # [n, M] at k+1
+        return ranking.ranks(torch.tensor(msg.bonus, dtype=torch.long), x[torch.arange(n), k])
 
     def _prefill(self, joins: list[Join]) -> KVState:
         """The joiners' prompts through the draft (their first token is the tail, fed by the backup)."""
@@ -155,13 +157,16 @@ class DraftWorker:
         hit = [i is not None for i in hit_index]
         hits = [b for b in range(n) if hit[b]]
         miss = [b for b in range(n) if not hit[b]]
+        depth = self.depth()
         tokens = torch.zeros(n, K, dtype=torch.long)  # [n, K]
-        q = torch.zeros(n, K, V)  # [n, K, V]
-        logits = torch.zeros(n, K, V)  # [n, K, V] draft logits at positions 1..K where known
-        known = torch.zeros(n, dtype=torch.bool)  # [n] rows whose logits are known (hit, neural)
+        known = torch.zeros(n, dtype=torch.bool)  # [n] rows whose ranking is known (hit, neural)
+        qs: list[SparseQ] = []  # q of the hit rows, then of the missed rows
+        rankings: list[TopLogits] = []  # likewise, [., K, M]
         if hits:
             branches, i = self.cache.branches, torch.tensor([hit_index[b] for b in hits], dtype=torch.long)
-            tokens[hits], q[hits], logits[hits] = branches.tokens[i], branches.q[i], branches.logits[i]
+            tokens[hits] = branches.tokens[i]
+            qs.append(branches.q.rows(i))
+            rankings.append(branches.ranking.rows(i))
             known[hits] = True
         backup = self.policy.backup(max(n, 1)) if miss else None
         t0 = time.perf_counter()
@@ -170,27 +175,40 @@ class DraftWorker:
                 first = [[] if hit[b] else [int(bonus[b])] for b in range(n)]
                 first_t, first_v = right_aligned(first, self.pad_id, self.device)
                 active = ~torch.tensor(hit, dtype=torch.bool, device=self.device)  # [n]
-                y, qy, z = draft_tokens(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
-                                        RowSampling(self.rows.params), self.rows.generators, active)
+                y, qy, ranking = draft_compact(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
+                                               RowSampling(self.rows.params), self.rows.generators, depth, active)
                 rows = torch.tensor(miss, dtype=torch.long, device=self.device)
-                tokens[miss], q[miss], logits[miss] = y[rows].cpu(), qy[rows].cpu(), z[rows].cpu()
+                tokens[miss] = y[rows].cpu()
+                qs.append(qy.rows(rows).to("cpu"))
+                rankings.append(TopLogits(ranking.ids.cpu(), V).rows(rows.cpu()))
                 known[miss] = True
-            elif backup is Backup.RANDOM:
-                # One generator per missed row, drawn in row order.
-                y, qy = random_backup(len(miss), K, V, self.rows.generators[miss[0]])
-                tokens[miss], q[miss] = y.cpu(), qy.cpu()
             else:
-                y, qy = lookup_backup([self.rows.contexts[b] for b in miss], K, V)
-                tokens[miss], q[miss] = y.cpu(), qy.cpu()
+                if backup is Backup.RANDOM:
+                    # One generator per missed row, drawn in row order.
+                    y, qy = random_backup(len(miss), K, V, self.rows.generators[miss[0]])
+                else:
+                    y, qy = lookup_backup([self.rows.contexts[b] for b in miss], K, V)
+                tokens[miss] = y.cpu()
+                qs.append(SparseQ.of(qy.cpu()))
+                # The fast backup's rows have no ranking yet: the glue decode makes it.
+                rankings.append(TopLogits(torch.zeros(len(miss), K, depth, dtype=torch.long), V))
+        order = torch.argsort(torch.tensor(hits + miss, dtype=torch.long))  # back to row order
+        q = SparseQ.cat(qs).rows(order) if n else SparseQ(V, None, torch.zeros(0, K, V))  # [n, K, V]
+        ranking = TopLogits.cat(rankings).rows(order) if n else TopLogits(torch.zeros(0, K, depth, dtype=torch.long), V)
         sources = ["hit" if h else backup.value for h in hit]
         known_list, listed, bonus_list = known.tolist(), tokens.tolist(), bonus.tolist()
         tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known_list, bonus_list)]
-        self.current = Current(tokens, logits, known, sources, tails)
+        self.current = Current(tokens, ranking, known, sources, tails)
         self.last_backup = backup.value if backup else None
         self.last_backup_ms = ms_since(t0) if miss else 0.0
         source = [Source.HIT if hit[b] else SOURCE_OF[backup] for b in range(n)]
         return Speculation(round_, source, tokens, q, self.last_backup_ms, self.build_ms,
                            len(self.cache), list(self.built_fanout), ranks)
+
+    def depth(self) -> int:
+        """Tokens per position the ranking keeps: enough for the largest fan-out of either schedule + 1."""
+        largest = max(max(self.policy.schedule(True), default=0), max(self.policy.schedule(False), default=0))
+        return min(max(RANK_DEPTH, largest + 1), self.V)
 
     def saguaro_top(self, after_hit: bool) -> tuple[int, ...]:
         """Saguaro's down-weighted set at draft positions 1..K: the F_{i−1} guesses + the drafted token."""
@@ -203,29 +221,33 @@ class DraftWorker:
         K, n, cur = self.K, len(self.rows.seq_ids), self.current
         if n == 0 or cur is None:
             self.row_fanout, self.cache, self.build_ms = [], SpeculationCache([], None), 0.0
-            self.glue_logits = None
+            self.glue_ranking = None
             return
         self.row_fanout = [self.policy.schedule(s == "hit") for s in cur.sources]
+        depth = self.depth()
         tokens, valid = right_aligned(cur.tails, self.pad_id, self.device)
         out = self.state.extend(tokens, valid).float().cpu()  # [n, W, V]
-        logits = torch.empty(n, K + 1, out.shape[-1])  # [n, K+1, V] draft logits at positions 1..K+1
-        logits[:, :K] = cur.logits
-        logits[:, K] = out[:, -1]
+        ids = torch.empty(n, K + 1, depth, dtype=torch.long)  # [n, K+1, M] the ranking at positions 1..K+1
+        kept = min(depth, cur.ranking.depth)
+        ids[:, :K, :kept] = cur.ranking.ids[..., :kept]
+        ids[:, K] = TopLogits.of(out[:, -1], depth).ids
         fast = ~cur.known  # fast backup rows: the glue fed t*, y_1..y_K (W = K + 1)
         if fast.any():
-            logits[fast] = out[fast, -(K + 1) :]
-        self.glue_logits = logits
-        row, k, t = guesses(logits, cur.tokens, self.row_fanout)
+            ids[fast, :K] = TopLogits.of(out[fast, -(K + 1) : -1], depth).ids
+        ranking = TopLogits(ids[..., :kept] if bool(cur.known.any()) else ids, out.shape[-1])
+        del out
+        self.glue_ranking = ranking
+        row, k, t = guesses(ranking, cur.tokens, self.row_fanout)
         branches = None
         if row.numel():
             dev = lambda v: v.to(self.device)  # noqa: E731
             rows = row.tolist()
             branches = decode_branches(self.state, dev(row), dev(k), dev(t), K, self.saguaro_top(True), self.spec.C,
                                        RowSampling(self.rows.params).index(rows),
-                                       [self.rows.generators[r] for r in rows])
+                                       [self.rows.generators[r] for r in rows], depth)
             branches.row, branches.k, branches.t = row, k, t
-            branches.tokens, branches.q, branches.logits = (
-                branches.tokens.cpu(), branches.q.cpu(), branches.logits.cpu())
+            branches.tokens, branches.q = branches.tokens.cpu(), branches.q.to("cpu")
+            branches.ranking = TopLogits(branches.ranking.ids.cpu(), branches.ranking.V)
         self.cache = SpeculationCache(self.rows.seq_ids, branches)
         self.built_fanout = list(self.policy.schedule(True))
         self.build_ms = ms_since(t0)

@@ -4,9 +4,11 @@ Only small things cross (docs/ssd.md §2): a sequence's prompt once, when it joi
 the outcome (k, t*) of each sequence from the target, and from the draft the hit flags, the next K tokens per sequence and the q they
 were drawn from (the verifier needs that q). No KV cache crosses.
 
-Wire layout: an int64 header `[kind, B, K, V, n_ints, n_floats, round, 0]`, then an int64 payload of
-`n_ints` values and a float64 payload of `n_floats` values, then (speculations only) q as float32
-`[B, K, V]`. `decode` checks everything it can and raises `MalformedMessage` otherwise.
+Wire layout: an int64 header `[kind, B, K, V, n_ints, n_floats, round, S]`, then an int64 payload of
+`n_ints` values and a float64 payload of `n_floats` values, then (speculations only) q: as its support,
+ids int64 `[B, K, S]` and values float32 `[B, K, S]` when S > 0 (one id per position at temperature 0, at
+most k with top-k: engine.ssd.sparse.SparseQ), else dense float32 `[B, K, V]`. The target rebuilds the dense
+q bit-exactly for the verifier. `decode` checks everything it can and raises `MalformedMessage` otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from enum import IntEnum
 
 import torch
 from torch import Tensor
+
+from engine.ssd.sparse import SparseQ
 
 HEADER_LEN = 8
 
@@ -74,7 +78,7 @@ class Speculation:
     round: int
     source: list[Source]  # per sequence: HIT or the backup that produced it
     tokens: Tensor  # [B, K] long
-    q: Tensor  # [B, K, V] float32, the distribution each token was drawn from
+    q: SparseQ  # [B, K, V] float32, the distribution each token was drawn from (as its support where narrow)
     backup_ms: float  # drafting on the critical path (the backup), this answer
     cache_build_ms: float  # time the draft spent building the cache that was just looked up
     branches: int  # branches in that cache
@@ -95,8 +99,8 @@ class Stop:
 Message = Round | Speculation | Stop
 
 
-def _header(kind: Kind, B: int, K: int, V: int, n_ints: int, n_floats: int, round_: int) -> Tensor:
-    return torch.tensor([int(kind), B, K, V, n_ints, n_floats, round_, 0], dtype=torch.long)
+def _header(kind: Kind, B: int, K: int, V: int, n_ints: int, n_floats: int, round_: int, S: int = 0) -> Tensor:
+    return torch.tensor([int(kind), B, K, V, n_ints, n_floats, round_, S], dtype=torch.long)
 
 
 def encode(msg: Message) -> list[Tensor]:
@@ -114,25 +118,30 @@ def encode(msg: Message) -> list[Tensor]:
                 torch.tensor(ints, dtype=torch.long), torch.tensor(floats, dtype=torch.float64)]
     if isinstance(msg, Speculation):
         B, K = msg.tokens.shape
-        V = msg.q.shape[-1]
+        q = msg.q
         ints = ([int(s) for s in msg.source] + msg.tokens.reshape(-1).tolist() + [msg.branches, len(msg.ranks)]
                 + msg.ranks + msg.fanout)
         floats = [msg.backup_ms, msg.cache_build_ms]
-        return [_header(Kind.SPECULATION, B, K, V, len(ints), 2, msg.round),
-                torch.tensor(ints, dtype=torch.long), torch.tensor(floats, dtype=torch.float64),
-                msg.q.to(torch.float32).contiguous()]
+        values = q.values.to(torch.float32).contiguous()
+        S = 0 if q.ids is None else values.shape[-1]
+        if q.ids is not None and S == 0:  # an empty batch: nothing to send either way
+            q = SparseQ(q.V, None, torch.zeros(B, K, q.V))
+            values = q.values
+        head = [_header(Kind.SPECULATION, B, K, q.V, len(ints), 2, msg.round, S),
+                torch.tensor(ints, dtype=torch.long), torch.tensor(floats, dtype=torch.float64)]
+        return head + ([values] if S == 0 else [q.ids.to(torch.long).contiguous(), values])
     raise TypeError(f"not a message: {type(msg).__name__}")
 
 
 def check_header(header: Tensor) -> tuple[Kind, int, int, int, int, int, int]:
     if header.shape != (HEADER_LEN,) or header.dtype != torch.long:
         raise MalformedMessage(f"header must be int64 [{HEADER_LEN}], got {header.dtype} {tuple(header.shape)}")
-    kind, B, K, V, n_ints, n_floats, round_, _ = header.tolist()
+    kind, B, K, V, n_ints, n_floats, round_, S = header.tolist()
     try:
         kind = Kind(kind)
     except ValueError:
         raise MalformedMessage(f"unknown message kind {kind}") from None
-    if min(B, K, V, n_ints, n_floats, round_) < 0 or n_ints > 1 << 28 or n_floats > 1 << 20 or B * K * V > 1 << 34:
+    if min(B, K, V, n_ints, n_floats, round_, S) < 0 or S > V or n_ints > 1 << 28 or n_floats > 1 << 20 or B * K * V > 1 << 34:
         raise MalformedMessage(f"implausible header {header.tolist()}")
     return kind, B, K, V, n_ints, n_floats, round_
 
@@ -143,7 +152,10 @@ def payload_shapes(header: Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
     if kind is Kind.STOP:
         return []
     shapes = [((n_ints,), torch.long), ((n_floats,), torch.float64)]
-    if kind is Kind.SPECULATION:
+    S = int(header[-1])
+    if kind is Kind.SPECULATION and S:
+        shapes += [((B, K, S), torch.long), ((B, K, S), torch.float32)]
+    elif kind is Kind.SPECULATION:
         shapes.append(((B, K, V), torch.float32))
     return shapes
 
@@ -187,14 +199,24 @@ def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | N
     if kind is Kind.ROUND:
         return _round(ints, floats, B, K, V, round_)
     # SPECULATION
-    if n_ints < B + B * K + 2 or n_floats != 2 or len(tensors) != 4:
+    S = int(tensors[0][-1])
+    if n_ints < B + B * K + 2 or n_floats != 2 or len(tensors) != (5 if S else 4):
         raise MalformedMessage("SPECULATION payload has the wrong length")
     try:
         source = [Source(s) for s in ints[:B]]
     except ValueError:
         raise MalformedMessage("SPECULATION has an unknown source") from None
     tokens = torch.tensor(ints[B : B + B * K], dtype=torch.long).reshape(B, K)
-    q = tensors[3]
+    if S:
+        ids, values = tensors[3], tensors[4]
+        if ids.shape != (B, K, S) or values.shape != (B, K, S) or ids.dtype != torch.long:
+            raise MalformedMessage("SPECULATION support has the wrong shape")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+            raise MalformedMessage("SPECULATION support ids out of range")
+        sparse = SparseQ(V, ids, values)
+    else:
+        sparse = SparseQ(V, None, tensors[3])
+    q = sparse.dense()
     if q.shape != (B, K, V) or not _tokens_ok(tokens.reshape(-1).tolist(), V):
         raise MalformedMessage("SPECULATION tokens or q have the wrong shape or range")
     if B and (not bool(torch.isfinite(q).all()) or bool((q < 0).any())
@@ -207,4 +229,4 @@ def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | N
     if R < 0 or n_ints < at + 2 + R or min(ints[at + 2 : at + 2 + R], default=0) < -1:
         raise MalformedMessage("SPECULATION ranks do not match the payload")
     ranks, fanout = ints[at + 2 : at + 2 + R], ints[at + 2 + R :]
-    return Speculation(round_, source, tokens, q, floats[0], floats[1], branches, fanout, ranks)
+    return Speculation(round_, source, tokens, sparse, floats[0], floats[1], branches, fanout, ranks)

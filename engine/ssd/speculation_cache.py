@@ -15,21 +15,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from engine.ssd.sparse import TopLogits, ranked_ids
 from engine.ssd.tree import Branches
 
 
-def guesses(logits: Tensor, x: Tensor, fanouts: list[tuple[int, ...]]) -> tuple[Tensor, Tensor, Tensor]:
+def guesses(logits: Tensor | TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]
+            ) -> tuple[Tensor, Tensor, Tensor]:
     """Branches to pre-draft: row [N], k [N], t [N].
 
-    logits [B, K+1, V]: the draft's logits at positions 1..K+1 of each row's current speculation x [B, K];
-    fanouts[b] = (F_0..F_K) for row b.
+    logits [B, K+1, V] (or their ranking, TopLogits [B, K+1, M]): the draft's logits at positions 1..K+1 of
+    each row's current speculation x [B, K]; fanouts[b] = (F_0..F_K) for row b. A ranking kept to M tokens
+    yields at most M guesses per position (M >= the largest fan-out + 1 in the worker).
     """
     B, K = x.shape
     most = max((max(f) for f in fanouts), default=0)
     if most == 0:
         empty = torch.empty(0, dtype=torch.long)
         return empty, empty, empty
-    top = ranked_top(logits, min(most + 1, logits.shape[-1]))  # [B][K+1] token lists, best first
+    if isinstance(logits, Tensor):
+        logits = TopLogits.of(logits, most + 1)
+    top = logits.ids[..., : most + 1].tolist()  # [B][K+1] token lists, best first
     rows, ks, ts = [], [], []
     for b in range(B):
         for k in range(K + 1):
@@ -67,24 +72,8 @@ def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
 
 
 def ranked_top(logits: Tensor, n: int) -> list[list[list[int]]]:
-    """The n best tokens of each row of logits [B, R, V], best first, equal logits in increasing id.
-
-    torch.topk leaves the order of equal values (and which of them make the cut) unspecified. Where a row's
-    n + 1 best values are all distinct, its order is the only one and topk's answer stands; other rows
-    (ties: rare with float logits) are settled by value, then id.
-    """
-    V = logits.shape[-1]
-    top = torch.topk(logits, min(n + 1, V), dim=-1)  # one more, to see a tie at the cut
-    cut = top.values[..., n - 1 : n]  # [B, R, 1] the n-th best value
-    unique = (top.values[..., 1:] != top.values[..., :-1]).all(-1)  # [B, R]
-    out = top.indices[..., :n].tolist()
-    for b, r in (~unique).nonzero().tolist():
-        z = logits[b, r]
-        ids = (z > cut[b, r]).nonzero()[:, 0]  # increasing id
-        ids = ids[torch.sort(z[ids], descending=True, stable=True).indices]  # by value; ties keep id order
-        tied = (z == cut[b, r]).nonzero()[: n - ids.numel(), 0]
-        out[b][r] = ids.tolist() + tied.tolist()
-    return out
+    """The n best tokens of each row of logits [B, R, V], best first, equal logits in increasing id."""
+    return ranked_ids(logits, n).tolist()
 
 
 class SpeculationCache:

@@ -15,19 +15,23 @@ from torch import Tensor
 
 from engine.kv_cache import KVState
 from engine.sampling import Generators, RowSampling, sample, saguaro, warp_rows
+from engine.ssd.sparse import SparseQ, TopLogits
 
 
 @dataclass
 class Branches:
-    """K pre-drafted tokens per branch, the q they were drawn from and the draft's logits there."""
+    """K pre-drafted tokens per branch, the q they were drawn from and the draft's ranking there.
+
+    Nothing dense over the vocabulary is kept where it can be avoided: q as its support (one id per
+    position at temperature 0), the logits only as the ranking's first M tokens (engine.ssd.sparse)."""
 
     state: KVState  # one row per branch: prefix, x_1..x_k, t, y_1..y_{K−1}
     row: Tensor  # [N] batch row of each branch
     k: Tensor  # [N] outcome k the branch assumes
     t: Tensor  # [N] guessed bonus token
     tokens: Tensor  # [N, K] y_1..y_K
-    q: Tensor  # [N, K, V] float32, the (Saguaro) distribution each y_i was drawn from
-    logits: Tensor  # [N, K, V] float32 draft logits at y_1..y_K (to rank the next guesses)
+    q: SparseQ  # [N, K, V] float32, the (Saguaro) distribution each y_i was drawn from
+    ranking: TopLogits  # [N, K, M] the draft's best tokens at y_1..y_K (to rank the next guesses)
 
 
 def draft_tokens(
@@ -65,18 +69,65 @@ def draft_from(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`draft_tokens` once `first` is fed: `logits` [N, V] are the draft's logits after it."""
     ys, qs, zs = [], [], []
+    for y, q, z in _steps(state, logits, K, saguaro_top, C, params, generator, active):
+        ys.append(y)
+        qs.append(q)
+        zs.append(z)
+    return torch.stack(ys, 1), torch.stack(qs, 1), torch.stack(zs, 1)
+
+
+def _steps(state: KVState, logits: Tensor, K: int, saguaro_top: tuple[int, ...], C: float, params: RowSampling,
+           generator: Generators, active: Tensor | None):
+    """Yield (y [N], q [N, V] float32, logits [N, V]) for draft positions 1..K, feeding each y but the last."""
     for i in range(K):
         q = warp_rows(logits, params)  # [N, V]
         if C < 1:
             q = saguaro(q, saguaro_top[i], C)
         y = sample(q, generator)  # [N]
-        ys.append(y)
-        qs.append(q.float())
-        zs.append(logits)
+        yield y, q.float(), logits
         if i < K - 1:
             valid = None if active is None else active[:, None]
             logits = state.extend(y[:, None], valid)[:, -1].float()
-    return torch.stack(ys, 1), torch.stack(qs, 1), torch.stack(zs, 1)
+
+
+def draft_compact(
+    state: KVState,
+    first: Tensor,
+    first_valid: Tensor | None,
+    K: int,
+    saguaro_top: tuple[int, ...],
+    C: float,
+    params: RowSampling,
+    generator: Generators,
+    depth: int,
+    active: Tensor | None = None,
+) -> tuple[Tensor, SparseQ, TopLogits]:
+    """`draft_tokens` with the same draws, keeping q as its support and the logits as their best `depth`
+    tokens step by step, so no [N, K, V] tensor is built unless q itself is dense (T > 0 without top-k).
+    Returns tokens [N, K], q [N, K, V] and the ranking [N, K, depth]."""
+    logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
+    N, V = logits.shape
+    ys, qs, ranks = [], [], []
+    dense: Tensor | None = None  # [N, K, V], made at the first step whose q is dense
+    for i, (y, q, z) in enumerate(_steps(state, logits, K, saguaro_top, C, params, generator, active)):
+        ys.append(y)
+        ranks.append(TopLogits.of(z, depth).ids)  # [N, M]
+        kept = SparseQ.of(q)
+        if kept.ids is None and dense is None:
+            dense = torch.empty(N, K, V, dtype=q.dtype, device=q.device)
+            for j, earlier in enumerate(qs):
+                dense[:, j] = earlier.dense()
+        if dense is not None:
+            dense[:, i] = q
+        else:
+            qs.append(kept)
+    if dense is not None:
+        q_all = SparseQ(V, None, dense)
+    else:
+        S = max(p.values.shape[-1] for p in qs)
+        pad = lambda x: torch.nn.functional.pad(x, (0, S - x.shape[-1]))  # noqa: E731  ids 0 with value 0
+        q_all = SparseQ(V, torch.stack([pad(p.ids) for p in qs], 1), torch.stack([pad(p.values) for p in qs], 1))
+    return torch.stack(ys, 1), q_all, TopLogits(torch.stack(ranks, 1), V)
 
 
 def decode_branches(
@@ -89,9 +140,11 @@ def decode_branches(
     C: float,
     params: RowSampling,
     generator: Generators,
+    depth: int,
 ) -> Branches:
-    """Pre-draft every branch (row[i], k[i], t[i]); `state` must hold x_1..x_K of each row as its newest tokens."""
+    """Pre-draft every branch (row[i], k[i], t[i]); `state` must hold x_1..x_K of each row as its newest tokens.
+    `depth`: how many of the draft's best tokens per position to keep for the next round's guesses."""
     branch_state = state.fork(row)
     branch_state.rollback(K - k)  # holes over x_{k+1}..x_K: exactly the state after x_1..x_k
-    tokens, q, logits = draft_tokens(branch_state, t[:, None], None, K, saguaro_top, C, params, generator)
-    return Branches(branch_state, row, k, t, tokens, q, logits)
+    tokens, q, ranking = draft_compact(branch_state, t[:, None], None, K, saguaro_top, C, params, generator, depth)
+    return Branches(branch_state, row, k, t, tokens, q, ranking)

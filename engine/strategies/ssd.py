@@ -98,7 +98,7 @@ class DraftWorkerProposer:
             spec = self.channel.exchange(msg)
             wait_ms = ms_since(t0)
             B = len(self.rows)
-            if spec.tokens.shape != (B, self.K) or spec.q.shape != (B, self.K, self.V):
+            if spec.tokens.shape != (B, self.K) or tuple(spec.q.shape) != (B, self.K, self.V):
                 raise MalformedMessage(f"speculation for {tuple(spec.tokens.shape)} tokens, expected ({B}, "
                                        f"{self.K}) over V={self.V}")
             hits = iter(spec.hits)
@@ -107,7 +107,8 @@ class DraftWorkerProposer:
             self.accepted = self.bonus = None
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
         return Proposal(
-            spec.tokens.to(self.device), spec.q.to(self.device), draft_ms=wait_ms, draft_forwards=0, hit=spec.hits,
+            # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)
+            spec.tokens.to(self.device), spec.q.to(self.device).dense(), draft_ms=wait_ms, draft_forwards=0, hit=spec.hits,
             cache_build_ms=spec.cache_build_ms, branches=spec.branches, backup=",".join(backups) or None,
             backup_ms=spec.backup_ms, fanout=spec.fanout, previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,

@@ -1,0 +1,140 @@
+"""Compact forms of what the draft worker keeps per branch and sends per round (issue 13's bounded memory).
+
+- `SparseQ`: a draft distribution q [..., V] kept as its support. At temperature 0 (and for the lookup
+  backup's point mass) the support is one token; with top-k it is at most k tokens. The dense q is rebuilt
+  bit-exactly (the kept float32 values scattered into zeros) on the target, for the rows it verifies.
+  Where the support is too wide to save anything (T > 0 without top-k, the random backup's uniform q),
+  q stays dense: it cannot be recovered exactly from less.
+- `TopLogits`: the draft's logits at a position reduced to the M best tokens in the cache's ranking order
+  (higher logit first, equal logits by lower id). The speculation cache only ever needs the first F + 1 of
+  that order to guess, and the rank of a verified bonus token is exact below M (reported as M beyond).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+ENTRY_BYTES = 12  # a kept support entry: int64 id + float32 value, against 4 bytes per dense entry
+RANK_DEPTH = 64  # tokens per position the ranking keeps (at least the largest fan-out + 1)
+
+
+@dataclass
+class SparseQ:
+    """q [..., V]: `values` [..., S] at token `ids` [..., S] (zero elsewhere), or dense `values` [..., V]
+    when `ids` is None."""
+
+    V: int
+    ids: Tensor | None
+    values: Tensor
+
+    @classmethod
+    def of(cls, q: Tensor) -> "SparseQ":
+        """The support of q [..., V] (q >= 0); S = the widest row's support, narrower rows padded with zeros."""
+        V = q.shape[-1]
+        S = int((q != 0).sum(-1).max()) if q.numel() else 0
+        if S * ENTRY_BYTES >= V * q.element_size():
+            return cls(V, None, q)
+        values, ids = torch.topk(q, S, dim=-1)  # [..., S]: every nonzero is among the S largest (q >= 0)
+        return cls(V, ids, values)
+
+    @classmethod
+    def cat(cls, parts: list["SparseQ"]) -> "SparseQ":
+        """Rows of several parts, in order (dense if any part is)."""
+        V = parts[0].V
+        if any(p.ids is None for p in parts):
+            return cls(V, None, torch.cat([p.dense() for p in parts]))
+        S = max(p.values.shape[-1] for p in parts)
+        pad = lambda x, S: torch.nn.functional.pad(x, (0, S - x.shape[-1]))  # noqa: E731  ids 0 with value 0
+        return cls(V, torch.cat([pad(p.ids, S) for p in parts]), torch.cat([pad(p.values, S) for p in parts]))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.values.shape[:-1], self.V)
+
+    @property
+    def nbytes(self) -> int:
+        ids = 0 if self.ids is None else self.ids.numel() * self.ids.element_size()
+        return ids + self.values.numel() * self.values.element_size()
+
+    def dense(self) -> Tensor:
+        """q [..., V]; scatter_add into zeros adds +0.0 for padding, so every kept value comes back bit-exact."""
+        if self.ids is None:
+            return self.values
+        out = torch.zeros(self.shape, dtype=self.values.dtype, device=self.values.device)
+        return out.scatter_add_(-1, self.ids, self.values)
+
+    def rows(self, index: Tensor) -> "SparseQ":
+        return SparseQ(self.V, None if self.ids is None else self.ids[index], self.values[index])
+
+    def to(self, device: torch.device | str) -> "SparseQ":
+        return SparseQ(self.V, None if self.ids is None else self.ids.to(device), self.values.to(device))
+
+    def __neg__(self) -> "SparseQ":  # fault injection in tests: a q that is no distribution
+        return SparseQ(self.V, self.ids, -self.values)
+
+
+def ranked_ids(logits: Tensor, n: int) -> Tensor:
+    """The n best tokens of each row of logits [..., V], best first, equal logits in increasing id: [..., n].
+
+    torch.topk leaves the order of equal values (and which of them make the cut) unspecified. Where a row's
+    n + 1 best values are all distinct, its order is the only one and topk's answer stands; other rows
+    (ties: rare with float logits) are settled by value, then id.
+    """
+    V = logits.shape[-1]
+    n = min(n, V)
+    flat = logits.reshape(-1, V)  # [R, V]
+    top = torch.topk(flat, min(n + 1, V), dim=-1)  # one more, to see a tie at the cut
+    ids = top.indices[:, :n].clone()  # [R, n]
+    if n == 0:
+        return ids.reshape(*logits.shape[:-1], 0)
+    cut = top.values[:, n - 1]  # [R] the n-th best value
+    unique = (top.values[:, 1:] != top.values[:, :-1]).all(-1)  # [R]
+    for r in (~unique).nonzero()[:, 0].tolist():
+        z = flat[r]
+        above = (z > cut[r]).nonzero()[:, 0]  # increasing id
+        above = above[torch.sort(z[above], descending=True, stable=True).indices]  # by value; ties keep id order
+        tied = (z == cut[r]).nonzero()[: n - above.numel(), 0]
+        ids[r] = torch.cat([above, tied])
+    return ids.reshape(*logits.shape[:-1], n)
+
+
+@dataclass
+class TopLogits:
+    """The M best tokens of each position in the cache's ranking order: ids [..., M] (their logits are
+    not needed: the order is all the cache and the rank use)."""
+
+    ids: Tensor
+    V: int
+
+    @classmethod
+    def of(cls, logits: Tensor, M: int) -> "TopLogits":
+        return cls(ranked_ids(logits, M), logits.shape[-1])
+
+    @classmethod
+    def cat(cls, parts: list["TopLogits"]) -> "TopLogits":
+        M = min(p.ids.shape[-1] for p in parts)
+        return cls(torch.cat([p.ids[..., :M] for p in parts]), parts[0].V)
+
+    @property
+    def depth(self) -> int:
+        return self.ids.shape[-1]
+
+    def rows(self, index: Tensor) -> "TopLogits":
+        return TopLogits(self.ids[index], self.V)
+
+    def ranks(self, bonus: Tensor, excluded: Tensor) -> list[int]:
+        """Rank of each row's bonus (ids [N, M], bonus [N], excluded [N], −1 = none): tokens other than the
+        excluded one ranked above it. Exact below M − 1; a bonus outside the kept M is reported as M (its
+        true rank is at least M − 1, so no fan-out the cache can use, F < M, would have held it); an excluded
+        bonus gets V, as engine.ssd.speculation_cache.bonus_ranks."""
+        M = self.depth
+        at = self.ids == bonus[:, None]  # [N, M]
+        found = at.any(-1)
+        pos = at.long().argmax(-1)  # [N] position of the bonus where found
+        before = torch.arange(M)[None, :] < pos[:, None]  # [N, M]
+        excluded_before = ((self.ids == excluded[:, None]) & before).any(-1) & (excluded >= 0)
+        rank = torch.where(found, pos - excluded_before.long(), torch.full_like(pos, M))
+        return torch.where(bonus == excluded, self.V, rank).tolist()
