@@ -8,6 +8,7 @@ from enum import Enum
 from theory.glossary import Backup, Strategy
 
 DTYPES = ("float32", "bfloat16", "float16")
+AUTO_K_MAX = 8  # the largest K that K="auto" may choose
 
 
 class FanoutSchedule(str, Enum):
@@ -83,9 +84,19 @@ class SpeculativeConfig:
     budget         B = Σ_k F_k for UNIFORM / GEOMETRIC; None = Σ fanouts; "auto" = fitted from the
                    measured timings so that building the cache fits inside one verify.
     placement      where SSD's draft worker runs.
+    adaptive       SD only: choose each round's K in K_min..K from the running per-row α and the measured
+                   draft and verify times (theory.adaptive.best_K); K is then the maximum. K="auto" is
+                   adaptive=True with K = AUTO_K_MAX.
+    K_min          the smallest K adaptive may choose (>= 1).
+    draft_cost     adaptive only: T_d / T_v, one draft token's time over one verify's, as a fixed number
+                   instead of measured (measured times make the seeded outputs vary from run to run,
+                   though never their distribution).
+    confidence_stop SD only: stop drafting once the draft's top probability (softmax of its raw logits) falls
+                   below this at the next position in every row of the batch; the round verifies the
+                   shorter block (at least one token).
     """
 
-    K: int = 4
+    K: int = 4  # "auto" is taken as adaptive=True with K = AUTO_K_MAX
     fanout: tuple[int, ...] | None = None
     C: float = 1.0
     backup: Backup = Backup.NEURAL
@@ -93,8 +104,15 @@ class SpeculativeConfig:
     fanout_backup: tuple[int, ...] | None = None
     budget: int | str | None = None
     placement: DraftPlacement = field(default_factory=DraftPlacement)
+    adaptive: bool = False
+    K_min: int = 1
+    draft_cost: float | None = None
+    confidence_stop: float | None = None
 
     def __post_init__(self) -> None:
+        if self.K == "auto":
+            object.__setattr__(self, "K", AUTO_K_MAX)
+            object.__setattr__(self, "adaptive", True)
         if not isinstance(self.K, int) or self.K < 1:
             raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {self.K!r}")
         if not 0 < self.C <= 1:
@@ -117,6 +135,17 @@ class SpeculativeConfig:
         object.__setattr__(self, "schedule", FanoutSchedule(self.schedule))
         if self.budget is not None and self.budget != "auto" and (not isinstance(self.budget, int) or self.budget < 0):
             raise ValueError(f"budget must be a non-negative integer, None or 'auto', got {self.budget!r}")
+        if not isinstance(self.K_min, int) or not 1 <= self.K_min <= self.K:
+            raise ValueError(f"K_min must be an integer in 1..K = 1..{self.K}, got {self.K_min!r}")
+        if self.draft_cost is not None and not self.draft_cost >= 0:
+            raise ValueError(f"draft_cost (T_d / T_v) must be >= 0, or None to measure it; got {self.draft_cost}")
+        if self.confidence_stop is not None and not 0 < self.confidence_stop <= 1:
+            raise ValueError(f"confidence_stop must be a probability in (0, 1], or None; got {self.confidence_stop}")
+
+    @property
+    def varies_K(self) -> bool:
+        """The SD proposer may draft fewer than K tokens in a round (adaptive K or a confidence stop)."""
+        return self.adaptive or self.confidence_stop is not None
 
     @property
     def fanouts(self) -> tuple[int, ...]:
@@ -154,6 +183,8 @@ class EngineConfig:
             raise ValueError(f"strategy {self.strategy.value} needs a draft model: pass draft=...")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.strategy is Strategy.SSD and self.speculative.varies_K:
+            raise ValueError("adaptive K and confidence_stop are implemented for sd only; drop them for ssd")
         if self.draft_int8 and self.draft_dtype not in (None, "float32"):
             raise ValueError(f"draft_int8 quantises a float32 draft; drop draft_dtype={self.draft_dtype!r} or int8")
 

@@ -11,6 +11,11 @@ Each round also measures where the verified bonus t* stood in the draft's rankin
 speculation_cache.bonus_ranks), so an SD run tells what any SSD fan-out would have hit: after a rejection
 at position k+1 from the logits drafted there, after all K accepted from the logits the next round's feed
 of [x_K, t*] gives at x_K (hence one round late, and unknown for a row that finished then).
+
+K may change from round to round (engine.strategies.lookahead: adaptive K from the past rounds), and with
+a confidence stop the draft ends the block early once its top probability at the next position is below
+the threshold in every row. Both are fixed before the target sees the block, so SD stays exact; the
+bookkeeping above holds with K = the round's block length.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from torch import Tensor
 from engine.config import SpeculativeConfig
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ms_since
-from engine.sampling import RowSampling
+from engine.sampling import RowSampling, sample, saguaro, warp_rows
 from engine.sequence import Sequence
 from engine.ssd.speculation_cache import bonus_ranks
 from engine.ssd.tree import draft_from
 from engine.strategies.base import Proposal
+from engine.strategies.lookahead import Lookahead
 from engine.verifier import Verification
 
 DRAFT_SEED_OFFSET = 0x5A6  # the draft's random stream differs from the target's
@@ -43,7 +49,8 @@ class InProcessDraft:
     def __init__(self, draft: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device):
         self.draft = draft
         self.spec = spec
-        self.K = spec.K
+        self.K = spec.K  # this round's block length (the maximum until the first round)
+        self.lookahead = Lookahead(spec)
         self.pad_id = pad_id
         self.device = device
         self.state = KVState(draft, 0, device)
@@ -59,6 +66,7 @@ class InProcessDraft:
         self.state = KVState.concat([self.state, state])
         self.tails += [[s.output_ids[-1]] for s in seqs]
         self.late += [None] * len(seqs)
+        self.lookahead.admit(len(seqs))
         self.generators += [torch.Generator(device=self.device).manual_seed(draft_seed(s.seed)) for s in seqs]
 
     def retire(self, keep: list[int]) -> None:
@@ -66,15 +74,24 @@ class InProcessDraft:
         self.tails = [self.tails[i] for i in keep]
         self.late = [self.late[i] for i in keep]
         self.generators = [self.generators[i] for i in keep]
+        self.lookahead.retire(keep)
 
     def propose(self, rows: RowSampling) -> Proposal:
         t0 = time.perf_counter()
         tokens, valid = right_aligned(self.tails, self.pad_id, self.device)
         fed = self.state.extend(tokens, valid)  # [B, W, V]
         previous = self._late_ranks(fed)
-        self.x, q, self.z = draft_from(self.state, fed[:, -1].float(), self.K, self.spec.saguaro_top(),
-                                       self.spec.C, rows, self.generators)  # [B, K], [B, K, V], [B, K, V]
-        return Proposal(self.x, q, draft_ms=ms_since(t0), draft_forwards=self.K, previous_outcome_rank=previous)
+        K, logits = self.lookahead.choose(), fed[:, -1].float()
+        if self.spec.confidence_stop is None:
+            self.x, q, self.z = draft_from(self.state, logits, K, self.spec.saguaro_top(), self.spec.C, rows,
+                                           self.generators)  # [B, K], [B, K, V], [B, K, V]
+            forwards = K
+        else:
+            self.x, q, self.z, forwards = draft_until_unsure(self.state, logits, K, self.spec, rows, self.generators)
+        self.K = self.x.shape[1]
+        draft_ms = ms_since(t0)
+        self.lookahead.drafted(forwards, draft_ms)
+        return Proposal(self.x, q, draft_ms=draft_ms, draft_forwards=forwards, previous_outcome_rank=previous)
 
     def _late_ranks(self, fed: Tensor) -> list[int | None] | None:
         """Fill in the ranks of last round's all-accepted outcomes from the draft's logits at x_K (the
@@ -91,6 +108,7 @@ class InProcessDraft:
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         K = self.K
+        self.lookahead.observe(result.accepted.tolist(), K, verify_ms)
         k = result.accepted.to(self.device)  # [B]
         self.state.rollback((K - 1 - k).clamp(min=0))
         x_last, bonus = self.x[:, -1].tolist(), result.bonus.tolist()
@@ -109,3 +127,32 @@ class InProcessDraft:
 
     def close(self) -> None:
         pass
+
+
+def draft_until_unsure(state: KVState, logits: Tensor, K: int, spec: SpeculativeConfig, rows: RowSampling,
+                       generators: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor, int]:
+    """`draft_from` that stops before position i > 1 when the draft's top probability there (softmax of its
+    raw logits, so that greedy rows can stop too) is below `spec.confidence_stop` in every row.
+
+    The stop looks only at the draft's own logits, never at the target, so the shorter block is verified
+    exactly like a block of that length chosen in advance. Returns x [B, K'], q [B, K', V], the logits
+    [B, K', V] and the draft forwards made (the tail's feed included), with 1 <= K' <= K.
+    """
+    ys, qs, zs = [], [], []
+    forwards = 1  # the tail's feed, in propose
+    for i in range(K):
+        if i > 0 and bool((logits.softmax(-1).amax(-1) < spec.confidence_stop).all()):
+            # x_i was fed only to look at position i + 1; it ends the block, so it goes back to unfed
+            state.rollback(torch.ones(logits.shape[0], dtype=torch.long, device=logits.device))
+            break
+        q = warp_rows(logits, rows)  # [B, V]
+        if spec.C < 1:
+            q = saguaro(q, spec.saguaro_top()[i], spec.C)
+        y = sample(q, generators)  # [B]
+        ys.append(y)
+        qs.append(q.float())
+        zs.append(logits)
+        if i < K - 1:
+            logits = state.extend(y[:, None])[:, -1].float()  # [B, V]
+            forwards += 1
+    return torch.stack(ys, 1), torch.stack(qs, 1), torch.stack(zs, 1), forwards

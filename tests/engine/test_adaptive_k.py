@@ -1,0 +1,88 @@
+"""Adaptive K and the confidence stop in SD: greedy outputs are the AR outputs, and K follows α."""
+
+import pytest
+
+from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.config import AUTO_K_MAX, EngineConfig
+from tests.engine.tiny import noisy_copy, tiny_lm
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=30, stop_on_eos=False)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_lm(0, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(target):
+    return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
+
+
+def decode_Ks(out) -> list[int]:
+    return [r.K for r in out.metrics.rounds if r.phase == "decode"]
+
+
+def test_K_auto_is_adaptive_with_the_default_maximum():
+    spec = SpeculativeConfig(K="auto")
+    assert spec.adaptive and spec.K == AUTO_K_MAX
+
+
+@pytest.mark.parametrize("spec", [
+    SpeculativeConfig(K="auto"),  # measured timings
+    SpeculativeConfig(K=6, adaptive=True, draft_cost=0.05),
+    SpeculativeConfig(K=6, confidence_stop=0.6),
+    SpeculativeConfig(K=6, adaptive=True, draft_cost=0.05, confidence_stop=0.6),
+], ids=["auto", "adaptive", "confidence stop", "both"])
+def test_greedy_sd_with_a_varying_K_equals_ar(target, ar_tokens, spec):
+    draft = noisy_copy(target, noise=1.0)
+    out = LLM(target, draft, strategy="sd", speculative=spec).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    assert all(1 <= K <= spec.K for K in decode_Ks(out))
+
+
+def test_K_reaches_the_maximum_when_the_draft_is_the_target(target, ar_tokens):
+    spec = SpeculativeConfig(K=6, adaptive=True, draft_cost=0.05)
+    out = LLM(target, target, strategy="sd", speculative=spec).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    Ks = decode_Ks(out)
+    assert Ks[0] < 6 and Ks[-1] == 6  # starts from the prior α = 1/2, grows as every token is accepted
+
+
+def test_K_drops_to_the_minimum_with_a_draft_that_never_agrees(target, ar_tokens):
+    draft = tiny_lm(5, scale=4.0)  # an unrelated model: greedy drafts are almost never the target's argmax
+    spec = SpeculativeConfig(K=6, K_min=1, adaptive=True, draft_cost=0.05)
+    out = LLM(target, draft, strategy="sd", speculative=spec).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    assert decode_Ks(out)[-1] == 1
+
+
+def test_K_follows_the_draft_cost(target):
+    # Same acceptance, dearer drafting: shorter blocks.
+    def last_K(cost):
+        spec = SpeculativeConfig(K=8, adaptive=True, draft_cost=cost)
+        return decode_Ks(LLM(target, target, strategy="sd", speculative=spec).generate(PROMPTS, GREEDY))[-1]
+
+    assert last_K(0.5) < last_K(0.01)
+
+
+def test_confidence_stop_shortens_blocks(target, ar_tokens):
+    draft = noisy_copy(target, noise=1.0)
+    out = LLM(target, draft, strategy="sd", speculative=SpeculativeConfig(K=6, confidence_stop=0.99)) \
+        .generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    Ks = decode_Ks(out)
+    assert min(Ks) < 6
+    assert all(r.draft_forwards == r.K + (r.K < 6) for r in out.metrics.rounds if r.phase == "decode")
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="K_min"):
+        SpeculativeConfig(K=3, K_min=4)
+    with pytest.raises(ValueError, match="confidence_stop"):
+        SpeculativeConfig(confidence_stop=0.0)
+    with pytest.raises(ValueError, match="draft_cost"):
+        SpeculativeConfig(draft_cost=-1.0)
+    with pytest.raises(ValueError, match="sd only"):
+        EngineConfig(target="t", draft="d", strategy="ssd", speculative=SpeculativeConfig(K="auto"))
