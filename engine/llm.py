@@ -156,14 +156,16 @@ class LLM:
         if strategy is Strategy.SD:
             self.loop.proposer = InProcessDraft(self.draft, spec, self.pad_id, self.device)
         elif strategy is Strategy.SSD:
-            from engine.ssd.memory import check_budget
+            from engine.ssd.memory import check_budget, memory_limit
             from engine.strategies.ssd import FAULTS, DraftWorkerProposer, open_channel
 
             if spec.budget != "auto" and self.draft is not None:  # "auto" sizes itself to the verify
                 branches = spec.budget if isinstance(spec.budget, int) else max(
                     sum(spec.fanouts), sum(spec.fanout_backup or ()))
                 where = spec.placement.draft_device
-                check_budget(self.draft, spec.K, branches, torch.device(where) if where else self.device)
+                draft_device = torch.device(where) if where else self.device
+                check_budget(self.draft, spec.K, branches, draft_device)
+                self.loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
             opener = open_channel(self.draft, self._draft_given, self.config, spec, self.pad_id, self.device)
             proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device, draft=self.draft)
             self.loop.proposer = proposer

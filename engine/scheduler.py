@@ -4,14 +4,22 @@ First come, first served, within two limits: the most sequences in flight (`max_
 prompt tokens prefilled in one step (`max_prefill_tokens`). A prompt longer than the prefill limit is
 prefilled alone (it would otherwise never start). Requests join between rounds, so a long prefill delays
 one round of the running sequences, not their whole generation.
+
+A strategy whose memory grows with the batch (SSD's draft worker keeps a speculation cache per sequence)
+adds a third limit, `MemoryLimit`: a request joins only if the memory it would take (at its full length,
+prompt + max_new_tokens) still fits beside the sequences in flight; one sequence always may run, alone.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -27,22 +35,62 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be an integer >= 1 (or None for no limit), got {value!r}")
 
 
+@dataclass(frozen=True)
+class MemoryLimit:
+    """Memory that sequences in flight may take together, and what one takes (engine.ssd.memory)."""
+
+    available_bytes: int
+    bytes_per_sequence: Callable[[Sequence], int]
+    what: str  # who holds that memory, for the log line
+
+    def __post_init__(self) -> None:
+        if self.available_bytes < 1:
+            raise ValueError(f"available_bytes must be >= 1, got {self.available_bytes}")
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
         self.config = config
         self.waiting: deque[Sequence] = deque()
+        self.memory: MemoryLimit | None = None
+        self.held: list[Sequence] = []  # admitted under `memory`, counted until they finish
+        self.held_back = False  # memory has kept a request waiting (said once in the log)
+
+    def limit_by_memory(self, limit: MemoryLimit) -> None:
+        self.memory = limit
 
     def admit(self, running: int) -> list[Sequence]:
         """Pop the requests that join now, given `running` sequences in flight."""
-        c = self.config
+        c, m = self.config, self.memory
         joined: list[Sequence] = []
         tokens = 0
+        if m is not None:
+            self.held = [s for s in self.held if not s.finished]
+            used = sum(m.bytes_per_sequence(s) for s in self.held)
         while self.waiting:
             if c.max_num_seqs is not None and running + len(joined) >= c.max_num_seqs:
                 break
+            if m is not None:
+                need = m.bytes_per_sequence(self.waiting[0])
+                if running + len(joined) > 0 and used + need > m.available_bytes:  # alone, it may run
+                    self._say_held_back(running + len(joined), used + need)
+                    break
+                used += need
             size = len(self.waiting[0].prompt_ids)
             if joined and c.max_prefill_tokens is not None and tokens + size > c.max_prefill_tokens:
                 break
             joined.append(self.waiting.popleft())
             tokens += size
+        if m is not None:
+            self.held += joined
         return joined
+
+    def _say_held_back(self, in_flight: int, need: int) -> None:
+        if self.held_back:
+            return
+        self.held_back = True
+        wanted = self.config.max_num_seqs
+        log.warning("memory holds admission at %d sequences in flight (max_num_seqs: %s): one more would need "
+                    "about %.1f GiB for %s, over the %.1f GiB it may take; the rest wait their turn", in_flight,
+                    "unlimited" if wanted is None else wanted, need / 2**30, self.memory.what,
+                    self.memory.available_bytes / 2**30)

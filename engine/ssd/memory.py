@@ -4,20 +4,30 @@ refused with a number instead of eating the host).
 Per sequence and round the worker keeps, for each of its `branches` (= the budget, Σ_k F_k):
 - a copy of the row's KV cache (engine.kv_cache fork): 2 · layers · kv_heads · head_dim · element bytes
   per token, for the context plus the K drafted positions;
-- the branch's q and draft logits over the vocabulary at its K positions, dense float32 (tree.Branches).
-Plus the glue logits, (K+1) · V float32 per row. The estimate is for one sequence at `context` tokens;
-a batch needs that many times more. While it builds, the worker's resident memory grows by about 2.3×
-what it keeps (forks, float copies, stacking: measured with scripts/measure_memory.py on SmolLM2-135M at
-batch 1-32 and budget 6-24), so the check charges PEAK_OVER_KEPT times the estimate.
+- the branch's q at its K positions (tree.Branches, engine.ssd.sparse): its support, one id + value per
+  position at temperature 0 and at most k with top-k, but dense float32 over the vocabulary at T > 0
+  without top-k (the estimate charges that worst case);
+- the ranking the next guesses come from: the draft's best M (RANK_DEPTH) token ids per position.
+Plus the glue logits, (K+1) · V float32 per row while the glue runs. The estimate is for one sequence at
+`context` tokens; a batch needs that many times more. While it builds, the worker's resident memory grows
+over what it keeps (forks, the model's activations, the allocator), so the check charges PEAK_OVER_KEPT
+times the estimate (measured with scripts/measure_memory.py on SmolLM2-135M, engine/ssd/README.md).
+
+`memory_limit` turns the same estimate into an admission limit: the scheduler admits a sequence only while
+the caches of those in flight, each at its full length, fit in the worker's share of the device (engine.scheduler).
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.scheduler import MemoryLimit
+from engine.sequence import Sequence
+from engine.ssd.sparse import RANK_DEPTH
+
 NOMINAL_CONTEXT = 512  # tokens the up-front check assumes (longer contexts need more)
-SHARE = 0.5  # of the device's memory the worker's cache may take for one sequence
-PEAK_OVER_KEPT = 2.5  # peak growth over the kept cache while building (measured ~2.3x)
+SHARE = 0.5  # of the device's memory the worker's cache may take (one sequence's, or the whole batch's)
+PEAK_OVER_KEPT = 2.5  # peak growth over the kept cache while building
 
 
 def kv_bytes_per_token(model: torch.nn.Module, element_bytes: int | None = None) -> int:
@@ -32,10 +42,22 @@ def kv_bytes_per_token(model: torch.nn.Module, element_bytes: int | None = None)
 
 
 def worker_bytes_per_sequence(model: torch.nn.Module, K: int, branches: int, context: int = NOMINAL_CONTEXT) -> int:
-    """Bytes of the speculation cache for one sequence: branches × (KV copy + q + logits) + glue logits."""
+    """Bytes of the speculation cache for one sequence: branches × (KV copy + dense q + ranking) + glue logits."""
     V = int(model.get_output_embeddings().weight.shape[0])
-    per_branch = kv_bytes_per_token(model) * (context + K + 1) + 2 * K * V * 4
+    per_branch = kv_bytes_per_token(model) * (context + K + 1) + K * V * 4 + K * min(RANK_DEPTH, V) * 8
     return branches * per_branch + (K + 1) * V * 4
+
+
+def memory_limit(model: torch.nn.Module, K: int, branches: int, device: torch.device) -> MemoryLimit:
+    """The scheduler's admission limit for SSD: the worker's caches at their peak, each sequence at its full
+    length (prompt + max_new_tokens), within SHARE of the draft device's memory."""
+
+    def need(seq: Sequence) -> int:
+        context = len(seq.prompt_ids) + seq.params.max_new_tokens
+        return int(PEAK_OVER_KEPT * worker_bytes_per_sequence(model, K, branches, context))
+
+    return MemoryLimit(int(SHARE * device_bytes(device)), need, f"the SSD draft worker's speculation caches "
+                       f"({branches} branches each, on {device.type})")
 
 
 def device_bytes(device: torch.device) -> int:
@@ -57,5 +79,5 @@ def check_budget(model: torch.nn.Module, K: int, branches: int, device: torch.de
     raise ValueError(
         f"an SSD fan-out budget of {branches} branches needs about {need / 2**30:.1f} GiB of draft-worker memory "
         f"per sequence (each branch keeps a KV copy of a {NOMINAL_CONTEXT}-token context and K = {K} rows of "
-        f"q and logits over the vocabulary), but the draft's {device.type} has {have / 2**30:.1f} GiB: "
+        f"q over the vocabulary), but the draft's {device.type} has {have / 2**30:.1f} GiB: "
         f"lower --budget to at most {most} (or use --budget auto)")

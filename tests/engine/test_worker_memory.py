@@ -1,19 +1,25 @@
 """The SSD worker's cache is estimated before it is built: an absurd budget is refused with the budget that fits."""
 
+import logging
+
 import pytest
 import torch
 
-from engine import LLM, SpeculativeConfig
+from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from engine.ssd.memory import PEAK_OVER_KEPT, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
+from engine.scheduler import MemoryLimit, Scheduler, SchedulerConfig
+from engine.sequence import Sequence
+from engine.ssd.memory import SHARE, PEAK_OVER_KEPT, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
+from engine.ssd.sparse import RANK_DEPTH
 from tests.engine.tiny import tiny_lm
 
 
-def test_the_estimate_counts_kv_copies_q_logits_and_glue():
+def test_the_estimate_counts_kv_copies_q_ranking_and_glue():
     model = tiny_lm(0, vocab_size=50, layers=2, hidden=32)  # 4 heads of 8, 2 KV heads, float32
     assert kv_bytes_per_token(model) == 2 * 2 * 2 * 8 * 4
     K, branches, context = 3, 7, 100
-    expected = branches * (kv_bytes_per_token(model) * (context + K + 1) + 2 * K * 50 * 4) + (K + 1) * 50 * 4
+    ranking = K * min(RANK_DEPTH, 50) * 8  # the kept ids of the draft's best tokens per position
+    expected = branches * (kv_bytes_per_token(model) * (context + K + 1) + K * 50 * 4 + ranking) + (K + 1) * 50 * 4
     assert worker_bytes_per_sequence(model, K, branches, context) == expected
 
 
@@ -35,3 +41,55 @@ def test_llm_refuses_the_budget_before_starting_the_worker():
     with LLM(target, tiny_lm(1), strategy="ssd", speculative=SpeculativeConfig(K=4, budget=12,
              placement=DraftPlacement(in_process=True))) as llm:
         assert llm.strategy_in_use == "ssd"
+
+
+def _seq(i: int, prompt_len: int = 4, new: int = 8) -> Sequence:
+    return Sequence(i, str(i), i, [1] * prompt_len, SamplingParams(max_new_tokens=new), frozenset(), i, 0.0)
+
+
+def test_memory_holds_admission_and_says_so_once(caplog):
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8))
+    scheduler.limit_by_memory(MemoryLimit(250, lambda s: 100, "a fake cache"))
+    scheduler.waiting.extend(_seq(i) for i in range(5))
+    with caplog.at_level(logging.WARNING, logger="engine.scheduler"):
+        first = scheduler.admit(0)
+        assert [s.seq_id for s in first] == [0, 1]  # a third would need 300 of 250 bytes
+        assert scheduler.admit(2) == []
+    assert len([r for r in caplog.records if "memory holds admission at 2" in r.message]) == 1
+    first[0].finish_reason = "length"  # one finishes: its memory is free again
+    assert [s.seq_id for s in scheduler.admit(1)] == [2]
+
+
+def test_memory_counts_each_sequence_at_its_full_length():
+    scheduler = Scheduler(SchedulerConfig())
+    scheduler.limit_by_memory(MemoryLimit(99, lambda s: len(s.prompt_ids) + s.params.max_new_tokens, "fake"))
+    scheduler.waiting.extend([_seq(0, 10, 40), _seq(1, 10, 30), _seq(2, 2, 8)])
+    assert [s.seq_id for s in scheduler.admit(0)] == [0, 1]  # 50 + 40 in; with the third's 10 it would be 100
+    assert scheduler.admit(2) == []
+
+
+def test_one_sequence_always_runs_even_if_it_alone_is_over_the_limit():
+    scheduler = Scheduler(SchedulerConfig())
+    scheduler.limit_by_memory(MemoryLimit(10, lambda s: 1000, "fake"))
+    scheduler.waiting.extend(_seq(i) for i in range(3))
+    assert [s.seq_id for s in scheduler.admit(0)] == [0]
+    assert scheduler.admit(1) == []
+
+
+def test_ssd_admits_what_the_workers_memory_holds_and_outputs_are_unchanged(monkeypatch, caplog):
+    target, draft = tiny_lm(0), tiny_lm(1)
+    spec = SpeculativeConfig(K=3, budget=6, placement=DraftPlacement(in_process=True))
+    params = SamplingParams(temperature=0.0, max_new_tokens=10, stop_on_eos=False)
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+    with LLM(target, draft, strategy="ssd", speculative=spec) as llm:
+        free = [o.token_ids for o in llm.generate(prompts, params)]
+    # A device on which the worker's caches for two of these sequences fit, not three.
+    per_seq = PEAK_OVER_KEPT * worker_bytes_per_sequence(draft, 3, 6, 5 + 10)
+    monkeypatch.setattr("engine.ssd.memory.device_bytes", lambda device: int(2.5 * per_seq / SHARE))
+    monkeypatch.setattr("engine.ssd.memory.check_budget", lambda *args: None)  # (it assumes 512-token contexts)
+    with caplog.at_level(logging.WARNING, logger="engine.scheduler"):
+        with LLM(target, draft, strategy="ssd", speculative=spec) as llm:
+            out = llm.generate(prompts, params)
+    assert [o.token_ids for o in out] == free
+    assert max(r.batch_size for r in out.metrics.rounds if r.phase == "decode") == 2
+    assert len([r for r in caplog.records if "memory holds admission" in r.message]) == 1
