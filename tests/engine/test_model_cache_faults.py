@@ -38,9 +38,9 @@ def hashes(monkeypatch):
     seen: list[str] = []
     real = model_cache.sha256_file
 
-    def counting(path: Path) -> str:
+    def counting(path: Path, *rest) -> str:
         seen.append(Path(path).name)
-        return real(path)
+        return real(path, *rest)
 
     monkeypatch.setattr(model_cache, "sha256_file", counting)
     return seen

@@ -134,6 +134,18 @@ def test_provision_builds_a_manifested_folder_and_drops_the_assembled_gguf(site,
     assert leftovers(tmp_path / "cache") == []
 
 
+def test_provision_shows_a_bar_per_step_on_stderr_when_asked(site, tmp_path, converter, capsys):
+    packaged = fake_package(site)
+    capsys.readouterr()
+    provision.provision(packaged, tmp_path / "cache", progress=True)
+    out, err = capsys.readouterr()
+    assert out == ""
+    for step in ("fake-model: assemble + sha256", "fake-model: convert GGUF -> safetensors", "fake-model: sha256"):
+        assert step in err, err
+    provision.provision(packaged, tmp_path / "cache", rebuild=True, progress=False)
+    assert "fake-model:" not in capsys.readouterr().err
+
+
 def test_second_provision_reuses_the_cache(site, tmp_path, converter):
     packaged = fake_package(site)
     provision.provision(packaged, tmp_path / "cache")
