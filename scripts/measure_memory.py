@@ -37,13 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-K", type=int, default=4)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=None)
     args = p.parse_args(argv)
 
     from engine import LLM, SamplingParams, SpeculativeConfig
     from engine.ssd.memory import worker_bytes_per_sequence
 
     prompt = "Write a short story about a robot who learns to paint, in three sentences."
-    params = SamplingParams(temperature=0.0, max_new_tokens=args.tokens, stop_on_eos=False)
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.tokens,
+                            stop_on_eos=False, seed=0)
     print("| batch | budget | target peak MiB | worker peak MiB | estimate for the cache MiB |")
     print("|---|---|---|---|---|")
     for budget in args.budget:
