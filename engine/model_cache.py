@@ -317,6 +317,24 @@ def building(root: Path, key: str) -> Iterator[Path]:
         raise
 
 
+def hash_files(folder: Path, name: str, progress: bool | None = None) -> dict[str, CachedFile]:
+    """Manifest entries for every file under `folder` but its manifest, synced to disk first.
+
+    `progress`: a bar of the bytes hashed, labelled `name`, on stderr (None: only on a terminal).
+    """
+    files: dict[str, CachedFile] = {}
+    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST_NAME)
+    with progress_bar(sum(p.stat().st_size for p in paths), f"{name}: sha256", progress) as bar:
+        for path in paths:
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())  # data on disk before the manifest vouches for it
+            st = path.stat()
+            files[path.relative_to(folder).as_posix()] = CachedFile(
+                st.st_size, sha256_file(path, bar.update), st.st_mtime_ns, st.st_ctime_ns
+            )
+    return files
+
+
 def publish(
     temp: Path, final: Path, name: str, source: Mapping[str, object], *, progress: bool | None = None
 ) -> Manifest:
@@ -324,19 +342,10 @@ def publish(
 
     `progress`: a bar of the bytes hashed on stderr (None: only when stderr is a terminal).
     """
-    files: dict[str, CachedFile] = {}
-    paths = sorted(p for p in temp.rglob("*") if p.is_file() and p.relative_to(temp).as_posix() != MANIFEST_NAME)
-    with progress_bar(sum(p.stat().st_size for p in paths), f"{name}: sha256", progress) as bar:
-        for path in paths:
-            rel = path.relative_to(temp).as_posix()
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())  # data on disk before the manifest vouches for it
-            st = path.stat()
-            files[rel] = CachedFile(st.st_size, sha256_file(path, bar.update), st.st_mtime_ns, st.st_ctime_ns)
     manifest = Manifest(
         name=name,
         source=dict(source),
-        files=files,
+        files=hash_files(temp, name, progress),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     write_manifest(temp, manifest)

