@@ -1,0 +1,253 @@
+"""Weight-only int8 / int4 linear layers on torch's own CPU kernels (issue 15).
+
+CPU decoding at batch 1 is memory-bound: each token reads every weight once, so fewer bytes per
+weight means more tokens per second. `quantize_weights(model, "int8" | "int4")` swaps each
+nn.Linear for a `WeightOnlyLinear` that keeps packed low-bit weights and multiplies with
+`aten._weight_int8pack_mm` or `aten._weight_int4pack_mm_for_cpu` on bf16 activations.
+
+The quantised model is a different model from the float one: when it is the target, speculative
+decoding is exact with respect to it (the low-bit target is the target), not to the float weights.
+
+Shape limits of the kernels (torch 2.13, checked on this CPU; both kernels read out of bounds
+rather than raise when broken): int8 needs in_features % 16 == 0 (other widths crashed or
+returned garbage); int4 needs out_features % 16 == 0 and in_features % group_size == 0. A layer
+that does not fit stays as it was and is counted in the summary.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+GROUP_SIZES = (32, 64, 128)
+INT8_K_MULTIPLE = 16  # the int8 kernel has no tail loop over in_features
+INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu refuses other out_features
+INT4_OFFSET = 8  # the int4 kernel computes (q - 8) * scale + zero for q in 0..15
+INT4_MAX = 15
+INT8_MAX = 127
+ACT_DTYPE = torch.bfloat16  # activations and scales; the measured fast path
+
+
+class Scheme(enum.Enum):
+    INT8 = "int8"  # symmetric, one scale per output channel
+    INT4 = "int4"  # asymmetric, one (scale, zero) per group of in_features per output channel
+
+
+def parse_scheme(scheme: str | Scheme, group_size: int) -> Scheme:
+    """The Scheme for `scheme`, after checking `group_size`; ValueError names the valid choices."""
+    try:
+        parsed = Scheme(scheme)
+    except ValueError:
+        raise ValueError(
+            f"unknown quantisation scheme {scheme!r}; use one of {', '.join(s.value for s in Scheme)}"
+        ) from None
+    if parsed is Scheme.INT4 and group_size not in GROUP_SIZES:
+        raise ValueError(
+            f"int4 group_size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size!r}"
+        )
+    return parsed
+
+
+def fits(scheme: Scheme, out_features: int, in_features: int, group_size: int = 32) -> bool:
+    """Whether the kernel for `scheme` accepts a weight of shape [out_features, in_features]."""
+    if scheme is Scheme.INT8:
+        return in_features % INT8_K_MULTIPLE == 0
+    return out_features % INT4_N_MULTIPLE == 0 and in_features % group_size == 0
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (q [N, K] int8, scales [N] bf16) with weight ≈ q * scales[:, None]."""
+    w = weight.detach().float()  # [N, K]
+    scales = (w.abs().amax(dim=1) / INT8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    scales = scales.to(ACT_DTYPE)  # round first, so q is chosen for the scale the kernel will use
+    q = torch.round(w / scales.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric grouped int4: (q [N, K] int32 in 0..15, scales_and_zeros [K/g, N, 2] bf16).
+
+    Each group maps [min, max] onto 0..15; the stored zero is the value at q = 8, as the kernel
+    computes w ≈ (q - 8) * scale + zero.
+    """
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group_size, group_size)  # [N, G, g]
+    low, high = w.amin(dim=2), w.amax(dim=2)  # [N, G]
+    scale = ((high - low) / INT4_MAX).clamp(min=torch.finfo(torch.float32).tiny).to(ACT_DTYPE)
+    zero = (low + INT4_OFFSET * scale.float()).to(ACT_DTYPE)
+    # q for the bf16-rounded scale and zero actually stored.
+    q = torch.round((w - zero.float()[..., None]) / scale.float()[..., None]) + INT4_OFFSET
+    q = q.clamp(0, INT4_MAX).to(torch.int32).reshape(n, k)  # [N, K]
+    scales_and_zeros = torch.stack([scale, zero], dim=2).transpose(0, 1).contiguous()  # [G, N, 2]
+    return q, scales_and_zeros
+
+
+class WeightOnlyLinear(nn.Module):
+    """A Linear whose weight is stored packed in int8 or int4; activations run in bf16.
+
+    Build it with `from_linear`. The output has the input's dtype; any leading shape is kept.
+    """
+
+    def __init__(
+        self,
+        scheme: Scheme,
+        in_features: int,
+        out_features: int,
+        packed: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        group_size: int,
+    ) -> None:
+        super().__init__()
+        self.scheme = scheme
+        self.in_features = in_features
+        self.out_features = out_features
+        self.group_size = group_size  # used by int4 only
+        self.register_buffer("packed", packed)  # int8 [N, K] or int4pack uint8 [N, K/2]
+        self.register_buffer("scales", scales)  # int8: [N]; int4: [K/g, N, 2] (scale, zero)
+        self.register_buffer("bias", bias)  # [N] bf16 or None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scheme: Scheme | str, group_size: int = 32) -> WeightOnlyLinear:
+        """Quantise `linear`'s weight; ValueError if its shape does not fit the kernel (see `fits`)."""
+        scheme = parse_scheme(scheme, group_size)
+        n, k = linear.out_features, linear.in_features
+        if not fits(scheme, n, k, group_size):
+            raise ValueError(
+                f"a [{n}, {k}] weight does not fit the {scheme.value} kernel (int8 needs in_features "
+                f"% {INT8_K_MULTIPLE} == 0; int4 needs out_features % {INT4_N_MULTIPLE} == 0 and "
+                f"in_features % group_size == 0); leave this layer unquantised"
+            )
+        if scheme is Scheme.INT8:
+            packed, scales = quantize_int8(linear.weight)
+        else:
+            q, scales = quantize_int4(linear.weight, group_size)
+            # innerKTiles = 1: the only value the CPU packer documents; the CPU kernel ignores tiling.
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # [N, K/2] uint8
+        bias = None if linear.bias is None else linear.bias.detach().to(ACT_DTYPE)
+        return cls(scheme, k, n, packed, scales, bias, group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(ACT_DTYPE)  # [M, K], M = prod(lead)
+        if self.scheme is Scheme.INT8:
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self.scales)  # [M, N]
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features).to(x.dtype)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight this layer multiplies by, in float32 [N, K] (for tests and error measures)."""
+        if self.scheme is Scheme.INT8:
+            return self.packed.float() * self.scales.float()[:, None]
+        q = self.unpacked_int4()  # [N, K] in 0..15
+        scale = self.scales[..., 0].float().T.repeat_interleave(self.group_size, dim=1)  # [N, K]
+        zero = self.scales[..., 1].float().T.repeat_interleave(self.group_size, dim=1)  # [N, K]
+        return (q.float() - INT4_OFFSET) * scale + zero
+
+    def unpacked_int4(self) -> torch.Tensor:
+        """The int4 codes [N, K] int32, read back through the kernel itself.
+
+        The packed layout is the kernel's private business, so instead of decoding it we multiply
+        an fp32 identity by the weight with scale 1 and zero 0: the product is exactly q - 8.
+        """
+        if self.scheme is not Scheme.INT4:
+            raise ValueError("unpacked_int4 applies to int4 layers only")
+        k, n, g = self.in_features, self.out_features, self.group_size
+        unit = torch.zeros(k // g, n, 2)  # [G, N, 2] float32
+        unit[..., 0] = 1.0
+        eye = torch.eye(k)  # [K, K]
+        codes = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, g, unit)  # [K, N]
+        return (codes.T + INT4_OFFSET).round().to(torch.int32)
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.scheme is Scheme.INT4 else ""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"scheme={self.scheme.value}{group}, bias={self.bias is not None}"
+        )
+
+
+@dataclass(frozen=True)
+class QuantizeSummary:
+    """What `quantize_weights` did. Bytes count each storage once (tied weights are shared)."""
+
+    scheme: str
+    group_size: int | None  # None for int8
+    converted: int  # Linear layers replaced
+    skipped_by_name: int  # Linear layers left alone because a `skip` name matched
+    skipped_by_shape: int  # Linear layers left alone because the kernel cannot take their shape
+    skipped_names: tuple[str, ...]  # both kinds, in module order
+    model_bytes_before: int
+    model_bytes_after: int
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each storage counted once."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _skipped(name: str, skip: tuple[str, ...]) -> bool:
+    # A skip entry matches a module name or its last component ("lm_head", "model.layers.0.mlp").
+    return any(name == s or name.endswith("." + s) for s in skip)
+
+
+def quantize_weights(
+    model: nn.Module, scheme: str, group_size: int = 32, skip: tuple[str, ...] | list[str] = ("lm_head",)
+) -> dict:
+    """Replace every nn.Linear in `model` (in place) by a WeightOnlyLinear; return a summary dict.
+
+    Embeddings are not Linear modules and stay as they are; `skip` names Linear modules to keep
+    (by default the output head, which is often tied to the embeddings and sets the logits).
+    The model should be on the CPU (the kernels are CPU ones). Keys: see `QuantizeSummary`.
+    """
+    parsed = parse_scheme(scheme, group_size)
+    skip = tuple(skip)
+    before = model_bytes(model)
+    converted, by_name, by_shape, skipped = 0, 0, 0, []
+    targets = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
+    for name, linear in targets:
+        if _skipped(name, skip):
+            by_name += 1
+            skipped.append(name)
+            continue
+        if not fits(parsed, linear.out_features, linear.in_features, group_size):
+            by_shape += 1
+            skipped.append(name)
+            logger.info("left %s [%d, %d] unquantised: shape does not fit %s",
+                        name, linear.out_features, linear.in_features, parsed.value)
+            continue
+        if linear.weight.device.type != "cpu":
+            raise ValueError(f"{name} is on {linear.weight.device}; weight-only int kernels here are CPU ones")
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, WeightOnlyLinear.from_linear(linear, parsed, group_size))
+        converted += 1
+    summary = QuantizeSummary(
+        scheme=parsed.value,
+        group_size=group_size if parsed is Scheme.INT4 else None,
+        converted=converted,
+        skipped_by_name=by_name,
+        skipped_by_shape=by_shape,
+        skipped_names=tuple(skipped),
+        model_bytes_before=before,
+        model_bytes_after=model_bytes(model),
+    )
+    logger.info("quantised %d Linear layers to %s (%d kept by name, %d by shape): %d -> %d bytes",
+                converted, parsed.value, by_name, by_shape, before, summary.model_bytes_after)
+    return summary.as_dict()

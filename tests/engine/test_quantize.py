@@ -1,0 +1,157 @@
+"""Weight-only int8 / int4 layers: kernel output vs own dequantised weights, whole-model swap, exactness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.models import tiny_model, tiny_pair
+from engine.quantize import GROUP_SIZES, Scheme, WeightOnlyLinear, quantize_int4, quantize_weights
+
+SCHEMES = [("int8", 32)] + [("int4", g) for g in GROUP_SIZES]
+# [out_features, in_features] that every scheme above accepts (int4 needs N % 16, K % group size).
+SHAPES = [(16, 128), (48, 256), (64, 384)]
+
+
+def seeded_linear(n: int, k: int, *, bias: bool, seed: int) -> nn.Linear:
+    gen = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        linear.weight.normal_(0.0, k**-0.5, generator=gen)
+        if bias:
+            linear.bias.normal_(0.0, 1.0, generator=gen)
+    return linear
+
+
+@pytest.mark.parametrize("scheme,group_size", SCHEMES)
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("lead", [(5,), (2, 3)], ids=["2d", "3d"])
+def test_output_equals_own_dequantised_weights(scheme, group_size, n, k, lead):
+    linear = seeded_linear(n, k, bias=True, seed=n + k)
+    layer = WeightOnlyLinear.from_linear(linear, scheme, group_size)
+    x = torch.randn(*lead, k, generator=torch.Generator().manual_seed(1))  # [..., K] float32
+    y = layer(x)  # [..., N]
+    # Reference: the bf16 input the kernel sees, float32 matmul with the stored weights and bias.
+    ref = x.to(torch.bfloat16).float() @ layer.dequantized_weight().T + layer.bias.float()
+    assert y.shape == (*lead, n) and y.dtype == x.dtype
+    # The kernel rounds its output to bf16 (relative step 2^-8): allow 1% of the output's range.
+    torch.testing.assert_close(y, ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("scheme,group_size", SCHEMES)
+def test_dequantised_weight_is_within_one_quantisation_step(scheme, group_size):
+    linear = seeded_linear(32, 256, bias=False, seed=3)
+    layer = WeightOnlyLinear.from_linear(linear, scheme, group_size)
+    w = linear.weight
+    if scheme == "int8":
+        step = w.abs().amax(dim=1, keepdim=True) / 127  # [N, 1]
+    else:
+        groups = w.reshape(32, -1, group_size)  # [N, G, g]
+        step = ((groups.amax(2) - groups.amin(2)) / 15).repeat_interleave(group_size, dim=1)  # [N, K]
+    # Half a step from rounding q, plus slack for the bf16 rounding of scale and zero.
+    assert ((layer.dequantized_weight() - w).abs() <= 0.5 * step * 1.05 + 1e-6).all()
+
+
+def test_int4_codes_survive_packing():
+    linear = seeded_linear(48, 128, bias=False, seed=4)
+    codes, _ = quantize_int4(linear.weight, 32)
+    layer = WeightOnlyLinear.from_linear(linear, "int4", 32)
+    assert torch.equal(layer.unpacked_int4(), codes)
+
+
+def test_no_bias_and_bf16_input():
+    linear = seeded_linear(32, 64, bias=False, seed=5)
+    layer = WeightOnlyLinear.from_linear(linear, "int4", 32)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    y = layer(x)
+    ref = x.float() @ layer.dequantized_weight().T
+    assert layer.bias is None and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+
+
+def test_shape_the_kernel_cannot_take_is_refused():
+    with pytest.raises(ValueError, match="does not fit the int4 kernel"):
+        WeightOnlyLinear.from_linear(nn.Linear(64, 50), "int4", 32)  # N = 50 is not a multiple of 16
+    with pytest.raises(ValueError, match="does not fit the int8 kernel"):
+        WeightOnlyLinear.from_linear(nn.Linear(40, 32), "int8")  # K = 40 is not a multiple of 16
+
+
+# -- whole model ---------------------------------------------------------------------------------
+IDS = (torch.arange(24) * 7 % 48).unsqueeze(0)  # [1, 24] token ids
+# Largest |Δlogit| allowed on tiny_model (logit spread ~1): tiny K = 32 layers quantise coarsely.
+LOGIT_TOLERANCE = {"int8": 0.1, "int4": 1.0}
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantised_tiny_model_runs_and_stays_close(scheme):
+    model = tiny_model(vocab_size=48, seed=0)
+    before = model(IDS).logits  # [1, 24, V]
+    summary = quantize_weights(model, scheme)
+    after = model(IDS).logits  # [1, 24, V]
+    # 2 layers x (q, k, v, o, gate, up, down) = 14 Linear layers; lm_head kept by default.
+    assert (summary["converted"], summary["skipped_by_name"], summary["skipped_by_shape"]) == (14, 1, 0)
+    assert summary["skipped_names"] == ("lm_head",)
+    assert summary["model_bytes_after"] < summary["model_bytes_before"]
+    assert after.shape == before.shape and after.dtype == before.dtype
+    assert (after - before).abs().max().item() < LOGIT_TOLERANCE[scheme]
+    assert sum(isinstance(m, WeightOnlyLinear) for m in model.modules()) == 14
+
+
+def test_head_not_fitting_int4_is_left_and_counted():
+    model = tiny_model(vocab_size=50, seed=0)  # lm_head [50, 32]: 50 is not a multiple of 16
+    summary = quantize_weights(model, "int4", skip=())
+    assert (summary["converted"], summary["skipped_by_name"], summary["skipped_by_shape"]) == (14, 0, 1)
+    assert type(model.lm_head) is nn.Linear
+    model(IDS % 50)  # still runs
+
+
+def test_skip_names_a_module_path():
+    model = tiny_model(vocab_size=48, seed=0)
+    summary = quantize_weights(model, "int8", skip=("lm_head", "mlp.down_proj"))
+    assert summary["skipped_by_name"] == 3  # lm_head and down_proj in each of 2 layers
+    assert type(model.model.layers[1].mlp.down_proj) is nn.Linear
+
+
+def test_int4_stores_fewer_bytes_than_int8():
+    int8, int4 = tiny_model(vocab_size=48), tiny_model(vocab_size=48)
+    b8 = quantize_weights(int8, "int8")["model_bytes_after"]
+    b4 = quantize_weights(int4, "int4")["model_bytes_after"]
+    assert b4 < b8
+
+
+# -- exactness: the quantised target is THE target ------------------------------------------------
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_greedy_sd_equals_greedy_ar_on_the_quantised_target(scheme):
+    target, draft = tiny_pair(vocab_size=48, seed=0, logit_scale=4.0)
+    float_ar = [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
+    quantize_weights(target, scheme)  # the float draft now drafts for a low-bit target
+    ar = [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
+    out = LLM(target, draft, strategy="sd", speculative=SpeculativeConfig(K=3)).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar
+    assert len(out.metrics.accepted_hist) >= 2  # both accepted and rejected drafts were exercised
+    # Not a vacuous check: SD followed the quantised target, whose output differs from the float one.
+    if scheme == "int4":
+        assert ar != float_ar
+
+
+# -- bad input -----------------------------------------------------------------------------------
+def test_unknown_scheme_is_refused():
+    with pytest.raises(ValueError, match="unknown quantisation scheme 'int3'; use one of int8, int4"):
+        quantize_weights(tiny_model(), "int3")
+
+
+@pytest.mark.parametrize("group_size", [0, 16, 48, 256])
+def test_bad_int4_group_size_is_refused(group_size):
+    with pytest.raises(ValueError, match="group_size must be one of 32, 64, 128"):
+        quantize_weights(tiny_model(), "int4", group_size=group_size)
+
+
+def test_scheme_enum_is_accepted():
+    layer = WeightOnlyLinear.from_linear(nn.Linear(32, 16), Scheme.INT8)
+    assert layer.scheme is Scheme.INT8
