@@ -99,6 +99,15 @@ def test_quantised_tiny_model_runs_and_stays_close(scheme):
     assert sum(isinstance(m, WeightOnlyLinear) for m in model.modules()) == 14
 
 
+def test_bf16_model_keeps_bf16_logits():
+    model = tiny_model(vocab_size=48, seed=0).to(torch.bfloat16)
+    before = model(IDS).logits.float()  # [1, 24, V]
+    quantize_weights(model, "int4")
+    after = model(IDS).logits
+    assert after.dtype == torch.bfloat16
+    assert (after.float() - before).abs().max().item() < LOGIT_TOLERANCE["int4"]
+
+
 def test_head_not_fitting_int4_is_left_and_counted():
     model = tiny_model(vocab_size=50, seed=0)  # lm_head [50, 32]: 50 is not a multiple of 16
     summary = quantize_weights(model, "int4", skip=())
