@@ -61,6 +61,17 @@ def test_int4_codes_survive_packing():
     assert torch.equal(layer.unpacked_int4(), codes)
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_each_row_is_the_same_whatever_the_batch(scheme):
+    # What exact verification needs from a layer: a token's output does not depend on how many
+    # tokens share the forward (K + 1 in verification, 1 in AR decoding), bit for bit.
+    layer = WeightOnlyLinear.from_linear(seeded_linear(64, 128, bias=True, seed=6), scheme)
+    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(3))  # [M, K]
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])  # [M, N], one row per call
+    for m in range(2, 10):
+        assert torch.equal(layer(x[:m]), alone[:m])
+
+
 def test_no_bias_and_bf16_input():
     linear = seeded_linear(32, 64, bias=False, seed=5)
     layer = WeightOnlyLinear.from_linear(linear, "int4", 32)
