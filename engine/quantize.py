@@ -7,6 +7,10 @@ nn.Linear for a `WeightOnlyLinear` that keeps packed low-bit weights and multipl
 
 The quantised model is a different model from the float one: when it is the target, speculative
 decoding is exact with respect to it (the low-bit target is the target), not to the float weights.
+Each row's output is bit-identical whatever the number of rows in the call, but the bf16 cast of the
+input turns the last-bit differences that attention makes between a (K+1)-token verify and a 1-token
+step into bf16-sized ones: on real models greedy SD then matches AR only as closely as a bf16 model
+does (near-ties can flip). fp32 activations would avoid that but run 9-45x slower in these kernels.
 
 Shape limits of the kernels (torch 2.13, checked on this CPU; both kernels read out of bounds
 rather than raise when broken): int8 needs in_features % 16 == 0 (other widths crashed or
