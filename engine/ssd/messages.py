@@ -141,7 +141,8 @@ def check_header(header: Tensor) -> tuple[Kind, int, int, int, int, int, int]:
         kind = Kind(kind)
     except ValueError:
         raise MalformedMessage(f"unknown message kind {kind}") from None
-    if min(B, K, V, n_ints, n_floats, round_, S) < 0 or S > V or n_ints > 1 << 28 or n_floats > 1 << 20 or B * K * V > 1 << 34:
+    if (min(B, K, V, n_ints, n_floats, round_, S) < 0 or S > V or n_ints > 1 << 28 or n_floats > 1 << 20
+            or B * K * V > 1 << 34):
         raise MalformedMessage(f"implausible header {header.tolist()}")
     return kind, B, K, V, n_ints, n_floats, round_
 
