@@ -108,7 +108,8 @@ class DraftWorkerProposer:
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
         return Proposal(
             # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)
-            spec.tokens.to(self.device), spec.q.to(self.device).dense(), draft_ms=wait_ms, draft_forwards=0, hit=spec.hits,
+            spec.tokens.to(self.device), spec.q.to(self.device).dense(), draft_ms=wait_ms, draft_forwards=0,
+            hit=spec.hits,
             cache_build_ms=spec.cache_build_ms, branches=spec.branches, backup=",".join(backups) or None,
             backup_ms=spec.backup_ms, fanout=spec.fanout, previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,

@@ -1,5 +1,6 @@
 """The worker keeps and sends q as its support and the logits as a ranking; the verifier's q is unchanged."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 from engine.kv_cache import KVState
 from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
-from engine.ssd.messages import Source, Speculation, decode, encode, payload_shapes
+from engine.ssd.messages import MalformedMessage, Source, Speculation, decode, encode, payload_shapes
 from engine.ssd.sparse import SparseQ, TopLogits, ranked_ids
 from engine.ssd.speculation_cache import bonus_ranks
 from engine.ssd.tree import draft_compact, draft_tokens
@@ -98,3 +99,12 @@ def test_the_ranking_gives_the_dense_ranks_below_its_depth():
     shallow = TopLogits.of(logits, 8).ranks(bonus, excluded)
     for d, s in zip(dense, shallow):
         assert s == d if d < 7 else s >= 7  # beyond the kept depth: reported at least as deep
+
+
+def test_a_support_id_outside_the_vocabulary_is_refused():
+    tokens, sparse, _ = _draft(SamplingParams(temperature=0.0), 1.0, compact=True)
+    wire = encode(Speculation(3, [Source.HIT] * 5, tokens, sparse, 0.0, 0.0, 7, [2, 2, 1, 1, 1], []))
+    wire[3] = wire[3].clone()
+    wire[3][0, 0, 0] = 50
+    with pytest.raises(MalformedMessage, match="support ids out of range"):
+        decode(wire, 4, 50)
