@@ -29,7 +29,8 @@ esac
 
 # 1. A CUDA device, or stop here.
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-    say "no CUDA device here: nvidia-smi is not installed (no NVIDIA driver). Nothing was checked; run this on a GPU machine."
+    say "no CUDA device here: nvidia-smi is not installed (no NVIDIA driver). Nothing was checked;" \
+        "run this on a GPU machine."
     exit 1
 fi
 gpus="$(nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
@@ -52,7 +53,8 @@ record() {  # record STEP STATUS: one line per step in summary.txt
 say "$gpu_count GPU(s); results in $results"
 
 # 2. The CUDA venv.
-cuda_version="$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9]*\.[0-9]*' | grep -o '[0-9]*\.[0-9]*' | head -n 1)"
+cuda_version="$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9]*\.[0-9]*' | grep -o '[0-9]*\.[0-9]*' \
+    | head -n 1)"
 if [ -z "${SAGUARO_CUDA_TAG:-}" ]; then
     major="${cuda_version%%.*}"; minor="${cuda_version#*.}"
     if [ -z "$cuda_version" ]; then tag=cu128; say "could not read the driver's CUDA version; assuming cu128"
@@ -103,7 +105,8 @@ import torch
 import torch.distributed as dist
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())
 print("cuda available", torch.cuda.is_available(), "devices", torch.cuda.device_count())
-print("NCCL available", dist.is_nccl_available(), "version", torch.cuda.nccl.version() if dist.is_nccl_available() else None)
+nccl = dist.is_nccl_available()
+print("NCCL available", nccl, "version", torch.cuda.nccl.version() if nccl else None)
 for i in range(torch.cuda.device_count()):
     props = torch.cuda.get_device_properties(i)
     print(f"cuda:{i}", props.name, f"{props.total_memory / 2**30:.1f} GiB", f"sm_{props.major}{props.minor}")
