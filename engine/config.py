@@ -44,9 +44,12 @@ class DraftPlacement:
 
     in_process   run the worker in the target's process (tests; no overlap, same results).
     draft_threads torch threads of the worker; on CPU it is also pinned to that many cores.
-    draft_device  the worker's device; None = "cpu" on CPU, "cuda:1" when the target is on CUDA.
+    draft_device  the worker's device; None = "cpu" beside a CPU target; beside a CUDA target, another
+                 GPU when there is one, else the target's GPU (the worker keeps its own process; the
+                 link then goes over gloo, as NCCL does not link two ranks on one GPU).
     init_method  tcp://host:port of the rendezvous the target hosts; port 0 = a free port.
-    deadline_s   longest wait for one answer of the worker before falling back to AR.
+    deadline_s   longest wait for one answer of the worker before falling back to synchronous SD with
+                 the in-process draft (AR when there is none).
     start_deadline_s longest wait for the worker to start, load its model and answer a new batch.
     external     do not start the worker: one is started by hand (another host) with
                  `python -m engine.ssd.process tcp://host:port` and fetches its settings from the target.

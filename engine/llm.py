@@ -162,8 +162,11 @@ class LLM:
             if spec.budget != "auto" and self.draft is not None:  # "auto" sizes itself to the verify
                 branches = spec.budget if isinstance(spec.budget, int) else max(
                     sum(spec.fanouts), sum(spec.fanout_backup or ()))
-                where = spec.placement.draft_device
-                draft_device = torch.device(where) if where else self.device
+                from engine.ssd.process import draft_device_for
+
+                # in process the draft sits on the target's device; its own process picks as process.py does
+                draft_device = (self.device if spec.placement.in_process
+                                else draft_device_for(self.device, spec.placement.draft_device))
                 check_budget(self.draft, spec.K, branches, draft_device)
                 self.loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
             opener = open_channel(self.draft, self._draft_given, self.config, spec, self.pad_id, self.device)

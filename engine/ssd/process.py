@@ -97,6 +97,28 @@ class WorkerSpec:
     faults: WorkerFaults | None
     parent_pid: int | None = None  # the target's process (None: started by hand, maybe on another host)
     death_signal: bool = False  # Linux parent-death signal (only when the target's main thread started us)
+    nccl: bool | None = None  # the link: NCCL between two GPUs, else gloo over CPU tensors (None: by `device`)
+
+
+def draft_device_for(target_device: torch.device, draft_device: str | None) -> torch.device:
+    """The worker's device: the one asked for; else the CPU beside a CPU target; else a second GPU when
+    there is one, and the target's own GPU otherwise (the worker still runs in its own process)."""
+    if draft_device:
+        return torch.device(draft_device)
+    if target_device.type != "cuda":
+        return torch.device("cpu")
+    index = target_device.index or 0
+    if torch.cuda.device_count() > 1:
+        return torch.device("cuda", 1 if index == 0 else 0)
+    return torch.device("cuda", index)
+
+
+def uses_nccl(target_device: torch.device, draft_device: torch.device) -> bool:
+    """Both sides must pick the same backend. NCCL links two different GPUs; a CPU on either side, or
+    both ranks on one GPU (which NCCL refuses), goes over gloo with the tensors on the CPU."""
+    if target_device.type != "cuda" or draft_device.type != "cuda":
+        return False
+    return (target_device.index or 0) != (draft_device.index or 0)
 
 
 def preflight(placement: DraftPlacement) -> None:
@@ -122,12 +144,15 @@ def serve(ws: WorkerSpec) -> None:
     if ws.cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, ws.cores)
     device = torch.device(ws.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # no stray context on cuda:0 for a worker on another GPU
+    nccl = ws.nccl if ws.nccl is not None else device.type == "cuda"
     host, port = parse_init_method(ws.address)
     if faults.at_start is StartFault.EXIT_BEFORE_JOINING:
         os._exit(WorkerExit.FAULT_INJECTED)
     store = dist.TCPStore(host, port, 2, False, timeout=datetime.timedelta(seconds=ws.connect_s))
     store.set(JOINED_KEY, str(os.getpid()))
-    endpoint = Endpoint(store, DRAFT_RANK, host, device, ws.connect_s)
+    endpoint = Endpoint(store, DRAFT_RANK, host, device if nccl else torch.device("cpu"), ws.connect_s)
     if faults.at_start is StartFault.EXIT_WHILE_LOADING:
         os._exit(WorkerExit.FAULT_INJECTED)
     if faults.at_start is StartFault.HANG_WHILE_LOADING:
@@ -177,13 +202,15 @@ class ProcessChannel:
         self.deadline_s = placement.deadline_s
         self.start_deadline_s = placement.start_deadline_s
         cuda = target_device.type == "cuda"
-        draft_device = placement.draft_device or ("cuda:1" if cuda else "cpu")
-        comm_device = torch.device(draft_device) if cuda else torch.device("cpu")
-        cores, self.target_threads = _cores(placement.draft_threads) if not cuda else (None, None)
+        draft_device = draft_device_for(target_device, placement.draft_device)
+        nccl = uses_nccl(target_device, draft_device)
+        # the worker's cores: only when both sides compute on the CPU (a GPU side needs no core of its own)
+        on_cpu = not cuda and draft_device.type == "cpu"
+        cores, self.target_threads = _cores(placement.draft_threads) if on_cpu else (None, None)
         store, address = host_store(placement.init_method, placement.start_deadline_s)
-        ws = WorkerSpec(recipe, spec, pad_id, address, draft_device, placement.draft_threads, cores,
+        ws = WorkerSpec(recipe, spec, pad_id, address, str(draft_device), placement.draft_threads, cores,
                         placement.start_deadline_s, placement.faults, parent_pid=os.getpid(),
-                        death_signal=threading.current_thread() is threading.main_thread())
+                        death_signal=threading.current_thread() is threading.main_thread(), nccl=nccl)
         self.process = None
         self.store = store
         self.endpoint: Endpoint | None = None
@@ -199,7 +226,7 @@ class ProcessChannel:
         try:
             self._await(JOINED_KEY, "connect")
             host, _ = parse_init_method(address)
-            target_comm = torch.device("cuda", target_device.index or 0) if cuda else comm_device
+            target_comm = torch.device("cuda", target_device.index or 0) if nccl else torch.device("cpu")
             self.endpoint = Endpoint(store, 0, host, target_comm, placement.start_deadline_s)
         except RuntimeError as err:  # DraftUnavailable included
             self.close()

@@ -100,7 +100,9 @@ class Endpoint:
         self.store = store  # keep the store alive as long as the group
         timeout = datetime.timedelta(seconds=connect_s)
         if device.type == "cuda":
-            self.group = dist.ProcessGroupNCCL(store, rank, 2)
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout  # a hung peer fails the wait, as on gloo, instead of NCCL's own default
+            self.group = dist.ProcessGroupNCCL(store, rank, 2, opts)
         else:
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
