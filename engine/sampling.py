@@ -58,6 +58,7 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
     _check_last_dim(logits, "logits")
     dtype = _compute_dtype(logits.dtype)
     z = logits.to(dtype)  # [..., V]
+    _check_finite_max(z, "logits")
     vocab_size = z.shape[-1]
     if params.greedy:
         return torch.zeros_like(z).scatter_(-1, z.argmax(dim=-1, keepdim=True), 1.0)  # [..., V] one-hot
@@ -83,6 +84,20 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
     probs_sorted = probs_sorted.masked_fill(mass_before >= top_p, 0)
     probs_sorted = probs_sorted / probs_sorted.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs_sorted).scatter(-1, order, probs_sorted)  # [..., V], back to token ids
+
+
+def _check_finite_max(x: Tensor, name: str) -> None:
+    """Refuse rows with no finite maximum (all −inf, NaN, or +inf): they have no distribution to sample,
+    and softmax would give NaN, which sampling would turn into the last token id without a word.
+    A model or processor bug, not a user's mistake, hence RuntimeError."""
+    if x.numel() == 0:
+        return
+    top = x.amax(dim=-1)  # [...]
+    bad = ~torch.isfinite(top) | torch.isnan(x).any(dim=-1)  # [...]
+    if bool(bad.any()):
+        row = tuple(int(i) for i in bad.nonzero()[0].tolist())
+        raise RuntimeError(f"{name} row {row} has no finite maximum (all -inf, NaN or +inf): "
+                           f"nothing can be sampled from it; a model or logits-processor bug")
 
 
 def _over_temperature(z: Tensor, temperature: float) -> Tensor:
@@ -224,7 +239,8 @@ def sample(probs: Tensor, generator: Generators) -> Tensor:
     Inverse-CDF sampling: one uniform u per row, and the token whose cumulative-mass interval holds
     u·total. The cumulative sum is taken in float64, so the interval of every token has its width
     to about 1e-16 (torch.multinomial is ~10 ms a row for a 150k vocabulary on a CPU; this is ~0.5).
-    `generator` is one generator, or one per row of the flattened leading dims. Rows need not be normalised. A zero-probability token has an empty interval and is never drawn,
+    `generator` is one generator, or one per row of the flattened leading dims. Rows need not be normalised,
+    but a row with no positive finite mass raises RuntimeError instead of yielding the last id. A zero-probability token has an empty interval and is never drawn,
     so a one-hot row always yields its token (the draw still advances the generator, which keeps the
     random stream position independent of the values).
     """
@@ -234,6 +250,12 @@ def sample(probs: Tensor, generator: Generators) -> Tensor:
     if flat.shape[0] == 0:
         return torch.empty(leading, dtype=torch.long, device=probs.device)
     cdf = torch.cumsum(flat.to(torch.float64), dim=-1)  # [N, V]
+    total = cdf[:, -1]  # [N]
+    bad = ~(torch.isfinite(total) & (total > 0)) | (flat < 0).any(dim=-1) | torch.isnan(flat).any(dim=-1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise RuntimeError(f"probs row {row} (flattened) has no positive finite mass (all zero, negative or "
+                           f"NaN): nothing can be sampled from it; a model or warp bug")
     u = uniforms(generator, flat.shape[0], 1, torch.float64, probs.device)  # [N, 1]
     # right=True: the first index whose cumulative mass exceeds the target, skipping empty intervals.
     draws = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [N, 1]

@@ -1,4 +1,4 @@
-"""`saguaro generate`: real generation with AR or SD on the default pair or any local model."""
+"""`saguaro generate`: real generation with AR, SD or SSD on the default pair or any local model."""
 
 from __future__ import annotations
 
