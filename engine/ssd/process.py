@@ -123,11 +123,25 @@ def uses_nccl(target_device: torch.device, draft_device: torch.device) -> bool:
 
 def preflight(placement: DraftPlacement) -> None:
     """Checks that need no model, run before loading any: the rendezvous port is free, and this is not a
-    spawned process re-running the caller's unguarded script."""
+    spawned process re-running the caller's unguarded script, and the draft device exists here."""
     if not placement.in_process:
         if not placement.external:
             refuse_unguarded_main()
+            check_draft_device(placement.draft_device)
         check_port_free(placement.init_method)
+
+
+def check_draft_device(draft_device: str | None) -> None:
+    """Refuse a draft device this machine lacks (a worker started elsewhere is not checked here)."""
+    if not draft_device:
+        return
+    from engine.models import check_device
+
+    try:
+        check_device(draft_device)
+    except ValueError as err:
+        reason = str(err).replace("use --device cpu", "use --draft-device cpu")
+        raise ValueError(f"draft device: {reason}") from None
 
 
 def serve(ws: WorkerSpec) -> None:
