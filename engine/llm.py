@@ -63,6 +63,8 @@ class LLM:
     target / draft: an alias ("qwen-coder-1.5b", "qwen-coder-0.5b", "smollm2-135m"), a local
     transformers folder or .gguf file, or an already built PreTrainedModel (token-id prompts only
     unless `tokenizer` is given). Use as a context manager to free everything it started.
+    strategy: AR, SD or SSD; by default SD when a draft is given and AR otherwise (a draft is never
+    silently left unused).
     max_num_seqs / max_prefill_tokens / max_waiting: the scheduler's limits (None: no limit, so one
     generate() call runs all its prompts as one batch).
     """
@@ -72,7 +74,7 @@ class LLM:
         target: str | Path | PreTrainedModel,
         draft: str | Path | PreTrainedModel | None = None,
         *,
-        strategy: Strategy | str = Strategy.AR,
+        strategy: Strategy | str | None = None,
         speculative: SpeculativeConfig | None = None,
         dtype: str = "float32",
         draft_dtype: str | None = None,
@@ -86,6 +88,8 @@ class LLM:
         max_prefill_tokens: int | None = None,
         max_waiting: int | None = None,
     ):
+        if strategy is None:
+            strategy = Strategy.AR if draft is None else Strategy.SD
         self.config = EngineConfig(
             target=str(getattr(target, "name_or_path", target)),
             draft=None if draft is None else str(getattr(draft, "name_or_path", draft)),
