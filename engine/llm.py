@@ -129,7 +129,7 @@ class LLM:
         self.eos_ids = _eos_ids(self.target, self.tokenizer)
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
-        self.vocab_size = self.target.get_output_embeddings().weight.shape[0]
+        self.vocab_size = self.target.get_output_embeddings().out_features  # also for quantised heads
         self._seq_ids = itertools.count()
         self.serving = False  # True while an AsyncLLM drives the loop
         self.loop = DecodeLoop(self.target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,

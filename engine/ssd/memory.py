@@ -44,7 +44,7 @@ def kv_bytes_per_token(model: torch.nn.Module, element_bytes: int | None = None)
 
 def worker_bytes_per_sequence(model: torch.nn.Module, K: int, branches: int, context: int = NOMINAL_CONTEXT) -> int:
     """Bytes of the speculation cache for one sequence: branches × (KV copy + dense q + ranking) + glue logits."""
-    V = int(model.get_output_embeddings().weight.shape[0])
+    V = int(model.get_output_embeddings().out_features)  # nn.Linear and its int8 dynamic twin alike
     per_branch = kv_bytes_per_token(model) * (context + K + 1) + K * V * 4 + K * min(RANK_DEPTH, V) * 8
     return branches * per_branch + (K + 1) * V * 4
 
