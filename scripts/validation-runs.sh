@@ -26,7 +26,7 @@ for part in "${parts[@]}"; do
         "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \
             "${model[@]}" --warmup 1 --no-progress --out "$out" --name sd-reference-served
         stamp "SSD served"
-        OUT="$out/serving" TOKENS=64 N=8 RATES="0.05 0.1 0.2 inf" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
+        OUT="$out/serving" TOKENS=64 N=8 RATES="0.1 0.2 0.4 inf" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
             bash "$root/scripts/bench-serving.sh" ;;
     b4)
         stamp "batch 4"

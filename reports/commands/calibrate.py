@@ -139,7 +139,7 @@ def run(args) -> int:
     with LLM(args.target, args.draft, strategy="sd", speculative=SpeculativeConfig(K=args.K),
              threads=args.threads, **common) as sd:
         target, tokenizer = sd.target, sd.tokenizer
-        vocab = int(target.get_output_embeddings().weight.shape[0])
+        vocab = int(target.get_output_embeddings().out_features)
         ar = LLM(target, strategy="ar", tokenizer=tokenizer, threads=args.threads, **common)
         say("starting SSD's draft worker in its own process (it builds the cache during each verify)")
         spec = SpeculativeConfig(K=args.K, budget=args.budget,
