@@ -46,7 +46,10 @@ def client_points(path: Path) -> dict[str, list[dict]]:
         request = json.loads(line)
         if request.get("error") is None and request.get("ttft_s") is not None:
             points[request["point"]].append(request)
-    return {k: sorted(v, key=lambda r: r["scheduled_s"]) for k, v in points.items()}
+    for requests in points.values():
+        for r in requests:  # a closed-loop point has no schedule: its requests arrive when sent
+            r["arrival_s"] = r["scheduled_s"] if r.get("scheduled_s") is not None else r["sent_s"]
+    return {k: sorted(v, key=lambda r: r["arrival_s"]) for k, v in points.items()}
 
 
 def measured(requests: list[dict]) -> dict[str, float]:
@@ -88,8 +91,8 @@ def served_policy(path: Path) -> Policy:
 
 def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_num_seqs: int,
             seeds: int) -> dict[str, float]:
-    t0 = requests[0]["scheduled_s"]
-    workload = Replayed(tuple((r["scheduled_s"] - t0) * 1e3 for r in requests),
+    t0 = requests[0]["arrival_s"]
+    workload = Replayed(tuple((r["arrival_s"] - t0) * 1e3 for r in requests),
                         tuple(int(r["prompt_tokens"]) for r in requests),
                         tuple(int(r["new_tokens"]) for r in requests), max_num_seqs)
     runs = []

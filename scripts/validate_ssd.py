@@ -29,7 +29,7 @@ import numpy as np
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, SimConfig, fit_timing, simulate
 from reports.commands.simulate import fit_all
 from reports.runfolder import RunDir
-from simulator.hits import from_records
+from simulator.hits import _draft_sourced, from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
 from simulator.workload import Lengths
@@ -46,6 +46,18 @@ def variants(path: Path) -> dict[str, tuple[dict, list]]:
         if row.get("phase") == "decode":
             records[row["key"]].append(parse_record(row))
     return {f"{path.name}/{k}": (settings[k], v) for k, v in records.items() if k in settings}
+
+
+def lookup_alpha(rows: list) -> float:
+    """α of the prompt-lookup backup's own speculations in these rounds (the rows that missed): an SD run
+    cannot tell it, so a lookup configuration is given its own (marked in the table)."""
+    accepted = rejected = 0
+    for r in rows:
+        for i, k in enumerate(r.accepted):
+            if not _draft_sourced(r, i):
+                accepted += k
+                rejected += k < r.K
+    return accepted / max(1, accepted + rejected)
 
 
 def measured_tokens_per_s(rows: list) -> float:
@@ -116,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         hits, acceptance, old_timing = from_sd[settings["temperature"]]
         measured = measured_tokens_per_s(rows)
+        own = settings.get("backup") == "lookup"
+        if own:
+            acceptance = replace(acceptance, alpha_lookup=lookup_alpha(rows))
         predicted = predict(timing, settings, rows, acceptance, hits, args.rounds, args.seed)
         old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed)
-        table.append({"configuration": label(settings, rows), "run": settings["run"],
+        table.append({"configuration": label(settings, rows) + (" (own lookup α)" if own else ""), "run": settings["run"],
                       "reference": key == reference[settings["temperature"]][0], "rounds": len(rows), "measured": round(measured, 3),
                       "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
                       "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4)})
