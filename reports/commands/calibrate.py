@@ -1,4 +1,4 @@
-"""`saguaro calibrate`: a short run (about two minutes for the default pair on a 2-core CPU) that
+"""`saguaro calibrate`: a run (about six minutes for the default pair on a 2-core CPU, most of it prefill) that
 measures what an SD run cannot tell the simulator about SSD on this machine, as round records for
 `saguaro simulate --fit`:
 
