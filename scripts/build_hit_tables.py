@@ -14,8 +14,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from reports.environment import environment
-from reports.runfolder import RunDir
+from saguaro.environment import environment
+from saguaro.runfolder import RunDir
 from simulator.hits import TABLES, from_records
 from simulator.records import parse_record
 

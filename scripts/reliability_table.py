@@ -27,7 +27,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m"
-CLI = [sys.executable, "-m", "reports.cli"]
+CLI = [sys.executable, "-m", "saguaro.cli"]
 GENERATE = CLI + ["generate", "--target", MODEL, "--draft", MODEL, "--max-new-tokens", "6"]
 
 

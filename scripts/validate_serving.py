@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reports.commands.simulate import fit_all
-from reports.runfolder import RunDir
+from saguaro.commands.simulate import fit_all
+from saguaro.runfolder import RunDir
 from simulator import PerPositionAcceptance, Policy, Replayed, SimConfig, simulate
 from simulator.hits import from_records
 from simulator.link import LinkSpec

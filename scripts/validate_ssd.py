@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, SimConfig, fit_timing, simulate
-from reports.commands.simulate import fit_all
-from reports.runfolder import RunDir
+from saguaro.commands.simulate import fit_all
+from saguaro.runfolder import RunDir
 from simulator.hits import _draft_sourced, from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records

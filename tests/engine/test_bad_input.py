@@ -97,7 +97,7 @@ def test_speculative_strategy_without_draft_is_refused(target):
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(args, message, capsys):
-    from reports.cli import main
+    from saguaro.cli import main
 
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -106,7 +106,7 @@ def test_cli_bad_input_exits_2_with_one_line(args, message, capsys):
 
 def test_cli_process_exits_2_without_traceback():
     result = subprocess.run(
-        [sys.executable, "-m", "reports.cli", "generate", "hi", "--strategy", "ar", "--target", "/no/such/model"],
+        [sys.executable, "-m", "saguaro.cli", "generate", "hi", "--strategy", "ar", "--target", "/no/such/model"],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2, result.stderr

@@ -97,7 +97,7 @@ NO_MODEL = ["--strategy", "ar", "--target", "/no/such/model"]
 
 
 def run_cli(args, capsys) -> str:
-    from reports.cli import main
+    from saguaro.cli import main
 
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -146,7 +146,7 @@ def test_cli_refuses_bad_flags_before_loading(flags, message, capsys):
 
 
 def test_cli_process_with_non_utf8_argv_and_stdin_exits_2_without_traceback():
-    cli = [sys.executable, "-m", "reports.cli", "generate", *NO_MODEL]
+    cli = [sys.executable, "-m", "saguaro.cli", "generate", *NO_MODEL]
     from_argv = subprocess.run([*cli, b"caf\xe9"], capture_output=True, timeout=300)
     from_stdin = subprocess.run(cli, input=b"caf\xe9", capture_output=True, timeout=300)
     for result, where in ((from_argv, b"prompt argument 1"), (from_stdin, b"the prompt on stdin")):

@@ -34,7 +34,7 @@ def test_llm_refuses_a_missing_draft_device_before_loading(device, message):
 def test_generate_refuses_a_missing_device_in_one_line(flag, device):
     start = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "reports.cli", "generate", "--strategy", "ssd", "--target", MISSING_MODEL,
+        [sys.executable, "-m", "saguaro.cli", "generate", "--strategy", "ssd", "--target", MISSING_MODEL,
          "--draft", MISSING_MODEL, flag, device, "Hi"],
         capture_output=True, text=True, timeout=120,
     )

@@ -17,7 +17,7 @@ import torch
 from engine import model_cache, models, provision
 from engine.model_cache import CorruptCacheError, ProvisioningError
 from engine.models import check_device, load_model, tiny_model
-from reports import cli
+from saguaro import cli
 from tests.engine.test_models import save_tiny
 from tests.engine.test_provision import converter, fake_package, site  # noqa: F401 (fixtures)
 

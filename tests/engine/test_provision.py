@@ -17,8 +17,8 @@ from engine import model_cache, provision
 from engine.model_cache import CorruptCacheError, ProvisioningError
 from engine.models import load_model, tiny_model
 from engine.provision import GgufPart, MissingPackageError, PackagedGguf, WrongHashError
-from reports import cli
-from reports.commands import models as models_command
+from saguaro import cli
+from saguaro.commands import models as models_command
 from tests.engine.test_models import save_tiny
 
 CHUNKS = (b"GGUF" + bytes(range(60)), bytes(range(100, 164)), b"tail")

@@ -3,7 +3,7 @@
 import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from reports.prompts import load_prompts
+from saguaro.prompts import load_prompts
 
 
 @pytest.mark.smoke

@@ -14,7 +14,7 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, EngineConfig, WorkerFaults
 from engine.models import int8_dynamic
 from engine.strategies.ssd import draft_recipe
-from reports.prompts import load_prompts
+from saguaro.prompts import load_prompts
 from tests.engine.tiny import noisy_copy, tiny_lm
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]

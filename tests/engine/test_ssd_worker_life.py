@@ -17,7 +17,7 @@ import engine.decode_loop
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, StartFault, WorkerFaults
 from engine.ssd.transport import host_store
-from reports.cli import main as cli
+from saguaro.cli import main as cli
 from tests.engine.test_ssd_process import assert_no_children_left, decode_strategies
 from tests.engine.tiny import noisy_copy, tiny_lm
 
@@ -274,7 +274,7 @@ def cli_args(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
     save_tiny(folder / "model", vocab_size=64)
     (folder / "prompts.jsonl").write_text('{"ids": [1, 2, 3]}\n')
-    return [sys.executable, "-m", "reports.cli", "generate", "--strategy", "ssd", "--target", str(folder / "model"),
+    return [sys.executable, "-m", "saguaro.cli", "generate", "--strategy", "ssd", "--target", str(folder / "model"),
             "--draft", str(folder / "model"), "--dtype", "float32", "-K", "2", "--ignore-eos",
             "--prompts-file", str(folder / "prompts.jsonl")]
 

@@ -14,7 +14,7 @@ TOKEN_PROMPTS = FIXTURES / "token_prompts.jsonl"
 @pytest.fixture(scope="session")
 def tiny_models():
     """A tiny fp32 target and a noisy copy as draft (vocabulary 50), no tokenizer: token-id prompts."""
-    from reports.bench import Models
+    from saguaro.bench import Models
     from tests.engine.tiny import noisy_copy, tiny_lm
 
     target = tiny_lm(0, scale=4.0)
@@ -23,6 +23,6 @@ def tiny_models():
 
 @pytest.fixture(scope="session")
 def report_data():
-    from reports.report import load_data
+    from saguaro.report import load_data
 
     return load_data(FIXTURE_RUNS)[0]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from reports.bench import Bench, BenchConfig, resume, start
-from reports.cli import main
-from reports.runfolder import RESULTS, ROUNDS
+from saguaro.bench import Bench, BenchConfig, resume, start
+from saguaro.cli import main
+from saguaro.runfolder import RESULTS, ROUNDS
 from tests.reports.conftest import TOKEN_PROMPTS
 
 SYSTEMS = ("ar", "sd", "ssd", "hf", "hf-assisted")

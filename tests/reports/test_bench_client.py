@@ -16,11 +16,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from reports.bench.client import Call, Streamed, note_event, payload
-from reports.bench.load import poisson_offsets_s
-from reports.cli import main
-from reports.figures.serving import SERVING_FIGURES
-from reports.report import build_report
+from saguaro.bench.client import Call, Streamed, note_event, payload
+from saguaro.bench.load import poisson_offsets_s
+from saguaro.cli import main
+from saguaro.figures.serving import SERVING_FIGURES
+from saguaro.report import build_report
 from tests.reports.conftest import FIXTURES, TOKEN_PROMPTS
 from tests.reports.fake_openai import MODEL, FakeOpenAI, Running, Script
 
@@ -258,9 +258,9 @@ def test_report_draws_latency_and_throughput_against_rate_one_line_per_system(la
 
 @pytest.mark.parametrize("figure", SERVING_FIGURES["rate"], ids=lambda f: f.name)
 def test_serving_figures_label_their_axes_and_draw_p50_and_p99(figure, labelled_runs):
-    from reports.analysis.load import load_run
-    from reports.analysis.serving import point_rows
-    from reports.figures import ReportData
+    from saguaro.analysis.load import load_run
+    from saguaro.analysis.serving import point_rows
+    from saguaro.figures import ReportData
 
     runs = [load_run(p) for p in labelled_runs]
     fig, ax = plt.subplots()

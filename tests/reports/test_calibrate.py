@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from reports.cli import main
+from saguaro.cli import main
 from simulator import fit_timing, read_records
 from tests.engine.test_models import save_tiny
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reports.bench import BenchConfig
-from reports.prompts import load_prompts
+from saguaro.bench import BenchConfig
+from saguaro.prompts import load_prompts
 from tests.reports.conftest import TOKEN_PROMPTS
 
 

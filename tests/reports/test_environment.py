@@ -2,11 +2,11 @@
 
 import subprocess
 
-from reports.environment import REPO, git_state
+from saguaro.environment import REPO, git_state
 
 
 def test_git_state_names_the_commit_of_this_checkout():
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
     assert head.returncode == 0, "the test suite runs inside a git checkout"
     assert git_state()["commit"] == head.stdout.strip()
-    assert (REPO / "reports" / "environment.py").is_file()
+    assert (REPO / "saguaro" / "environment.py").is_file()

@@ -7,9 +7,9 @@ import csv
 import matplotlib.pyplot as plt
 import pytest
 
-from reports.figures import FIGURES, NoData, render
-from reports.figures.sweeps import _crossovers
-from reports.report import load_data
+from saguaro.figures import FIGURES, NoData, render
+from saguaro.figures.sweeps import _crossovers
+from saguaro.report import load_data
 from tests.reports.conftest import FIXTURES
 
 

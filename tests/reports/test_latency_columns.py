@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from reports.analysis.latency import e2el_s, latency_columns, tpot_s
-from reports.analysis.load import load_run
-from reports.analysis.variants import variant_rows
+from saguaro.analysis.latency import e2el_s, latency_columns, tpot_s
+from saguaro.analysis.load import load_run
+from saguaro.analysis.variants import variant_rows
 from tests.reports.conftest import FIXTURES
 
 NEW = [  # as the engine and the bench client write them: chunk gaps kept

@@ -2,7 +2,7 @@
 
 from engine import SamplingParams
 from engine.models import tiny_model
-from reports.peers import hf_generate
+from saguaro.peers import hf_generate
 
 
 def test_assisted_generation_drafts_exactly_K_tokens_per_round():

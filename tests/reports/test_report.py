@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from reports.cli import main
-from reports.figures import FIGURES
-from reports.report import build_report, load_data
+from saguaro.cli import main
+from saguaro.figures import FIGURES
+from saguaro.report import build_report, load_data
 from tests.reports.conftest import FIXTURE_RUNS, FIXTURES
 
 

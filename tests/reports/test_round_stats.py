@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.analysis import rounds as R
+from saguaro.analysis import rounds as R
 
 
 def ssd_round(n: int, accepted, hit, fanout=(3, 2, 1), **times):

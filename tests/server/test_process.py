@@ -20,7 +20,7 @@ import pytest
 START_TIMEOUT_S = 120.0  # imports, SmolLM2 and SSD's worker process on two cores
 EXIT_TIMEOUT_S = 60.0
 LISTENING = re.compile(r"^saguaro serve: listening on (http://127\.0\.0\.1:\d+)$")
-SAGUARO = [sys.executable, "-c", "import sys; from reports.cli import main; sys.exit(main())"]
+SAGUARO = [sys.executable, "-c", "import sys; from saguaro.cli import main; sys.exit(main())"]
 
 
 def first_line(stream, timeout_s: float) -> str | None:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from reports.cli import main
+from saguaro.cli import main
 from tests.simulator.synthetic import engine_run, write_jsonl
 
 FAST = ["--rounds", "300"]
@@ -90,7 +90,7 @@ def test_bad_choice_exits_2():
 
 
 def test_simulate_does_not_import_torch():
-    code = ("import sys; from reports.cli import main; "
+    code = ("import sys; from saguaro.cli import main; "
             "rc = main(['simulate', '--rounds', '50', '--json', '-']); "
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

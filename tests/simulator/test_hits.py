@@ -107,7 +107,7 @@ def test_the_best_schedule_is_the_best_of_all_schedules():
 def test_theory_simulate_and_plan_share_one_default_hit_model(capsys):
     """The measured table is the default everywhere: `theory fanout`'s hit probability of a schedule is the
     simulated SSD hit rate of that schedule (no new sequences: every lookup follows a verified round)."""
-    from reports.cli import main
+    from saguaro.cli import main
     from simulator import ClosedLoop, ConstantTiming, IidAcceptance, Policy, Scenario, SimConfig, simulate
 
     assert main(["theory", "fanout", "--alpha", "0.8", "--K", "4", "--B", "10", "--json"]) == 0

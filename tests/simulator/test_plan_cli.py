@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from reports.cli import main
+from saguaro.cli import main
 
 QWEN3 = ["--pair", "qwen3", "--hardware", "h100", "--strategy", "sd", "--K", "4", "--batch", "1",
          "--output-len", "64", "--rounds", "300", "--check-requests", "20"]
@@ -105,7 +105,7 @@ def test_a_sweep_marks_its_overloaded_rows(capsys):
 
 
 def test_the_commands_metrics_are_theorys():
-    from reports.commands import plan as plan_command
+    from saguaro.commands import plan as plan_command
     from theory.latency import METRICS
 
     assert plan_command.METRICS == METRICS

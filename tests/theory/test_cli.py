@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.cli import main
+from saguaro.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 SPEEDUP = ["theory", "speedup", "--alpha", "0.8", "--K", "4", "--t-sd", "0.3", "--p-hit", "0.9"]
@@ -52,7 +52,7 @@ def test_speedup_per_sequence_does_not_rise_with_batch_under_either_miss_policy(
 
 
 def test_miss_policy_choices_are_the_enums() -> None:
-    from reports.commands.theory import MISS_POLICIES
+    from saguaro.commands.theory import MISS_POLICIES
     from theory import MissPolicy
 
     assert MISS_POLICIES == tuple(m.value for m in MissPolicy)
@@ -127,7 +127,7 @@ def test_bad_input_exits_2_with_one_line(argv: list[str], fragment: str, capsys)
 
 def test_bad_input_in_a_real_process_has_no_traceback() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "reports.cli", "theory", "speedup", "--alpha", "1.5", "--K", "4", "--t-sd", "0.3",
+        [sys.executable, "-m", "saguaro.cli", "theory", "speedup", "--alpha", "1.5", "--K", "4", "--t-sd", "0.3",
          "--p-hit", "0.9"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
@@ -137,7 +137,7 @@ def test_bad_input_in_a_real_process_has_no_traceback() -> None:
 def test_theory_command_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from reports.cli import main\n"
+        "from saguaro.cli import main\n"
         "for argv in ({}):\n"
         "    assert main(list(argv)) == 0\n"
         "heavy = [m for m in ('torch', 'transformers', 'simpy') if m in sys.modules]\n"

@@ -1,0 +1,1 @@
+"""saguaro: the command line (bench, report, figures, calibrate, serve, simulate, plan, theory)."""

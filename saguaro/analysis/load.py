@@ -1,0 +1,75 @@
+"""A bench run folder read back: configuration, environment, per-request results, per-round records."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from saguaro.environment import describe
+from saguaro.runfolder import CLIENT_KIND, CONFIG, ENVIRONMENT, RunDir
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    environment: dict
+    results: list[dict]
+    rounds: list[dict]
+    requests: list[dict] = field(default_factory=list)  # client runs (saguaro bench --url): one per request
+    _by_unit: dict | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def is_client(self) -> bool:
+        """A load test of a server (saguaro bench --url) rather than of the engine in process."""
+        return self.config.get("kind") == CLIENT_KIND
+
+    @property
+    def where(self) -> str:
+        return f"client on {describe(self.environment)}" if self.is_client else describe(self.environment)
+
+    @property
+    def models(self) -> str:
+        c = self.config
+        if self.is_client:
+            return f"{c.get('model')} served at {c.get('url')}"
+        draft = c.get("draft") if any(s in ("sd", "ssd", "hf-assisted") for s in c.get("systems", ())) else None
+        dtype = c.get("dtype")
+        text = f"{c.get('target')} ({dtype})"
+        if draft:
+            ddtype = c.get("draft_dtype") or ("int8" if c.get("draft_int8") else dtype)
+            text += f" / {draft} ({'int8' if c.get('draft_int8') else ddtype})"
+        return text
+
+    def rounds_by_unit(self) -> dict[tuple[str, int], list[dict]]:
+        """Round records of each generate call (variant key, batch index), in round order."""
+        if self._by_unit is None:
+            groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+            for r in self.rounds:
+                groups[(r["key"], r["batch_index"])].append(r)
+            self._by_unit = {u: sorted(rs, key=lambda r: r["round"]) for u, rs in groups.items()}
+        return self._by_unit
+
+    def rounds_of(self, key: str) -> list[list[dict]]:
+        """Round records of one variant, one list per generate call."""
+        return [rs for (k, _), rs in sorted(self.rounds_by_unit().items(), key=lambda x: x[0][1]) if k == key]
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run folder; ValueError (with what to pass instead) if it is not one."""
+    path = Path(path)
+    if not (path / CONFIG).is_file() or not (path / ENVIRONMENT).is_file():
+        raise ValueError(f"{path} is not a bench run folder (needs {CONFIG} and {ENVIRONMENT}): "
+                         "pass folders that `saguaro bench` wrote, e.g. runs/<timestamp>-<name>")
+    run_dir = RunDir(path)
+    try:
+        config, env = run_dir.read_json(CONFIG), run_dir.read_json(ENVIRONMENT)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: damaged JSON ({err.msg})") from None
+    return Run(path, config, env, run_dir.results(), run_dir.rounds(), run_dir.requests())

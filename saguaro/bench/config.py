@@ -1,0 +1,216 @@
+"""What one `saguaro bench` invocation runs: the configuration and the sweep grid it expands to.
+
+A *variant* is one system with one setting of every swept axis (K, fan-out budget and schedule, C,
+backup, temperature, batch size). Axes that do not apply to a system are left out of its variant
+(AR has no K; only SSD has a fan-out and a backup), and C collapses to 1 at temperature 0, where
+Saguaro sampling changes nothing, so the grid holds no duplicate runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from saguaro.prompts import PROMPT_ORDERS
+from theory import integer_fanout, uniform_fanout
+from theory.glossary import Backup
+
+OURS = ("ar", "sd", "ssd")
+PEERS = ("hf", "hf-assisted")
+SYSTEMS = OURS + PEERS
+SPECULATIVE = ("sd", "ssd", "hf-assisted")
+SCHEDULES = ("uniform", "geometric")
+BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
+DTYPES = ("float32", "bfloat16", "float16")
+ORDERS = ("interleaved", "grouped")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One point of the sweep for one system; None = the axis does not apply to that system."""
+
+    temperature: float
+    batch: int
+    K: int | None = None
+    C: float | None = None
+    budget: int | str | None = None  # B = Σ F_k (SSD), or "auto": sized by the engine at run time
+    schedule: str | None = None  # "uniform", "geometric" or "explicit" (SSD)
+    fanout: tuple[int, ...] | None = None  # F_0..F_K (SSD)
+    backup: str | None = None  # SSD's backup on a cache miss
+
+    def label(self) -> str:
+        parts = []
+        if self.K is not None:
+            parts.append(f"K={self.K}")
+        if self.fanout is not None or self.budget == "auto":
+            parts.append(f"B={self.budget} {self.schedule}" if self.schedule != "explicit"
+                         else "F=" + "-".join(map(str, self.fanout)))
+        if self.C is not None and self.C != 1.0:
+            parts.append(f"C={self.C:g}")
+        if self.backup is not None:
+            parts.append(self.backup)
+        parts.append(f"T={self.temperature:g}")
+        parts.append(f"b={self.batch}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["fanout"] = list(self.fanout) if self.fanout is not None else None
+        return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    system: str
+    settings: Settings
+
+    @property
+    def key(self) -> str:
+        """Unique within a run: what results.jsonl and rounds.jsonl are keyed by."""
+        return f"{self.system} {self.settings.label()}"
+
+
+def _positive_ints(name: str, values: tuple, minimum: int = 1, allow_empty: bool = False) -> None:
+    if not values and not allow_empty:
+        raise ValueError(f"give at least one value for {name}")
+    if any(not isinstance(v, int) or v < minimum for v in values):
+        raise ValueError(f"{name} must be integers >= {minimum}, got {list(values)}")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything that decides what is measured; saved as config.json in the run folder.
+
+    `target` / `draft` are model specs for engine.models.load_model (aliases, folders, GGUF files);
+    tests hand Bench already-built models instead and put a description here.
+    `fanout_alpha` / `fanout_r`: the α and r from which the geometric schedule (Thm 12's integer
+    optimum) is computed for each (K, budget).
+    """
+
+    target: str = "qwen-coder-1.5b"
+    draft: str = "qwen-coder-0.5b"
+    prompts: str = "spec_bench"
+    n_prompts: int = 20
+    categories: tuple[str, ...] = ()
+    prompt_order: str = "round-robin"  # or "file": the first n prompts in file order
+    max_new_tokens: int = 128
+    stop_on_eos: bool = True
+    systems: tuple[str, ...] = SYSTEMS
+    Ks: tuple[int, ...] = (4,)
+    budgets: tuple[int, ...] = (12,)
+    schedules: tuple[str, ...] = ("uniform",)
+    fanout: tuple[int, ...] | None = None  # an explicit F_0..F_K instead of budgets × schedules
+    fanout_alpha: float = 0.8
+    fanout_r: float = 1.0
+    Cs: tuple[float, ...] = (1.0,)
+    backups: tuple[str, ...] = ("neural",)
+    temperatures: tuple[float, ...] = (0.0,)
+    batch_sizes: tuple[int, ...] = (1,)
+    dtype: str = "bfloat16"
+    draft_dtype: str | None = None
+    draft_int8: bool = False
+    threads: int | None = None
+    seed: int = 0
+    warmup: int = 1  # warm-up calls per variant, excluded from the results
+    warmup_tokens: int = 16
+    order: str = "interleaved"  # or "grouped": one variant after another, each engine closed when done
+
+    def __post_init__(self) -> None:
+        for name in ("systems", "categories", "Ks", "budgets", "schedules", "Cs", "backups", "temperatures",
+                     "batch_sizes"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.fanout is not None:
+            object.__setattr__(self, "fanout", tuple(int(f) for f in self.fanout))
+        unknown = set(self.systems) - set(SYSTEMS)
+        if unknown or not self.systems:
+            raise ValueError(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+        _positive_ints("K (--K)", self.Ks)
+        _positive_ints("fan-out budget (--budget)", tuple(b for b in self.budgets if b != "auto"),
+                       allow_empty=True)
+        _positive_ints("batch size (--batch-size)", self.batch_sizes)
+        for name, given, allowed in (("schedule", self.schedules, SCHEDULES), ("backup", self.backups, BACKUPS),
+                                     ("dtype", (self.dtype,), DTYPES)):
+            bad = set(given) - set(allowed)
+            if bad or not given:
+                raise ValueError(f"unknown {name} {sorted(bad)}; choose from {', '.join(allowed)}")
+        if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
+            raise ValueError(f"unknown draft dtype {self.draft_dtype!r}; choose from {', '.join(DTYPES)}")
+        if not self.Cs or any(not 0 < c <= 1 for c in self.Cs):
+            raise ValueError(f"C (Saguaro constant) must be in (0, 1], got {list(self.Cs)}")
+        if not self.temperatures or any(not t >= 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be >= 0 (0 = greedy), got {list(self.temperatures)}")
+        if self.n_prompts < 1 or self.max_new_tokens < 1:
+            raise ValueError("--num-prompts and --max-new-tokens must be >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.prompt_order not in PROMPT_ORDERS:
+            raise ValueError(f"unknown prompt order {self.prompt_order!r}; choose from {', '.join(PROMPT_ORDERS)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"unknown order {self.order!r}; choose from {', '.join(ORDERS)}")
+        if self.warmup < 0 or self.warmup_tokens < 1:
+            raise ValueError("warm-up calls must be >= 0 and warm-up tokens >= 1")
+        if not 0 < self.fanout_alpha < 1 or not self.fanout_r > 0:
+            raise ValueError("the geometric schedule needs 0 < --fanout-alpha < 1 and --fanout-r > 0")
+        if self.fanout is not None:
+            if len(self.Ks) != 1 or len(self.fanout) != self.Ks[0] + 1 or min(self.fanout) < 0 or sum(self.fanout) < 1:
+                raise ValueError(f"an explicit --fanout needs one K and K+1 non-negative guesses F_0..F_K, "
+                                 f"got K={list(self.Ks)} and fanout {list(self.fanout)}")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BenchConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"config.json has unknown fields {sorted(unknown)}: was it written by another version?")
+        return cls(**data)
+
+    def schedules_for(self, K: int) -> list[tuple[int, str, tuple[int, ...]]]:
+        """(budget, schedule name, F_0..F_K) for each SSD fan-out to run at lookahead K; F is None for the
+        budget "auto" (the engine sizes it at run time, each round's schedule is in its records)."""
+        if self.fanout is not None:
+            return [(sum(self.fanout), "explicit", self.fanout)]
+        out = []
+        for B in self.budgets:
+            for name in self.schedules:
+                if B == "auto":
+                    out.append((B, name, None))
+                    continue
+                if name == "uniform":
+                    F = uniform_fanout(K, B)
+                else:
+                    F = integer_fanout(self.fanout_alpha, self.fanout_r, K, B)
+                out.append((B, name, tuple(int(f) for f in F)))
+        return out
+
+    def grid(self) -> tuple[list[Variant], list[tuple[Variant, str]]]:
+        """The variants to run, and those that cannot run with the reason (transformers' assisted
+        generation handles batch 1 only)."""
+        variants: list[Variant] = []
+        skipped: list[tuple[Variant, str]] = []
+        for system in self.systems:
+            for T in self.temperatures:
+                Cs = (1.0,) if T == 0 else self.Cs
+                for b in self.batch_sizes:
+                    for s in self._settings(system, T, b, Cs):
+                        v = Variant(system, s)
+                        if v in variants or v in (x for x, _ in skipped):
+                            continue
+                        if system == "hf-assisted" and b > 1:
+                            skipped.append((v, "transformers' assisted generation supports batch size 1 only"))
+                        else:
+                            variants.append(v)
+        return variants, skipped
+
+    def _settings(self, system: str, T: float, b: int, Cs: tuple[float, ...]) -> list[Settings]:
+        if system in ("ar", "hf"):
+            return [Settings(T, b)]
+        if system == "hf-assisted":
+            return [Settings(T, b, K=K) for K in self.Ks]
+        if system == "sd":
+            return [Settings(T, b, K=K, C=C) for K in self.Ks for C in Cs]
+        return [
+            Settings(T, b, K=K, C=C, budget=B, schedule=name, fanout=F, backup=backup)
+            for K in self.Ks for B, name, F in self.schedules_for(K) for C in Cs for backup in self.backups
+        ]

@@ -1,0 +1,199 @@
+"""The benchmark loop: warm-up, then every (variant, batch) unit once, recorded as it finishes.
+
+Variants are interleaved batch by batch, so that drift of the machine (heat, other load) hits all
+systems alike. Each call's seed is `seed + batch index`, the same whatever ran before it, so a resumed
+run draws exactly what an uninterrupted one would. A call that raises is recorded as an error line
+for each of its prompts (message and the last frames of the traceback) and the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine import SamplingParams
+from saguaro.bench.config import BenchConfig, Variant
+from saguaro.bench.summary import summarize
+from saguaro.bench.systems import Models, Systems
+from saguaro.environment import environment
+from saguaro.prompts import Prompt, load_prompts
+from saguaro.runfolder import RunDir
+
+log = logging.getLogger(__name__)
+TRACEBACK_FRAMES = 4
+MANY_SSD_ENGINES = 4
+
+
+@dataclass
+class BenchOutcome:
+    run_dir: RunDir
+    ran: int  # units run in this session
+    skipped: int  # units already done before this session
+    errors: int  # result lines with an error, in this session
+    unavailable: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+
+def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    return [prompts[i : i + size] for i in range(0, len(prompts), size)]
+
+
+def _error_summary(err: BaseException) -> dict:
+    frames = traceback.extract_tb(err.__traceback__)[-TRACEBACK_FRAMES:]
+    return {
+        "error": f"{type(err).__name__}: {err}",
+        "traceback": [f"{f.filename}:{f.lineno} in {f.name}" for f in frames],
+    }
+
+
+class Bench:
+    """Runs a BenchConfig into a run folder.
+
+    `models`: already built models (tests, notebooks) instead of loading config.target / config.draft.
+    `systems`: a factory for the systems under test (default `Systems` on the models); the test fixtures
+    pass a statistical stand-in with the same interface.
+    """
+
+    def __init__(self, config: BenchConfig, run_dir: RunDir, models: Models | None = None,
+                 systems: Callable[[BenchConfig], Systems] | None = None):
+        self.config = config
+        self.run_dir = run_dir
+        self.prompts = run_dir.prompts()
+        if self.prompts is None:  # a new run: select the prompts and keep a copy beside the results
+            self.prompts = load_prompts(config.prompts, config.n_prompts, list(config.categories) or None,
+                                        config.prompt_order)
+            run_dir.write_prompts(self.prompts)
+        self._models = models
+        self._systems = systems
+
+    def params(self, T: float, batch_index: int, warmup: bool = False) -> SamplingParams:
+        c = self.config
+        return SamplingParams(
+            temperature=T, max_new_tokens=c.warmup_tokens if warmup else c.max_new_tokens,
+            stop_on_eos=c.stop_on_eos, seed=c.seed + batch_index,
+        )
+
+    def units(self, variants: list[Variant]) -> list[tuple[Variant, int, list[Prompt]]]:
+        """(variant, batch index, prompts) in run order.
+
+        interleaved: batch 0 of every variant, then batch 1, ... (machine drift hits all systems alike);
+        grouped: all of one variant's batches, then the next's, variants sharing an engine together.
+        """
+        per_variant = {v: _batches(self.prompts, v.settings.batch) for v in variants}
+        if self.config.order == "grouped":
+            engines = list(dict.fromkeys(Systems.engine_key(v) for v in variants))
+            ordered = sorted(variants, key=lambda v: engines.index(Systems.engine_key(v)))
+            return [(v, i, b) for v in ordered for i, b in enumerate(per_variant[v])]
+        longest = max((len(b) for b in per_variant.values()), default=0)
+        return [(v, i, bs[i]) for i in range(longest) for v, bs in per_variant.items() if i < len(bs)]
+
+    def run(self, progress: bool = True, on_unit: Callable[[int], None] | None = None) -> BenchOutcome:
+        """Run what is not done yet, then write the summary. `on_unit(n)` is called after each recorded
+        unit (tests use it)."""
+        variants, skipped = self.config.grid()
+        all_units = self.units(variants)
+        done = self.run_dir.prepare_resume({(v.key, i): len(ps) for v, i, ps in all_units})
+        todo = [u for u in all_units if (u[0].key, u[1]) not in done]
+        unavailable = [{"key": v.key, "system": v.system, "reason": why} for v, why in skipped]
+        outcome = BenchOutcome(self.run_dir, 0, len(all_units) - len(todo), 0, unavailable)
+        if todo:
+            self._run(todo, outcome, progress, on_unit)
+        outcome.summary = summarize(self.run_dir, outcome.unavailable)
+        return outcome
+
+    def _run(self, todo, outcome: BenchOutcome, progress: bool, on_unit) -> None:
+        from tqdm import tqdm
+
+        unavailable = outcome.unavailable
+        if self._systems is not None:
+            systems = self._systems(self.config)
+        else:
+            systems = Systems(self._models or Models.load(self.config), self.config)
+        grouped = self.config.order == "grouped"
+        try:
+            for v in dict.fromkeys(u[0] for u in todo):
+                why = systems.unavailable(v)
+                if why:
+                    log.warning("%s is unavailable: %s", v.key, why)
+                    unavailable.append({"key": v.key, "system": v.system, "reason": why})
+                if grouped:  # its engine is built again when its turn comes
+                    systems.release(v)
+            blocked = {u["key"] for u in unavailable}
+            todo = [u for u in todo if u[0].key not in blocked]
+            ssd_engines = {Systems.engine_key(v) for v, _, _ in todo if v.system == "ssd"}
+            if not grouped and len(ssd_engines) > MANY_SSD_ENGINES:
+                log.warning("%d SSD engines stay alive together, each with a draft worker process holding the "
+                            "draft: if memory runs short, use --order grouped", len(ssd_engines))
+            last_of_engine = {Systems.engine_key(v): n for n, (v, _, _) in enumerate(todo)}
+            if not grouped:
+                self._warm_up(systems, dict.fromkeys(u[0] for u in todo))
+            warm: set[Variant] = set()
+            bar = tqdm(total=len(todo), disable=not progress, desc="bench", unit="call", dynamic_ncols=True)
+            for n, (v, index, prompts) in enumerate(todo):
+                bar.set_postfix_str(v.key, refresh=False)
+                if grouped and v not in warm:
+                    self._warm_up(systems, [v])
+                    warm.add(v)
+                outcome.errors += self._run_unit(systems, v, index, prompts)
+                if grouped and last_of_engine[Systems.engine_key(v)] == n:
+                    systems.release(v)
+                outcome.ran += 1
+                bar.update()
+                if on_unit is not None:
+                    on_unit(outcome.ran)
+            bar.close()
+        finally:
+            systems.close()
+
+    def _warm_up(self, systems: Systems, variants) -> None:
+        if not self.config.warmup or not self.prompts:
+            return
+        for v in variants:
+            prompts = self.prompts[: v.settings.batch]
+            for _ in range(self.config.warmup):
+                try:
+                    systems.run(v, prompts, self.params(v.settings.temperature, 0, warmup=True))
+                except Exception as err:  # recorded when the real call fails the same way
+                    log.warning("warm-up of %s failed: %s", v.key, err)
+
+    def _run_unit(self, systems: Systems, v: Variant, index: int, prompts: list[Prompt]) -> int:
+        ident = {"key": v.key, "system": v.system, "settings": v.settings.to_dict(), "batch_index": index,
+                 "batch_size": len(prompts)}
+        described = [{**ident, "prompt_id": p.id, "category": p.category, "task": p.task} for p in prompts]
+        try:
+            out = systems.run(v, prompts, self.params(v.settings.temperature, index))
+        except Exception as err:
+            log.warning("%s, batch %d (%s) failed: %s", v.key, index, ", ".join(p.id for p in prompts), err)
+            self.run_dir.append_unit([{**d, **_error_summary(err)} for d in described], [])
+            return len(prompts)
+        call = {"wall_s": out.wall_s, "torch_threads": out.threads}
+        results = [{**d, **call, **r} for d, r in zip(described, out.requests)]
+        prompt_ids = [p.id for p in prompts]
+        rounds = [{"key": v.key, "batch_index": index, "prompt_ids": prompt_ids, **r} for r in out.rounds]
+        self.run_dir.append_unit(results, rounds)
+        return 0
+
+
+def start(config: BenchConfig, out: str, name: str | None = None, models: Models | None = None) -> Bench:
+    """A Bench writing into a new run folder under `out`."""
+    import torch
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    run_dir = RunDir.create(out, name or config.prompts.rsplit("/", 1)[-1], config.to_dict(),
+                            environment(torch.get_num_threads()))
+    return Bench(config, run_dir, models)
+
+
+def resume(path: str, models: Models | None = None) -> Bench:
+    """A Bench continuing the run folder at `path` with its own saved configuration."""
+    import torch
+
+    run_dir = RunDir.open(path)
+    config = BenchConfig.from_dict(run_dir.config)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    run_dir.note_resumed(environment(torch.get_num_threads()))
+    return Bench(config, run_dir, models)

@@ -1,0 +1,178 @@
+"""The systems under test, all on one set of model objects: this engine's AR, SD and SSD through `LLM`,
+and transformers' `generate` and assisted generation as peers.
+
+Every system gets the same target and draft objects (so the same weights, dtypes and quantisation)
+and runs under the same torch thread count. A strategy the engine does not offer (yet) raises
+ValueError when its `LLM` is built; that variant is then reported as unavailable, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine import LLM, SamplingParams, SpeculativeConfig
+from saguaro.bench.config import BenchConfig, Variant
+from saguaro.peers import hf_generate
+from saguaro.prompts import Prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Models:
+    """The target, the draft (None when no system needs one) and the tokenizer (None: token-id prompts).
+
+    `dtype` / `draft_dtype` / `draft_int8` say how they were loaded and `draft_spec` from where: SSD's
+    draft worker loads the draft in its own process by that recipe (an int8 model object cannot be sent to
+    it); without a `draft_spec` (models built in memory) the worker gets the draft object's weights.
+    """
+
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    tokenizer: object | None = None
+    dtype: str = "float32"
+    draft_dtype: str = "float32"
+    draft_int8: bool = False
+    draft_spec: str | None = None
+
+    @classmethod
+    def load(cls, config: BenchConfig) -> "Models":
+        from engine.models import TORCH_DTYPES
+        from engine.models import int8_dynamic, load_model
+
+        target = load_model(config.target, dtype=TORCH_DTYPES[config.dtype])
+        draft = None
+        if any(s in ("sd", "ssd", "hf-assisted") for s in config.systems):
+            # int8 dynamic quantisation starts from float32 weights
+            dtype = config.draft_dtype or ("float32" if config.draft_int8 else config.dtype)
+            if config.draft_int8 and dtype != "float32":
+                raise ValueError("--draft-int8 quantises a float32 draft: leave --draft-dtype unset or float32")
+            draft = load_model(config.draft, dtype=TORCH_DTYPES[dtype]).model
+            if config.draft_int8:
+                draft = int8_dynamic(draft)
+        else:
+            dtype = config.dtype
+        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, config.draft_int8,
+                   config.draft if draft is not None else None)
+
+
+@dataclass
+class CallOutput:
+    """One generate call over a batch: per-request figures, the call's wall time, round records."""
+
+    requests: list[dict]
+    wall_s: float
+    rounds: list[dict]
+    threads: int | None = None  # torch threads of the process that ran the target
+
+
+class Systems:
+    """Builds each engine once (keyed by strategy and speculation settings) and runs batches on it.
+
+    Threads: every system runs the target with the run's thread count, except SSD, whose engine gives
+    the draft worker its own core(s) and the target the rest (the SSD layout: draft on separate hardware).
+    Building an SSD engine changes torch's global thread count, so each call sets its own first.
+    """
+
+    def __init__(self, models: Models, config: BenchConfig):
+        self.models = models
+        self.config = config
+        self._engines: dict[tuple, LLM] = {}
+        self._threads: dict[tuple, int] = {}
+        self._unavailable: dict[tuple, str | None] = {}
+        # encodes text for the peers (with the same chat template) and knows EOS and padding
+        self.encoder = LLM(models.target, tokenizer=models.tokenizer, threads=config.threads)
+        self.base_threads = torch.get_num_threads()
+
+    @staticmethod
+    def engine_key(v: Variant) -> tuple:
+        s = v.settings
+        if v.system == "ssd" and s.budget == "auto":
+            return (v.system, s.K, s.C, "auto", s.schedule, s.backup)
+        return (v.system, s.K, s.C, s.fanout, s.backup) if v.system in ("sd", "ssd") else (v.system,)
+
+    def _engine(self, v: Variant) -> LLM:
+        key = self.engine_key(v)
+        if key not in self._engines:
+            s, m = v.settings, self.models
+            spec = SpeculativeConfig(K=s.K, C=s.C, fanout=s.fanout, backup=s.backup or "neural") if s.K else None
+            if v.system == "ssd" and s.budget == "auto":  # sized by the engine from its measured timings
+                spec = SpeculativeConfig(K=s.K, C=s.C, backup=s.backup or "neural", budget="auto",
+                                         schedule=s.schedule)
+            ssd = v.system == "ssd"
+            # SD uses the (possibly int8) object as it is; SSD's worker loads the draft by its recipe
+            draft = None if v.system == "ar" else (m.draft_spec or m.draft) if ssd else m.draft
+            try:
+                self._engines[key] = LLM(
+                    m.target, draft, strategy=v.system, speculative=spec, tokenizer=m.tokenizer,
+                    threads=None if ssd else self.config.threads, dtype=m.dtype, draft_dtype=m.draft_dtype,
+                    draft_int8=m.draft_int8 and ssd,
+                )
+                self._threads[key] = torch.get_num_threads()
+            finally:
+                torch.set_num_threads(self.base_threads)
+        return self._engines[key]
+
+    def release(self, v: Variant) -> None:
+        """Close v's engine (SSD: stop its worker process); it is rebuilt if needed again."""
+        engine = self._engines.pop(self.engine_key(v), None)
+        if engine is not None:
+            engine.close()
+
+    def unavailable(self, v: Variant) -> str | None:
+        """Why this variant cannot run here, or None. Builds the engine (once) to find out."""
+        if v.system not in ("ar", "sd", "ssd"):
+            if v.system == "hf-assisted" and self.models.draft is None:
+                return "no draft model loaded"
+            return None
+        key = self.engine_key(v)
+        if key not in self._unavailable:
+            try:
+                self._engine(v)
+                self._unavailable[key] = None
+            except ValueError as err:  # e.g. a strategy this engine does not offer yet
+                self._unavailable[key] = f"{type(err).__name__}: {err}"
+        return self._unavailable[key]
+
+    def run(self, v: Variant, prompts: list[Prompt], params: SamplingParams) -> CallOutput:
+        if v.system in ("ar", "sd", "ssd"):
+            engine = self._engine(v)
+            threads = self._threads.get(self.engine_key(v), self.base_threads)
+            torch.set_num_threads(threads)
+            try:
+                gen = engine.generate([p.content for p in prompts], params)
+            finally:
+                torch.set_num_threads(self.base_threads)
+            requests = [
+                {**o.metrics.summary(), "token_ids": o.token_ids, "finish_reason": o.finish_reason} for o in gen
+            ]
+            if engine.strategy_in_use != v.system:  # SSD: the worker failed and a fallback went on
+                fault = f"{engine.fault}; went on as {engine.strategy_in_use}"
+                requests = [{**r, "engine_fault": fault} for r in requests]
+            rounds = [json.loads(r.to_json()) for r in gen.metrics.rounds]
+            # the engine counts rounds over its lifetime; a run folder numbers them within the call, so that a
+            # resumed run (a fresh engine) records what an uninterrupted one does
+            first = rounds[0]["round"] if rounds else 0
+            rounds = [{**r, "round": r["round"] - first} for r in rounds]
+            return CallOutput(requests, gen.metrics.wall_s, rounds, threads)
+        ids = [self.encoder.encode(p.content) for p in prompts]
+        assistant = self.models.draft if v.system == "hf-assisted" else None
+        outs, seconds = hf_generate(self.models.target, ids, params, self.encoder.eos_ids, self.encoder.pad_id,
+                                    assistant, v.settings.K)
+        requests = [
+            # not streamed: the whole batch's call time is each request's E2EL, and TTFT is unknown
+            {"prompt_tokens": len(i), "new_tokens": len(o.token_ids), "e2el_s": seconds,
+             "tokens_per_s": len(o.token_ids) / seconds if seconds > 0 else 0.0,
+             "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+            for i, o in zip(ids, outs)
+        ]
+        return CallOutput(requests, seconds, [], self.base_threads)
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            engine.close()
+        self._engines.clear()

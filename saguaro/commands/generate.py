@@ -1,0 +1,180 @@
+"""`saguaro generate`: real generation with AR, SD or SSD on the default pair or any local model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_TARGET = "qwen-coder-1.5b"
+DEFAULT_DRAFT = "qwen-coder-0.5b"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", help="generate text with AR, SD or SSD", description=__doc__)
+    p.add_argument("prompt", nargs="*", help="prompt text(s); read from --prompts-file or stdin if none")
+    p.add_argument("--prompts-file", type=Path, help="JSONL file: a 'prompt' (or 'turns') text or an 'ids' token list per line")
+    p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file")
+    add_speculation_flags(p)
+    p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (own cores on CPU)")
+    p.add_argument("--draft-device", help="SSD draft worker device (default cpu, or cuda:1 with a CUDA target)")
+    p.add_argument("--init-method", default="tcp://127.0.0.1:0", help="SSD rendezvous tcp://host:port (0 = free)")
+    p.add_argument("--external-draft", action="store_true",
+                   help="SSD: do not start the worker; start it on the draft host with python -m engine.ssd.process")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--seed", type=int, default=0, help="random stream of the first prompt (the others derive theirs)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop the output before this text (repeat for several)")
+    p.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
+                   help="stop after this token id (repeat for several)")
+    p.add_argument("--logprobs", type=int, metavar="N",
+                   help="report each token's log-probability under the target and the top N (0..5); with --json")
+    p.add_argument("--stream", action="store_true", help="print the text as rounds emit it (one prompt)")
+    p.add_argument("--max-num-seqs", type=int, help="most sequences in one batch (default: all prompts at once)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-chat-template", action="store_true", help="feed prompts as raw text")
+    p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
+    p.add_argument("--json", action="store_true", help="print outputs and metrics as JSON")
+    p.add_argument("--rounds-out", type=Path, help="write per-round records (JSONL) here")
+    return p
+
+
+def add_speculation_flags(p: argparse.ArgumentParser) -> None:
+    """K, Saguaro's C and SSD's fan-out, budget and backup (generate and serve share them)."""
+    p.add_argument("-K", "--lookahead", type=int, default=4, dest="K", help="draft tokens per round")
+    p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
+    p.add_argument("--fanout", type=int, nargs="+", help="F_0..F_K (K + 1 integers)")
+    p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
+                   help="SSD fan-out schedule (given = --fanout / --fanout-backup)")
+    p.add_argument("--fanout-backup", type=int, nargs="+", help="SSD F^b: fan-out after a backup round")
+    p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
+    p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
+                   help="SSD backup on a cache miss")
+
+
+def speculative_config(args, placement):
+    """The SpeculativeConfig the flags of add_speculation_flags ask for, with the given placement."""
+    from engine import SpeculativeConfig
+
+    budget = args.budget
+    if budget not in (None, "auto"):
+        try:
+            budget = int(budget)
+        except ValueError:
+            raise ValueError(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
+    return SpeculativeConfig(
+        K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
+        fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=args.schedule,
+        budget=budget, backup=args.backup, placement=placement,
+    )
+
+
+def read_prompts(args) -> list[str | list[int]]:
+    """The prompts from argv, --prompts-file or stdin, checked to be UTF-8 text before any model loads."""
+    if args.prompt:
+        for n, arg in enumerate(args.prompt, 1):
+            _check_argument(arg, n)
+        return list(args.prompt)
+    if args.prompts_file:
+        from saguaro.prompts import load_prompts
+
+        return [p.content for p in load_prompts(str(args.prompts_file))]
+    if sys.stdin is not None and not sys.stdin.isatty():
+        return [_read_stdin()]
+    raise ValueError("no prompt given: pass it as an argument, with --prompts-file, or on stdin")
+
+
+def _check_argument(arg: str, n: int) -> None:
+    # Python decodes argv with surrogateescape: bytes that are not UTF-8 arrive as lone surrogates.
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(arg)
+        raise ValueError(f"prompt argument {n} is not UTF-8 text ({_bad_byte(raw)}): "
+                         "pass UTF-8 text (convert it with iconv -t UTF-8)") from None
+
+
+def _read_stdin() -> str:
+    buffer = getattr(sys.stdin, "buffer", None)
+    raw = buffer.read() if buffer is not None else sys.stdin.read().encode("utf-8", errors="surrogatepass")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"the prompt on stdin is not UTF-8 text ({_bad_byte(raw)}): "
+                         "pipe UTF-8 text (convert it with iconv -t UTF-8)") from None
+
+
+def _bad_byte(raw: bytes) -> str:
+    """Where the first byte that is not UTF-8 sits, for the error message."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"byte 0x{raw[err.start]:02x} at offset {err.start}"
+    return "a lone surrogate"
+
+
+def run(args) -> int:
+    from engine import LLM, SamplingParams
+
+    prompts = read_prompts(args)
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos, seed=args.seed,
+        stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id), logprobs=args.logprobs,
+    )
+    if args.stream and len(prompts) != 1:
+        raise ValueError(f"--stream prints one prompt's text as it comes; got {len(prompts)} prompts")
+    from engine.config import DraftPlacement
+
+    spec = speculative_config(args, DraftPlacement(draft_threads=args.draft_threads, draft_device=args.draft_device,
+                                                   init_method=args.init_method, external=args.external_draft))
+    with LLM(
+        args.target, args.draft if args.strategy != "ar" else None,
+        strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
+        draft_int8=args.draft_int8, device=args.device, threads=args.threads,
+        chat_template=not args.no_chat_template, cache_dir=args.cache, max_num_seqs=args.max_num_seqs,
+    ) as llm:
+        if args.stream:
+            for chunk in llm.stream(prompts, params):
+                print(chunk.text, end="", flush=True)
+            print()
+            return 0
+        result = llm.generate(prompts, params)
+    if args.rounds_out:
+        result.metrics.write_rounds(args.rounds_out)
+    if args.json:
+        print(json.dumps({
+            "outputs": [
+                {"prompt": p, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                 "logprobs": None if o.logprobs is None else [
+                     {"token_id": t.token_id, "logprob": t.logprob, "top": [list(x) for x in t.top]}
+                     for t in o.logprobs],
+                 "metrics": o.metrics.summary()}
+                for p, o in zip(prompts, result)
+            ],
+            "metrics": result.metrics.summary(),
+        }, indent=2))
+        return 0
+    for o in result:
+        print(o.text)
+        print()
+    s = result.metrics.summary()
+    print(
+        f"[{s['strategy']}] {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s; "
+        f"TTFT {s['mean_ttft_ms']:.0f} ms; TPOT {s['mean_tpot_ms']:.0f} ms; ITL {s['mean_itl_ms']:.0f} ms"
+        + (f"; alpha {s['alpha']:.2f}, mean accepted {s['mean_accepted']:.2f}" if s["strategy"] != "ar" else ""),
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,358 @@
+"""`saguaro simulate`: the SimPy model of AR, SD and SSD for one configuration or a sweep (no torch).
+
+Every axis flag takes several values (--strategy, --K, --budget, --backup, --batch, --C): one value each
+gives a detailed report of one configuration, several give a table over the grid. Timing comes from a
+roofline of the hardware and model presets (default), constant times (--timing constant) or the engine's
+own records (--fit RECORDS.jsonl). With --validate RECORDS2.jsonl ... the fitted simulator predicts each
+validation run's tokens/s and reports the error against the measured figure.
+
+Latency is in theory.latency's terms (as vLLM's serving benchmark): TTFT, ITL (the gap between successive
+emissions of a request: a speculative round is one gap), TPOT and E2EL, in ms; a metric with no sample
+(e.g. TPOT when no request finished) is NaN in tables and null in JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
+                 "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "hit", "tok/round",
+                 "overloaded", "capacity_rps"]
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
+    """Flags shared with `saguaro plan`: models and hardware, timing, acceptance, workload, link."""
+    g = p.add_argument_group("models and hardware (roofline timing)")
+    g.add_argument("--pair", default="qwen-coder", help="model pair preset: qwen-coder (default), llama, qwen3")
+    g.add_argument("--target", help="target model preset (overrides --pair)")
+    g.add_argument("--draft", help="draft model preset (overrides --pair)")
+    g.add_argument("--hardware", default="cpu", help="target hardware: cpu (default), h100, h200, a100")
+    g.add_argument("--draft-hardware", help="draft hardware (default: --hardware)")
+    g.add_argument("--tp", type=int, help="target tensor-parallel degree (default: the pair's)")
+    g = p.add_argument_group("timing")
+    g.add_argument("--timing", choices=["roofline", "constant"], default="roofline",
+                   help="timing model when --fit is not given (default roofline)")
+    g.add_argument("--fit", metavar="RECORDS", nargs="+",
+                   help="fit the timing model from the engine's per-round JSONL records (several files: one fit; "
+                        "add saguaro calibrate's records for SSD's interference, branch cost and backup time)")
+    g.add_argument("--t-verify-ms", type=float, default=10.0, help="constant timing: T_v (default 10)")
+    g.add_argument("--t-draft-ms", type=float, default=1.0, help="constant timing: one draft step T_d (default 1)")
+    g.add_argument("--t-build-ms", type=float, help="constant timing: cache build T_p (default (K+1)·T_d)")
+    g.add_argument("--t-backup-ms", type=float, help="constant timing: neural backup T_b (default K·T_d)")
+    g = p.add_argument_group("acceptance and cache hits")
+    g.add_argument("--alpha", type=float, default=0.8, help="per-token acceptance rate α (default 0.8)")
+    g.add_argument("--alpha-per-position", type=_floats, help="α_1,...,α_K: acceptance by position instead")
+    g.add_argument("--alpha-lookup", type=float, help="acceptance rate of the prompt-lookup backup")
+    g.add_argument("--replay", metavar="RECORDS", help="replay accepted counts and hits from engine records")
+    g.add_argument("--calibrate", metavar="RECORDS",
+                   help="measure α and the hit model (from the rounds' outcome ranks, SD or SSD) from engine "
+                        "records instead of the flags")
+    g.add_argument("--hit-model", choices=["measured", "powerlaw", "constant"], default="measured",
+                   help="cache hits: measured (default: where the bonus stood among the draft's guesses, "
+                        "measured on the default pair, simulator/data/hit_tables.json; the entry of --hit-table "
+                        "nearest in --temperature and C), power-law misses a·F^(-r) per outcome, or a constant")
+    g.add_argument("--hit-table", default="spec_bench", metavar="WORKLOAD",
+                   help="measured hit model's workload: spec_bench (default), spec_bench/<task>, humaneval")
+    g.add_argument("--r", type=float, default=1.0, help="power-law exponent r (default 1)")
+    g.add_argument("--scale", type=float, default=1.0, help="power-law scale a, with --hit-model powerlaw (default 1, as in the docs and theory fanout)")
+    g.add_argument("--p-hit", type=float, default=0.9, help="constant hit probability (default 0.9)")
+    g.add_argument("--saguaro-table", metavar="JSON", help='{"C": [...], "alpha": [...], "r": [...], "scale": [...]}')
+    g.add_argument("--fanout-rule", choices=["geometric", "uniform"], default="geometric",
+                   help="schedule for a budget: Thm 12 integer optimum (default) or even spread")
+    g.add_argument("--miss-policy", choices=["per-row", "whole-batch"], default="per-row",
+                   help="SSD at batch > 1 when some rows miss: per-row (default; this engine: the cache build "
+                        "completes, hit rows keep their branch, missed rows share one backup) or whole-batch "
+                        "(the reference engine: any miss drops the build and backs up every row)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="> 0: the draft also sends q (vocab × 2 bytes per token) over the link")
+    g = p.add_argument_group("workload")
+    g.add_argument("--prompt-len", default="128", help="prompt tokens: N or LOW:HIGH (default 128)")
+    g.add_argument("--output-len", default="256", help="output tokens: N, LOW:HIGH or inf (default 256)")
+    g.add_argument("--rounds", type=int, default=rounds, help=f"target forwards to simulate (default {rounds})")
+    g.add_argument("--seed", type=int, default=0, help="seed of all random draws (default 0)")
+    g.add_argument("--link-latency-ms", type=float, help="draft link latency (default: the draft hardware's)")
+    g.add_argument("--link-gb-s", type=float, help="draft link bandwidth (default: the draft hardware's)")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("simulate", help="simulate AR/SD/SSD timing (one configuration or a sweep)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("configuration (several values: a sweep)")
+    g.add_argument("--strategy", nargs="+", default=["ssd"], choices=["ar", "sd", "ssd"], help="default ssd")
+    g.add_argument("--K", type=int, nargs="+", default=[4], help="draft tokens per round (default 4)")
+    g.add_argument("--budget", type=int, nargs="+", default=[12], help="SSD fan-out budget B = Σ F_k (default 12)")
+    g.add_argument("--fanout", type=_floats, help="explicit SSD schedule F_0,...,F_K (one K, instead of --budget)")
+    g.add_argument("--backup", nargs="+", default=["neural"], choices=["neural", "random", "lookup"])
+    g.add_argument("--batch", type=int, nargs="+", default=[1], help="batch size / concurrency (default 1)")
+    g.add_argument("--C", type=float, nargs="+", default=[1.0], help="Saguaro constant (needs --saguaro-table)")
+    g.add_argument("--rate", type=float, help="Poisson arrivals per second (open loop; default: closed loop)")
+    add_scenario_flags(p, rounds=5000)
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout only)")
+    g.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the timeline (one configuration)")
+    g.add_argument("--markdown", action="store_true", help="tables in Markdown")
+    g.add_argument("--validate", metavar="RECORDS", nargs="+",
+                   help="with --fit: predict each run in these records and compare with its measured tokens/s")
+    g.add_argument("--benchmark", action="store_true", help="measure simulated rounds per second of wall time")
+    return p
+
+
+def _lengths(text: str):
+    from simulator import Lengths
+
+    return None if text.strip().lower() in ("inf", "none") else Lengths.parse(text)
+
+
+def _saguaro_table(path: str | None):
+    from simulator import SaguaroTable
+
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return SaguaroTable(*(tuple(float(v) for v in data[key]) for key in ("C", "alpha", "r", "scale")))
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read the Saguaro table {path}: {err}; it must be JSON with lists "
+                         f"C, alpha, r and scale") from None
+
+
+def read_all(paths: list[str]) -> list:
+    from simulator import read_records
+
+    return [r for path in paths for r in read_records(path)]
+
+
+def fit_all(paths: list[str]):
+    """fit_timing over every file; fast-backup times the records lack come from a calibration summary
+    (`saguaro calibrate` writes NAME.summary.json next to NAME.jsonl)."""
+    from dataclasses import replace
+
+    from simulator import fit_timing
+
+    fitted = fit_timing(read_all(paths))
+    fast = dict(fitted.fast_backup_ms)
+    for path in paths:
+        summary = Path(path).with_suffix(".summary.json")
+        if summary.is_file():
+            for kind, ms in (json.loads(summary.read_text()).get("fast_backup_ms") or {}).items():
+                fast.setdefault(kind, float(ms))
+    return replace(fitted, fast_backup_ms=fast)
+
+
+def timing_from_args(args: argparse.Namespace):
+    """(timing model, target devices, draft hardware or None, fitted model or None)."""
+    from simulator import ConstantTiming, Deployment, RooflineTiming, fit_timing, read_records
+    from simulator.presets import PAIRS, hardware_preset, model_preset
+
+    if args.fit:
+        fitted = fit_all(args.fit)
+        return fitted, 1, None, fitted
+    if args.timing == "constant":
+        timing = ConstantTiming(t_verify_ms=args.t_verify_ms, t_draft_ms=args.t_draft_ms,
+                                t_build_ms=args.t_build_ms, t_backup_ms=args.t_backup_ms)
+        return timing, 1, None, None
+    if args.pair not in PAIRS:
+        raise ValueError(f"unknown pair {args.pair!r}: choose one of {', '.join(PAIRS)} or give --target/--draft")
+    target_name, draft_name, pair_tp = PAIRS[args.pair]
+    tp = args.tp or pair_tp
+    hardware = hardware_preset(args.hardware)
+    draft_hw = hardware_preset(args.draft_hardware or args.hardware)
+    timing = RooflineTiming(Deployment(model_preset(args.target or target_name), hardware, tp),
+                            Deployment(model_preset(args.draft or draft_name), draft_hw, 1))
+    return timing, tp, draft_hw, None
+
+
+def hit_model_from_args(args: argparse.Namespace):
+    """The hit model the flags ask for (`--calibrate` may replace it with the records' own)."""
+    from simulator import ConstantHit, PowerLawHit
+    from simulator.hits import measured
+
+    if args.hit_model == "powerlaw":
+        return PowerLawHit(args.r, args.scale)
+    if args.hit_model == "constant":
+        return ConstantHit(args.p_hit)
+    Cs = getattr(args, "C", None) or [1.0]
+    return measured(args.hit_table, args.temperature, Cs[0] if len(Cs) == 1 else 1.0)
+
+
+def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
+    from simulator import (ConstantHit, IidAcceptance, LinkSpec, PerPositionAcceptance, PowerLawHit, Replay,
+                           Scenario, read_records)
+    from simulator.calibrate import calibrate
+    from simulator.hits import from_records
+
+    timing, tp, draft_hw, fitted = timing_from_args(args)
+    hits = hit_model_from_args(args)
+    if args.replay:
+        acceptance = Replay(tuple(read_records(args.replay)))
+    elif args.calibrate:
+        records = read_records(args.calibrate)
+        measured = calibrate(records)
+        acceptance = IidAcceptance(measured.acceptance.alpha, alpha_lookup=args.alpha_lookup)
+        if any(r.outcome_rank is not None for r in records):
+            hits = from_records(records, source=f"measured: {args.calibrate}")
+        else:
+            hits = measured.hits or hits
+    elif args.alpha_per_position:
+        acceptance = PerPositionAcceptance(tuple(args.alpha_per_position), alpha_lookup=args.alpha_lookup)
+    else:
+        acceptance = IidAcceptance(args.alpha, alpha_lookup=args.alpha_lookup)
+    latency = args.link_latency_ms
+    if latency is None:
+        latency = fitted.link_latency_ms if fitted else (draft_hw.interconnect_latency_us / 1e3 if draft_hw else 0.0)
+    bandwidth = args.link_gb_s or (draft_hw.interconnect_gb_s if draft_hw else math.inf)
+    vocab = timing.draft.model.vocab if hasattr(timing, "draft") and hasattr(timing.draft, "model") else 151936
+    return Scenario(
+        timing=timing, acceptance=acceptance, hits=hits, saguaro=_saguaro_table(args.saguaro_table),
+        fanout_rule=args.fanout_rule, miss_policy=args.miss_policy,
+        prompt_len=_lengths(args.prompt_len) or _lengths("128"),
+        output_len=_lengths(args.output_len), rate_per_s=rate_per_s,
+        link=LinkSpec(latency, bandwidth), draft_probs_bytes=2.0 * vocab if args.temperature > 0 else 0.0,
+        target_devices=tp, rounds=args.rounds, seed=args.seed,
+    )
+
+
+def _grid(args: argparse.Namespace):
+    from simulator import Grid
+
+    return Grid(strategies=tuple(args.strategy), K=tuple(args.K), budget=tuple(args.budget),
+                backup=tuple(args.backup), batch=tuple(args.batch), C=tuple(args.C))
+
+
+def _detail(result) -> str:
+    from saguaro.tables import format_table
+    from theory.latency import METRICS
+
+    sim_ms = result.sim_ms
+    lines = [f"{k}: {v}" for k, v in result.settings.items()]
+    lines += [
+        f"simulated: {result.rounds} rounds, {sim_ms / 1e3:.3f} s, {result.tokens} tokens, "
+        f"{result.completed_requests} requests done, mean batch {result.mean_batch:.2f}",
+        f"tokens/s: {result.tokens_per_s:.2f} total, {result.decode_tokens_per_s:.2f} decode, "
+        f"{result.tokens_per_s_per_seq:.2f} per sequence, {result.tokens_per_s_per_accelerator:.2f} per "
+        f"accelerator ({result.accelerators})",
+        f"tokens per round: {result.tokens_per_round:.3f} (mean accepted {result.mean_accepted:.3f}, "
+        f"acceptance rate {result.acceptance_rate:.3f})",
+    ]
+    if result.hit_rate is not None:
+        lines.append(f"hit rate: {result.hit_rate:.3f} per sequence, {result.batch_hit_rate:.3f} whole batch")
+    rows = [{"latency": name, **{f"{stat}_ms": v for stat, v in getattr(result, f"{name}_ms").items()}}
+            for name in METRICS]
+    breakdown = [{"actor": actor, "activity": what, "ms": ms, "share": ms / sim_ms if sim_ms else 0.0}
+                 for actor, parts in result.breakdown_ms.items() for what, ms in parts.items() if ms > 0]
+    hist = [{"k": k, "rounds": n, "hits_after": result.hits_by_k[k] if result.hit_rate is not None else None,
+             "misses_after": result.misses_by_k[k] if result.hit_rate is not None else None}
+            for k, n in enumerate(result.accepted_hist)]
+    return "\n".join(lines) + "\n\n" + "\n\n".join([
+        format_table(rows, ["latency", "mean_ms", "p50_ms", "p90_ms", "p99_ms"]),
+        format_table(breakdown, ["actor", "activity", "ms", "share"]),
+        format_table(hist, ["k", "rounds", "hits_after", "misses_after"]),
+    ])
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from saguaro.tables import format_table
+    from simulator import fit_timing, read_records, validate
+    from simulator.validate import TOLERANCE
+
+    if not args.fit:
+        raise ValueError("--validate needs --fit CALIBRATION.jsonl: the timings are fitted on a separate run")
+    fitted = fit_all(args.fit)
+    rows = []
+    for path in args.validate:
+        for row in validate(fitted, read_records(path)):
+            rows.append({"file": Path(path).name, "strategy": row.strategy, "K": row.K, "batch": row.batch,
+                         "backup": row.backup, "fanout": "-".join(map(str, row.fanout)) if row.fanout else None,
+                         "rounds": row.rounds, "measured": row.measured_tokens_per_s,
+                         "simulated": row.simulated_tokens_per_s, "error_%": 100 * row.error,
+                         "ok": row.within_tolerance})
+    passed = sum(r["ok"] for r in rows)
+    fit = {"verify": fitted.verify, "draft": fitted.draft, "overhead_ms": fitted.overhead,
+           "link_latency_ms": fitted.link_latency_ms, "relative_rms_error": fitted.errors}
+    if args.json:
+        _write_json(args.json, {"fit": fit, "validation": rows, "passed": passed})
+    if args.json != "-":
+        print(f"fitted on {' '.join(args.fit)}: " + ", ".join(f"{k}={v}" for k, v in fit.items()))
+        print(format_table(rows, list(rows[0]) if rows else [], markdown=args.markdown))
+        print(f"{passed}/{len(rows)} configurations within {TOLERANCE:.0%} of the measured tokens/s")
+    return 0
+
+
+def _finite(value):
+    """The payload with NaN and infinities as None: JSON has no NaN (a metric without samples is null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _write_json(path: str, payload) -> None:
+    text = json.dumps(_finite(payload), indent=2, default=str, allow_nan=False)
+    if path == "-":
+        print(text)
+    else:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+
+
+def run(args: argparse.Namespace) -> int:
+    from saguaro.tables import format_table
+    from simulator import Policy, rounds_per_second, simulate, sweep, write_chrome_trace
+    from simulator import feasibility
+
+    if args.validate:
+        return _validate(args)
+    scenario = scenario_from_args(args, args.rate)
+    grid = _grid(args)
+    points = grid.points()
+    feasibility.check(*(scenario.config(**p) for p in points))  # cannot run as asked: one line, exit 2
+    if args.benchmark:
+        configs = [scenario.config(**p) for p in points]
+        for config in configs:
+            wall, cpu = max(rounds_per_second(config) for _ in range(3))
+            print(f"{config.settings()}: {wall:,.0f} simulated rounds per second of wall time, {cpu:,.0f} per "
+                  f"second of CPU time (best of 3 runs of {config.rounds:,} rounds)")
+        return 0
+    if args.fanout is not None:
+        if len(points) != 1 or points[0]["strategy"].value != "ssd":
+            raise ValueError("--fanout gives one explicit schedule: use it with one SSD configuration")
+    if args.trace and len(points) != 1:
+        raise ValueError("--trace writes the timeline of one configuration: give one value per axis")
+    if len(points) == 1:
+        p = points[0]
+        config = scenario.config(**p)
+        if args.fanout is not None:
+            from dataclasses import replace
+
+            config = replace(config, policy=Policy("ssd", K=p["K"], fanout=tuple(int(f) for f in args.fanout),
+                                                   backup=p["backup"], miss_policy=args.miss_policy))
+        result = simulate(config, trace=bool(args.trace))
+        if args.trace:
+            print(f"trace: {write_chrome_trace(result.timeline, args.trace)}")
+        result, overloaded = feasibility.honest(config, result)  # overloaded: capacity, not latency
+        results = [result]
+        if args.json != "-":
+            print(_detail(result) if overloaded is None else f"{overloaded}\n\n{_detail(result)}")
+    else:
+        swept = sweep(scenario, grid)  # in the order of points
+        results = [feasibility.honest(scenario.config(**p), r)[0] for p, (_, r) in zip(points, swept)]
+        if args.json != "-":
+            print(format_table([r.row() for r in results], TABLE_COLUMNS, markdown=args.markdown))
+            if any(r.settings.get("overloaded") for r in results):
+                print("overloaded rows: arrivals exceed the capacity (capacity_rps, requests/s at full load), so "
+                      "their latencies are not quoted")
+    if args.json:
+        _write_json(args.json, [r.to_dict() for r in results])
+    return 0
