@@ -179,14 +179,19 @@ class RunMetrics:
 
     @property
     def acceptance_rate(self) -> float:
-        """Estimate of α from the accepted counts (MLE under i.i.d. acceptance, truncated at K).
+        """Estimate of α from the accepted counts (MLE under i.i.d. acceptance, truncated at each round's K).
 
-        Each sequence-round is a run of Bernoulli(α) trials stopped at the first rejection or
-        after K successes: α = accepted draws / (accepted draws + rejections).
+        Each sequence-round is a run of Bernoulli(α) trials stopped at the first rejection or after
+        the round's K successes: α = accepted draws / (accepted draws + rejections). K is read from
+        each round's record, since adaptive speculation (K="auto", a confidence stop) changes it from
+        round to round; a row that accepted all of its round's K drafts was not rejected.
         """
-        hist = self.accepted_hist
-        accepted = sum(k * c for k, c in hist.items())
-        rejections = sum(c for k, c in hist.items() if k < self.K)
+        accepted = rejections = 0
+        for r in self.rounds:
+            if r.phase != "decode" or r.K == 0:
+                continue
+            accepted += sum(r.accepted)
+            rejections += sum(k < r.K for k in r.accepted)
         return accepted / (accepted + rejections) if accepted + rejections else 0.0
 
     def summary(self) -> dict:

@@ -141,6 +141,9 @@ class DraftWorkerProposer:
     def close(self) -> None:
         if self.channel is not None:
             self.channel.close()
+            threads = getattr(self.channel, "threads_before", None)
+            if threads is not None:  # the draft's core(s) are free again: the target (or its SD fallback) takes them
+                torch.set_num_threads(threads)
             self.channel = None
 
 
@@ -158,6 +161,7 @@ def open_channel(draft, given, config, spec: SpeculativeConfig, pad_id: int, dev
     def start() -> ProcessChannel:
         channel = ProcessChannel(recipe, spec, pad_id, device)
         if channel.target_threads and config.threads is None and device.type == "cpu":
+            channel.threads_before = torch.get_num_threads()  # given back when the worker stops (close)
             torch.set_num_threads(channel.target_threads)  # the draft has its own core(s) now
         return channel
 

@@ -104,12 +104,16 @@ def test_a_worker_killed_from_outside_mid_generation(target, ar_tokens, caplog):
 
 
 def test_a_worker_killed_from_outside_between_calls(target, ar_tokens, caplog):
+    threads_before = torch.get_num_threads()
     with caplog.at_level(logging.WARNING), ssd(target) as llm:
         llm.generate(PROMPTS, GREEDY)
-        process = llm.proposer.channel.process
-        os.kill(process.pid, signal.SIGKILL)
-        process.join(10)
+        channel = llm.proposer.channel
+        if channel.target_threads:  # the worker took its core(s) from the target
+            assert torch.get_num_threads() == channel.target_threads
+        os.kill(channel.process.pid, signal.SIGKILL)
+        channel.process.join(10)
         out = llm.generate(PROMPTS, GREEDY)
+        assert torch.get_num_threads() == threads_before  # the SD fallback has the worker's core(s) back
     assert [o.token_ids for o in out] == ar_tokens
     assert set(decode_strategies(out)) == {"sd"}
     assert "failed" in caplog.text
