@@ -11,11 +11,13 @@ from saguaro.analysis.load import Run, load_run
 from saguaro.analysis.predict import predictions
 from saguaro.analysis.variants import category_pivot, category_rows, error_rows, variant_rows
 from saguaro.figures import FIGURES, NoData, ReportData, render
+from saguaro.figures.base import DAGGER, spread
 from saguaro.runfolder import SUMMARY_JSON
 from saguaro.serving_report import serving_section
 from saguaro.tables import format_table
 
-HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "p50_ttft_ms",
+HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_ar", "prompt_speedup_iqr",
+            "speedup_vs_hf", "p50_ttft_ms",
             "p99_ttft_ms", "mean_tpot_ms", "p50_itl_ms", "p99_itl_ms", "alpha", "tokens_per_round", "hit_rate"]
 PREDICTED = ["key", "measured", "simulated", "simulated_error", "closed_form", "closed_form_error", "alpha", "p_hit",
              "alpha_hit", "alpha_miss", "T_d_over_T_v", "T_p", "T_b", "T_ar_over_T_v"]
@@ -85,6 +87,33 @@ def _table(rows: list[dict], columns: list[str], runs: int) -> str:
     return format_table(rows, (["run"] if runs > 1 else []) + columns, markdown=True)
 
 
+def marked(rows: list[dict]) -> list[dict]:
+    """Rows for a table: a disturbed row's key ends in †; `prompt_speedup_iqr` as 'p25–p75' of the
+    per-prompt speedups over AR."""
+    out = []
+    for r in rows:
+        q = spread(r.get("prompt_speedups") or [])
+        out.append({**r, "key": f"{r['key']} {DAGGER}" if r.get("disturbed") else r["key"],
+                    "prompt_speedup_iqr": f"{q[0]:.2f}–{q[2]:.2f}" if q else None})
+    return out
+
+
+def disturbed_footnote(rows: list[dict], several_runs: bool) -> list[str]:
+    """Markdown lines under a table: what disturbed each † row, and how many of its requests."""
+    lines = []
+    for r in rows:
+        if r.get("disturbed"):
+            where = f"`{r['key']}`" + (f" [{r['run']}]" if several_runs else "")
+            total = (r.get("prompts") or 0) + (r.get("errors") or 0)
+            lines.append(f"{DAGGER} {where}: {r['disturbed']} of {total} requests disturbed: "
+                         + "; ".join(r.get("disturbed_reasons") or []) + ".")
+    if lines:
+        lines = ["", f"{DAGGER} Disturbed while it ran (the run folder's disturbed.json or result lines say so); drawn "
+                 "hollow or hatched in the figures. Its numbers understate what the system does undisturbed.", "",
+                 *(f"- {line}" for line in lines)]
+    return lines
+
+
 def _mean_abs(rows: list[dict], field: str) -> str:
     errors = [abs(r[field]) for r in rows if r.get(field) is not None]
     return f"{sum(errors) / len(errors):.1%} over {len(errors)} variants" if errors else "n/a"
@@ -126,8 +155,9 @@ def _bench_sections(data: ReportData, notes: list[str], out_dir: Path) -> list[s
            "`threads`: torch threads of the target's process (SSD's draft worker has its own core(s)). "
            "Latency per request as vLLM's serving benchmark: TTFT to the first token, TPOT = (E2EL − TTFT) / "
            "(tokens − 1), ITL = the gap between streamed chunks (a speculative round is one chunk); runs "
-           "recorded before chunk times were kept have no ITL (-).", "",
-           _table(data.rows, HEADLINE, n), "", "## Figures", ""]
+           "recorded before chunk times were kept have no ITL (-). `prompt_speedup_iqr`: the interquartile "
+           "range of the per-prompt speedups over AR (each prompt's tokens/s over AR's on the same prompt).", "",
+           _table(marked(data.rows), HEADLINE, n), *disturbed_footnote(data.rows, n > 1), "", "## Figures", ""]
     for figure in FIGURES:
         md += [f"### {figure.name.replace('_', ' ')}", "", figure.caption, ""]
         try:
@@ -136,12 +166,13 @@ def _bench_sections(data: ReportData, notes: list[str], out_dir: Path) -> list[s
             md += [f"_Not drawn: {why}._", ""]
             continue
         md += [f"![{figure.caption}]({done.png.name})", "", f"Data: [{done.data.name}]({done.data.name})", ""]
+        md += [f"_{note}_" for note in done.notes] + ([""] if done.notes else [])
     md += ["## Measured vs simulated vs closed form", "",
            "Decode-phase speedup over AR (prefill excluded). The closed forms use each run's own α, hit rate and "
            "mean per-round times and have no term for per-round overhead; the simulator's timing model is fitted "
            "on the same runs' round records (in-sample). Errors are predicted / measured − 1.", ""]
     if data.predictions:
-        md += [_table(data.predictions, PREDICTED, n), "",
+        md += [_table(marked(data.predictions), PREDICTED, n), "",
                f"Mean absolute error: simulated {_mean_abs(data.predictions, 'simulated_error')}, "
                f"closed form {_mean_abs(data.predictions, 'closed_form_error')}.", ""]
     else:

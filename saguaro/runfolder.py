@@ -14,6 +14,13 @@ environment.json and prompts.jsonl too, and instead of results and rounds:
     point-<load>-<v>.json one per load point (e.g. point-rate-2.json): theory.latency summary, throughput, inputs
     summary.json/.md      every point, written at the end
 
+A run that something else disturbed (another job on its cores, a throttled machine) says so, for the report
+to mark its rows in tables (†) and figures (hollow markers, hatched bars):
+
+    disturbed.json        {"disturbed": [{"reason": "...", "keys": [...] or null, "prompt_ids": [...] or null}]}
+                          (null: every variant / every prompt); written by `RunDir.mark_disturbed`
+    a result line's own `disturbed` field (a reason string, or true) marks that request alone
+
 A *unit* is one generate call: (variant key, batch index). Its round records are appended first and
 its result lines last, each flushed to disk, so a unit counts as done exactly when its result lines are
 complete. On resume a torn last line is cut off, round records of unfinished units are dropped, and the
@@ -35,6 +42,7 @@ RESULTS, ROUNDS = "results.jsonl", "rounds.jsonl"
 REQUESTS = "requests.jsonl"
 CLIENT_KIND = "client"  # config.json's `kind` in a client run folder (engine bench configs have no `kind`)
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
+DISTURBED = "disturbed.json"
 
 Unit = tuple[str, int]
 
@@ -168,6 +176,19 @@ class RunDir:
         _append(self.path / ROUNDS, rounds)
         _append(self.path / RESULTS, results)
 
+    # -- disturbance ---------------------------------------------------------------------------------
+    def disturbances(self) -> list[dict]:
+        """The entries of disturbed.json (none when the run was not marked)."""
+        return read_disturbances(self.path)
+
+    def mark_disturbed(self, reason: str, keys: list[str] | None = None,
+                       prompt_ids: list[str] | None = None) -> None:
+        """Record that these variants' (None: all) requests for these prompts (None: all) were disturbed."""
+        if not reason.strip():
+            raise ValueError("say what disturbed the run (e.g. 'a debugging job ran on the worker's core')")
+        entries = self.disturbances() + [{"reason": reason.strip(), "keys": keys, "prompt_ids": prompt_ids}]
+        self._write_json(DISTURBED, {"disturbed": entries})
+
     # -- client runs ---------------------------------------------------------------------------------
     def requests(self) -> list[dict]:
         return _read_jsonl(self.path / REQUESTS, repair=False)
@@ -183,3 +204,18 @@ class RunDir:
     def write_summary(self, summary: dict, markdown: str) -> None:
         self._write_json(SUMMARY_JSON, summary)
         (self.path / SUMMARY_MD).write_text(markdown, encoding="utf-8")
+
+
+def read_disturbances(path: Path) -> list[dict]:
+    """disturbed.json's entries in the run folder `path`; ValueError (what to fix) if it is malformed."""
+    file = Path(path) / DISTURBED
+    if not file.is_file():
+        return []
+    try:
+        entries = json.loads(file.read_text(encoding="utf-8")).get("disturbed")
+    except (json.JSONDecodeError, AttributeError):
+        entries = None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and e.get("reason") for e in entries):
+        raise ValueError(f"{file} is malformed: write {{\"disturbed\": [{{\"reason\": \"...\", \"keys\": null, "
+                         f"\"prompt_ids\": null}}]}} (keys, prompt_ids: lists, or null for all)")
+    return entries

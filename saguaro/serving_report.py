@@ -8,6 +8,7 @@ from pathlib import Path
 from saguaro.analysis.load import Run
 from saguaro.analysis.serving import point_rows
 from saguaro.figures import NoData, ReportData, render
+from saguaro.figures.base import DAGGER
 from saguaro.figures.serving import SERVING_FIGURES
 from saguaro.tables import format_table
 
@@ -35,6 +36,19 @@ def _errors(runs: list[Run]) -> list[dict]:
             for (run, point, error), n in counts.most_common(ERRORS_SHOWN)]
 
 
+def _marked(rows: list[dict]) -> list[dict]:
+    return [{**r, "point": f"{r['point']} {DAGGER}" if r.get("disturbed") else r["point"]} for r in rows]
+
+
+def _footnote(rows: list[dict]) -> list[str]:
+    lines = [f"- {DAGGER} `{r['series']}` {r['point']}: {r['disturbed']} of {r['sent']} requests disturbed: "
+             + "; ".join(r["disturbed_reasons"]) + "." for r in rows if r.get("disturbed")]
+    if lines:
+        lines = ["", f"{DAGGER} Disturbed while it ran (the run folder's disturbed.json says so); drawn hollow in the "
+                 "figures.", "", *lines]
+    return lines
+
+
 def serving_section(runs: list[Run], out_dir: Path) -> list[str]:
     """Markdown lines of the section; its figures are written into out_dir."""
     rows = point_rows(runs)
@@ -45,7 +59,7 @@ def serving_section(runs: list[Run], out_dir: Path) -> list[str]:
           "between streamed chunks (a speculative round's tokens arrive as one chunk), E2EL to the last token. "
           "Throughput over each point's duration, from its first send to its last answer.", "",
           format_table([_setup(run) for run in runs], SETUP, markdown=True), "",
-          format_table(rows, POINTS, markdown=True), ""]
+          format_table(_marked(rows), POINTS, markdown=True), *_footnote(rows), ""]
     if not rows:
         return md + ["_No request was sent in these client runs._", ""]
     data = ReportData(runs, [], serving=rows)
@@ -58,6 +72,7 @@ def serving_section(runs: list[Run], out_dir: Path) -> list[str]:
                 md += [f"_Not drawn: {why}._", ""]
                 continue
             md += [f"![{figure.caption}]({done.png.name})", "", f"Data: [{done.data.name}]({done.data.name})", ""]
+            md += [f"_{note}_" for note in done.notes] + ([""] if done.notes else [])
     errors = _errors(runs)
     if errors:
         md += ["### Failed requests (most frequent errors)", "",

@@ -9,6 +9,8 @@ from saguaro.analysis import rounds as R
 from saguaro.analysis.load import Run
 from theory import fit_r
 
+MIN_FIT_POINTS = 3  # two points fit a·F^(−r) exactly: no test of the form, no uncertainty
+
 
 def hit_by_k(runs: list[Run], rows: list[dict]) -> list[dict]:
     """Per SSD variant and outcome k: lookups, hits, hit rate and the fan-out F_k the cache held."""
@@ -53,8 +55,13 @@ def power_law_fits(points: list[dict]) -> list[dict]:
     fits = []
     for T, ps in sorted(by_T.items()):
         F, miss = [p["fanout"] for p in ps], [p["miss_rate"] for p in ps]
+        if len(ps) < MIN_FIT_POINTS:
+            fits.append({"temperature": T, "n_points": len(ps),
+                         "note": f"not fitted: misses at {len(ps)} fan-out(s); a power law a·F^(−r) has two "
+                                 f"parameters, so testing it needs {MIN_FIT_POINTS} or more"})
+            continue
         try:
-            fit = fit_r(F, miss, fix_scale=len(ps) < 3)
+            fit = fit_r(F, miss)
         except ValueError as err:
             fits.append({"temperature": T, "note": str(err)})
             continue

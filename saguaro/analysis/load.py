@@ -6,9 +6,9 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
-from saguaro.environment import describe
-from saguaro.runfolder import CLIENT_KIND, CONFIG, ENVIRONMENT, RunDir
+from saguaro.runfolder import CLIENT_KIND, CONFIG, ENVIRONMENT, RunDir, read_disturbances
 
 
 @dataclass
@@ -19,6 +19,7 @@ class Run:
     results: list[dict]
     rounds: list[dict]
     requests: list[dict] = field(default_factory=list)  # client runs (saguaro bench --url): one per request
+    disturbances: list[dict] = field(default_factory=list)  # disturbed.json's entries (saguaro.runfolder)
     _by_unit: dict | None = field(default=None, repr=False)
 
     @property
@@ -34,11 +35,23 @@ class Run:
     def where(self) -> str:
         return f"client on {describe(self.environment)}" if self.is_client else describe(self.environment)
 
+    def disturbed(self, line: dict) -> str | None:
+        """Why this result (or request) line's measurement was disturbed, or None if it was not."""
+        own = line.get("disturbed")
+        if own:
+            return own if isinstance(own, str) else "marked disturbed in its result line"
+        for entry in self.disturbances:
+            keys, ids = entry.get("keys"), entry.get("prompt_ids")
+            if (keys is None or line.get("key") in keys) and (ids is None or line.get("prompt_id") in ids):
+                return entry["reason"]
+        return None
+
     @property
     def models(self) -> str:
         c = self.config
-        if self.is_client:
-            return f"{c.get('model')} served at {c.get('url')}"
+        if self.is_client:  # the host, not the port: each server of a sweep gets a port of its own
+            host = urlparse(c.get("url") or "").hostname or c.get("url")
+            return f"{c.get('model')} served at {host}"
         draft = c.get("draft") if any(s in ("sd", "ssd", "hf-assisted") for s in c.get("systems", ())) else None
         dtype = c.get("dtype")
         text = f"{c.get('target')} ({dtype})"
@@ -72,4 +85,17 @@ def load_run(path: str | Path) -> Run:
         config, env = run_dir.read_json(CONFIG), run_dir.read_json(ENVIRONMENT)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: damaged JSON ({err.msg})") from None
-    return Run(path, config, env, run_dir.results(), run_dir.rounds(), run_dir.requests())
+    return Run(path, config, env, run_dir.results(), run_dir.rounds(), run_dir.requests(), read_disturbances(path))
+
+
+def describe(env: dict) -> str:
+    """One line for figure titles: CPU (or GPU), usable cores and torch threads, pluralised."""
+    m = env.get("machine", {})
+    where = m.get("gpu") or m.get("cpu_model") or m.get("machine") or "unknown machine"
+    bits = [where]
+    cores, threads = m.get("usable_cpus") or m.get("logical_cpus"), m.get("torch_threads")
+    if cores:
+        bits.append(f"{cores} core" + ("" if cores == 1 else "s"))
+    if threads:
+        bits.append(f"{threads} thread" + ("" if threads == 1 else "s"))
+    return ", ".join(bits)

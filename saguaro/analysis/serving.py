@@ -67,7 +67,9 @@ def point_rows(runs: list[Run]) -> list[dict]:
         for point, lines in by_point.items():
             row = point_summary(run.config, point, lines, run.config.get("num_prompts", len(lines)))
             rate = row["rate"]
+            reasons = [why for why in map(run.disturbed, lines) if why]
             row.update(run=run.name, series=_series(run, runs), load="rate" if rate is not None else "concurrency",
-                       rate=None if rate is None else float(rate))
+                       rate=None if rate is None else float(rate), disturbed=len(reasons),
+                       disturbed_reasons=list(dict.fromkeys(reasons)))
             rows.append(row)
     return rows

@@ -3,7 +3,9 @@
 Throughput is Σ new tokens / Σ wall time of the variant's generate calls (each batch call once);
 latency is per request, in theory.latency's terms (saguaro.analysis.latency reads old run folders too). Speedups compare with AR (and with transformers' `generate`) at the same
 temperature and batch size, from the same run when it has one, else from another run on the same
-models, dtypes and machine.
+models, dtypes and machine. Per prompt, `prompt_speedups` pairs each prompt's tokens/s (new tokens over its
+E2EL) with the reference's on the same prompt: the spread behind the ratio of totals. `disturbed` counts
+the variant's requests a run marked as disturbed (saguaro.runfolder), `disturbed_reasons` says why.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def variant_row(run: Run, key: str, results: list[dict]) -> dict:
     K = settings.get("K")
     seq_rounds = sum(hist.values())
     hit_hist, miss_hist = R.accepted_hist(calls, hit=True), R.accepted_hist(calls, hit=False)
+    reasons = [why for why in map(run.disturbed, results) if why]
     row = {
         "run": run.name, "system": first["system"], "key": key,
         **{s: settings.get(s) for s in SETTINGS},
@@ -56,6 +59,9 @@ def variant_row(run: Run, key: str, results: list[dict]) -> dict:
         "alpha_hit": R.alpha_mle(hit_hist, K),
         "alpha_miss": R.alpha_mle(miss_hist, K),
         "accepted_hist": {k: hist[k] for k in sorted(hist)},
+        "disturbed": len(reasons),
+        "disturbed_reasons": list(dict.fromkeys(reasons)),
+        "prompt_tokens_per_s": {r["prompt_id"]: r["new_tokens"] / e2el_s(r) for r in ok if e2el_s(r)},
     }
     return row
 
@@ -92,6 +98,9 @@ def _add_speedups(rows: list[dict], runs: list[Run]) -> None:
             ref = by_run.get((r["run"], *point)) or by_setup.get((setup[r["run"]], *point))
             ok = ref is not None and r["tokens_per_s"]
             r[f"speedup_{field}"] = r["tokens_per_s"] / ref["tokens_per_s"] if ok else None
+            if base == "ar":
+                mine, theirs = r["prompt_tokens_per_s"], (ref or {}).get("prompt_tokens_per_s", {})
+                r["prompt_speedups"] = [mine[p] / theirs[p] for p in mine if theirs.get(p)] if ok else []
             if base == "ar":
                 dec = r["decode_tokens_per_s"]
                 ok = ref is not None and dec and ref["decode_tokens_per_s"]

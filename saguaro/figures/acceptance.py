@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.axes import Axes
 
-from saguaro.figures.base import NoData, ReportData, legend, plain_log_ticks
+from saguaro.analysis.hits import MIN_FIT_POINTS
+from saguaro.figures.base import DAGGER, HATCH, NoData, ReportData, legend, plain_log_ticks
 from theory import miss_rate, outcome_probabilities
 
 MAX_HISTOGRAMS = 4
@@ -35,7 +36,7 @@ def hit_rate_by_k(ax: Axes, data: ReportData) -> list[dict]:
     ax.set_ylim(0, 1.05)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(True, alpha=0.3)
-    legend(ax, len(pooled))
+    legend(ax)
     ax.set_title("SSD speculation-cache hit rate by verification outcome k (all SSD variants pooled by T and C)")
     return plotted
 
@@ -68,29 +69,39 @@ def acceptance_histogram(ax: Axes, data: ReportData) -> list[dict]:
         iid = outcome_probabilities(r["alpha"], K)
         x = ks - 0.4 + width * (i + 0.5)
         label = r["key"] if len(data.runs) == 1 else f"{r['key']} [{r['run']}]"
-        ax.bar(x, frac, width=width, label=f"{label} (α={r['alpha']:.2f})")
+        label += f" {DAGGER} disturbed" if r.get("disturbed") else ""
+        ax.bar(x, frac, width=width, label=f"{label} (α={r['alpha']:.2f})", hatch=HATCH if r.get("disturbed") else None)
         ax.plot(x, iid, "k_", ms=8, mew=1.5)
         plotted += [{"key": r["key"], "run": r["run"], "k": int(k), "rounds": hist.get(int(k), 0),
                      "fraction": float(f), "iid_prediction": float(p)} for k, f, p in zip(ks, frac, iid)]
     ax.plot([], [], "k_", ms=8, mew=1.5, label="i.i.d. prediction P(k) at the measured α")
     ax.set_xlabel("k (draft tokens accepted per round)")
     ax.set_ylabel("fraction of sequence-rounds")
+    ax.set_ylim(bottom=0)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=6)
+    legend(ax)
     ax.set_title("Accepted-length histogram (per sequence and round)")
     return plotted
 
 
 def miss_vs_fanout(ax: Axes, data: ReportData) -> list[dict]:
     points = [p for p in data.miss_points if p["misses"] > 0]
-    if len({p["fanout"] for p in points}) < 2:
-        raise NoData("needs SSD runs with two or more fan-outs F_k and some misses (--budget 6 12 24)")
+    counts = {T: len({p["fanout"] for p in points if p["temperature"] == T}) for T in {p["temperature"] for p in points}}
+    if max(counts.values(), default=0) < MIN_FIT_POINTS:
+        most = max(counts.values(), default=0)
+        raise NoData(f"a power law a·F^(−r) has two parameters, so it needs misses at {MIN_FIT_POINTS} or more "
+                     f"fan-outs F_k at one temperature to be tested; these runs have {most} "
+                     "(SSD runs at more budgets: --budget 6 12 24)")
+    for T, n in sorted(counts.items()):
+        if n < MIN_FIT_POINTS:
+            data.note(f"T={T:g}: misses at {n} fan-out(s) only, drawn without a fit.")
     plotted = []
     for T in sorted({p["temperature"] for p in points}):
         ps = [p for p in points if p["temperature"] == T]
         dots = ax.loglog([p["fanout"] for p in ps], [p["miss_rate"] for p in ps], "o", ms=5, label=f"measured, T={T:g}")
         plotted += [{"kind": "point", **p} for p in ps]
         fit = next((f for f in data.power_law if f["temperature"] == T and "r" in f), None)
+        fit = fit if counts[T] >= MIN_FIT_POINTS else None
         if fit is not None:
             F = np.geomspace(min(p["fanout"] for p in ps), max(p["fanout"] for p in ps), 50)
             ax.loglog(F, miss_rate(F, fit["r"], fit["scale"]), "-", color=dots[0].get_color(),
@@ -102,6 +113,6 @@ def miss_vs_fanout(ax: Axes, data: ReportData) -> list[dict]:
     ax.set_xlabel("fan-out F (guesses cached for the outcome)")
     ax.set_ylabel("miss rate 1 − p_hit (fraction of lookups)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    legend(ax)
     ax.set_title("Cache miss rate vs fan-out (log-log) with fitted power law a·F^(−r)")
     return plotted

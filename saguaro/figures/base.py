@@ -3,7 +3,12 @@
 A figure function takes a matplotlib Axes and a `ReportData`, draws, sets axis labels (with units) and
 a title saying what was measured, and returns the rows it plotted. `render` adds where it was measured
 to the title and writes `<name>.png` and `<name>.csv` (the returned rows) side by side. A figure whose
-data is not in the runs raises `NoData` with what run would supply it.
+data is not in the runs, or cannot support it (a power law through two points, a crossover with one
+backup), raises `NoData` saying why and what run would supply it; the report prints that line instead.
+
+Layout: constrained, saved with `bbox_inches="tight"`, legends outside the data area (beside the axes),
+ratio axes from 0 with 1.0 drawn. Rows from a disturbed run (`Run.disturbed`) are drawn hollow or hatched
+and listed with a dagger (†).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure as MplFigure  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
 
 from saguaro.analysis.load import Run  # noqa: E402
@@ -41,6 +47,11 @@ class ReportData:
     miss_points: list[dict] = field(default_factory=list)
     power_law: list[dict] = field(default_factory=list)
     serving: list[dict] = field(default_factory=list)  # client runs: saguaro.analysis.serving.point_rows
+    notes: list[str] = field(default_factory=list)  # what the figure being drawn left out, and why
+
+    def note(self, text: str) -> None:
+        """A line for the report under the figure being drawn (e.g. a part not drawn, and why)."""
+        self.notes.append(text)
 
     @property
     def where(self) -> str:
@@ -54,7 +65,7 @@ class Figure:
     name: str  # file stem
     caption: str  # one line for the report
     draw: Callable[[Axes, ReportData], list[dict]]
-    size: Callable[[ReportData], tuple[float, float]] = lambda data: (7.0, 4.5)
+    size: Callable[[ReportData], tuple[float, float]] = lambda data: (9.0, 4.5)  # the legend sits beside
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,8 @@ class Rendered:
     png: Path
     data: Path
     rows: list[dict]
+    canvas: MplFigure  # the drawn figure (closed: inspect it, do not show it)
+    notes: list[str] = field(default_factory=list)
 
 
 def _cell(value):
@@ -85,30 +98,40 @@ def _save_png(fig, path: Path) -> None:
     from PIL import Image
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=DPI, format="png")
+    fig.savefig(buffer, dpi=DPI, format="png", bbox_inches="tight", pad_inches=0.05)
     buffer.seek(0)
     with Image.open(buffer) as image:
         image.convert("RGB").quantize(colors=256).save(path, optimize=True)
 
 
+def draw(figure: Figure, data: ReportData) -> tuple[MplFigure, list[dict]]:
+    """The figure drawn on a constrained layout, its title over the whole figure; NoData propagates."""
+    fig, ax = plt.subplots(figsize=figure.size(data), layout="constrained")
+    data.notes.clear()
+    try:
+        rows = figure.draw(ax, data)
+    except BaseException:
+        plt.close(fig)
+        raise
+    # The title goes over the whole figure (axes with long tick labels sit off-centre).
+    width = int(fig.get_figwidth() * 13)  # characters that fit at fontsize 9
+    title = textwrap.wrap(ax.get_title(), width) + textwrap.wrap(f"measured: {data.where}", width)
+    ax.set_title("")
+    fig.suptitle("\n".join(title), fontsize=9)
+    return fig, rows
+
+
 def render(figure: Figure, data: ReportData, out_dir: Path) -> Rendered:
     """Draw one figure into out_dir/<name>.png with out_dir/<name>.csv beside; NoData propagates."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=figure.size(data))
+    fig, rows = draw(figure, data)
     try:
-        rows = figure.draw(ax, data)
-        # The title goes over the whole figure (axes with long tick labels sit off-centre).
-        width = int(fig.get_figwidth() * 13)  # characters that fit at fontsize 9
-        title = textwrap.wrap(ax.get_title(), width) + textwrap.wrap(f"measured: {data.where}", width)
-        ax.set_title("")
-        fig.suptitle("\n".join(title), fontsize=9)
-        fig.tight_layout()
         png, csv_path = out_dir / f"{figure.name}.png", out_dir / f"{figure.name}.csv"
         _save_png(fig, png)
         write_csv(rows, csv_path)
     finally:
         plt.close(fig)
-    return Rendered(figure, png, csv_path, rows)
+    return Rendered(figure, png, csv_path, rows, fig, list(data.notes))
 
 
 # -- helpers the figure functions share --------------------------------------------------------------
@@ -155,12 +178,18 @@ def series_of(rows: list[dict], x: str, min_points: int = 1) -> dict[str, list[d
     return {label: sorted(rs, key=lambda r: r[x]) for label, rs in groups.items()}
 
 
-def legend(ax: Axes, n: int) -> None:
-    """A legend that stays readable: inside for a few entries, beside the axes for many."""
-    if n <= 6:
-        ax.legend(fontsize=7, loc="best")
-    else:
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+def legend(ax: Axes, n: int | None = None, handles=None, labels=None) -> None:
+    """The legend beside the axes, outside the data area (the constrained layout makes room for it).
+
+    `n` is accepted for older callers and ignored. On axes with a twin, pass the twin's handles too and call
+    it on the twin (drawn on top) so that the legend clears the right axis' labels."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    twin = any(other is not ax and other.bbox.bounds == ax.bbox.bounds for other in ax.figure.axes)
+    ax.legend(handles, labels, fontsize=7 if len(handles) <= 8 else 6, loc="upper left",
+              bbox_to_anchor=(1.15 if twin else 1.02, 1.0), borderaxespad=0, frameon=False)
 
 
 def plain_log_ticks(axis, values) -> None:
@@ -170,7 +199,35 @@ def plain_log_ticks(axis, values) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def speedup_axis(ax: Axes) -> None:
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="AR (1×)")
-    ax.set_ylabel("speedup over AR (× tokens/s)")
+def speedup_axis(ax: Axes, reference: str = "AR (1×)", ylabel: str = "speedup over AR (× tokens/s)") -> None:
+    """A ratio axis: from 0, with the reference (1.0) drawn."""
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":", label=reference)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
+
+
+DAGGER = "†"
+DISTURBED_LABEL = "† disturbed run (hollow marker / hatched bar)"
+HATCH = "///"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 thread', '2 threads' (`many` for irregular plurals)."""
+    return f"{n:g} {word if n == 1 else (many or word + 's')}"
+
+
+def mark_disturbed_legend(ax: Axes, any_disturbed: bool) -> None:
+    """A legend entry explaining the hollow markers and hatched bars, when some row is disturbed."""
+    if any_disturbed:
+        ax.plot([], [], "o", mfc="none", color="black", ms=5, label=DISTURBED_LABEL)
+
+
+def spread(values: list[float]) -> tuple[float, float, float] | None:
+    """(p25, median, p75) of per-prompt values; None without any."""
+    import numpy as np
+
+    if not values:
+        return None
+    q = np.percentile(values, [25, 50, 75])
+    return float(q[0]), float(q[1]), float(q[2])

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from matplotlib.axes import Axes
 from matplotlib.ticker import NullLocator
 
-from saguaro.figures.base import Figure, NoData, ReportData, legend
+from saguaro.figures.base import Figure, NoData, ReportData, legend, mark_disturbed_legend
 
 NAMES = {"ttft": "Time to first token (TTFT)", "tpot": "Time per output token (TPOT)",
          "itl": "Inter-token latency (ITL, per streamed chunk)", "e2el": "End-to-end latency (E2EL)"}
@@ -30,6 +30,9 @@ def _points(data: ReportData, load: str) -> dict[str, list[dict]]:
     series: dict[str, list[dict]] = {}
     for r in rows:
         series.setdefault(r["series"], []).append(r)
+    if all(len({r[load] for r in rs}) < 2 for rs in series.values()):
+        raise NoData(f"a curve against the {LOADS[load]} needs two or more load points in one run; each run here "
+                     f"has one (e.g. --{load} {'0.1 0.4 inf' if load == 'rate' else '1 4 8'})")
     return {label: sorted(rs, key=lambda r: r[load]) for label, rs in series.items()}
 
 
@@ -54,6 +57,12 @@ def _value(v) -> float:
     return math.nan if v is None else v
 
 
+def _markers(ax: Axes, xs: list[float], rows: list[dict], field: str, marker: str, size: float, color) -> None:
+    """The points of one line; hollow where the run marked the point's requests as disturbed."""
+    for x, r in zip(xs, rows):
+        ax.plot([x], [_value(r[field])], marker, ms=size, color=color, mfc="white" if r.get("disturbed") else color)
+
+
 def latency_vs(load: str, metric: str) -> Callable[[Axes, ReportData], list[dict]]:
     """A figure function: the metric's p50 and p99 against the load, one colour per system."""
 
@@ -63,16 +72,22 @@ def latency_vs(load: str, metric: str) -> Callable[[Axes, ReportData], list[dict
         plotted = []
         for label, rs in series.items():
             xs = [positions[r[load]] for r in rs]
-            line = ax.plot(xs, [_value(r[f"median_{metric}_ms"]) for r in rs], "-o", ms=4, label=f"{label} p50")
-            ax.plot(xs, [_value(r[f"p99_{metric}_ms"]) for r in rs], "--s", ms=3, color=line[0].get_color(),
-                    label=f"{label} p99")
+            line = ax.plot(xs, [_value(r[f"median_{metric}_ms"]) for r in rs], "-", label=f"{label} p50")
+            color = line[0].get_color()
+            ax.plot(xs, [_value(r[f"p99_{metric}_ms"]) for r in rs], "--", color=color, label=f"{label} p99")
+            _markers(ax, xs, rs, f"median_{metric}_ms", "o", 4, color)
+            _markers(ax, xs, rs, f"p99_{metric}_ms", "s", 3, color)
             plotted += [{"series": label, "run": r["run"], load: r[load], f"p50_{metric}_ms": r[f"median_{metric}_ms"],
                          f"p99_{metric}_ms": r[f"p99_{metric}_ms"], "completed": r["completed"],
-                         "failed": r["failed"]} for r in rs]
+                         "failed": r["failed"], "disturbed": r.get("disturbed", 0)} for r in rs]
         _x_axis(ax, positions, load)
         ax.set_ylabel(f"{metric.upper()} (ms)")
-        legend(ax, 2 * len(series))
-        ax.set_title(f"{NAMES[metric]}: p50 (solid) and p99 (dashed) against the {LOADS[load]}")
+        ax.set_ylim(bottom=0)
+        mark_disturbed_legend(ax, any(r.get("disturbed") for rs in series.values() for r in rs))
+        legend(ax)
+        fewest = min((r["completed"] for rs in series.values() for r in rs), default=0)
+        small = f"; {fewest} requests at a point: its p99 is about the slowest" if 0 < fewest < 100 and metric != "itl" else ""
+        ax.set_title(f"{NAMES[metric]}: p50 (solid) and p99 (dashed) against the {LOADS[load]}{small}")
         return plotted
 
     return draw
@@ -86,15 +101,18 @@ def throughput_vs(load: str) -> Callable[[Axes, ReportData], list[dict]]:
         positions = _x_positions([r for rs in series.values() for r in rs], load)
         plotted = []
         for label, rs in series.items():
-            ax.plot([positions[r[load]] for r in rs], [_value(r["output_tokens_per_s"]) for r in rs], "-o", ms=4,
-                    label=label)
+            xs = [positions[r[load]] for r in rs]
+            line = ax.plot(xs, [_value(r["output_tokens_per_s"]) for r in rs], "-", label=label)
+            _markers(ax, xs, rs, "output_tokens_per_s", "o", 4, line[0].get_color())
             plotted += [{"series": label, "run": r["run"], load: r[load],
                          "output_tokens_per_s": r["output_tokens_per_s"], "requests_per_s": r["requests_per_s"],
-                         "completed": r["completed"], "failed": r["failed"]} for r in rs]
+                         "completed": r["completed"], "failed": r["failed"], "disturbed": r.get("disturbed", 0)}
+                        for r in rs]
         _x_axis(ax, positions, load)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("output throughput (generated tokens/s)")
-        legend(ax, len(series))
+        mark_disturbed_legend(ax, any(r.get("disturbed") for rs in series.values() for r in rs))
+        legend(ax)
         ax.set_title(f"Output throughput against the {LOADS[load]}")
         return plotted
 

@@ -7,19 +7,33 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from saguaro.analysis import rounds as R
-from saguaro.figures.base import NoData, ReportData, legend, series_of
+from saguaro.figures.base import (
+    DAGGER,
+    DISTURBED_LABEL,
+    HATCH,
+    NoData,
+    ReportData,
+    legend,
+    mark_disturbed_legend,
+    series_of,
+)
 
 PHASE_LABELS = {"prefill": "prefill", "verify": "target forward (verify / decode)",
                 "draft": "draft on the critical path (SD drafting, SSD wait)", "other": "other (sampling, bookkeeping)"}
 
 
 def _label(r: dict, runs: int) -> str:
-    return r["key"] if runs == 1 else f"{r['key']} [{r['run']}]"
+    return (r["key"] if runs == 1 else f"{r['key']} [{r['run']}]") + (f" {DAGGER}" if r.get("disturbed") else "")
+
+
+def _hatch_legend(ax: Axes, any_disturbed: bool) -> None:
+    if any_disturbed:
+        ax.bar([0], [0], width=0, color="white", edgecolor="black", hatch=HATCH, label=DISTURBED_LABEL)
 
 
 def breakdown_size(data: ReportData) -> tuple[float, float]:
     n = sum(1 for r in data.rows if r["system"] in ("ar", "sd", "ssd"))
-    return 8.0, max(3.5, 1.5 + 0.28 * n)
+    return 10.0, max(3.5, 1.5 + 0.28 * n)
 
 
 def phase_breakdown(ax: Axes, data: ReportData) -> list[dict]:
@@ -37,6 +51,7 @@ def phase_breakdown(ax: Axes, data: ReportData) -> list[dict]:
                 "key": _label(r, len(data.runs)), "run": r["run"],
                 **{f"{p}_ms_per_token": v for p, v in per_token.items()},
                 "hidden_cache_build_ms_per_token": ms["hidden_cache_build"] / ms["tokens"], "tokens": ms["tokens"],
+                "disturbed": r.get("disturbed", 0),
             })
     if not plotted:
         raise NoData("needs runs of this engine (ar, sd or ssd) with per-round records")
@@ -44,13 +59,18 @@ def phase_breakdown(ax: Axes, data: ReportData) -> list[dict]:
     left = np.zeros(len(plotted))
     for p in R.PHASES:
         values = np.array([row[f"{p}_ms_per_token"] for row in plotted])
-        ax.barh(y, values, left=left, label=PHASE_LABELS[p])
+        bars = ax.barh(y, values, left=left, label=PHASE_LABELS[p])
+        for bar, row in zip(bars, plotted):
+            if row["disturbed"]:
+                bar.set_hatch(HATCH)
         left += values
     ax.set_yticks(y, [row["key"] for row in plotted], fontsize=7)
     ax.set_ylabel("variant (system and settings)")
     ax.invert_yaxis()
+    ax.set_xlim(left=0)
     ax.set_xlabel("time per generated token (ms), summed over the batch's rounds")
-    ax.legend(fontsize=7, loc="lower right")
+    _hatch_legend(ax, any(row["disturbed"] for row in plotted))
+    legend(ax)
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title("Per-phase time breakdown (critical path; SSD's cache build is hidden, in the CSV)")
     return plotted
@@ -73,26 +93,32 @@ def latency_throughput(ax: Axes, data: ReportData) -> list[dict]:
         raise NoData("needs runs at two or more batch sizes (--batch-size 1 2 4)")
     plotted = []
     for label, rs in series.items():
-        line = ax.plot([r["tokens_per_s"] for r in rs], [r["ms_per_token"] for r in rs], "-o", ms=4, label=label)
+        line = ax.plot([r["tokens_per_s"] for r in rs], [r["ms_per_token"] for r in rs], "-", label=label)
         for r in rs:
+            ax.plot([r["tokens_per_s"]], [r["ms_per_token"]], "o", ms=4, color=line[0].get_color(),
+                    mfc="white" if r.get("disturbed") else line[0].get_color())
             ax.annotate(f"b={r['batch']}", (r["tokens_per_s"], r["ms_per_token"]), fontsize=6,
                         color=line[0].get_color(), xytext=(3, 3), textcoords="offset points")
             plotted.append({"series": label, "key": r["key"], "run": r["run"], "batch": r["batch"],
-                            "tokens_per_s": r["tokens_per_s"], "ms_per_token": r["ms_per_token"]})
+                            "tokens_per_s": r["tokens_per_s"], "ms_per_token": r["ms_per_token"],
+                            "disturbed": r.get("disturbed", 0)})
     front = _pareto([(r["tokens_per_s"], r["ms_per_token"]) for rs in series.values() for r in rs])
     ax.plot(*zip(*front), "k--", lw=1, label="frontier (no point is faster and lower-latency)")
     for x, y in front:
         plotted.append({"series": "frontier", "tokens_per_s": x, "ms_per_token": y})
     ax.set_xlabel("throughput (generated tokens/s, whole batch)")
     ax.set_ylabel("latency (ms per generated token, per sequence)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    legend(ax, len(series) + 1)
+    mark_disturbed_legend(ax, any(r.get("disturbed") for rs in series.values() for r in rs))
+    legend(ax)
     ax.set_title("Latency vs throughput across batch sizes (lower right is better)")
     return plotted
 
 
 def compare_size(data: ReportData) -> tuple[float, float]:
-    return 8.0, max(3.5, 1.5 + 0.32 * len(data.predictions))
+    return 10.0, max(3.5, 1.5 + 0.32 * len(data.predictions))
 
 
 def measured_vs_predicted(ax: Axes, data: ReportData) -> list[dict]:
@@ -105,6 +131,9 @@ def measured_vs_predicted(ax: Axes, data: ReportData) -> list[dict]:
                                         ("closed_form", "closed form (theory)"))):
         values = np.array([np.nan if r[field] is None else r[field] for r in rows])
         bars = ax.barh(y + (i - 1) * height, values, height, label=label)
+        for bar, r in zip(bars, rows):
+            if r.get("disturbed"):
+                bar.set_hatch(HATCH)
         if field != "measured":
             for bar, r in zip(bars, rows):
                 if r[f"{field}_error"] is not None:
@@ -112,11 +141,13 @@ def measured_vs_predicted(ax: Axes, data: ReportData) -> list[dict]:
                                 fontsize=5, va="center", xytext=(2, 0), textcoords="offset points")
     ax.axvline(1.0, color="grey", lw=0.8, ls=":")
     several = len({r["run"] for r in rows}) > 1
-    ax.set_yticks(y, [f"{r['key']} [{r['run']}]" if several else r["key"] for r in rows], fontsize=6)
+    ax.set_yticks(y, [_label(r, 2 if several else 1) for r in rows], fontsize=6)
     ax.set_ylabel("variant (system and settings)")
     ax.invert_yaxis()
-    ax.set_xlabel("decode speedup over AR (×), same temperature and batch size")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("decode speedup over AR (×), same temperature and batch size; dotted: 1×")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    _hatch_legend(ax, any(r.get("disturbed") for r in rows))
+    legend(ax)
     ax.set_title("Measured vs simulated vs closed-form speedup (labels: relative error of each prediction)")
     return [dict(r) for r in rows]
