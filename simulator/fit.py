@@ -4,9 +4,17 @@ Linear in what a forward touches, with non-negative coefficients (non-negative l
 row weighted by 1/time so that small and large forwards count alike in relative terms):
 - target forward over `rows` new positions with `kv` cached tokens read: v0 + v_row·rows + v_kv·kv
   (verify: rows = batch·(K+1), kv = batch·context; AR decode: rows = batch);
-- draft forward: d0 + d_row·rows + d_kv·kv, fitted jointly from SD drafting (K forwards of `batch` rows),
-  SSD cache builds (a glue forward of batch·(K+1) rows, then K tree steps of `branches` rows) and SSD
+- draft forward: d0 + d_row·rows + d_kv·kv, fitted from SD drafting (K forwards of `batch` rows) and SSD
   neural backups (K forwards of the missed rows);
+- SSD cache build, as SSD runs it (next to the verify): a glue forward of batch·(K+1) rows, then K tree
+  steps of `branches` rows, each branch a copy of its sequence's KV that its steps read, so the build also
+  grows with branches × context: g0·(K+1) + g_row·(batch·(K+1) + K·branches) + g_kv·(K+1)·batch·context
+  + g_branch_kv·(K+1)·branches·context. Fitted on its own where the records hold builds at two or more
+  contexts and two or more branch counts (`saguaro calibrate` measures them so); otherwise jointly with
+  the draft forward (g = d, plus the branch term);
+- every context term is only as good as the contexts the records span: `saguaro calibrate --context`
+  times the forwards at the workload's contexts (a calibration at 60-100 tokens under-predicted the
+  verify, the draft and the build at ~300 by 15-50%);
 - prefill: p0 + p_row·batch·tokens for the target and for the draft;
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
 - the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify;
@@ -32,6 +40,7 @@ from theory.glossary import Backup, Strategy
 from simulator.records import RoundRecord
 
 Coef = tuple[float, float, float]
+BuildCoef = tuple[float, float, float, float]
 
 
 def _fit_linear(rows: list[list[float]], y: list[float]) -> tuple[tuple[float, ...], float]:
@@ -59,6 +68,7 @@ class FittedTiming:
     fast_backup_ms: dict = field(default_factory=dict)  # backup value -> ms
     link_latency_ms: float = 0.0
     ssd_verify_factor: float = 1.0  # the verify's slowdown while the SSD worker builds next to it
+    build: BuildCoef | None = None  # (g0, g_row, g_kv, g_branch_kv): the cache build's own fit (see above)
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
 
@@ -87,7 +97,9 @@ class FittedTiming:
         return K * self._draft(batch, batch * context)
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
-        return self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
+        if self.build is None:
+            return self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
+        return float(np.dot(self.build, _build_design(batch, K, branches, context)))
 
     def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
@@ -111,22 +123,32 @@ class FittedTiming:
         return self.overhead.get(strategy.value, 0.0)
 
 
-def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[float]]:
-    """Design rows [forwards, Σ rows, Σ kv] and times for every draft measurement in the records."""
+def _build_design(batch: int, K: int, branches: int, context: int) -> list[float]:
+    """[forwards, Σ rows, Σ kv of the sequences, Σ kv of the branches' copies] of one cache build."""
+    return [K + 1, batch * (K + 1) + K * branches, (K + 1) * batch * context, (K + 1) * branches * context]
+
+
+def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
+    return [r for r in records if r.strategy is Strategy.SSD and r.cache_build_ms and r.cache_build_ms > 0]
+
+
+def _draft_rows(records: list[RoundRecord], with_builds: bool = True) -> tuple[list[list[float]], list[float]]:
+    """Design rows [forwards, Σ rows, Σ kv, Σ branch kv] and times for every draft measurement in the records
+    (the builds' too unless `with_builds` is False)."""
     X, y = [], []
     for r in records:
         b, K, kv = r.batch_size, r.K, r.batch_size * r.context_len
         if r.strategy is Strategy.SD and r.draft_ms > 0:
-            X.append([K, K * b, K * kv])
+            X.append([K, K * b, K * kv, 0.0])
             y.append(r.draft_ms)
         elif r.strategy is Strategy.SSD:
-            if r.cache_build_ms and r.cache_build_ms > 0:
-                X.append([K + 1, b * (K + 1) + K * r.branches, (K + 1) * kv])
+            if with_builds and r.cache_build_ms and r.cache_build_ms > 0:
+                X.append(_build_design(b, K, r.branches, r.context_len))
                 y.append(r.cache_build_ms)
             missed = r.hit.count(False)
             backup_ms = r.backup_time_ms
             if r.backup is Backup.NEURAL and missed and backup_ms:
-                X.append([K, K * missed, K * missed * r.context_len])
+                X.append([K, K * missed, K * missed * r.context_len, 0.0])
                 y.append(backup_ms)
     return X, y
 
@@ -149,11 +171,20 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         v = np.asarray(verify)
         ssd_verify_factor = float(np.median([r.verify_ms / max(float(np.dot(v, design(r))), 1e-9) for r in busy]))
         counts["ssd_verify"] = len(busy)
-    draft = None
-    X, y = _draft_rows(decode)
+    draft = build = None
+    builds = _builds(decode)
+    spans = (len(builds) >= 4 and len({r.context_len for r in builds}) >= 2
+             and len({r.branches for r in builds}) >= 2)
+    X, y = _draft_rows(decode, with_builds=not spans)
     if len(y) >= 3:
-        draft, errors["draft"] = _fit_linear(X, y)
-        counts["draft"] = len(y)
+        coef, errors["draft"] = _fit_linear(X, y)
+        draft, counts["draft"] = coef[:3], len(y)
+        if not spans and coef[3] > 0:  # the joint fit's branch term: a build of its own with g = d
+            build = (*coef[:3], coef[3])
+    if spans:
+        build, errors["build"] = _fit_linear([_build_design(r.batch_size, r.K, r.branches, r.context_len)
+                                              for r in builds], [r.cache_build_ms for r in builds])
+        counts["build"] = len(builds)
     prefill_target = prefill_draft = None
     if len(prefill) >= 2:
         prefill_target, errors["prefill_target"] = _fit_linear(
@@ -190,5 +221,5 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     return FittedTiming(
         verify=verify, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
-        errors=errors, counts=counts,
+        build=build, errors=errors, counts=counts,
     )

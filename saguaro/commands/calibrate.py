@@ -1,27 +1,31 @@
-"""`saguaro calibrate`: a run (about six minutes for the default pair on a 2-core CPU, most of it prefill) that
-measures what an SD run cannot tell the simulator about SSD on this machine, as round records for
-`saguaro simulate --fit`:
+"""`saguaro calibrate`: about two minutes (default pair, 2-core CPU) of timed forwards that tell the simulator
+what an SD run cannot about SSD on this machine, at the contexts the workload will have (--context).
 
-- the verify's time with the draft worker busy next to it (SSD) against alone (SD and AR), at the same
-  batch sizes: the interference factor of this placement (about 1 for separate GPUs; shared memory
-  bandwidth on one CPU). The three engines share one target and take turns call by call (AR, SD, SSD,
-  then the next repetition in another order), so a drift of the machine's speed during the run falls
-  on all of them alike and the factor compares like with like;
-- the target's forward at one new token per row (AR), so that the verify's fit reaches down to AR;
-- the branch decode's cost against the number of branches: SSD cache builds at each --batch size hold
-  batch·budget branches;
-- the neural backup's own time (the worker sends it with every answer), and the fast backups' (random
-  tokens, prompt lookup) timed in-process, as the worker calls them.
+One long prompt (real prompt text repeated to the largest --context) is prefilled ONCE by the target here
+and ONCE by the draft in a worker process on the other core(s), as SSD places them. Each smaller context is
+reached by rolling the caches back exactly (engine.kv_cache), each batch size by copying that row; every
+timed forward is rolled back too, so nothing is prefilled twice. At each context and batch size:
 
-The records go to --out (JSONL); pass them to `saguaro simulate --fit` together with an SD run's records.
-The summary printed at the end is also written next to them (.summary.json); `simulate --fit` reads the
-fast backups' times from it.
+- the target's AR step (one token per row) and verify (K+1 tokens per row), alone;
+- the draft's SD proposal (K steps over the batch) and its neural backup (the worker's K-step draft over
+  the missed rows), alone, as SD and SSD run them while the target waits;
+- for each --budget B: the worker builds SSD's cache again and again (the glue forward, then the K-step
+  branch decode of batch·B branches, each branch a copy of its sequence's KV) while the target verifies
+  next to it: the verify's slowdown (the interference factor of this placement, about 1 for separate GPUs)
+  and the build's cost against branches and context, both as they are when SSD runs.
+
+The records go to --out (JSONL, the engine's round-record schema, one record per timed forward or pair):
+pass them to `saguaro simulate --fit` (alone, or with an SD run's records). Their accepted counts are not
+measurements (timing only: do not pass them to --calibrate). The summary printed at the end (medians per
+point, the inputs: pair, dtype, threads, contexts, batches, CPU) is also written next to them
+(.summary.json); `simulate --fit` reads the fast backups' times from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import sys
 import time
@@ -30,54 +34,196 @@ from pathlib import Path
 from saguaro.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
-          "sentences why the iterative version is faster than the naive recursive one.")
+          "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "
+          "with pytest, covering n = 0, n = 1, a large n, and a negative n that must raise ValueError. ")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (a few minutes)",
+    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (about 2 minutes)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"alias, model folder or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"alias, model folder or .gguf (default {DEFAULT_DRAFT})")
     p.add_argument("-K", "--K", type=int, default=4, help="draft tokens per round (default 4)")
-    p.add_argument("--budget", type=int, default=12, help="SSD fan-out budget per sequence (default 12)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 4],
-                   help="batch sizes; SSD builds batch·budget branches (default 1 4)")
-    p.add_argument("--prompt", default=PROMPT, help="the prompt every sequence decodes (default: a coding question)")
+    p.add_argument("--budget", type=int, nargs="+", default=[8, 16],
+                   help="SSD fan-out budgets per sequence; a build holds batch·budget branches (default 8 16)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4], help="batch sizes (default 1 4)")
+    p.add_argument("--context", type=int, nargs="+", default=[64, 512],
+                   help="context lengths in tokens to time the decode forwards at; cover the workload's "
+                        "(prompt + output), e.g. 64 512 1024 (default 64 512)")
+    p.add_argument("--prompt", default=PROMPT, help="text repeated to the longest --context (default: a coding task)")
     p.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="token ids instead of --prompt")
-    p.add_argument("--tokens", type=int, default=32,
-                   help="tokens per sequence in each SD and SSD call; AR's calls take half (default 32)")
     p.add_argument("--repeats", type=int, default=3,
-                   help="calls per engine and batch size, taken in turns with the others (default 3)")
+                   help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="target dtype (default bfloat16)")
     p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
     p.add_argument("--threads", type=int, default=1, help="target threads (default 1: one core, as in SSD)")
-    p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (default 1)")
+    p.add_argument("--draft-threads", type=int, default=1, help="draft worker threads (default 1)")
     p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
-    p.add_argument("--out", type=Path, required=True, help="JSONL file for the round records")
+    p.add_argument("--out", type=Path, required=True, help="JSONL file for the timing records")
     return p
 
 
 def _check(args) -> None:
     if args.K < 1:
         raise ValueError(f"-K must be >= 1 (draft tokens per round); got {args.K}")
-    if args.budget < 1:
-        raise ValueError(f"--budget must be >= 1; got {args.budget}")
+    if min(args.budget) < 1:
+        raise ValueError(f"--budget values must be >= 1; got {args.budget}")
     if min(args.batch) < 1:
         raise ValueError(f"--batch sizes must be >= 1; got {args.batch}")
-    if args.tokens < 2 * (args.K + 1):
-        raise ValueError(f"--tokens must be at least 2·(K+1) = {2 * (args.K + 1)} to see a few rounds")
+    if min(args.context) < args.K + 1:
+        raise ValueError(f"--context values must be at least K+1 = {args.K + 1} tokens; got {args.context}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
+    if args.threads < 1 or args.draft_threads < 1:
+        raise ValueError("--threads and --draft-threads must be >= 1")
     if args.out.exists() and args.out.is_dir():
         raise ValueError(f"--out {args.out} is a folder: give a file name for the JSONL records")
 
 
-def _records(llm, prompt: str | list[int], batch: int, tokens: int) -> list:
-    from engine import SamplingParams
+def long_prompt(ids: list[int], length: int) -> list[int]:
+    """`ids` repeated (whole copies, then a cut) to exactly `length` tokens."""
+    if not ids:
+        raise ValueError("the prompt is empty: give --prompt text or --prompt-ids")
+    return (ids * (length // len(ids) + 1))[:length]
 
-    params = SamplingParams(temperature=0.0, max_new_tokens=tokens, stop_on_eos=False)
-    return llm.generate([prompt] * batch, params).metrics.rounds
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- the draft worker (its own process, spawned) ----------------------------------------------------------
+def _worker(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
+    """Draft side: serve timed commands over `conn` until "exit". Times are (start, end) perf_counter pairs
+    (CLOCK_MONOTONIC on Linux: comparable across processes)."""
+    import os
+
+    import torch
+
+    from engine.kv_cache import KVState
+    from engine.sampling import RowSampling
+    from engine.sampling_params import SamplingParams
+    from engine.ssd.sparse import RANK_DEPTH, TopLogits
+    from engine.ssd.tree import decode_branches, draft_compact, draft_tokens
+
+    torch.set_num_threads(threads)
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    device = torch.device("cpu")
+    model = recipe.build(device)
+    V = int(model.get_output_embeddings().out_features)
+    greedy = SamplingParams(temperature=0.0, stop_on_eos=False)
+    gen = torch.Generator().manual_seed(0)
+    pick = torch.Generator().manual_seed(1)
+    base: KVState | None = None
+    conn.send(("ready", V))
+
+    def rows_of(b: int) -> KVState:
+        return base.fork(torch.zeros(b, dtype=torch.long))
+
+    def feed(b: int) -> torch.Tensor:
+        return torch.tensor(ids[:b], dtype=torch.long).reshape(b, 1) if b <= len(ids) else torch.ones(b, 1,
+                                                                                                        dtype=torch.long)
+
+    with torch.inference_mode():
+        while True:
+            cmd, *a = conn.recv()
+            if cmd == "exit":
+                return
+            if cmd == "prefill":  # (tokens, keep)
+                n, keep = a
+                state = KVState(model, 1, device)
+                t0 = time.perf_counter()
+                state.extend(torch.tensor([ids[:n]], dtype=torch.long), logits_to_keep=1)
+                conn.send([(t0, time.perf_counter())])
+                if keep:
+                    base = state
+            elif cmd == "context":  # roll the cache back to `c` tokens (exact)
+                (c,) = a
+                base.rollback(base.lengths - c)
+                conn.send(int(base.lengths[0]))
+            elif cmd in ("sd", "backup"):  # (batch, repeats): K draft forwards over the batch
+                b, reps = a
+                state, params, times = rows_of(b), RowSampling([greedy] * b), []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    if cmd == "sd":
+                        draft_tokens(state, feed(b), None, K, (1,) * K, 1.0, params, [gen] * b)
+                    else:  # the worker's backup: ranked, compact q, every row missed
+                        draft_compact(state, feed(b), None, K, (1,) * K, 1.0, params, [gen] * b, RANK_DEPTH)
+                    times.append((t0, time.perf_counter()))
+                    state.rollback(torch.full((b,), K, dtype=torch.long))
+                conn.send(times)
+            elif cmd == "busy":  # (batch, branches per row, n): build until "stop", reporting each build
+                b, per_row, _ = a
+                depth = max(RANK_DEPTH, per_row + 1)
+                N = b * per_row
+                params = RowSampling([greedy] * N)
+                times: list = []
+                conn.send(("started", time.perf_counter()))
+                while True:
+                    state = rows_of(b)  # [.., x_1..x_K] are the prompt's last K tokens
+                    row = torch.arange(b).repeat_interleave(per_row)
+                    k = torch.randint(0, K + 1, (N,), generator=pick)
+                    t = torch.randint(0, V, (N,), generator=pick)
+                    t0 = time.perf_counter()
+                    glue = state.extend(feed(b)).float()  # the glue forward after a hit: one tail token per row
+                    TopLogits.of(glue[:, -1], depth)
+                    decode_branches(state, row, k, t, K, (per_row + 1,) * K, 1.0, params, [gen] * N, depth)
+                    times.append((t0, time.perf_counter()))
+                    conn.send(("built", len(times)))
+                    if conn.poll():  # the target asks to stop once it has seen n_min builds
+                        conn.recv()
+                        break
+                conn.send(times)
+
+
+class _Worker:
+    def __init__(self, recipe, threads: int, ids: list[int], K: int):
+        import torch.multiprocessing as mp
+
+        from engine.ssd.process import _cores
+
+        cores, _ = _cores(threads)
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, recipe, threads, cores, ids, K), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def ask(self, *cmd, timeout_s: float = 1800.0):
+        self.conn.send(cmd)
+        return self.recv(timeout_s)
+
+    def recv(self, timeout_s: float = 1800.0):
+        if not self.conn.poll(timeout_s) and not self.proc.is_alive():
+            raise RuntimeError(f"the calibration's draft worker stopped (exit code {self.proc.exitcode})")
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise RuntimeError(f"the calibration's draft worker stopped (exit code {self.proc.exitcode})") from None
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("exit",))
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+
+
+def _ms(pairs) -> list[float]:
+    return [(t1 - t0) * 1e3 for t0, t1 in pairs]
 
 
 def fast_backup_ms(K: int, V: int, reps: int = 20) -> dict:
@@ -100,76 +246,165 @@ def fast_backup_ms(K: int, V: int, reps: int = 20) -> dict:
     return {k: round(statistics.median(v), 3) for k, v in times.items()}
 
 
-def summarize(records: list) -> dict:
-    """Median verify by strategy and batch, the interference factor, tree step and backup times."""
-    decode = [r for r in records if r.phase == "decode"]
-    out: dict = {"verify_ms": {}, "interference": {}, "cache_build_ms": {}, "backup_ms": {}}
-    for strategy in ("ar", "sd", "ssd"):
-        for b in sorted({r.batch_size for r in decode}):
-            times = [r.verify_ms for r in decode if r.strategy == strategy and r.batch_size == b]
-            if times:
-                out["verify_ms"].setdefault(strategy, {})[b] = round(statistics.median(times), 2)
-    for b, ssd in out["verify_ms"].get("ssd", {}).items():
-        sd = out["verify_ms"].get("sd", {}).get(b)
-        if sd:
-            out["interference"][b] = round(ssd / sd, 3)
-    for r in decode:
-        if r.strategy == "ssd" and r.cache_build_ms and r.branches:
-            out["cache_build_ms"].setdefault(r.branches, []).append(r.cache_build_ms)
-        if r.strategy == "ssd" and r.backup_ms and r.backup:
-            out["backup_ms"].setdefault(r.hit.count(False) if r.hit else 0, []).append(r.backup_ms)
-    for name in ("cache_build_ms", "backup_ms"):
-        out[name] = {k: round(statistics.median(v), 1) for k, v in sorted(out[name].items())}
-    factors = list(out["interference"].values())
-    out["interference_factor"] = round(statistics.median(factors), 3) if factors else None
-    return out
+def _record(strategy: str, K: int, b: int, c: int, verify_ms: float, draft_ms: float = 0.0, **ssd) -> dict:
+    """A timing point in the engine's round-record schema (accepted counts are placeholders, not measured)."""
+    rec = dict(strategy=strategy, round=1, batch_size=b, K=K if strategy != "ar" else 0, context_len=c,
+               accepted=[0] * b, emitted=[1] * b, draft_ms=round(draft_ms, 3), verify_ms=round(verify_ms, 3),
+               round_ms=round(verify_ms + draft_ms, 3), draft_forwards=K if draft_ms else 0, phase="decode")
+    if ssd:
+        rec.update(ssd)
+    return rec
+
+
+def _prefill_record(b: int, tokens: int, target_ms: float, draft_ms: float) -> dict:
+    return dict(strategy="sd", round=0, batch_size=b, K=0, context_len=0, accepted=[0] * b, emitted=[1] * b,
+                draft_ms=round(draft_ms, 3), verify_ms=round(target_ms, 3), round_ms=round(target_ms + draft_ms, 3),
+                draft_forwards=1, phase="prefill", tokens=tokens)
+
+
+def _fanout(K: int, per_row: int) -> list[int]:
+    """A uniform schedule of `per_row` guesses over the K+1 outcomes (the records' fan-out field)."""
+    return [per_row // (K + 1) + (i < per_row % (K + 1)) for i in range(K + 1)]
+
+
+def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[dict], dict]:
+    """Every timed point: records (JSONL dicts) and the summary's medians."""
+    import torch
+
+    from engine.kv_cache import KVState
+
+    K, reps = args.K, args.repeats
+    contexts = sorted(set(args.context), reverse=True)  # longest first: shorter ones are roll-backs
+    records: list[dict] = []
+    med = lambda xs: round(statistics.median(xs), 2)  # noqa: E731
+    summary: dict = {"prefill_ms": {}, "ar_ms": {}, "verify_ms": {}, "verify_busy_ms": {}, "interference": {},
+                     "sd_draft_ms": {}, "backup_ms": {}, "cache_build_ms": {}}
+
+    def prefill(n: int, keep: bool) -> tuple[KVState, float, float]:
+        worker.conn.send(("prefill", n, keep))  # the draft prefills on its core meanwhile
+        state = KVState(target, 1, torch.device("cpu"))
+        t0 = time.perf_counter()
+        state.extend(torch.tensor([ids[:n]], dtype=torch.long), logits_to_keep=1)
+        target_ms = (time.perf_counter() - t0) * 1e3
+        return state, target_ms, _ms(worker.recv())[0]
+
+    prefill(K + 1, keep=False)  # warm-up: the first forwards of a process are slow, not recorded
+    for n in sorted({min(contexts), max(contexts)}):
+        base, target_ms, draft_ms = prefill(n, keep=n == max(contexts))
+        records.append(_prefill_record(1, n, target_ms, draft_ms))
+        summary["prefill_ms"][n] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
+    say(f"prefilled {max(contexts)} tokens once (target and draft)")
+    feed = lambda b, T: torch.tensor(ids[:T], dtype=torch.long).repeat(b, 1)  # noqa: E731
+
+    def timed(state: KVState, b: int, T: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        state.extend(feed(b, T))
+        t1 = time.perf_counter()
+        state.rollback(torch.full((b,), T, dtype=torch.long))  # exact: the state before the forward
+        return t0, t1
+
+    for c in contexts:
+        base.rollback(base.lengths - c)
+        if worker.ask("context", c) != c:
+            raise RuntimeError(f"the draft worker could not roll its cache back to {c} tokens")
+        for b in args.batch:
+            key = f"{b}x{c}"
+            state = base.fork(torch.zeros(b, dtype=torch.long))
+            timed(state, b, K + 1)  # warm-up at this shape, not recorded
+            ar, alone = [], []
+            for _ in range(reps):
+                ar += _ms([timed(state, b, 1)])
+                alone += _ms([timed(state, b, K + 1)])
+            sd = _ms(worker.ask("sd", b, reps))
+            backup = _ms(worker.ask("backup", b, max(1, reps - 1)))
+            records += [_record("ar", K, b, c, t) for t in ar]
+            records += [_record("sd", K, b, c, v, d) for v, d in zip(alone, sd)]
+            summary["ar_ms"][key], summary["verify_ms"][key] = med(ar), med(alone)
+            summary["sd_draft_ms"][key], summary["backup_ms"][key] = med(sd), med(backup)
+            busy_all: list[float] = []
+            for B in args.budget:
+                worker.conn.send(("busy", b, B, 2))
+                worker.recv()  # the worker has started building
+                busy: list[tuple[float, float]] = []
+                built = 0
+                while len(busy) < reps or built < 2:  # each verify runs next to a build
+                    busy.append(timed(state, b, K + 1))
+                    while worker.conn.poll():
+                        built = worker.recv()[1]
+                stop_at = time.perf_counter()
+                worker.conn.send(("stop",))
+                while isinstance(message := worker.recv(), tuple):
+                    pass  # a last "built"
+                # the build that ran on after the stop was partly alone: left out
+                builds = _ms([(t0, t1) for t0, t1 in message if t1 <= stop_at])
+                verify = _ms(busy)
+                busy_all += verify
+                n = max(len(verify), len(builds))
+                hits = dict(hit=[True] * b, branches=b * B, backup=None, wait_ms=0.0, fanout=_fanout(K, B))
+                records += [_record("ssd", K, b, c, verify[i % len(verify)], cache_build_ms=round(builds[i % len(builds)], 3),
+                                    **hits) for i in range(n)]
+                summary["cache_build_ms"][f"{key}x{b * B}"] = med(builds)
+            # the backup's own time: an SSD round whose every row missed (the worker drafts the whole batch)
+            miss = dict(hit=[False] * b, branches=b * args.budget[0], backup="neural", fanout=_fanout(K, args.budget[0]),
+                        cache_build_ms=0.0)
+            records += [_record("ssd", K, b, c, busy_all[i % len(busy_all)], t, wait_ms=round(t, 3),
+                                backup_ms=round(t, 3), **miss) for i, t in enumerate(backup)]
+            summary["verify_busy_ms"][key] = med(busy_all)
+            summary["interference"][key] = round(statistics.median(busy_all) / statistics.median(alone), 3)
+            say(f"context {c}, batch {b}: verify {med(alone)} ms alone, {med(busy_all)} ms next to the builds")
+    factors = list(summary["interference"].values())
+    summary["interference_factor"] = round(statistics.median(factors), 3)
+    return records, summary
 
 
 def run(args) -> int:
     _check(args)
-    from engine import LLM, SpeculativeConfig
-    from engine.config import DraftPlacement
+    from engine import LLM
+    from engine.ssd.process import ModelRecipe
 
     start = time.perf_counter()
-    records = []
-    prompt = args.prompt_ids or args.prompt
-    common = dict(dtype=args.dtype, draft_int8=args.draft_int8, cache_dir=args.cache, chat_template=True)
     say = lambda text: print(f"calibrate: {text} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)  # noqa: E731
-    say("loading the target and the draft (SD: the draft in-process, the verify alone)")
-    with LLM(args.target, args.draft, strategy="sd", speculative=SpeculativeConfig(K=args.K),
-             threads=args.threads, **common) as sd:
-        target, tokenizer = sd.target, sd.tokenizer
+    say("loading the target here and the draft in its own process")
+    draft_dtype = "float32" if args.draft_int8 else args.dtype  # int8 is quantised from float32, as the engine does
+    recipe = ModelRecipe(path=str(args.draft), dtype=draft_dtype, int8=args.draft_int8,
+                         cache_dir=None if args.cache is None else str(args.cache))
+    with LLM(args.target, strategy="ar", dtype=args.dtype, threads=args.threads, cache_dir=args.cache) as llm:
+        target = llm.target
+        if args.prompt_ids:
+            ids = list(args.prompt_ids)
+        else:
+            if llm.tokenizer is None:
+                raise ValueError("the target has no tokenizer: give --prompt-ids")
+            ids = llm.tokenizer.encode(args.prompt, add_special_tokens=False)
+        longest = max(args.context)
+        if llm.max_context is not None and longest + args.K + 1 > llm.max_context:
+            raise ValueError(f"--context {longest} + K+1 exceeds the target's context window ({llm.max_context} "
+                             f"tokens): give smaller --context values")
+        ids = long_prompt(ids, longest + args.K + 1)  # the tail feeds the timed forwards
         vocab = int(target.get_output_embeddings().out_features)
-        ar = LLM(target, strategy="ar", tokenizer=tokenizer, threads=args.threads, **common)
-        say("starting SSD's draft worker in its own process (it builds the cache during each verify)")
-        spec = SpeculativeConfig(K=args.K, budget=args.budget,
-                                 placement=DraftPlacement(draft_threads=args.draft_threads))
-        # the target keeps --threads in all three engines, so that only the worker next door differs
-        with LLM(target, args.draft, strategy="ssd", speculative=spec, tokenizer=tokenizer, threads=args.threads,
-                 **common) as ssd:
-            if ssd.strategy_in_use != "ssd":
-                raise RuntimeError(f"SSD's draft worker did not start ({ssd.fault}); nothing to calibrate")
-            engines = [("ar", ar, max(args.K + 1, args.tokens // 2)), ("sd", sd, args.tokens),
-                       ("ssd", ssd, args.tokens)]
-            for b in args.batch:
-                for _, llm, _ in engines:  # warm-up at this shape, not recorded
-                    _records(llm, prompt, b, args.K + 2)
-                for rep in range(args.repeats):
-                    turn = engines[rep % 3:] + engines[:rep % 3]  # each engine goes first once in three
-                    for _, llm, tokens in turn:
-                        records += _records(llm, prompt, b, tokens)
-                say(f"batch {b}: {args.repeats} turns of AR, SD and SSD done")
-        ar.close()
+        worker = _Worker(recipe, args.draft_threads, ids, args.K)
+        try:
+            message = worker.recv(600)
+            if message[0] != "ready" or message[1] != vocab:
+                raise ValueError(f"target and draft have different vocabularies ({vocab} vs {message[1]} logits): "
+                                 "calibrate a pair that shares the tokenizer")
+            say("both models loaded")
+            records, summary = measure(args, target, ids, worker, say)
+        finally:
+            worker.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(r.to_json() + "\n" for r in records))
-    summary = summarize(records)
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
+    summary["inputs"] = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
+                         "draft_int8": args.draft_int8, "threads": args.threads, "draft_threads": args.draft_threads,
+                         "K": args.K, "budgets": args.budget, "batches": args.batch, "contexts": args.context,
+                         "repeats": args.repeats, "cpu": cpu_model(), "torch": __import__("torch").__version__}
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                           if not k.startswith("_")}
+                           if not k.startswith("_") and k != "func"}
     summary_path = args.out.with_suffix(".summary.json")
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=1))
-    print(f"wrote {args.out} ({len(records)} rounds) and {summary_path}; use: saguaro simulate --fit SD_RECORDS "
-          f"{args.out}", file=sys.stderr)
+    print(f"wrote {args.out} ({len(records)} timing points) and {summary_path}; use: saguaro simulate --fit "
+          f"{args.out} [SD_RECORDS]", file=sys.stderr)
     return 0
