@@ -22,6 +22,8 @@ SCHEDULES = ("uniform", "geometric")
 BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
 DTYPES = ("float32", "bfloat16", "float16")
 ORDERS = ("interleaved", "grouped")
+AUTO = "auto"  # -K auto: adaptive K (SD only), K_min..AUTO_K_MAX chosen each round
+AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/reports/test_cli_defaults.py checks they agree)
 
 
 @dataclass(frozen=True)
@@ -36,11 +38,22 @@ class Settings:
     schedule: str | None = None  # "uniform", "geometric" or "explicit" (SSD)
     fanout: tuple[int, ...] | None = None  # F_0..F_K (SSD)
     backup: str | None = None  # SSD's backup on a cache miss
+    # SD only (None elsewhere): adaptive K (K is then the largest, AUTO_K_MAX), its smallest K and fixed
+    # draft cost, and the confidence stop
+    adaptive: bool | None = None
+    K_min: int | None = None
+    draft_cost: float | None = None
+    confidence_stop: float | None = None
 
     def label(self) -> str:
         parts = []
-        if self.K is not None:
+        if self.adaptive:
+            parts.append("K=auto" + (f" K_min={self.K_min}" if self.K_min not in (None, 1) else "")
+                         + (f" cost={self.draft_cost:g}" if self.draft_cost is not None else ""))
+        elif self.K is not None:
             parts.append(f"K={self.K}")
+        if self.confidence_stop is not None:
+            parts.append(f"stop={self.confidence_stop:g}")
         if self.fanout is not None or self.budget == "auto":
             parts.append(f"B={self.budget} {self.schedule}" if self.schedule != "explicit"
                          else "F=" + "-".join(map(str, self.fanout)))
@@ -55,6 +68,17 @@ class Settings:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["fanout"] = list(self.fanout) if self.fanout is not None else None
+        return out
+
+    def speculative_kwargs(self) -> dict:
+        """K and the adaptive settings as engine.SpeculativeConfig takes them (K="auto" when adaptive)."""
+        out: dict = {"K": AUTO if self.adaptive else self.K}
+        if self.K_min is not None:
+            out["K_min"] = self.K_min
+        if self.draft_cost is not None:
+            out["draft_cost"] = self.draft_cost
+        if self.confidence_stop is not None:
+            out["confidence_stop"] = self.confidence_stop
         return out
 
 
@@ -95,7 +119,7 @@ class BenchConfig:
     max_new_tokens: int = 128
     stop_on_eos: bool = True
     systems: tuple[str, ...] = SYSTEMS
-    Ks: tuple[int, ...] = (4,)
+    Ks: tuple[int | str, ...] = (4,)  # "auto": adaptive K (sd only; ssd and hf-assisted skip it)
     budgets: tuple[int, ...] = (12,)
     schedules: tuple[str, ...] = ("uniform",)
     fanout: tuple[int, ...] | None = None  # an explicit F_0..F_K instead of budgets × schedules
@@ -113,6 +137,9 @@ class BenchConfig:
     warmup: int = 1  # warm-up calls per variant, excluded from the results
     warmup_tokens: int = 16
     order: str = "interleaved"  # or "grouped": one variant after another, each engine closed when done
+    K_min: int = 1  # -K auto: the smallest K it may choose
+    draft_cost: float | None = None  # -K auto: T_d / T_v fixed instead of measured
+    confidence_stop: float | None = None  # sd: stop drafting below this draft top probability
 
     def __post_init__(self) -> None:
         for name in ("systems", "categories", "Ks", "budgets", "schedules", "Cs", "backups", "temperatures",
@@ -123,10 +150,22 @@ class BenchConfig:
         unknown = set(self.systems) - set(SYSTEMS)
         if unknown or not self.systems:
             raise ValueError(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
-        _positive_ints("K (--K)", self.Ks)
+        _positive_ints("K (-K)", tuple(k for k in self.Ks if k != AUTO), allow_empty=True)
+        if not self.Ks:
+            raise ValueError("give at least one value for -K")
         _positive_ints("fan-out budget (--budget)", tuple(b for b in self.budgets if b != "auto"),
                        allow_empty=True)
-        _positive_ints("batch size (--batch-size)", self.batch_sizes)
+        _positive_ints("batch size (--batch)", self.batch_sizes)
+        if not isinstance(self.K_min, int) or not 1 <= self.K_min <= AUTO_K_MAX:
+            raise ValueError(f"--K-min must be a whole number in 1..{AUTO_K_MAX}, got {self.K_min!r}")
+        if (self.K_min != 1 or self.draft_cost is not None) and AUTO not in self.Ks:
+            raise ValueError("--K-min and --draft-cost set what -K auto does: add auto to -K, or drop them")
+        if self.draft_cost is not None and not self.draft_cost >= 0:
+            raise ValueError(f"--draft-cost (T_d / T_v) must be >= 0, got {self.draft_cost}")
+        if self.confidence_stop is not None and not 0 < self.confidence_stop <= 1:
+            raise ValueError(f"--confidence-stop must be a probability in (0, 1], got {self.confidence_stop}")
+        if (AUTO in self.Ks or self.confidence_stop is not None) and "sd" not in self.systems:
+            raise ValueError("-K auto and --confidence-stop are implemented for sd only: add sd to --systems")
         for name, given, allowed in (("schedule", self.schedules, SCHEDULES), ("backup", self.backups, BACKUPS),
                                      ("dtype", (self.dtype,), DTYPES)):
             bad = set(given) - set(allowed)
@@ -151,7 +190,7 @@ class BenchConfig:
         if not 0 < self.fanout_alpha < 1 or not self.fanout_r > 0:
             raise ValueError("the geometric schedule needs 0 < --fanout-alpha < 1 and --fanout-r > 0")
         if self.fanout is not None:
-            if len(self.Ks) != 1 or len(self.fanout) != self.Ks[0] + 1 or min(self.fanout) < 0 or sum(self.fanout) < 1:
+            if len(self.Ks) != 1 or self.Ks[0] == AUTO or len(self.fanout) != self.Ks[0] + 1 or min(self.fanout) < 0 or sum(self.fanout) < 1:
                 raise ValueError(f"an explicit --fanout needs one K and K+1 non-negative guesses F_0..F_K, "
                                  f"got K={list(self.Ks)} and fanout {list(self.fanout)}")
 
@@ -197,7 +236,9 @@ class BenchConfig:
                         v = Variant(system, s)
                         if v in variants or v in (x for x, _ in skipped):
                             continue
-                        if system == "hf-assisted" and b > 1:
+                        if s.adaptive and system != "sd":
+                            skipped.append((v, "-K auto (adaptive K) is implemented for sd only"))
+                        elif system == "hf-assisted" and b > 1:
                             skipped.append((v, "transformers' assisted generation supports batch size 1 only"))
                         else:
                             variants.append(v)
@@ -206,11 +247,18 @@ class BenchConfig:
     def _settings(self, system: str, T: float, b: int, Cs: tuple[float, ...]) -> list[Settings]:
         if system in ("ar", "hf"):
             return [Settings(T, b)]
+        fixed = [K for K in self.Ks if K != AUTO]
+        # a system without adaptive K gets one placeholder variant for -K auto, listed as skipped by grid()
+        placeholder = [Settings(T, b, K=AUTO_K_MAX, adaptive=True)] if AUTO in self.Ks else []
         if system == "hf-assisted":
-            return [Settings(T, b, K=K) for K in self.Ks]
+            return [Settings(T, b, K=K) for K in fixed] + placeholder
         if system == "sd":
-            return [Settings(T, b, K=K, C=C) for K in self.Ks for C in Cs]
+            sd = {"K_min": self.K_min, "draft_cost": self.draft_cost}
+            stop = self.confidence_stop
+            return [Settings(T, b, K=K, C=C, confidence_stop=stop) for K in fixed for C in Cs] + [
+                Settings(T, b, K=AUTO_K_MAX, C=C, adaptive=True, confidence_stop=stop, **sd)
+                for C in Cs if AUTO in self.Ks]
         return [
             Settings(T, b, K=K, C=C, budget=B, schedule=name, fanout=F, backup=backup)
-            for K in self.Ks for B, name, F in self.schedules_for(K) for C in Cs for backup in self.backups
-        ]
+            for K in fixed for B, name, F in self.schedules_for(K) for C in Cs for backup in self.backups
+        ] + placeholder

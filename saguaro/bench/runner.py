@@ -9,6 +9,7 @@ for each of its prompts (message and the last frames of the traceback) and the r
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class Bench:
             run_dir.write_prompts(self.prompts)
         self._models = models
         self._systems = systems
+        self._say = log.debug  # progress lines: log.info while run(progress=True) runs
 
     def params(self, T: float, batch_index: int, warmup: bool = False) -> SamplingParams:
         c = self.config
@@ -104,17 +106,26 @@ class Bench:
         return outcome
 
     def _run(self, todo, outcome: BenchOutcome, progress: bool, on_unit) -> None:
-        from tqdm import tqdm
-
+        say = self._say = log.info if progress else log.debug
         unavailable = outcome.unavailable
         if self._systems is not None:
             systems = self._systems(self.config)
         else:
-            systems = Systems(self._models or Models.load(self.config), self.config)
+            models = self._models
+            if models is None:
+                c = self.config
+                start = time.perf_counter()
+                say("loading %s (%s) and draft %s (%s) ...", c.target, c.dtype, c.draft,
+                    "int8" if c.draft_int8 else c.draft_dtype or c.dtype)
+                models = Models.load(c)
+                say("... loaded in %.1f s", time.perf_counter() - start)
+            systems = Systems(models, self.config)
         grouped = self.config.order == "grouped"
         try:
             for v in dict.fromkeys(u[0] for u in todo):
-                why = systems.unavailable(v)
+                if v.system in ("ar", "sd", "ssd"):
+                    say("building the %s engine for %s ...", v.system.upper(), v.key)
+                why = systems.unavailable(v) or _ignored_settings(systems, v)
                 if why:
                     log.warning("%s is unavailable: %s", v.key, why)
                     unavailable.append({"key": v.key, "system": v.system, "reason": why})
@@ -130,20 +141,19 @@ class Bench:
             if not grouped:
                 self._warm_up(systems, dict.fromkeys(u[0] for u in todo))
             warm: set[Variant] = set()
-            bar = tqdm(total=len(todo), disable=not progress, desc="bench", unit="call", dynamic_ncols=True)
+            start = time.perf_counter()
             for n, (v, index, prompts) in enumerate(todo):
-                bar.set_postfix_str(v.key, refresh=False)
                 if grouped and v not in warm:
                     self._warm_up(systems, [v])
                     warm.add(v)
+                say("%s", progress_line(n, len(todo), v, index, prompts, time.perf_counter() - start))
                 outcome.errors += self._run_unit(systems, v, index, prompts)
                 if grouped and last_of_engine[Systems.engine_key(v)] == n:
                     systems.release(v)
                 outcome.ran += 1
-                bar.update()
                 if on_unit is not None:
                     on_unit(outcome.ran)
-            bar.close()
+            say("ran %d calls in %.1f s", len(todo), time.perf_counter() - start)
         finally:
             systems.close()
 
@@ -152,6 +162,7 @@ class Bench:
             return
         for v in variants:
             prompts = self.prompts[: v.settings.batch]
+            self._say("warming up %s ...", v.key)
             for _ in range(self.config.warmup):
                 try:
                     systems.run(v, prompts, self.params(v.settings.temperature, 0, warmup=True))
@@ -174,6 +185,31 @@ class Bench:
         rounds = [{"key": v.key, "batch_index": index, "prompt_ids": prompt_ids, **r} for r in out.rounds]
         self.run_dir.append_unit(results, rounds)
         return 0
+
+
+def progress_line(n: int, total: int, v: Variant, index: int, prompts: list[Prompt], elapsed_s: float) -> str:
+    """"[3/40] ssd K=4 B=12 uniform neural T=0 b=1, batch 2: prompt tiny/3 (12 s so far, about 150 s left) ..."."""
+    ids = ", ".join(p.id for p in prompts)
+    which = f"prompt{'s' if len(prompts) > 1 else ''} {ids}"
+    left = f", about {elapsed_s / n * (total - n):.0f} s left" if n else ""
+    return f"[{n + 1}/{total}] {v.key}, batch {index}: {which} ({elapsed_s:.0f} s so far{left}) ..."
+
+
+def _ignored_settings(systems, v: Variant) -> str | None:
+    """Why an SD variant with adaptive K or a confidence stop cannot run: the engine that was built for it does
+    not have them (a Systems that does not pass Settings.speculative_kwargs on). None when it does, or when it
+    cannot be told (a stand-in without engines)."""
+    s = v.settings
+    if v.system != "sd" or not (s.adaptive or s.confidence_stop is not None):
+        return None
+    engine = getattr(systems, "_engines", {}).get(Systems.engine_key(v))
+    spec = getattr(getattr(engine, "config", None), "speculative", None)
+    if spec is None:
+        return None
+    if spec.adaptive != bool(s.adaptive) or spec.confidence_stop != s.confidence_stop:
+        return ("this saguaro/bench/systems.py builds SD without the variant's adaptive K / confidence stop "
+                "(it must pass Settings.speculative_kwargs() to SpeculativeConfig)")
+    return None
 
 
 def start(config: BenchConfig, out: str, name: str | None = None, models: Models | None = None) -> Bench:

@@ -1,8 +1,8 @@
 """`saguaro bench`: this engine's AR, SD and SSD next to transformers' `generate` and assisted generation.
 
 Every axis flag takes several values and the command runs the whole grid (axes a system does not have
-are skipped for it): --K, --budget x --schedule (SSD fan-out), --C (temperature > 0 only), --backup,
---temperature, --batch-size. Results go to a new run folder, runs/<timestamp>-<name>/ (see --out);
+are skipped for it): -K, --budget x --schedule (SSD fan-out), --C (temperature > 0 only), --backup,
+--temperature, --batch. Values are space-separated: -K 2 4 auto --batch 1 4 --temperature 0 0.7. Results go to a new run folder, runs/<timestamp>-<name>/ (see --out);
 `--resume RUN_DIR` continues an interrupted run with its saved configuration, skipping what is done.
 Then `saguaro report RUN_DIR ...` turns run folders into a Markdown report with figures.
 
@@ -20,6 +20,7 @@ import argparse
 import sys
 
 from saguaro.bench.config import BACKUPS, DTYPES, SCHEDULES, SYSTEMS
+from saguaro.cli import HelpFormatter
 from saguaro.tables import format_table
 
 COLUMNS = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "p50_ttft_ms", "mean_tpot_ms",
@@ -35,12 +36,22 @@ def _budget(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"a budget is a whole number of guesses or 'auto'; got {text!r}") from None
 
 
-def _fanout(text: str) -> tuple[int, ...]:
+def _fanout(text: str) -> list[int]:
+    """One or more of F_0 .. F_K: "4" (space-separated, like every list flag) or the older "4,3,2,2,1"."""
     try:
-        return tuple(int(f) for f in text.replace("-", ",").split(","))
+        return [int(f) for f in text.replace("-", ",").split(",") if f]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"a fan-out is F_0,...,F_K as integers (e.g. 4,3,2,2,1); got {text!r}") from None
+            f"a fan-out is F_0 ... F_K as integers (e.g. --fanout 4 3 2 2 1); got {text!r}") from None
+
+
+def _K(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"K is a whole number of draft tokens per round, or auto; got {text!r}") from None
 
 
 def _rate(text: str) -> float:
@@ -51,11 +62,12 @@ def _rate(text: str) -> float:
 
 
 # flags of the in-process engine bench (dest: the option shown in errors); client mode refuses them
-ENGINE_FLAGS = {"systems": "--systems", "Ks": "--K", "budget": "--budget", "schedule": "--schedule",
+ENGINE_FLAGS = {"systems": "--systems", "Ks": "-K", "budget": "--budget", "schedule": "--schedule",
                 "fanout": "--fanout", "fanout_alpha": "--fanout-alpha", "fanout_r": "--fanout-r", "C": "--C",
-                "backup": "--backup", "batch_size": "--batch-size", "target": "--target", "draft": "--draft",
+                "backup": "--backup", "batch_size": "--batch", "target": "--target", "draft": "--draft",
                 "dtype": "--dtype", "draft_dtype": "--draft-dtype", "draft_int8": "--draft-int8",
-                "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume"}
+                "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume",
+                "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop"}
 CLIENT_FLAGS = {"model": "--model", "api_key": "--api-key", "rate": "--rate", "concurrency": "--concurrency",
                 "endpoint": "--endpoint", "timeout": "--timeout", "deadline": "--deadline", "label": "--label"}
 
@@ -68,43 +80,56 @@ def add_client_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rate", type=_rate, nargs="+", help="open loop: Poisson arrivals, requests/s (inf = all at once)")
     g.add_argument("--concurrency", type=int, nargs="+", help="closed loop: requests in flight")
     g.add_argument("--endpoint", choices=["completions", "chat"], help="default completions")
-    g.add_argument("--timeout", type=float, help="seconds per request, to its last token (default 300)")
-    g.add_argument("--deadline", type=float, help="seconds for the whole run; then it stops (default 3600)")
+    g.add_argument("--timeout", type=float, help="seconds per request, to its last token (default: 300)")
+    g.add_argument("--deadline", type=float, help="seconds for the whole run; then it stops (default: 3600)")
     g.add_argument("--label", help="the system's name in reports, e.g. ar, sd, ssd")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark strategies and peers side by side on real prompts (sweeps), or "
                        "load-test a server (--url)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("what to run")
     g.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS,
-                   help="default: all of them (a system the engine cannot run is reported as unavailable)")
+                   help="a system the engine cannot run is reported as unavailable")
     g.add_argument("--prompts", default="spec_bench",
-                   help="spec_bench (default), humaneval, or a JSONL file: one {'prompt': text} or "
-                        "{'ids': [token ids]} a line")
+                   help="spec_bench, humaneval, or a JSONL file: one {'prompt': text} or {'ids': [token ids]} a line")
     g.add_argument("-n", "--num-prompts", type=int, default=20,
-                   help="prompts, round-robin across tasks unless --first (default 20)")
+                   help="prompts, round-robin across tasks unless --first")
     g.add_argument("--first", action="store_true",
                    help="take the first n prompts in the set's file order instead (Spec-Bench's first 20 are MT-Bench)")
     g.add_argument("--categories", nargs="+", default=[], help="keep these categories or tasks (e.g. mt_bench qa)")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request (default 128)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     g = p.add_argument_group("sweep axes (several values each: the grid is run)")
-    g.add_argument("-K", "--K", "--lookahead", type=int, nargs="+", default=[4], dest="Ks",
-                   help="draft tokens per round (default 4)")
+    g.add_argument("-K", type=_K, nargs="+", default=[4], dest="Ks", metavar="K",
+                   help="draft tokens per round; auto = adaptive K (sd only: each round's K in --K-min..8 from the "
+                        "running acceptance and draft/verify times)")
+    g.add_argument("--K", "--lookahead", type=_K, nargs="+", dest="Ks", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
+    g.add_argument("--K-min", type=int, default=1, dest="K_min", help="-K auto: the smallest K it may choose")
+    g.add_argument("--draft-cost", type=float, dest="draft_cost",
+                   help="-K auto: T_d / T_v (one draft token's time over one verify's) fixed instead of measured, "
+                        "so that seeded outputs repeat exactly (default: measured)")
+    g.add_argument("--confidence-stop", type=float, dest="confidence_stop", metavar="P",
+                   help="sd: stop drafting once the draft's top probability falls below P in (0, 1] (default: off)")
     g.add_argument("--budget", type=_budget, nargs="+", default=[12],
                    help="SSD fan-out budget B = Σ F_k, or auto: the engine sizes it at run time so that the cache "
-                        "build fits inside one verify (default 12)")
+                        "build fits inside one verify")
     g.add_argument("--schedule", nargs="+", default=["uniform"], choices=SCHEDULES,
                    help="SSD fan-out schedule for each budget: uniform, or geometric (Thm 12 optimum)")
-    g.add_argument("--fanout", type=_fanout, help="an explicit SSD schedule F_0,...,F_K instead (one K)")
-    g.add_argument("--fanout-alpha", type=float, default=0.8, help="α for the geometric schedule (default 0.8)")
-    g.add_argument("--fanout-r", type=float, default=1.0, help="power-law r for the geometric schedule (default 1)")
-    g.add_argument("--C", type=float, nargs="+", default=[1.0], help="Saguaro constant(s) in (0, 1] (default 1)")
-    g.add_argument("--backup", nargs="+", default=["neural"], choices=BACKUPS, help="SSD backup(s) (default neural)")
-    g.add_argument("--temperature", type=float, nargs="+", default=[0.0], help="default 0 (greedy)")
-    g.add_argument("--batch-size", type=int, nargs="+", default=[1], help="prompts per generate call (default 1)")
+    g.add_argument("--fanout", type=_fanout, nargs="+", action="extend", metavar="F",
+                   help="an explicit SSD schedule F_0 ... F_K instead (one K), e.g. --fanout 4 3 2 2 1")
+    g.add_argument("--fanout-alpha", type=float, default=0.8, help="α for the geometric schedule")
+    g.add_argument("--fanout-r", type=float, default=1.0, help="power-law r for the geometric schedule")
+    g.add_argument("--C", type=float, nargs="+", default=[1.0], help="Saguaro constant(s) in (0, 1]")
+    g.add_argument("--backup", nargs="+", default=["neural"], choices=BACKUPS, help="SSD backup(s)")
+    g.add_argument("--temperature", type=float, nargs="+", default=[1.0],
+                   help="0 = greedy (the default is the API's, engine.SamplingParams)")
+    g.add_argument("--batch", type=int, nargs="+", default=[1], dest="batch_size", metavar="B",
+                   help="prompts per generate call")
+    g.add_argument("--batch-size", type=int, nargs="+", dest="batch_size", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
     g = p.add_argument_group("models and machine (the same for every system)")
     g.add_argument("--target", default="qwen-coder-1.5b")
     g.add_argument("--draft", default="qwen-coder-0.5b")
@@ -112,16 +137,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
     g.add_argument("--draft-int8", action="store_true", help="int8 dynamic quantisation of the draft's Linear layers")
     g.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    g.add_argument("--seed", type=int, default=0, help="seed of call i is seed + i (default 0)")
-    g.add_argument("--warmup", type=int, default=1, help="excluded warm-up calls per variant (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="seed of call i is seed + i (fixed, so that runs repeat)")
+    g.add_argument("--warmup", type=int, default=1, help="excluded warm-up calls per variant")
     g.add_argument("--order", choices=["interleaved", "grouped"], default="interleaved",
-                   help="interleaved (default): batch by batch across variants, against machine drift; grouped: "
+                   help="interleaved: batch by batch across variants, against machine drift; grouped: "
                         "variant by variant, one engine (and SSD worker process) alive at a time, for big sweeps")
     g = p.add_argument_group("run folder")
-    g.add_argument("--out", default="runs", help="parent folder of the run folder (default runs/)")
+    g.add_argument("--out", default="runs", help="parent folder of the run folder")
     g.add_argument("--name", help="run folder name after the timestamp (default: the prompt set)")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue this run folder (its config; other flags ignored)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress lines on stderr (they show on a terminal, or always with saguaro -v)")
     add_client_flags(p)
     p.set_defaults(_defaults={dest: p.get_default(dest) for dest in ENGINE_FLAGS})
     return p
@@ -135,10 +161,12 @@ def config_from(args):
         categories=tuple(args.categories),
         prompt_order="file" if args.first else "round-robin", max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos,
         systems=tuple(args.systems), Ks=tuple(args.Ks), budgets=tuple(args.budget), schedules=tuple(args.schedule),
-        fanout=args.fanout, fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),
+        fanout=tuple(f for part in args.fanout for f in part) if args.fanout else None,
+        fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),
         backups=tuple(args.backup), temperatures=tuple(args.temperature), batch_sizes=tuple(args.batch_size),
         dtype=args.dtype, draft_dtype=args.draft_dtype, draft_int8=args.draft_int8, threads=args.threads,
-        seed=args.seed, warmup=args.warmup, order=args.order,
+        seed=args.seed, warmup=args.warmup, order=args.order, K_min=args.K_min, draft_cost=args.draft_cost,
+        confidence_stop=args.confidence_stop,
     )
 
 

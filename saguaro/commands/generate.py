@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_TARGET = "qwen-coder-1.5b"
 DEFAULT_DRAFT = "qwen-coder-0.5b"
+log = logging.getLogger(__name__)
+AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (not imported: building the parser stays free of torch)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("generate", help="generate text with AR, SD or SSD", description=__doc__)
+    from saguaro.cli import HelpFormatter
+
+    p = sub.add_parser("generate", help="generate text with AR, SD or SSD", description=__doc__,
+                       formatter_class=HelpFormatter)
     p.add_argument("prompt", nargs="*", help="prompt text(s); read from --prompts-file or stdin if none")
     p.add_argument("--prompts-file", type=Path, help="JSONL file: a 'prompt' (or 'turns') text or an 'ids' token list per line")
     p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
@@ -25,43 +33,86 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--init-method", default="tcp://127.0.0.1:0", help="SSD rendezvous tcp://host:port (0 = free)")
     p.add_argument("--external-draft", action="store_true",
                    help="SSD: do not start the worker; start it on the draft host with python -m engine.ssd.process")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    add_sampling_flags(p)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    p.add_argument("--seed", type=int, default=0, help="random stream of the first prompt (the others derive theirs)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop the output before this text (repeat for several)")
-    p.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
-                   help="stop after this token id (repeat for several)")
+                   help="stop the output before this text (repeat the flag for several: one TEXT each, so that a "
+                        "prompt after it is not taken for a stop text)")
+    p.add_argument("--stop-token-id", type=int, nargs="+", action="extend", default=[], metavar="ID",
+                   help="stop after these token ids")
     p.add_argument("--logprobs", type=int, metavar="N",
                    help="report each token's log-probability under the target and the top N (0..5); with --json")
     p.add_argument("--stream", action="store_true", help="print the text as rounds emit it (one prompt)")
-    p.add_argument("--max-num-seqs", type=int, help="most sequences in one batch (default: all prompts at once)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu")
+    add_batch_flag(p, None, "most sequences decoded together (default: all prompts at once)")
+    add_model_flags(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts as raw text")
-    p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
     p.add_argument("--json", action="store_true", help="print outputs and metrics as JSON")
     p.add_argument("--rounds-out", type=Path, help="write per-round records (JSONL) here")
     return p
 
 
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """generate's sampling flags; their defaults are engine.SamplingParams' (tests/reports/test_cli_defaults.py)."""
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: off)")
+    p.add_argument("--top-p", type=float, help="keep the smallest set of tokens with this much mass (default: off)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, help="random stream of the first prompt, the others derive theirs "
+                                            "(default: a fresh random seed, as the API)")
+
+
+def add_batch_flag(p: argparse.ArgumentParser, default: int | None, text: str) -> None:
+    """--batch: the most sequences decoded together (vLLM's --max-num-seqs, kept as a hidden alias)."""
+    p.add_argument("--batch", type=int, default=default, dest="max_num_seqs", metavar="N", help=text)
+    p.add_argument("--max-num-seqs", type=int, dest="max_num_seqs", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """dtype, int8 draft, threads, device and cache (generate and serve share them)."""
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    p.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
+    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
+
+
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:
-    """K, Saguaro's C and SSD's fan-out, budget and backup (generate and serve share them)."""
-    p.add_argument("-K", "--lookahead", type=int, default=4, dest="K", help="draft tokens per round")
+    """K (or adaptive K), Saguaro's C and SSD's fan-out, budget and backup (generate and serve share them)."""
+    p.add_argument("-K", default="4", dest="K", metavar="K",
+                   help="draft tokens per round, or auto: SD chooses each round's K in --K-min..8 from the running "
+                        "acceptance and the measured draft and verify times")
+    p.add_argument("--lookahead", "--K", dest="K", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--K-min", type=int, default=1, dest="K_min", help="the smallest K that -K auto may choose")
+    p.add_argument("--draft-cost", type=float, dest="draft_cost",
+                   help="-K auto: one draft token's time over one verify's (T_d / T_v), fixed instead of measured, "
+                        "so that seeded outputs repeat exactly (default: measured)")
+    p.add_argument("--confidence-stop", type=float, dest="confidence_stop", metavar="P",
+                   help="SD: stop drafting once the draft's top probability falls below P in (0, 1] in every row "
+                        "(default: off)")
     p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
-    p.add_argument("--fanout", type=int, nargs="+", help="F_0..F_K (K + 1 integers)")
+    p.add_argument("--fanout", type=int, nargs="+", metavar="F",
+                   help="F_0..F_K: K + 1 integers, space-separated (e.g. --fanout 4 3 2 1 1)")
     p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
                    help="SSD fan-out schedule (given = --fanout / --fanout-backup)")
-    p.add_argument("--fanout-backup", type=int, nargs="+", help="SSD F^b: fan-out after a backup round")
+    p.add_argument("--fanout-backup", type=int, nargs="+", metavar="F",
+                   help="SSD F^b: fan-out after a backup round, K + 1 integers")
     p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
     p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
                    help="SSD backup on a cache miss")
+
+
+def parse_K(text) -> int | str:
+    """-K's value: 'auto' or an integer (checked further by SpeculativeConfig)."""
+    if isinstance(text, int) or text == "auto":
+        return text
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"-K must be a whole number of draft tokens per round (>= 1) or auto, got {text!r}") from None
 
 
 def speculative_config(args, placement):
@@ -74,11 +125,44 @@ def speculative_config(args, placement):
             budget = int(budget)
         except ValueError:
             raise ValueError(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
+    K = parse_K(args.K)
+    if K == "auto" and not 1 <= args.K_min <= AUTO_K_MAX:
+        raise ValueError(f"--K-min must be in 1..{AUTO_K_MAX} (the largest K that -K auto chooses), got {args.K_min}")
+    if args.K_min != 1 and K != "auto":
+        raise ValueError("--K-min is the smallest K that -K auto may choose: add -K auto, or drop --K-min")
+    if args.draft_cost is not None and K != "auto":
+        raise ValueError("--draft-cost fixes the cost that -K auto weighs: add -K auto, or drop --draft-cost")
+    if K == "auto" and getattr(args, "strategy", "sd") != "sd":
+        raise ValueError(f"-K auto (adaptive K) is implemented for --strategy sd only, not {args.strategy}: "
+                         "give a number of draft tokens")
+    if args.confidence_stop is not None and getattr(args, "strategy", "sd") != "sd":
+        raise ValueError(f"--confidence-stop is implemented for --strategy sd only, not {args.strategy}: drop it")
     return SpeculativeConfig(
-        K=args.K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
+        K=K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
         fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=args.schedule,
-        budget=budget, backup=args.backup, placement=placement,
+        budget=budget, backup=args.backup, placement=placement, K_min=args.K_min, draft_cost=args.draft_cost,
+        confidence_stop=args.confidence_stop,
     )
+
+
+def describe_models(args) -> str:
+    """What is about to load, for the progress line: "qwen-coder-1.5b (bfloat16) and draft qwen-coder-0.5b (int8)"."""
+    text = f"{args.target} ({args.dtype})"
+    if args.strategy != "ar":
+        draft_dtype = "int8" if args.draft_int8 else args.draft_dtype or args.dtype
+        where = " in the SSD draft worker" if args.strategy == "ssd" else ""
+        text += f" and draft {args.draft} ({draft_dtype}){where}"
+    return text
+
+
+@contextlib.contextmanager
+def loading(args):
+    """Progress lines around building the engine (wrap the LLM construction only): "loading ... ..." and
+    "... loaded in 4.2 s". The engine logs each model it loads (engine.models) and SSD's worker start."""
+    start = time.perf_counter()
+    log.info("loading %s ...", describe_models(args))
+    yield
+    log.info("... loaded in %.1f s", time.perf_counter() - start)
 
 
 def read_prompts(args) -> list[str | list[int]]:
@@ -140,12 +224,14 @@ def run(args) -> int:
 
     spec = speculative_config(args, DraftPlacement(draft_threads=args.draft_threads, draft_device=args.draft_device,
                                                    init_method=args.init_method, external=args.external_draft))
-    with LLM(
-        args.target, args.draft if args.strategy != "ar" else None,
-        strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
-        draft_int8=args.draft_int8, device=args.device, threads=args.threads,
-        chat_template=not args.no_chat_template, cache_dir=args.cache, max_num_seqs=args.max_num_seqs,
-    ) as llm:
+    with loading(args):
+        llm = LLM(
+            args.target, args.draft if args.strategy != "ar" else None,
+            strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
+            draft_int8=args.draft_int8, device=args.device, threads=args.threads,
+            chat_template=not args.no_chat_template, cache_dir=args.cache, max_num_seqs=args.max_num_seqs,
+        )
+    with llm:
         if args.stream:
             for chunk in llm.stream(prompts, params):
                 print(chunk.text, end="", flush=True)

@@ -10,29 +10,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from saguaro.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET, add_speculation_flags, speculative_config
-
-DTYPES = ["float32", "bfloat16", "float16"]
+from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, add_batch_flag, add_model_flags,
+                                      add_speculation_flags, loading, speculative_config)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__)
+    from saguaro.cli import HelpFormatter
+
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__,
+                       formatter_class=HelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file (sd, ssd)")
     p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
     add_speculation_flags(p)
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    p.add_argument("--draft-dtype", choices=DTYPES)
-    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    add_model_flags(p)
     p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (own cores on CPU)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = a free port)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--served-model-name", help="the model name clients ask for (default: --target)")
-    p.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together (batch rows)")
+    add_batch_flag(p, 8, "requests decoded together (batch rows)")
     p.add_argument("--max-prefill-tokens", type=int, default=2048, help="prompt tokens prefilled per step")
     p.add_argument("--max-waiting", type=int, default=64, help="requests queued before answering 503")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -66,12 +63,13 @@ def _start_engine(args):
     from engine.config import DraftPlacement
 
     spec = speculative_config(args, DraftPlacement(draft_threads=args.draft_threads))
-    llm = LLM(
-        args.target, args.draft if args.strategy != "ar" else None,
-        strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
-        draft_int8=args.draft_int8, device=args.device, threads=args.threads, cache_dir=args.cache,
-        max_num_seqs=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens, max_waiting=args.max_waiting,
-    )
+    with loading(args):
+        llm = LLM(
+            args.target, args.draft if args.strategy != "ar" else None,
+            strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
+            draft_int8=args.draft_int8, device=args.device, threads=args.threads, cache_dir=args.cache,
+            max_num_seqs=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens, max_waiting=args.max_waiting,
+        )
     try:
         return llm, AsyncLLM(llm, max_waiting=args.max_waiting, rounds_path=args.rounds_out)
     except BaseException:

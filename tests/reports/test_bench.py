@@ -159,9 +159,16 @@ def test_bench_uses_the_saved_prompts_when_resuming(tiny_models, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--K", "0"], "K (--K) must be integers >= 1"),
+    (["-K", "0"], "K (-K) must be integers >= 1"),
+    (["--K", "0"], "K (-K) must be integers >= 1"),  # the old spelling still works
+    (["-K", "auto", "--systems", "ssd"], "implemented for sd only"),
+    (["-K", "4", "--K-min", "2", "--systems", "sd"], "add auto to -K"),
+    (["-K", "auto", "--K-min", "9", "--systems", "sd"], "--K-min must be a whole number in 1..8"),
+    (["-K", "auto", "--draft-cost", "-1", "--systems", "sd"], "--draft-cost (T_d / T_v) must be >= 0"),
+    (["--confidence-stop", "1.5", "--systems", "sd"], "--confidence-stop must be a probability in (0, 1]"),
     (["--C", "1.5"], "C (Saguaro constant) must be in (0, 1]"),
     (["--fanout", "3,3", "--K", "4"], "explicit --fanout needs one K and K+1"),
+    (["--fanout", "3", "3", "-K", "4"], "explicit --fanout needs one K and K+1"),
     (["--prompts", "no-such-set"], "unknown prompt set"),
     (["--resume", "/no/such/run"], "not a bench run folder"),
 ])
