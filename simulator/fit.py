@@ -7,11 +7,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - draft forward: d0 + d_row·rows + d_kv·kv, fitted from SD drafting (K forwards of `batch` rows) and SSD
   neural backups (K forwards of the missed rows);
 - SSD cache build, as SSD runs it (next to the verify): a glue forward of batch·(K+1) rows, then K tree
-  steps of `branches` rows, each branch a copy of its sequence's KV that its steps read, so the build also
-  grows with branches × context: g0·(K+1) + g_row·(batch·(K+1) + K·branches) + g_kv·(K+1)·batch·context
-  + g_branch_kv·(K+1)·branches·context. Fitted on its own where the records hold builds at two or more
-  contexts and two or more branch counts (`saguaro calibrate` measures them so); otherwise jointly with
-  the draft forward (g = d, plus the branch term);
+  steps of `branches` rows. In draft steps that is D = d(batch·(K+1), batch·context) + K·d(branches,
+  batch·context), but each branch is a copy of its sequence's KV that its steps read, and the worker shares
+  the memory bandwidth with the verify, so the build is fitted (on the builds, once d is fitted) as
+  s·D + e_row·K·branches + e_kv·(K+1)·branches·context: a scale, extra cost per branch row, and the
+  branches × context term (1, 0, 0 when the build is just draft steps);
 - every context term is only as good as the contexts the records span: `saguaro calibrate --context`
   times the forwards at the workload's contexts (a calibration at 60-100 tokens under-predicted the
   verify, the draft and the build at ~300 by 15-50%);
@@ -40,7 +40,6 @@ from theory.glossary import Backup, Strategy
 from simulator.records import RoundRecord
 
 Coef = tuple[float, float, float]
-BuildCoef = tuple[float, float, float, float]
 
 
 def _fit_linear(rows: list[list[float]], y: list[float]) -> tuple[tuple[float, ...], float]:
@@ -68,7 +67,7 @@ class FittedTiming:
     fast_backup_ms: dict = field(default_factory=dict)  # backup value -> ms
     link_latency_ms: float = 0.0
     ssd_verify_factor: float = 1.0  # the verify's slowdown while the SSD worker builds next to it
-    build: BuildCoef | None = None  # (g0, g_row, g_kv, g_branch_kv): the cache build's own fit (see above)
+    build: Coef | None = None  # (s, e_row, e_kv): the cache build over its draft steps (see above)
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
 
@@ -97,9 +96,11 @@ class FittedTiming:
         return K * self._draft(batch, batch * context)
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
+        steps = self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
         if self.build is None:
-            return self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
-        return float(np.dot(self.build, _build_design(batch, K, branches, context)))
+            return steps
+        s, e_row, e_kv = self.build
+        return s * steps + e_row * K * branches + e_kv * (K + 1) * branches * context
 
     def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
@@ -123,32 +124,23 @@ class FittedTiming:
         return self.overhead.get(strategy.value, 0.0)
 
 
-def _build_design(batch: int, K: int, branches: int, context: int) -> list[float]:
-    """[forwards, Σ rows, Σ kv of the sequences, Σ kv of the branches' copies] of one cache build."""
-    return [K + 1, batch * (K + 1) + K * branches, (K + 1) * batch * context, (K + 1) * branches * context]
-
-
 def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
     return [r for r in records if r.strategy is Strategy.SSD and r.cache_build_ms and r.cache_build_ms > 0]
 
 
-def _draft_rows(records: list[RoundRecord], with_builds: bool = True) -> tuple[list[list[float]], list[float]]:
-    """Design rows [forwards, Σ rows, Σ kv, Σ branch kv] and times for every draft measurement in the records
-    (the builds' too unless `with_builds` is False)."""
+def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[float]]:
+    """Design rows [forwards, Σ rows, Σ kv] and times of SD's drafts and the neural backups in the records."""
     X, y = [], []
     for r in records:
         b, K, kv = r.batch_size, r.K, r.batch_size * r.context_len
         if r.strategy is Strategy.SD and r.draft_ms > 0:
-            X.append([K, K * b, K * kv, 0.0])
+            X.append([K, K * b, K * kv])
             y.append(r.draft_ms)
         elif r.strategy is Strategy.SSD:
-            if with_builds and r.cache_build_ms and r.cache_build_ms > 0:
-                X.append(_build_design(b, K, r.branches, r.context_len))
-                y.append(r.cache_build_ms)
             missed = r.hit.count(False)
             backup_ms = r.backup_time_ms
             if r.backup is Backup.NEURAL and missed and backup_ms:
-                X.append([K, K * missed, K * missed * r.context_len, 0.0])
+                X.append([K, K * missed, K * missed * r.context_len])
                 y.append(backup_ms)
     return X, y
 
@@ -172,18 +164,20 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         ssd_verify_factor = float(np.median([r.verify_ms / max(float(np.dot(v, design(r))), 1e-9) for r in busy]))
         counts["ssd_verify"] = len(busy)
     draft = build = None
+    X, y = _draft_rows(decode)
     builds = _builds(decode)
-    spans = (len(builds) >= 4 and len({r.context_len for r in builds}) >= 2
-             and len({r.branches for r in builds}) >= 2)
-    X, y = _draft_rows(decode, with_builds=not spans)
+    if len(y) < 3 and len(builds) >= 3:  # SSD records without backups: the builds alone inform the draft
+        X = [[K + 1, b * (K + 1) + K * N, (K + 1) * b * c] for b, K, N, c in
+             ((r.batch_size, r.K, r.branches, r.context_len) for r in builds)]
+        y = [r.cache_build_ms for r in builds]
     if len(y) >= 3:
-        coef, errors["draft"] = _fit_linear(X, y)
-        draft, counts["draft"] = coef[:3], len(y)
-        if not spans and coef[3] > 0:  # the joint fit's branch term: a build of its own with g = d
-            build = (*coef[:3], coef[3])
-    if spans:
-        build, errors["build"] = _fit_linear([_build_design(r.batch_size, r.K, r.branches, r.context_len)
-                                              for r in builds], [r.cache_build_ms for r in builds])
+        draft, errors["draft"] = _fit_linear(X, y)
+        counts["draft"] = len(y)
+    if draft is not None and len(builds) >= 3:
+        partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft)
+        build, errors["build"] = _fit_linear(
+            [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len), r.K * r.branches,
+              (r.K + 1) * r.branches * r.context_len] for r in builds], [r.cache_build_ms for r in builds])
         counts["build"] = len(builds)
     prefill_target = prefill_draft = None
     if len(prefill) >= 2:

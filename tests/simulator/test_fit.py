@@ -107,7 +107,14 @@ def test_the_ssd_workers_interference_is_measured_against_the_verify_alone():
 # -- records that span contexts, as `saguaro calibrate --context` writes them --------------------------------
 V_TRUE = (150.0, 4.0, 0.08)  # ms, ms per row, ms per cached token read (batch·context)
 D_TRUE = (12.0, 1.5, 0.01)
-BUILD_TRUE = (10.0, 1.2, 0.01, 0.004)  # g0, g_row, g_kv, g_branch_kv: the build copies each branch's KV
+BUILD_TRUE = (1.15, 0.3, 0.004)  # s, e_row, e_kv: the build over its draft steps (it copies each branch's KV)
+
+
+def _true_build(b, K, N, c):
+    d0, d_row, d_kv = D_TRUE
+    step = lambda rows: d0 + d_row * rows + d_kv * b * c  # noqa: E731
+    s, e_row, e_kv = BUILD_TRUE
+    return s * (step(b * (K + 1)) + K * step(N)) + e_row * K * N + e_kv * (K + 1) * N * c
 
 
 def _point(strategy, b, c, K=4, **fields):
@@ -136,9 +143,7 @@ def _spanning(contexts, noise=0.0, seed=0, interference=1.0):
                 out.append(_point("sd", b, c, verify_ms=verify(K + 1), draft_ms=draft))
             for B in (8, 16):
                 N = b * B
-                g0, g_row, g_kv, g_bkv = BUILD_TRUE
-                build = (g0 * (K + 1) + g_row * (b * (K + 1) + K * N) + g_kv * (K + 1) * b * c
-                         + g_bkv * (K + 1) * N * c)
+                build = _true_build(b, K, N, c)
                 for _ in range(2):
                     out.append(_point("ssd", b, c, verify_ms=interference * verify(K + 1),
                                       cache_build_ms=build * jitter(), branches=N, hit=[True] * b, backup=None,
@@ -152,9 +157,8 @@ def test_points_spanning_contexts_recover_the_context_coefficients():
     assert fitted.draft == pytest.approx(D_TRUE, rel=1e-6)
     assert fitted.build == pytest.approx(BUILD_TRUE, rel=1e-6)
     # the build at batch 4, 64 branches and context 300 grows with branches × context
-    g0, g_row, g_kv, g_bkv = BUILD_TRUE
-    assert fitted.cache_build_ms(4, 4, 64, 300) == pytest.approx(
-        5 * g0 + g_row * (20 + 4 * 64) + g_kv * 5 * 4 * 300 + g_bkv * 5 * 64 * 300)
+    assert fitted.cache_build_ms(4, 4, 64, 300) == pytest.approx(_true_build(4, 4, 64, 300))
+    assert fitted.cache_build_ms(4, 4, 64, 600) - fitted.cache_build_ms(4, 4, 64, 300) > 5 * 64 * 300 * BUILD_TRUE[2]
 
 
 def test_noisy_points_spanning_contexts_give_the_context_term_within_a_few_percent():
@@ -165,9 +169,7 @@ def test_noisy_points_spanning_contexts_give_the_context_term_within_a_few_perce
     assert spanning.draft[2] == pytest.approx(D_TRUE[2], rel=0.10)
     v0, v_row, v_kv = V_TRUE
     assert spanning.verify_ms(4, 5, 300) == pytest.approx(v0 + v_row * 20 + v_kv * 1200, rel=0.03)
-    g0, g_row, g_kv, g_bkv = BUILD_TRUE
-    true_build = 5 * g0 + g_row * (20 + 4 * 64) + g_kv * 5 * 4 * 300 + g_bkv * 5 * 64 * 300
-    assert spanning.cache_build_ms(4, 4, 64, 300) == pytest.approx(true_build, rel=0.03)
+    assert spanning.cache_build_ms(4, 4, 64, 300) == pytest.approx(_true_build(4, 4, 64, 300), rel=0.03)
     short = [fit_timing(_spanning([60, 80, 100], noise=0.03, seed=s)).verify[2] for s in range(1, 6)]
     assert max(abs(v / V_TRUE[2] - 1) for v in short) > 0.10
 
