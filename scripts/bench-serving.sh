@@ -31,7 +31,7 @@ trap stop_server EXIT
 
 start_server() {  # $1 = strategy; sets pid and url
     log="$out/serve-$1-$budget.log"
-    "$bin/saguaro" serve --strategy "$1" "${model[@]}" --budget "$budget" --max-num-seqs 8 --port 0 \
+    "$bin/saguaro" serve --strategy "$1" "${model[@]}" --budget "$budget" --batch 8 --port 0 \
         --rounds-out "$out/serve-$1-$budget-rounds.jsonl" > "$log" 2>&1 &
     pid=$!
     for _ in $(seq 600); do

@@ -17,6 +17,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 "$venv/bin/saguaro" models provision --which default
-# One core for the target in every strategy; SSD's draft worker gets the other core.
+# One core for the target in every strategy; SSD's draft worker gets the other core. Greedy (--temperature 0),
+# as before the CLI's default became the API's 1.0; a later --temperature in "$@" overrides it.
 exec "$venv/bin/saguaro" bench --systems ar sd ssd --num-prompts 3 --max-new-tokens 64 \
-    --dtype bfloat16 --draft-int8 -K 4 --threads 1 "$@"
+    --dtype bfloat16 --draft-int8 -K 4 --threads 1 --temperature 0 "$@"

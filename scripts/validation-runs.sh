@@ -24,22 +24,22 @@ for part in "${parts[@]}"; do
     serve)  # the served prompts' SD reference (α and hits), then SSD served at four rates and concurrency 1
         stamp "SD reference on the served prompts"
         "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \
-            "${model[@]}" --warmup 1 --no-progress --out "$out" --name sd-reference-served
+            --temperature 0 "${model[@]}" --warmup 1 --no-progress --out "$out" --name sd-reference-served
         stamp "SSD served"
         OUT="$out/serving" TOKENS=64 N=8 RATES="0.1 0.2 0.4 inf" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
             bash "$root/scripts/bench-serving.sh" ;;
     b4)
         stamp "batch 4"
         "$bin/saguaro" bench --systems ar sd ssd -K 4 --budget 8 16 --schedule uniform --backup neural \
-            --batch-size 4 "${engine[@]}" --name b4 ;;
+            --batch 4 --temperature 0 "${engine[@]}" --name b4 ;;
     b2)
         stamp "batch 2"
         "$bin/saguaro" bench --systems ar sd ssd -K 4 --budget 8 --schedule uniform --backup neural \
-            --batch-size 2 "${engine[@]}" --name b2 ;;
+            --batch 2 --temperature 0 "${engine[@]}" --name b2 ;;
     k)
         stamp "K 2 3 5 at batch 1"
         "$bin/saguaro" bench --systems sd ssd -K 2 3 5 --budget 8 --schedule geometric --backup neural \
-            "${engine[@]}" --name k235 ;;
+            --temperature 0 "${engine[@]}" --name k235 ;;
     t07)
         stamp "T 0.7 at batch 1"
         "$bin/saguaro" bench --systems sd ssd -K 3 5 --budget 8 --schedule geometric --backup neural random \
@@ -47,7 +47,7 @@ for part in "${parts[@]}"; do
     fast)
         stamp "fast backups at batch 1"
         "$bin/saguaro" bench --systems ssd -K 4 --budget 4 16 --schedule uniform --backup lookup random \
-            "${engine[@]}" --name fast-backups ;;
+            --temperature 0 "${engine[@]}" --name fast-backups ;;
     *)
         echo "unknown part $part (calibrate serve b4 b2 k t07 fast)" >&2
         exit 2 ;;

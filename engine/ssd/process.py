@@ -231,12 +231,14 @@ class ProcessChannel:
         self.ready = False  # the worker has built its model
         self.in_step = True  # False while an exchange is under way: a stream broken off mid-way is out of step
         self.address = address
+        self.started = time.monotonic()
         if placement.external:
             store.set(SPEC_KEY, pickle.dumps(ws))  # the hand-started worker reads its settings here
             log.warning("waiting for a draft worker: run `python -m engine.ssd.process %s` on the draft host", address)
         else:
             self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
             spawn_with_sigint_blocked(self.process.start)
+            log.info("starting the draft worker (pid %d) on %s ...", self.process.pid, draft_device)
         try:
             self._await(JOINED_KEY, "connect")
             host, _ = parse_init_method(address)
@@ -266,6 +268,7 @@ class ProcessChannel:
         if not self.ready:
             self._await(READY_KEY, "load its model")
             self.ready = True
+            log.info("draft worker ready in %.1f s", time.monotonic() - self.started)
 
     def exchange(self, msg: Round) -> Speculation:
         self.wait_ready()

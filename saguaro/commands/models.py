@@ -23,24 +23,28 @@ ALIAS_CHOICES = ("qwen-coder-1.5b", "qwen-coder-0.5b", "smollm2-135m")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from saguaro.cli import HelpFormatter
+
     p = subparsers.add_parser(
         "models",
         help="provision, list and verify the real models",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     actions = p.add_subparsers(dest="models_action", required=True, metavar="ACTION")
-    prov = actions.add_parser("provision", help="assemble, verify and convert models into the cache")
+    prov = actions.add_parser("provision", help="assemble, verify and convert models into the cache",
+                              formatter_class=HelpFormatter)
     prov.add_argument("--which", choices=GROUP_CHOICES + ALIAS_CHOICES, default="default",
-                      help="default = the Qwen-Coder 1.5B/0.5B pair, smoke = SmolLM2-135M (default: default)")
+                      help="default = the Qwen-Coder 1.5B/0.5B pair, smoke = SmolLM2-135M")
     prov.add_argument("--gguf", type=Path, metavar="FILE",
                       help="convert (or repair the cache entry of) a local .gguf file instead of --which")
     prov.add_argument("--rebuild", action="store_true", help="convert again even if the cache is valid")
-    actions.add_parser("list", help="the model aliases, whether provisioned, and where")
-    actions.add_parser("verify", help="re-hash every cached file against its manifest")
-    actions.add_parser("clean", help="remove temp folders left by interrupted builds")
+    actions.add_parser("list", help="the model aliases, whether provisioned, and where", formatter_class=HelpFormatter)
+    actions.add_parser("verify", help="re-hash every cached file against its manifest", formatter_class=HelpFormatter)
+    actions.add_parser("clean", help="remove temp folders left by interrupted builds", formatter_class=HelpFormatter)
     for action in actions.choices.values():
-        action.add_argument("--cache", type=Path, metavar="DIR", help="model cache folder")
+        action.add_argument("--cache", type=Path, metavar="DIR",
+                            help="model cache folder (default: $SAGUARO_CACHE, else ~/.cache/saguaro)")
     return p
 
 
