@@ -16,7 +16,7 @@ The targets form the SLO; the first is the primary one (the "latency" objective 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from theory.latency import METRICS
@@ -146,9 +146,10 @@ def _targets(target: LatencyTarget | Sequence[LatencyTarget]) -> tuple[LatencyTa
 
 def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarget | Sequence[LatencyTarget],
          objective: str = "accelerators", headroom: float = 0.85, check_top: int = 3,
-         check_requests: int = 300) -> PlanResult:
+         check_requests: int = 300, progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Drop the grid's infeasible points, screen the rest, size those that meet every target for `rate_per_s`
-    and check the best ones in an open loop."""
+    and check the best ones in an open loop. `progress(done, total)` is called after each simulation step
+    (each screened point, then each open-loop check)."""
     targets = _targets(target)
     if not rate_per_s > 0:
         raise ValueError(f"the arrival rate must be > 0 requests per second; got {rate_per_s}")
@@ -161,7 +162,14 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
     closed = replace(scenario, rate_per_s=None, requests=None)
     feasible, rejected, infeasible = [], [], []
     points = grid.points()
-    for point in points:
+    steps = len(points) + check_top
+
+    def step(done: int) -> None:
+        if progress is not None:
+            progress(done, steps)
+
+    for i, point in enumerate(points):
+        step(i)
         config = closed.config(**point)
         found = problems(config)
         if found:
@@ -179,7 +187,11 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
         several = f"none of the {len(points)} configurations can run; the first, {where}: " if len(points) > 1 else ""
         raise ValueError(several + first.reason)
     feasible.sort(key=_rank(objective))
-    checked = [_check(closed, c, rate_per_s, targets, check_requests) for c in feasible[:check_top]]
+    checked = []
+    for i, candidate in enumerate(feasible[:check_top]):
+        step(len(points) + i)
+        checked.append(_check(closed, candidate, rate_per_s, targets, check_requests))
+    step(steps)
     passed = sorted((c for c in checked if c.meets_target), key=_rank(objective))
     best = passed[0] if passed else None
     rest = feasible[check_top:]

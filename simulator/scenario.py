@@ -8,6 +8,7 @@ miss model ("geometric", the default) or the reference engine's even spread ("un
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -166,12 +167,17 @@ class Grid:
         return out
 
 
-def sweep(scenario: Scenario, grid: Grid) -> list[tuple[dict, SimResult]]:
-    """Simulate every point of the grid (same seed: common random numbers across points)."""
+def sweep(scenario: Scenario, grid: Grid, progress: Callable[[int, int], None] | None = None
+          ) -> list[tuple[dict, SimResult]]:
+    """Simulate every point of the grid (same seed: common random numbers across points). `progress(done,
+    total)` is called after each point."""
     results = []
-    for point in grid.points():
+    points = grid.points()
+    for point in points:
         config = scenario.config(**point)
         result = simulate(config)
         settings = {**result.settings, "C": point["C"]}
         results.append((settings, replace(result, settings=settings)))
+        if progress is not None:
+            progress(len(results), len(points))
     return results

@@ -9,15 +9,17 @@ Poisson arrivals at rate / replicas per replica, adding replicas until every tar
 Targets: --metric M --target-ms X, and/or --ttft-ms, --tpot-ms, --itl-ms, --e2el-ms, all at --percentile.
 Metrics are theory.latency's (as vLLM's serving benchmark): ttft (arrival to first token), itl (gap between
 successive streamed chunks; a speculative round is one gap), tpot ((e2el − ttft) / (tokens − 1)), e2el.
-The output starts with the assumptions the plan rests on; a latency marked ! violates its target.
+The output starts with the assumptions the plan rests on; a latency marked ! violates its target. Latency
+columns are in ms, or in s where their values reach 10 s (the header says which); JSON always in ms and
+echoes the inputs (pair, hardware, timing source, α, hit model, seed, the grid, the workload). Lists are
+space-separated: --K 2 4 6 --batch 1 4 16.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 
-from saguaro.commands.simulate import _write_json, add_scenario_flags
+from saguaro.commands.simulate import Progress, _write_json, add_scenario_flags, help_formatter, scenario_inputs, table
 
 METRICS = ("ttft", "tpot", "itl", "e2el")  # theory.latency.METRICS (not imported here: the CLI starts light)
 SETTINGS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C"]
@@ -27,33 +29,36 @@ SOURCED = ("alpha", "r", "scale", "p_hit")  # flags whose defaults the assumptio
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="capacity plan: best SD/SSD settings and replicas for latency targets",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=help_formatter())
     g = p.add_argument_group("demand and targets")
     g.add_argument("--rate", type=float, required=True, help="arrival rate, requests per second (all replicas)")
     g.add_argument("--metric", choices=METRICS, default="itl",
-                   help="the primary metric, limited by --target-ms: itl (per streamed chunk, default), tpot, "
+                   help="the primary metric, limited by --target-ms: itl (per streamed chunk), tpot, "
                         "ttft or e2el")
     g.add_argument("--target-ms", type=float, help="the primary metric's limit in milliseconds")
     for metric in METRICS:
         g.add_argument(f"--{metric}-ms", type=float, metavar="MS", help=f"a limit on {metric} as well (ms)")
-    g.add_argument("--percentile", type=int, choices=[50, 90, 99], default=99, help="of every target (default 99)")
+    g.add_argument("--percentile", type=int, choices=[50, 90, 99], default=99, help="of every target")
     g.add_argument("--objective", choices=["accelerators", "latency"], default="accelerators",
-                   help="fewest accelerators (default) or lowest primary latency among plans that meet the SLO")
-    g.add_argument("--headroom", type=float, default=0.85, help="plan for this fraction of capacity (default 0.85)")
-    g.add_argument("--check-top", type=int, default=3, help="open-loop checks of the best N (default 3)")
-    g.add_argument("--check-requests", type=int, default=300, help="requests per open-loop check (default 300)")
-    g = p.add_argument_group("candidates")
-    g.add_argument("--strategy", nargs="+", default=["ar", "sd", "ssd"], choices=["ar", "sd", "ssd"])
-    g.add_argument("--K", type=int, nargs="+", default=[2, 4, 6], help="default 2 4 6")
-    g.add_argument("--budget", type=int, nargs="+", default=[6, 12, 24], help="SSD budgets (default 6 12 24)")
-    g.add_argument("--backup", nargs="+", default=["neural", "random"], choices=["neural", "random", "lookup"])
-    g.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="max batch per replica (default 1 4 16)")
-    g.add_argument("--C", type=float, nargs="+", default=[1.0], help="Saguaro constants (needs --saguaro-table)")
+                   help="fewest accelerators or lowest primary latency among plans that meet the SLO")
+    g.add_argument("--headroom", type=float, default=0.85, help="plan for this fraction of capacity")
+    g.add_argument("--check-top", type=int, default=3, help="open-loop checks of the best N")
+    g.add_argument("--check-requests", type=int, default=300, help="requests per open-loop check")
+    g = p.add_argument_group("candidates (space-separated lists)")
+    g.add_argument("--strategy", nargs="+", default=["ar", "sd", "ssd"], choices=["ar", "sd", "ssd"],
+                   help="strategies")
+    g.add_argument("-K", "--K", dest="K", type=int, nargs="+", default=[2, 4, 6], help="draft tokens per round")
+    g.add_argument("--budget", type=int, nargs="+", default=[6, 12, 24], help="SSD fan-out budgets B = Σ F_k")
+    g.add_argument("--backup", nargs="+", default=["neural", "random"], choices=["neural", "random", "lookup"],
+                   help="SSD backups")
+    g.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="max batch per replica")
+    g.add_argument("--C", type=float, nargs="+", default=[1.0],
+                   help="Saguaro constants (C ≠ 1 needs --saguaro-table)")
     add_scenario_flags(p, rounds=2000)
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="also write the plan and its inputs as JSON ('-' for stdout only)")
     g.add_argument("--markdown", action="store_true", help="tables in Markdown")
-    g.add_argument("--show", type=int, default=10, help="candidates to list (default 10)")
+    g.add_argument("--show", type=int, default=10, help="candidates to list")
     p.set_defaults(_defaults={name: p.get_default(name) for name in SOURCED})
     return p
 
@@ -92,38 +97,35 @@ def _row(candidate, targets, percentile: int) -> dict:
             "accelerators": candidate.accelerators, "tok/s/acc": candidate.screened.tokens_per_s_per_accelerator}
 
 
-def _ms(value: float | None, limit: float | None = None) -> str | None:
-    """A latency as printed, '!' after one that violates its limit ('none': no sample, which meets no limit)."""
-    if value is None:
-        return None
-    if math.isnan(value):
-        return "none" if limit is None else "none!"
-    return f"{value:.1f}" + ("!" if limit is not None and value > limit else "")
-
-
-def _flagged(row: dict, targets) -> dict:
-    """The row as printed: every latency to 0.1 ms, '!' on those over their target."""
+def _limits(targets) -> dict[str, float]:
+    """Each target's limit (ms) by the columns that show its metric."""
     limits = {}
     for t in targets:
         limits[f"{t.metric}_p{t.percentile}_ms"] = limits[f"checked_{t.metric}_p{t.percentile}_ms"] = t.ms
-    return {k: _ms(v, limits.get(k)) if k.endswith("_ms") else v for k, v in row.items()}
+    return limits
 
 
-def slo_table(candidate, targets, percentile: int) -> list[dict]:
-    """Every metric at the percentile: its limit, at full load and in the open-loop check ('!' = violated)."""
+def slo_table(candidate, targets, percentile: int) -> tuple[list[dict], list[str]]:
+    """Every metric at the percentile: its limit, at full load and in the open-loop check ('!' = violated), in
+    one unit for the table (ms, or s once a value reaches 10 s); rows and columns as printed."""
+    from saguaro.commands.simulate import _number, latency_unit
     from simulator.plan import latency_ms
 
     limits = {t.metric: t.ms for t in targets}
-    rows = []
+    raw = []
     for m in METRICS:
         full = latency_ms(candidate.screened, m, percentile)
         checked = None if candidate.checked is None else latency_ms(candidate.checked, m, percentile)
-        rows.append({"metric": f"{m} p{percentile}", "limit_ms": limits.get(m),
-                     "full_load_ms": _ms(full, limits.get(m)), "checked_ms": _ms(checked, limits.get(m))})
-    return rows
+        raw.append((m, limits.get(m), full, checked))
+    unit, factor, decimals = latency_unit([v for row in raw for v in row[1:] if v is not None])
+    columns = ["metric", f"limit_{unit}", f"full_load_{unit}", f"checked_{unit}"]
+    rows = [dict(zip(columns, (f"{m} p{percentile}", _number(limit, decimals, factor),
+                               _number(full, decimals, factor, limit), _number(checked, decimals, factor, limit))))
+            for m, limit, full, checked in raw]
+    return rows, columns
 
 
-def _describe(candidate, targets, args, table) -> list[str]:
+def _describe(candidate, targets, args) -> list[str]:
     from simulator.plan import EXTRA_REPLICAS
 
     settings = {k: v for k, v in candidate.settings.items() if k in SETTINGS or k == "miss_policy"}
@@ -134,33 +136,38 @@ def _describe(candidate, targets, args, table) -> list[str]:
     where = "not checked" if candidate.checked is None else (
         f"Poisson arrivals at {per_replica:.3g} requests/s per replica"
         + ("" if candidate.passed else f", the last of {EXTRA_REPLICAS + 1} replica counts tried"))
-    return [table([{**settings, **sizing}], [*settings, *sizing]), "",
+    rows, columns = slo_table(candidate, targets, args.percentile)
+    return [table([{**settings, **sizing}], [*settings, *sizing], markdown=args.markdown), "",
             f"SLO at p{args.percentile}: full load = closed loop at batch {candidate.settings['batch']}; "
             f"checked = {where}; ! = violated",
-            table(slo_table(candidate, targets, args.percentile), ["metric", "limit_ms", "full_load_ms",
-                                                                   "checked_ms"])]
+            table(rows, columns, markdown=args.markdown)]
 
 
 def run(args: argparse.Namespace) -> int:
     from saguaro.assumptions import assumptions, left_aligned
     from saguaro.commands.simulate import _grid, scenario_from_args
-    from saguaro.tables import format_table
     from simulator import plan
 
     targets = targets_from_args(args)
     scenario = scenario_from_args(args, None)
     if scenario.output_len is None:
         raise ValueError("planning needs finite --output-len (requests must finish)")
-    result = plan(scenario, _grid(args), args.rate, targets, objective=args.objective, headroom=args.headroom,
-                  check_top=args.check_top, check_requests=args.check_requests)
+    progress = Progress("plan", args)
+    try:
+        result = plan(scenario, _grid(args), args.rate, targets, objective=args.objective, headroom=args.headroom,
+                      check_top=args.check_top, check_requests=args.check_requests, progress=progress)
+    finally:
+        progress.close()
     rows = assumptions(args, scenario, targets)  # saguaro.assumptions
     pct = args.percentile
     if args.json:
         def detail(c):
             return None if c is None else {**_row(c, targets, pct), "settings": c.settings,
                                            "checked": c.checked.to_dict() if c.checked else None}
+        inputs = {**scenario_inputs(args, scenario), "rate_per_s": args.rate, "slo": [str(t) for t in targets],
+                  "objective": args.objective, "headroom": args.headroom}
         _write_json(args.json, {
-            "inputs": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+            "inputs": inputs,
             "assumptions": rows, "slo": [str(t) for t in targets], "rate_per_s": args.rate,
             "best": detail(result.best), "closest": detail(result.closest),
             "candidates": [_row(c, targets, pct) for c in result.candidates],
@@ -170,29 +177,26 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         return 0
 
-    def table(rows_, columns):
-        return format_table(rows_, columns, markdown=args.markdown)
-
     print(f"plan for {args.rate:g} requests/s under {'; '.join(map(str, targets))}\n")
     print("assumptions")
-    print(table(rows, ["assumption", "value", "source"]) if args.markdown else left_aligned(rows))
+    print(table(rows, ["assumption", "value", "source"], markdown=True) if args.markdown else left_aligned(rows))
     print()
     if result.best is not None:
         best = result.best
         print(f"best: {best.replicas} replica(s) × {best.accelerators // best.replicas} accelerator(s) = "
               f"{best.accelerators} accelerator(s)")
-        print("\n".join(_describe(best, targets, args, table)))
+        print("\n".join(_describe(best, targets, args)))
     else:
         print("no configuration meets the SLO: relax it, add smaller batches, or faster hardware")
         if result.closest is not None:
             print("the closest:")
-            print("\n".join(_describe(result.closest, targets, args, table)))
+            print("\n".join(_describe(result.closest, targets, args)))
     latencies = [f"{m}_p{pct}_ms" for m in METRICS]
     checked = f"checked_{targets[0].metric}_p{targets[0].percentile}_ms"
     print(f"\ncandidates that meet the SLO at full load ({len(result.candidates)}; {len(result.rejected)} missed "
           f"it, {len(result.infeasible)} cannot run); latencies at full load, ! = violated:")
-    print(table([_flagged(_row(c, targets, pct), targets) for c in result.candidates[: args.show]],
-                [*SETTINGS, *latencies, checked, *FIGURES]))
+    print(table([_row(c, targets, pct) for c in result.candidates[: args.show]],
+                [*SETTINGS, *latencies, checked, *FIGURES], markdown=args.markdown, limits=_limits(targets)))
     if result.infeasible:
         print(f"\n{len(result.infeasible)} configuration(s) cannot run (dropped):")
         for i in result.infeasible[: args.show]:

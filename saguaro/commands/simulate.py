@@ -7,8 +7,17 @@ own records (--fit RECORDS.jsonl). With --validate RECORDS2.jsonl ... the fitted
 validation run's tokens/s and reports the error against the measured figure.
 
 Latency is in theory.latency's terms (as vLLM's serving benchmark): TTFT, ITL (the gap between successive
-emissions of a request: a speculative round is one gap), TPOT and E2EL, in ms; a metric with no sample
-(e.g. TPOT when no request finished) is NaN in tables and null in JSON.
+emissions of a request: a speculative round is one gap), TPOT and E2EL. Tables give each latency column in
+ms, or in s where its values reach 10 s (the unit is in the header); JSON always in ms. A metric with no
+sample (e.g. TPOT when no request finished) is "none" in tables and null in JSON.
+
+Hit rate: the fraction of SSD verification rounds, counted per sequence, whose outcome was in the
+speculation cache; each sequence's first round, which has no cache yet, is left out. (JSON also gives
+all_rows_hit_round_rate: the fraction of rounds in which every row of the batch hit, a new sequence's
+first round counting as a miss.)
+
+Lists are space-separated: --K 2 4 --batch 1 8, --fanout 4 2 2 1 3. JSON output (--json) echoes the
+inputs: pair, hardware, timing source, α, hit model, seed, the grid and the workload.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import time
 from pathlib import Path
 
 TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
@@ -24,81 +35,218 @@ TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "t
 
 
 def _floats(text: str) -> list[float]:
+    """One command-line word as numbers: '4', or the older comma form '4,2,2' (still accepted)."""
     try:
         return [float(v) for v in text.replace(",", " ").split()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected numbers separated by spaces, got {text!r}") from None
+
+
+def flat(values: list[list[float]] | None) -> list[float] | None:
+    """A nargs='+' list of _floats words as one list (`--fanout 4 2 2` and `--fanout 4,2,2` alike)."""
+    return None if values is None else [v for word in values for v in word]
+
+
+class _DefaultsFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Fallback: the description's line breaks and every option's default."""
+
+
+def help_formatter() -> type[argparse.HelpFormatter]:
+    """saguaro.cli's formatter (every default shown, the description's line breaks kept), or a fallback."""
+    try:
+        from saguaro.cli import HelpFormatter
+    except ImportError:
+        return _DefaultsFormatter
+    return HelpFormatter
+
+
+# --- output people read: one number format per column, the unit in the header -------------------------
+
+def _finite_values(values) -> list[float]:
+    return [abs(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+
+
+def latency_unit(values_ms) -> tuple[str, float, int]:
+    """(unit, factor from ms, decimals) for a set of latencies: s with 2 decimals once any reaches 10 s, else
+    ms with 1 decimal (2 below 10 ms)."""
+    finite = _finite_values(values_ms)
+    top = max(finite, default=0.0)
+    if top >= 10_000:
+        return "s", 1e-3, 2
+    return "ms", 1.0, 2 if top < 10 else 1
+
+
+def _decimals(values) -> int:
+    """Fixed decimals for a column of plain figures: 1 from 100 up, 2 from 1, else 3."""
+    top = max(_finite_values(values), default=0.0)
+    return 1 if top >= 100 else 2 if top >= 1 else 3
+
+
+def _number(value, decimals: int, factor: float = 1.0, limit: float | None = None) -> str | None:
+    """A figure as printed: fixed decimals, 'none' for NaN (no sample), '!' past its limit (same unit as value)."""
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return "none" if limit is None else "none!"
+    text = f"{value * factor:,.{decimals}f}".replace(",", "")
+    return text + ("!" if limit is not None and value > limit else "")
+
+
+def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | None = None
+             ) -> tuple[list[dict], list[str]]:
+    """Rows and columns for format_table with every float fixed-format: a column named *_ms in ms or s (the
+    header says which, chosen over the column), other float columns with fixed decimals. `limits` (ms, by
+    column) adds '!' to a latency past it."""
+    limits = limits or {}
+    renamed, out = {}, [dict(r) for r in rows]
+    for column in columns:
+        values = [r.get(column) for r in rows]
+        if not any(isinstance(v, float) for v in values):
+            continue
+        if column == "C":  # a setting: as given
+            for r in out:
+                if isinstance(r.get(column), float):
+                    r[column] = f"{r[column]:g}"
+        elif column.endswith("_ms"):
+            unit, factor, decimals = latency_unit(values)
+            new = column[: -len("_ms")] + f"_{unit}"
+            renamed[column] = new
+            for r in out:
+                r[new] = _number(r.pop(column, None), decimals, factor, limits.get(column))
+        else:
+            decimals = _decimals(values)
+            for r in out:
+                value = r.get(column)
+                if isinstance(value, float):
+                    r[column] = _number(value, decimals)
+    return out, [renamed.get(c, c) for c in columns]
+
+
+def table(rows: list[dict], columns: list[str], markdown: bool = False, limits: dict | None = None) -> str:
+    from saguaro.tables import format_table
+
+    return format_table(*readable(rows, columns, limits), markdown=markdown)
+
+
+class Progress:
+    """Progress of a long loop on stderr: a tqdm bar when stderr is a terminal, else a line every few seconds
+    (with -v); nothing with -q, and nothing at all when the loop ends within two seconds."""
+
+    DELAY_S, EVERY_S = 2.0, 5.0
+
+    def __init__(self, what: str, args: argparse.Namespace) -> None:
+        shown = getattr(args, "_progress", None)
+        tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        if shown is None:  # the CLI did not decide: a terminal, or -v
+            shown = tty or bool(getattr(args, "verbose", False))
+        self.what, self.shown, self.tty = what, bool(shown) and not getattr(args, "quiet", False), tty
+        self.start = self.last = time.monotonic()
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.shown:
+            return
+        now = time.monotonic()
+        if self.tty and self.bar is None and now - self.start >= self.DELAY_S and done < total:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                self.tty = False
+            else:
+                self.bar = tqdm(total=total, initial=done, desc=self.what, unit="config", file=sys.stderr,
+                                dynamic_ncols=True, leave=False)
+                return
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+            if done >= total:
+                self.close()
+            return
+        if not self.tty and now - self.start >= self.DELAY_S and (now - self.last >= self.EVERY_S or done >= total):
+            self.last = now
+            print(f"{self.what}: {done}/{total} configurations, {now - self.start:.0f} s", file=sys.stderr,
+                  flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     """Flags shared with `saguaro plan`: models and hardware, timing, acceptance, workload, link."""
     g = p.add_argument_group("models and hardware (roofline timing)")
-    g.add_argument("--pair", default="qwen-coder", help="model pair preset: qwen-coder (default), llama, qwen3")
+    g.add_argument("--pair", default="qwen-coder", help="model pair preset: qwen-coder, llama, qwen3")
     g.add_argument("--target", help="target model preset (overrides --pair)")
     g.add_argument("--draft", help="draft model preset (overrides --pair)")
-    g.add_argument("--hardware", default="cpu", help="target hardware: cpu (default), h100, h200, a100")
+    g.add_argument("--hardware", default="cpu", help="target hardware: cpu, h100, h200, a100")
     g.add_argument("--draft-hardware", help="draft hardware (default: --hardware)")
     g.add_argument("--tp", type=int, help="target tensor-parallel degree (default: the pair's)")
     g = p.add_argument_group("timing")
     g.add_argument("--timing", choices=["roofline", "constant"], default="roofline",
-                   help="timing model when --fit is not given (default roofline)")
+                   help="timing model when --fit is not given")
     g.add_argument("--fit", metavar="RECORDS", nargs="+",
                    help="fit the timing model from the engine's per-round JSONL records (several files: one fit; "
                         "add saguaro calibrate's records for SSD's interference, branch cost and backup time)")
-    g.add_argument("--t-verify-ms", type=float, default=10.0, help="constant timing: T_v (default 10)")
-    g.add_argument("--t-draft-ms", type=float, default=1.0, help="constant timing: one draft step T_d (default 1)")
+    g.add_argument("--t-verify-ms", type=float, default=10.0, help="constant timing: T_v")
+    g.add_argument("--t-draft-ms", type=float, default=1.0, help="constant timing: one draft step T_d")
     g.add_argument("--t-build-ms", type=float, help="constant timing: cache build T_p (default (K+1)·T_d)")
     g.add_argument("--t-backup-ms", type=float, help="constant timing: neural backup T_b (default K·T_d)")
     g = p.add_argument_group("acceptance and cache hits")
-    g.add_argument("--alpha", type=float, default=0.8, help="per-token acceptance rate α (default 0.8)")
-    g.add_argument("--alpha-per-position", type=_floats, help="α_1,...,α_K: acceptance by position instead")
+    g.add_argument("--alpha", type=float, default=0.8, help="per-token acceptance rate α")
+    g.add_argument("--alpha-per-position", type=_floats, nargs="+", metavar="ALPHA",
+                   help="α_1 ... α_K: acceptance by position instead (space-separated)")
     g.add_argument("--alpha-lookup", type=float, help="acceptance rate of the prompt-lookup backup")
     g.add_argument("--replay", metavar="RECORDS", help="replay accepted counts and hits from engine records")
     g.add_argument("--calibrate", metavar="RECORDS",
                    help="measure α and the hit model (from the rounds' outcome ranks, SD or SSD) from engine "
                         "records instead of the flags")
     g.add_argument("--hit-model", choices=["measured", "powerlaw", "constant"], default="measured",
-                   help="cache hits: measured (default: where the bonus stood among the draft's guesses, "
+                   help="cache hits: measured (where the bonus stood among the draft's guesses, "
                         "measured on the default pair, simulator/data/hit_tables.json; the entry of --hit-table "
                         "nearest in --temperature and C), power-law misses a·F^(-r) per outcome, or a constant")
     g.add_argument("--hit-table", default="spec_bench", metavar="WORKLOAD",
-                   help="measured hit model's workload: spec_bench (default), spec_bench/<task>, humaneval")
-    g.add_argument("--r", type=float, default=1.0, help="power-law exponent r (default 1)")
-    g.add_argument("--scale", type=float, default=1.0, help="power-law scale a, with --hit-model powerlaw (default 1, as in the docs and theory fanout)")
-    g.add_argument("--p-hit", type=float, default=0.9, help="constant hit probability (default 0.9)")
-    g.add_argument("--saguaro-table", metavar="JSON", help='{"C": [...], "alpha": [...], "r": [...], "scale": [...]}')
+                   help="measured hit model's workload: spec_bench, spec_bench/<task>, humaneval")
+    g.add_argument("--r", type=float, default=1.0, help="power-law exponent r")
+    g.add_argument("--scale", type=float, default=1.0,
+                   help="power-law scale a, with --hit-model powerlaw (as in the docs and theory fanout)")
+    g.add_argument("--p-hit", type=float, default=0.9, help="constant hit probability")
+    g.add_argument("--saguaro-table", metavar="FILE",
+                   help='a JSON file {"C": [...], "alpha": [...], "r": [...], "scale": [...]}')
     g.add_argument("--fanout-rule", choices=["geometric", "uniform"], default="geometric",
-                   help="schedule for a budget: Thm 12 integer optimum (default) or even spread")
+                   help="schedule for a budget: Thm 12 integer optimum (geometric) or even spread (uniform)")
     g.add_argument("--miss-policy", choices=["per-row", "whole-batch"], default="per-row",
-                   help="SSD at batch > 1 when some rows miss: per-row (default; this engine: the cache build "
+                   help="SSD at batch > 1 when some rows miss: per-row (this engine: the cache build "
                         "completes, hit rows keep their branch, missed rows share one backup) or whole-batch "
                         "(the reference engine: any miss drops the build and backs up every row)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="> 0: the draft also sends q (vocab × 2 bytes per token) over the link")
     g = p.add_argument_group("workload")
-    g.add_argument("--prompt-len", default="128", help="prompt tokens: N or LOW:HIGH (default 128)")
-    g.add_argument("--output-len", default="256", help="output tokens: N, LOW:HIGH or inf (default 256)")
-    g.add_argument("--rounds", type=int, default=rounds, help=f"target forwards to simulate (default {rounds})")
-    g.add_argument("--seed", type=int, default=0, help="seed of all random draws (default 0)")
+    g.add_argument("--prompt-len", default="128", help="prompt tokens: N or LOW:HIGH")
+    g.add_argument("--output-len", default="256", help="output tokens: N, LOW:HIGH or inf")
+    g.add_argument("--rounds", type=int, default=rounds, help="target forwards to simulate")
+    g.add_argument("--seed", type=int, default=0, help="seed of all random draws")
     g.add_argument("--link-latency-ms", type=float, help="draft link latency (default: the draft hardware's)")
     g.add_argument("--link-gb-s", type=float, help="draft link bandwidth (default: the draft hardware's)")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate AR/SD/SSD timing (one configuration or a sweep)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("configuration (several values: a sweep)")
-    g.add_argument("--strategy", nargs="+", default=["ssd"], choices=["ar", "sd", "ssd"], help="default ssd")
-    g.add_argument("--K", type=int, nargs="+", default=[4], help="draft tokens per round (default 4)")
-    g.add_argument("--budget", type=int, nargs="+", default=[12], help="SSD fan-out budget B = Σ F_k (default 12)")
-    g.add_argument("--fanout", type=_floats, help="explicit SSD schedule F_0,...,F_K (one K, instead of --budget)")
-    g.add_argument("--backup", nargs="+", default=["neural"], choices=["neural", "random", "lookup"])
-    g.add_argument("--batch", type=int, nargs="+", default=[1], help="batch size / concurrency (default 1)")
-    g.add_argument("--C", type=float, nargs="+", default=[1.0], help="Saguaro constant (needs --saguaro-table)")
+                       description=__doc__, formatter_class=help_formatter())
+    g = p.add_argument_group("configuration (several values, space-separated: a sweep)")
+    g.add_argument("--strategy", nargs="+", default=["ssd"], choices=["ar", "sd", "ssd"], help="strategies")
+    g.add_argument("-K", "--K", dest="K", type=int, nargs="+", default=[4], help="draft tokens per round")
+    g.add_argument("--budget", type=int, nargs="+", default=[12], help="SSD fan-out budget B = Σ F_k")
+    g.add_argument("--fanout", type=_floats, nargs="+", metavar="F",
+                   help="explicit SSD schedule F_0 ... F_K, space-separated (one K, instead of --budget)")
+    g.add_argument("--backup", nargs="+", default=["neural"], choices=["neural", "random", "lookup"],
+                   help="SSD backups")
+    g.add_argument("--batch", type=int, nargs="+", default=[1], help="batch size / concurrency")
+    g.add_argument("--C", type=float, nargs="+", default=[1.0], help="Saguaro constants (C ≠ 1 needs --saguaro-table)")
     g.add_argument("--rate", type=float, help="Poisson arrivals per second (open loop; default: closed loop)")
     add_scenario_flags(p, rounds=5000)
     g = p.add_argument_group("output")
-    g.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout only)")
+    g.add_argument("--json", metavar="PATH", help="also write the results and their inputs as JSON ('-' for "
+                                                  "stdout only)")
     g.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the timeline (one configuration)")
     g.add_argument("--markdown", action="store_true", help="tables in Markdown")
     g.add_argument("--validate", metavar="RECORDS", nargs="+",
@@ -204,7 +352,7 @@ def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
         else:
             hits = measured.hits or hits
     elif args.alpha_per_position:
-        acceptance = PerPositionAcceptance(tuple(args.alpha_per_position), alpha_lookup=args.alpha_lookup)
+        acceptance = PerPositionAcceptance(tuple(flat(args.alpha_per_position)), alpha_lookup=args.alpha_lookup)
     else:
         acceptance = IidAcceptance(args.alpha, alpha_lookup=args.alpha_lookup)
     latency = args.link_latency_ms
@@ -229,33 +377,101 @@ def _grid(args: argparse.Namespace):
                 backup=tuple(args.backup), batch=tuple(args.batch), C=tuple(args.C))
 
 
+def _lengths_text(lengths) -> str:
+    if lengths is None:
+        return "endless"
+    return f"{lengths.low}" if lengths.upper == lengths.low else f"{lengths.low}:{lengths.upper}"
+
+
+def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
+    """The inputs a run used, resolved (presets to model and hardware names, the hit model to its source) and
+    as given (`flags`): what JSON output echoes so that a result file says what it is a result of."""
+    from simulator import ConstantHit, FittedTiming, IidAcceptance, PerPositionAcceptance, PowerLawHit, Replay
+    from simulator import RooflineTiming
+    from simulator.hits import EmpiricalHit
+
+    timing = scenario.timing
+    out: dict = {}
+    if isinstance(timing, RooflineTiming):
+        t, d = timing.target, timing.draft
+        out["pair"] = {"preset": args.pair, "target": t.model.name, "draft": d.model.name, "target_tp": t.tp}
+        out["hardware"] = {"target": t.hardware.name, "draft": d.hardware.name}
+        out["timing"] = {"source": "roofline of the model and hardware presets"}
+    elif isinstance(timing, FittedTiming):
+        out["pair"] = out["hardware"] = "those of the fitted records"
+        out["timing"] = {"source": "fitted to engine records", "records": list(args.fit)}
+    else:
+        out["pair"] = out["hardware"] = "none: constant timing stands for them"
+        out["timing"] = {"source": "constant", "t_verify_ms": timing.t_verify_ms, "t_draft_ms": timing.t_draft_ms,
+                         "t_build_ms": args.t_build_ms, "t_backup_ms": args.t_backup_ms}
+    acc = scenario.acceptance
+    if isinstance(acc, Replay):
+        out["acceptance"] = {"model": "replayed records", "records": args.replay}
+    elif isinstance(acc, PerPositionAcceptance):
+        out["acceptance"] = {"model": "per position", "alpha": list(acc.alphas)}
+    elif isinstance(acc, IidAcceptance):
+        out["acceptance"] = {"model": "i.i.d.", "alpha": acc.alpha,
+                             "source": f"measured: {args.calibrate}" if args.calibrate else "--alpha"}
+    hits = scenario.hits
+    if isinstance(hits, EmpiricalHit):
+        out["hit_model"] = {"model": "measured", "source": hits.source, "hit_table": args.hit_table,
+                            "temperature": args.temperature}
+    elif isinstance(hits, PowerLawHit):
+        out["hit_model"] = {"model": "powerlaw", "r": hits.r, "scale": hits.scale}
+    elif isinstance(hits, ConstantHit):
+        out["hit_model"] = {"model": "constant", "p_hit": hits.p_hit}
+    else:
+        out["hit_model"] = {"model": type(hits).__name__}
+    out["fanout_rule"] = scenario.fanout_rule
+    out["miss_policy"] = scenario.miss_policy.value
+    out["saguaro_table"] = args.saguaro_table
+    grid = {name: list(getattr(args, name)) for name in ("strategy", "K", "budget", "backup", "batch", "C")}
+    if getattr(args, "fanout", None):
+        grid["fanout"] = [int(f) for f in flat(args.fanout)]
+    out["grid"] = grid
+    out["workload"] = {"prompt_len": _lengths_text(scenario.prompt_len),
+                       "output_len": _lengths_text(scenario.output_len),
+                       "arrivals": ("closed loop at each batch size" if scenario.rate_per_s is None
+                                    else f"Poisson, {scenario.rate_per_s:g} requests/s"),
+                       "rounds": scenario.rounds}
+    out["link"] = {"latency_ms": scenario.link.latency_ms, "gb_s": scenario.link.bandwidth_gb_s}
+    out["seed"] = scenario.seed
+    out["flags"] = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("verbose", "quiet")}
+    return out
+
+
 def _detail(result) -> str:
-    from saguaro.tables import format_table
+    from simulator.metrics import HIT_RATE_DEFINITION
     from theory.latency import METRICS
 
     sim_ms = result.sim_ms
-    lines = [f"{k}: {v}" for k, v in result.settings.items()]
-    lines += [
-        f"simulated: {result.rounds} rounds, {sim_ms / 1e3:.3f} s, {result.tokens} tokens, "
-        f"{result.completed_requests} requests done, mean batch {result.mean_batch:.2f}",
-        f"tokens/s: {result.tokens_per_s:.2f} total, {result.decode_tokens_per_s:.2f} decode, "
-        f"{result.tokens_per_s_per_seq:.2f} per sequence, {result.tokens_per_s_per_accelerator:.2f} per "
-        f"accelerator ({result.accelerators})",
-        f"tokens per round: {result.tokens_per_round:.3f} (mean accepted {result.mean_accepted:.3f}, "
-        f"acceptance rate {result.acceptance_rate:.3f})",
-    ]
+    lines = ["configuration: " + ", ".join(f"{k} {v}" for k, v in result.settings.items()),
+             f"simulated: {result.rounds} rounds, {sim_ms / 1e3:.2f} s, {result.tokens} tokens, "
+             f"{result.completed_requests} requests done, mean batch {result.mean_batch:.2f}",
+             f"tokens/s: {result.tokens_per_s:.2f} total, {result.decode_tokens_per_s:.2f} decode, "
+             f"{result.tokens_per_s_per_seq:.2f} per sequence, {result.tokens_per_s_per_accelerator:.2f} per "
+             f"accelerator ({result.accelerators})",
+             f"tokens per round: {result.tokens_per_round:.3f} (mean accepted {result.mean_accepted:.3f}, "
+             f"acceptance rate {result.acceptance_rate:.3f})"]
     if result.hit_rate is not None:
-        lines.append(f"hit rate: {result.hit_rate:.3f} per sequence, {result.batch_hit_rate:.3f} whole batch")
-    rows = [{"latency": name, **{f"{stat}_ms": v for stat, v in getattr(result, f"{name}_ms").items()}}
-            for name in METRICS]
-    breakdown = [{"actor": actor, "activity": what, "ms": ms, "share": ms / sim_ms if sim_ms else 0.0}
+        lines.append(f"hit rate: {result.hit_rate:.3f} ({HIT_RATE_DEFINITION})")
+    rows = []
+    for name in METRICS:
+        stats = getattr(result, f"{name}_ms")
+        unit, factor, decimals = latency_unit(stats.values())
+        rows.append({"latency": name, "unit": unit, **{stat: _number(v, decimals, factor) for stat, v in stats.items()}})
+    breakdown = [{"actor": actor, "activity": what, "time_ms": ms,
+                  "share_%": f"{100 * ms / sim_ms if sim_ms else 0.0:.1f}"}
                  for actor, parts in result.breakdown_ms.items() for what, ms in parts.items() if ms > 0]
     hist = [{"k": k, "rounds": n, "hits_after": result.hits_by_k[k] if result.hit_rate is not None else None,
              "misses_after": result.misses_by_k[k] if result.hit_rate is not None else None}
             for k, n in enumerate(result.accepted_hist)]
+    busy = readable(breakdown, ["actor", "activity", "time_ms", "share_%"])
+    from saguaro.tables import format_table
+
     return "\n".join(lines) + "\n\n" + "\n\n".join([
-        format_table(rows, ["latency", "mean_ms", "p50_ms", "p90_ms", "p99_ms"]),
-        format_table(breakdown, ["actor", "activity", "ms", "share"]),
+        format_table(rows, ["latency", "unit", "mean", "p50", "p90", "p99"]),
+        format_table(*busy),
         format_table(hist, ["k", "rounds", "hits_after", "misses_after"]),
     ])
 
@@ -280,10 +496,12 @@ def _validate(args: argparse.Namespace) -> int:
     fit = {"verify": fitted.verify, "draft": fitted.draft, "overhead_ms": fitted.overhead,
            "link_latency_ms": fitted.link_latency_ms, "relative_rms_error": fitted.errors}
     if args.json:
-        _write_json(args.json, {"fit": fit, "validation": rows, "passed": passed})
+        inputs = {"fit": list(args.fit), "validate": list(args.validate), "tolerance": TOLERANCE,
+                  "flags": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
+        _write_json(args.json, {"inputs": inputs, "fit": fit, "validation": rows, "passed": passed})
     if args.json != "-":
         print(f"fitted on {' '.join(args.fit)}: " + ", ".join(f"{k}={v}" for k, v in fit.items()))
-        print(format_table(rows, list(rows[0]) if rows else [], markdown=args.markdown))
+        print(table(rows, list(rows[0]) if rows else [], markdown=args.markdown))
         print(f"{passed}/{len(rows)} configurations within {TOLERANCE:.0%} of the measured tokens/s")
     return 0
 
@@ -307,8 +525,17 @@ def _write_json(path: str, payload) -> None:
         Path(path).write_text(text + "\n", encoding="utf-8")
 
 
+def _overload_warning(results, rate: float | None) -> str | None:
+    """One line for the rows of a sweep whose arrivals exceed their capacity (their latencies are not quoted)."""
+    over = [r for r in results if r.settings.get("overloaded")]
+    if not over:
+        return None
+    return (f"warning: {len(over)} of {len(results)} configurations are overloaded (overloaded = True): "
+            f"{rate:g} requests/s arrive but they serve at most capacity_rps at full load, so their queues grow "
+            f"and no latency is quoted; lower --rate, raise --batch, or size replicas with saguaro plan")
+
+
 def run(args: argparse.Namespace) -> int:
-    from saguaro.tables import format_table
     from simulator import Policy, rounds_per_second, simulate, sweep, write_chrome_trace
     from simulator import feasibility
 
@@ -325,7 +552,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{config.settings()}: {wall:,.0f} simulated rounds per second of wall time, {cpu:,.0f} per "
                   f"second of CPU time (best of 3 runs of {config.rounds:,} rounds)")
         return 0
-    if args.fanout is not None:
+    fanout = flat(args.fanout)
+    if fanout is not None:
         if len(points) != 1 or points[0]["strategy"].value != "ssd":
             raise ValueError("--fanout gives one explicit schedule: use it with one SSD configuration")
     if args.trace and len(points) != 1:
@@ -333,26 +561,32 @@ def run(args: argparse.Namespace) -> int:
     if len(points) == 1:
         p = points[0]
         config = scenario.config(**p)
-        if args.fanout is not None:
+        if fanout is not None:
             from dataclasses import replace
 
-            config = replace(config, policy=Policy("ssd", K=p["K"], fanout=tuple(int(f) for f in args.fanout),
+            config = replace(config, policy=Policy("ssd", K=p["K"], fanout=tuple(int(f) for f in fanout),
                                                    backup=p["backup"], miss_policy=args.miss_policy))
         result = simulate(config, trace=bool(args.trace))
         if args.trace:
             print(f"trace: {write_chrome_trace(result.timeline, args.trace)}")
         result, overloaded = feasibility.honest(config, result)  # overloaded: capacity, not latency
         results = [result]
+        if overloaded is not None:
+            print(f"warning: {overloaded}", file=sys.stderr)
         if args.json != "-":
-            print(_detail(result) if overloaded is None else f"{overloaded}\n\n{_detail(result)}")
+            print(_detail(result))
     else:
-        swept = sweep(scenario, grid)  # in the order of points
+        progress = Progress("simulate", args)
+        try:
+            swept = sweep(scenario, grid, progress=progress)  # in the order of points
+        finally:
+            progress.close()
         results = [feasibility.honest(scenario.config(**p), r)[0] for p, (_, r) in zip(points, swept)]
         if args.json != "-":
-            print(format_table([r.row() for r in results], TABLE_COLUMNS, markdown=args.markdown))
-            if any(r.settings.get("overloaded") for r in results):
-                print("overloaded rows: arrivals exceed the capacity (capacity_rps, requests/s at full load), so "
-                      "their latencies are not quoted")
+            print(table([r.row() for r in results], TABLE_COLUMNS, markdown=args.markdown))
+        warning = _overload_warning(results, args.rate)
+        if warning:
+            print(warning, file=sys.stderr)
     if args.json:
-        _write_json(args.json, [r.to_dict() for r in results])
+        _write_json(args.json, {"inputs": scenario_inputs(args, scenario), "results": [r.to_dict() for r in results]})
     return 0

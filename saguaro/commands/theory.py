@@ -2,7 +2,8 @@
 
 Subcommands: speedup (E, SD and SSD speedups, Cor. 8/9/16), fanout (Thm 12 schedules), fit-r (Def. 11 fit),
 backup (backup choice per batch size and b*), saguaro (exact acceptance and hit probability, Def. 14).
-Times are in units of one verify forward (T_v = 1). Add --json for machine-readable output.
+Times are in units of one verify forward (T_v = 1). Add --json for machine-readable output, which echoes
+every input (`inputs`) next to the results. Lists are space-separated: --batch 1 4 16, --fanout 1 2 4.
 """
 
 from __future__ import annotations
@@ -17,23 +18,27 @@ MISS_POLICIES = ("per-row", "whole-batch")  # theory.MissPolicy's values (kept h
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    parser = sub.add_parser("theory", help="closed-form SD/SSD/Saguaro theory for given inputs", description=__doc__)
+    from saguaro.commands.simulate import help_formatter
+
+    formatter = help_formatter()
+    parser = sub.add_parser("theory", help="closed-form SD/SSD/Saguaro theory for given inputs", description=__doc__,
+                            formatter_class=formatter)
     theory_sub = parser.add_subparsers(dest="theory_command", required=True, metavar="WHAT")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = theory_sub.add_parser(name, help=help_text, description=help_text)
+        p = theory_sub.add_parser(name, help=help_text, description=help_text, formatter_class=formatter)
         p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
         return p
 
     def round_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate α of SD")
-        p.add_argument("--K", type=int, required=True, help="lookahead: draft tokens per round")
+        p.add_argument("-K", "--K", dest="K", type=int, required=True, help="lookahead: draft tokens per round")
         p.add_argument("--t-sd", type=float, required=True, help="T_SD = K·T_d/T_v, the draft time per round")
         p.add_argument("--p-hit", type=float, required=True, help="probability the outcome is in the cache")
-        p.add_argument("--t-p", type=float, default=1.0, help="cache-build time T_p (default 1: fits a verify)")
+        p.add_argument("--t-p", type=float, default=1.0, help="cache-build time T_p (1: fits a verify)")
         p.add_argument("--alpha-hit", type=float, help="acceptance after a hit (default: --alpha)")
         p.add_argument("--miss-policy", choices=MISS_POLICIES, default=MISS_POLICIES[0],
-                       help="at batch > 1 when some rows miss: per-row (default; this engine: the build "
+                       help="at batch > 1 when some rows miss: per-row (this engine: the build "
                             "completes, hit rows keep their branch, missed rows share one backup) or "
                             "whole-batch (the reference engine: any miss drops the build and backs up every row)")
 
@@ -45,17 +50,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     p = command("fanout", "Thm 12 optimal fan-out, real and integer, against the uniform schedule")
     p.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate α")
-    p.add_argument("--K", type=int, required=True, help="lookahead: outcomes are k = 0..K")
-    p.add_argument("--B", type=int, required=True, help="cache budget Σ_k F_k")
+    p.add_argument("-K", "--K", dest="K", type=int, required=True, help="lookahead: outcomes are k = 0..K")
+    p.add_argument("--B", "--budget", dest="B", type=int, required=True, help="cache budget B = Σ_k F_k")
     p.add_argument("--r", type=float,
                    help="power-law exponent of the miss rate; without it the measured hit model (the default of "
                         "simulate and plan too: where the bonus stood among the draft's guesses on the default "
                         "pair) gives the hit probabilities, and its fitted r the real-valued optimum")
-    p.add_argument("--scale", type=float, default=1.0, help="a in miss ≈ a·F^(−r) with --r (default 1, as in the docs)")
+    p.add_argument("--scale", type=float, default=1.0, help="a in miss ≈ a·F^(−r) with --r (1 as in the docs)")
     p.add_argument("--hit-table", default="spec_bench", metavar="WORKLOAD",
-                   help="measured hit model's workload (default spec_bench; also humaneval, spec_bench/<task>)")
-    p.add_argument("--temperature", type=float, default=0.0, help="measured hit model's temperature (default 0)")
-    p.add_argument("--C", type=float, default=1.0, help="measured hit model's Saguaro constant (default 1)")
+                   help="measured hit model's workload: spec_bench, humaneval, spec_bench/<task>")
+    p.add_argument("--temperature", type=float, default=0.0, help="measured hit model's temperature")
+    p.add_argument("--C", type=float, default=1.0, help="measured hit model's Saguaro constant")
 
     p = command("fit-r", "fit r in miss ≈ a·F^(−r) (Def. 11) from measured (fan-out, miss rate) pairs")
     p.add_argument("--fanout", type=float, nargs="+", required=True, help="fan-outs F (≥ 1)")

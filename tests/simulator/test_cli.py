@@ -1,6 +1,7 @@
 """`saguaro simulate` and `saguaro plan`: exit 0 on good input, 2 on bad input, and no torch."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -15,7 +16,31 @@ FAST = ["--rounds", "300"]
 def test_one_configuration_prints_a_report(capsys):
     assert main(["simulate", "--strategy", "ssd", "--K", "3", "--budget", "8", *FAST]) == 0
     out = capsys.readouterr().out
-    assert "tokens/s:" in out and "hit rate:" in out and "cache_build" in out
+    assert "tokens/s:" in out and "cache_build" in out
+    # one hit rate, with its definition; not two figures that differ by how first rounds count
+    hit_lines = [line for line in out.splitlines() if "hit rate" in line]
+    assert len(hit_lines) == 1 and "first round" in hit_lines[0] and "whole batch" not in out
+
+
+def test_every_latency_has_a_unit_and_one_number_format(capsys):
+    assert main(["simulate", *FAST]) == 0  # the CPU preset: ITL near 1 s, E2EL over a minute
+    out = capsys.readouterr().out
+    assert "e+" not in out  # no scientific notation next to fixed decimals
+    latency = out.split("\n\n")[1].splitlines()
+    assert latency[0].split() == ["latency", "unit", "mean", "p50", "p90", "p99"]
+    units = {line.split()[0]: line.split()[1] for line in latency[1:]}
+    assert units["e2el"] == "s" and units["tpot"] == "ms"
+    e2el = [line for line in latency if line.split()[0] == "e2el"][0].split()[2:]
+    assert all(re.fullmatch(r"\d+\.\d\d", v) for v in e2el)  # seconds to two decimals
+    assert "time_s" in out and "share_%" in out
+
+
+def test_sweep_latency_columns_name_their_unit(capsys):
+    argv = ["simulate", "--strategy", "ar", "sd", "--K", "2", "--batch", "1", "4", *FAST]
+    assert main(argv) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    latency = [c for c in header if c.startswith(("ttft", "itl", "tpot"))]
+    assert latency and all(c.endswith(("_ms", "_s")) for c in latency)
 
 
 def test_a_sweep_prints_a_table_and_json(tmp_path, capsys):
@@ -25,7 +50,78 @@ def test_a_sweep_prints_a_table_and_json(tmp_path, capsys):
     assert main(argv) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["strategy", "K", "budget"] and len(table) == 1 + 2 + 4 + 4
-    assert len(json.loads(path.read_text())) == 10
+    assert "e+" not in "\n".join(table)
+    data = json.loads(path.read_text())
+    assert len(data["results"]) == 10
+    ssd = [r for r in data["results"] if r["strategy"] == "ssd"]
+    assert all("hit_rate" in r and "all_rows_hit_round_rate" in r and "batch_hit_rate" not in r for r in ssd)
+
+
+def test_json_echoes_the_inputs_it_used(tmp_path):
+    path = tmp_path / "one.json"
+    argv = ["simulate", "-K", "3", "--budget", "8", "--batch", "2", "--hardware", "h100", "--pair", "llama",
+            "--alpha", "0.7", "--seed", "5", "--output-len", "64", *FAST, "--json", str(path)]
+    assert main(argv) == 0
+    inputs = json.loads(path.read_text())["inputs"]
+    assert inputs["pair"] == {"preset": "llama", "target": "Llama-3.1-70B", "draft": "Llama-3.2-1B", "target_tp": 4}
+    assert inputs["hardware"]["target"] == "H100-SXM5-80GB"
+    assert inputs["timing"]["source"].startswith("roofline")
+    assert inputs["acceptance"]["alpha"] == 0.7 and inputs["seed"] == 5
+    assert inputs["hit_model"]["model"] == "measured" and "spec_bench" in inputs["hit_model"]["source"]
+    assert inputs["grid"]["K"] == [3] and inputs["grid"]["budget"] == [8] and inputs["grid"]["batch"] == [2]
+    assert inputs["workload"]["output_len"] == "64" and inputs["workload"]["rounds"] == 300
+    assert inputs["flags"]["alpha"] == 0.7
+
+
+def test_json_echoes_constant_timing_and_hits(tmp_path):
+    path = tmp_path / "constant.json"
+    argv = ["simulate", "--timing", "constant", "--t-verify-ms", "12", "--hit-model", "constant", "--p-hit", "0.6",
+            "--rate", "0.5", *FAST, "--json", str(path)]
+    assert main(argv) == 0
+    inputs = json.loads(path.read_text())["inputs"]
+    assert inputs["timing"]["source"] == "constant" and inputs["timing"]["t_verify_ms"] == 12
+    assert inputs["hit_model"] == {"model": "constant", "p_hit": 0.6}
+    assert inputs["workload"]["arrivals"] == "Poisson, 0.5 requests/s"
+
+
+def test_lists_are_space_separated_and_the_comma_form_still_works(tmp_path):
+    results = []
+    for fanout in (["4", "2", "2", "1", "3"], ["4,2,2,1,3"]):
+        path = tmp_path / "f.json"
+        assert main(["simulate", "-K", "4", "--fanout", *fanout, *FAST, "--json", str(path)]) == 0
+        results.append(json.loads(path.read_text())["results"][0]["settings"]["fanout"])
+    assert results == ["4-2-2-1-3"] * 2
+
+
+def test_overload_is_a_warning_line_on_stderr(capsys):
+    argv = ["simulate", "--timing", "constant", "--strategy", "ar", "--output-len", "100", "--rate", "5", *FAST]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: overloaded: 5 requests/s") and len(captured.err.splitlines()) == 1
+    assert "overloaded" not in captured.out.split("\n\n")[0].splitlines()[-1]
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["plan"], ["theory", "speedup"], ["theory", "fanout"]])
+def test_help_shows_the_defaults_and_minus_k(command, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "-K K" in out or "-K K [K ...]" in out
+    if command[0] != "theory":
+        assert "default: 0.8" in out and "default: qwen-coder" in out  # --alpha, --pair
+        assert "--batch BATCH [BATCH ...]" in out and "--batch-size" not in out
+
+
+def test_progress_on_stderr_for_a_long_sweep(monkeypatch, capsys):
+    from saguaro.commands import simulate
+
+    monkeypatch.setattr(simulate.Progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(simulate.Progress, "EVERY_S", 0.0)
+    assert main(["simulate", "-v", "--strategy", "ar", "sd", "--K", "2", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "simulate: 2/2 configurations" in err
+    assert main(["simulate", "-q", "--strategy", "ar", "sd", "--K", "2", *FAST]) == 0
+    assert "configurations" not in capsys.readouterr().err
 
 
 def test_trace_and_constant_timing(tmp_path):
@@ -45,7 +141,7 @@ def test_per_sequence_speed_does_not_rise_with_batch_under_either_miss_policy(mi
             "--t-draft-ms", "1", "--t-build-ms", "30", "--hit-model", "constant", "--p-hit", "0.7", "--backup",
             "random", "--output-len", "inf", "--rounds", "4000", "--miss-policy", miss_policy, "--json", str(path)]
     assert main(argv) == 0
-    results = json.loads(path.read_text())
+    results = json.loads(path.read_text())["results"]
     assert [r["settings"]["miss_policy"] for r in results] == [miss_policy] * 2
     b1, b16 = (r["tokens_per_s_per_seq"] for r in results)
     # Per-row: equal in expectation (T_b = 0); 5% is about 5 standard errors of b1 - b16 at 4,000 rounds.
@@ -89,9 +185,15 @@ def test_bad_choice_exits_2():
     assert exit_info.value.code == 2
 
 
-def test_simulate_does_not_import_torch():
+@pytest.mark.parametrize("argv", [
+    "['simulate', '--rounds', '50', '--json', '-']",
+    "['plan', '--rate', '1', '--target-ms', '50', '--timing', 'constant', '--strategy', 'ar', '--batch', '1', "
+    "'--rounds', '100', '--check-requests', '10', '--json', '-']",
+    "['theory', 'speedup', '--alpha', '0.8', '-K', '4', '--t-sd', '0.3', '--p-hit', '0.9', '--json']",
+])
+def test_simulate_plan_and_theory_do_not_import_torch(argv):
     code = ("import sys; from saguaro.cli import main; "
-            "rc = main(['simulate', '--rounds', '50', '--json', '-']); "
+            f"rc = main({argv}); "
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

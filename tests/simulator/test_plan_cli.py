@@ -37,14 +37,19 @@ def test_plan_flags_the_targets_its_closest_configuration_violates(capsys):
                  *CONSTANT_AR]) == 0
     out = capsys.readouterr().out
     assert "no configuration meets the SLO" in out
-    assert re.search(r"e2el p50\s+500\s+99\d\.\d!", out) and re.search(r"itl p50\s+50\s+10\.0\s", out)
+    assert re.search(r"e2el p50\s+500\.0\s+99\d\.\d!", out) and re.search(r"itl p50\s+50\.0\s+10\.0\s", out)
 
 
 def test_plan_json_echoes_its_inputs(tmp_path):
     path = tmp_path / "plan.json"
     assert main(["plan", "--rate", "2", "--target-ms", "60", *CONSTANT_AR, "--json", str(path)]) == 0
     data = json.loads(path.read_text())
-    assert data["inputs"]["rate"] == 2.0 and data["inputs"]["target_ms"] == 60.0 and data["inputs"]["seed"] == 0
+    inputs = data["inputs"]
+    assert inputs["flags"]["rate"] == 2.0 and inputs["flags"]["target_ms"] == 60.0 and inputs["seed"] == 0
+    assert inputs["rate_per_s"] == 2.0 and inputs["slo"] == ["itl p99 <= 60 ms"]
+    assert inputs["timing"]["source"] == "constant" and inputs["acceptance"]["alpha"] == 0.8
+    assert inputs["hit_model"]["model"] == "measured" and inputs["grid"]["batch"] == [1]
+    assert inputs["workload"]["output_len"] == "100"
     assert data["slo"] == ["itl p99 <= 60 ms"] and data["best"]["strategy"] == "ar"
     assert {row["assumption"] for row in data["assumptions"]} >= {"acceptance", "cache hits", "arrivals", "SLO"}
 
@@ -78,14 +83,15 @@ def test_what_cannot_run_exits_2_with_one_line(argv, message, capsys):
 
 def test_simulate_reports_an_overloaded_open_loop_with_its_capacity(capsys):
     assert main(["simulate", "--rate", "5", *CONSTANT_AR]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("overloaded: 5 requests/s arrive but this configuration serves at most 1.01 requests/s")
-    assert re.search(r"ttft\s+nan\s+nan\s+nan\s+nan", out)  # no latency quoted
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: overloaded: 5 requests/s arrive but this configuration serves at most "
+                                   "1.01 requests/s")  # a plain warning line
+    assert re.search(r"ttft\s+ms\s+none\s+none\s+none\s+none", captured.out)  # no latency quoted
 
 
 def test_simulate_json_marks_the_overload(capsys):
     assert main(["simulate", "--rate", "5", *CONSTANT_AR, "--json", "-"]) == 0
-    (result,) = json.loads(capsys.readouterr().out)
+    (result,) = json.loads(capsys.readouterr().out)["results"]
     assert result["settings"]["overloaded"] is True and result["settings"]["capacity_rps"] == pytest.approx(1.01,
                                                                                                          rel=0.02)
     assert result["ttft_ms"]["p99"] is None and result["e2el_ms"]["mean"] is None
@@ -95,13 +101,15 @@ def test_a_sweep_marks_its_overloaded_rows(capsys):
     argv = ["simulate", "--rate", "0.5", *CONSTANT_AR[:4], "--strategy", "ar", "--batch", "1", "4",
             "--output-len", "100", "--rounds", "400"]
     assert main(argv) == 0
-    out = capsys.readouterr().out
-    # batch 1 serves about 1.01 requests/s: not overloaded at 0.5; the note and column appear only when needed
-    assert "overloaded" not in out
+    captured = capsys.readouterr()
+    # batch 1 serves about 1.01 requests/s: not overloaded at 0.5; the warning and column appear only when needed
+    assert "overloaded" not in captured.out + captured.err
     assert main([*argv[:2], "2", *argv[3:]]) == 0  # 2 requests/s: batch 1 overloaded, batch 4 (4 /s) not
-    table = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    table = captured.out.splitlines()
     assert "overloaded" in table[0] and "capacity_rps" in table[0]
-    assert "True" in table[1] and "True" not in table[2] and table[-1].startswith("overloaded rows:")
+    assert "True" in table[1] and "True" not in table[2]
+    assert captured.err.startswith("warning: 1 of 2 configurations are overloaded") and captured.err.count("\n") == 1
 
 
 def test_the_commands_metrics_are_theorys():
