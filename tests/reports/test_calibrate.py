@@ -1,5 +1,6 @@
-"""`saguaro calibrate` on tiny models: SD and SSD rounds at each batch size, the interference summary, and
-records the timing fit reads (the verify alone from SD, SSD's slowdown as a factor)."""
+"""`saguaro calibrate` on tiny models: timed forwards at every --context and batch size (one prefill, exact
+roll-backs), builds next to the verify at batch·budget branches, the summary echoing its inputs, and records
+the timing fit reads (the verify alone, SSD's slowdown as a factor, the build's context × branches term)."""
 
 import json
 
@@ -13,42 +14,75 @@ from tests.engine.test_models import save_tiny
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
-    return save_tiny(root / "target", seed=0), save_tiny(root / "draft", seed=0)
+    return save_tiny(root / "target", seed=0), save_tiny(root / "draft", seed=1)
 
 
-def test_calibrate_records_sd_and_ssd_rounds_and_summarises_them(pair, tmp_path):
+@pytest.fixture(scope="module")
+def calibrated(pair, tmp_path_factory):
     target, draft = pair
-    out = tmp_path / "calib.jsonl"
-    argv = ["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "3",
-            "--batch", "1", "2", "--tokens", "12", "--repeats", "2", "--prompt-ids", "1", "2", "3", "4", "5", "6", "7", "--dtype", "float32", "--out", str(out)]
+    out = tmp_path_factory.mktemp("calib") / "calib.jsonl"
+    argv = ["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
+            "--batch", "1", "2", "--context", "12", "40", "--repeats", "2", "--prompt-ids", "1", "2", "3", "4",
+            "5", "6", "7", "--dtype", "float32", "--out", str(out)]
     assert main(argv) == 0
-    records = read_records(out)
-    decode = [r for r in records if r.is_decode]
-    kinds = {(r.strategy.value, r.batch_size) for r in decode}
-    assert kinds == {(s, b) for s in ("ar", "sd", "ssd") for b in (1, 2)}
-    # each engine's two calls per batch size are recorded (the warm-up is not): SD and SSD 12 tokens each
-    for strategy in ("sd", "ssd"):
-        for b in (1, 2):
-            emitted = sum(sum(r.emitted) for r in decode if (r.strategy.value, r.batch_size) == (strategy, b))
-            assert emitted == 2 * b * (12 - 1)  # the first token of each call comes from the prefill
-    assert {r.branches for r in decode if r.strategy.value == "ssd" and r.round > 0} >= {3, 6}  # budget · batch
-    summary = json.loads(out.with_suffix(".summary.json").read_text())
-    assert set(summary["interference"]) == {"1", "2"} and summary["interference_factor"] > 0
-    assert summary["settings"]["budget"] == 3 and set(summary["fast_backup_ms"]) == {"random", "lookup"}
-    # simulate --fit reads the fast backups' times from the summary beside the records
-    assert main(["simulate", "--fit", str(out), "--strategy", "ssd", "--backup", "random", "--K", "2",
-                 "--budget", "3", "--rounds", "200", "--output-len", "16", "--prompt-len", "8"]) == 0
+    return out
+
+
+def test_every_context_and_batch_is_timed(calibrated):
+    decode = [r for r in read_records(calibrated) if r.is_decode]
+    points = {(r.strategy.value, r.batch_size, r.context_len) for r in decode}
+    assert points == {(s, b, c) for s in ("ar", "sd", "ssd") for b in (1, 2) for c in (12, 40)}
+    for b in (1, 2):
+        for c in (12, 40):
+            at = [r for r in decode if (r.batch_size, r.context_len) == (b, c)]
+            assert sum(r.strategy.value == "ar" for r in at) == 2  # --repeats
+            sd = [r for r in at if r.strategy.value == "sd"]
+            assert len(sd) == 2 and all(r.draft_ms > 0 and r.verify_ms > 0 for r in sd)
+            builds = [r for r in at if r.strategy.value == "ssd" and r.cache_build_ms]
+            assert {r.branches for r in builds} == {2 * b, 3 * b}  # batch · budget
+            assert all(r.verify_ms > 0 for r in builds)
+            backups = [r for r in at if r.strategy.value == "ssd" and not any(r.hit)]
+            assert backups and all(r.backup_ms > 0 and r.backup_time_ms == r.backup_ms for r in backups)
+    prefill = [r for r in read_records(calibrated) if not r.is_decode]
+    assert sorted(r.tokens for r in prefill) == [12, 40]  # the shortest and the longest context, once each
+
+
+def test_summary_echoes_its_inputs_and_the_interference(calibrated):
+    summary = json.loads(calibrated.with_suffix(".summary.json").read_text())
+    inputs = summary["inputs"]
+    assert inputs["contexts"] == [12, 40] and inputs["batches"] == [1, 2] and inputs["budgets"] == [2, 3]
+    assert inputs["target"].endswith("target") and inputs["draft"].endswith("draft")
+    assert inputs["dtype"] == "float32" and inputs["threads"] == 1 and inputs["draft_threads"] == 1
+    assert inputs["cpu"] and inputs["K"] == 2
+    assert set(summary["interference"]) == {"1x12", "2x12", "1x40", "2x40"} and summary["interference_factor"] > 0
+    assert set(summary["cache_build_ms"]) == {f"{b}x{c}x{b * B}" for b in (1, 2) for c in (12, 40) for B in (2, 3)}
+    assert set(summary["fast_backup_ms"]) == {"random", "lookup"}
+
+
+def test_the_records_fit_and_simulate(calibrated):
+    records = read_records(calibrated)
     fitted = fit_timing(records)
-    assert fitted.counts["ssd_verify"] == sum(r.strategy.value == "ssd" for r in decode)
-    assert fitted.ssd_verify_factor > 0
+    assert fitted.counts["ssd_verify"] == sum(r.strategy.value == "ssd" for r in records)
+    assert fitted.ssd_verify_factor > 0 and fitted.build is not None and fitted.prefill_target is not None
+    # simulate --fit reads the fast backups' times from the summary beside the records
+    assert main(["simulate", "--fit", str(calibrated), "--strategy", "ssd", "--backup", "random", "--K", "2",
+                 "--budget", "3", "--rounds", "200", "--output-len", "16", "--prompt-len", "8"]) == 0
 
 
 @pytest.mark.parametrize("flags, message", [
     (["-K", "0"], "-K must be >= 1"),
     (["--batch", "0"], "--batch sizes"),
-    (["--tokens", "3"], "--tokens must be at least"),
+    (["--budget", "4", "0"], "--budget values"),
+    (["--context", "64", "3"], "--context values must be at least K+1"),
     (["--repeats", "0"], "--repeats must be >= 1"),
 ])
 def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "x.jsonl"), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_context_beyond_the_window_exits_2(pair, tmp_path, capsys):
+    target, draft = pair
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--context", "100000",
+                 "--prompt-ids", "1", "2", "--dtype", "float32", "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "context window" in capsys.readouterr().err
