@@ -8,6 +8,8 @@ from enum import Enum
 from theory.glossary import Backup, Strategy
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTS = ("int8", "int4")  # weight-only low-bit schemes (engine.quantize); None = the float weights
+QUANT_GROUP_SIZES = (32, 64, 128)  # int4 groups along in_features (engine.quantize.GROUP_SIZES)
 AUTO_K_MAX = 8  # the largest K that K="auto" may choose
 
 
@@ -162,19 +164,31 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Which models run where, and how."""
+    """Which models run where, and how.
+
+    dtype / draft_dtype  float weights and activations (draft_dtype None: as dtype); with a quantised
+                   model, the dtype of the layers left in float (embeddings, norms, output head).
+    target_quant / draft_quant  None (float weights), "int8" (per channel) or "int4" (asymmetric, grouped
+                   by quant_group_size along in_features): weight-only low-bit Linear layers on the CPU
+                   kernels (engine.quantize). A low-bit target is the target: SD and SSD are exact with
+                   respect to the model loaded, not to its float weights.
+    draft_int8     the older name for draft_quant="int8" (kept in step with it).
+    """
 
     target: str
     draft: str | None = None
     strategy: Strategy = Strategy.AR
     speculative: SpeculativeConfig = SpeculativeConfig()
-    dtype: str = "float32"
+    dtype: str = "bfloat16"
     draft_dtype: str | None = None  # None: same as dtype
-    draft_int8: bool = False  # dynamic int8 quantisation of the draft's Linear layers
+    draft_int8: bool = False  # alias of draft_quant="int8"
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     chat_template: bool = True  # wrap text prompts in the tokenizer's chat template
     cache_dir: str | None = None  # where models are downloaded to / looked up (None: the default cache)
+    target_quant: str | None = None
+    draft_quant: str | None = None
+    quant_group_size: int = 32
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy(self.strategy))
@@ -182,16 +196,52 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
+        for name in ("target_quant", "draft_quant"):
+            value = getattr(self, name)
+            if value is not None and value not in QUANTS:
+                raise ValueError(
+                    f"{name} must be None (float weights) or one of {', '.join(QUANTS)}, got {value!r}"
+                )
+        if self.quant_group_size not in QUANT_GROUP_SIZES:
+            raise ValueError(
+                f"quant_group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
+                f"got {self.quant_group_size!r}"
+            )
+        if self.draft_int8:
+            if self.draft_quant not in (None, "int8"):
+                raise ValueError(
+                    f"draft_int8=True means draft_quant='int8', which conflicts with "
+                    f"draft_quant={self.draft_quant!r}: give only draft_quant"
+                )
+            object.__setattr__(self, "draft_quant", "int8")
+        object.__setattr__(self, "draft_int8", self.draft_quant == "int8")
         if self.strategy is not Strategy.AR and self.draft is None:
             raise ValueError(f"strategy {self.strategy.value} needs a draft model: pass draft=...")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.strategy is Strategy.SSD and self.speculative.varies_K:
             raise ValueError("adaptive K and confidence_stop are implemented for sd only; drop them for ssd")
-        if self.draft_int8 and self.draft_dtype not in (None, "float32"):
-            raise ValueError(f"draft_int8 quantises a float32 draft; drop draft_dtype={self.draft_dtype!r} or int8")
+        if self.target_quant is not None and not self.device.startswith("cpu"):
+            raise ValueError(
+                f"target_quant={self.target_quant!r} runs on CPU kernels only: use device='cpu' "
+                f"or drop target_quant (got device={self.device!r})"
+            )
+        placement = self.speculative.placement
+        own_process = self.strategy is Strategy.SSD and not placement.in_process and placement.draft_device
+        draft_device = placement.draft_device if own_process else self.device
+        if self.draft_quant is not None and self.strategy is not Strategy.AR and not draft_device.startswith("cpu"):
+            raise ValueError(
+                f"draft_quant={self.draft_quant!r} runs on CPU kernels only: put the draft on the CPU "
+                f"(device / draft_device 'cpu') or drop draft_quant (the draft runs on {draft_device!r})"
+            )
 
     @property
     def draft_load_dtype(self) -> str:
-        """The dtype the draft is loaded in: draft_dtype, float32 for int8 (quantised from float32), else dtype."""
-        return self.draft_dtype or ("float32" if self.draft_int8 else self.dtype)
+        """The dtype the draft's weights are read in: float32 when it is quantised (the closest low-bit
+        model comes from full-precision weights), else draft_dtype, else dtype."""
+        return "float32" if self.draft_quant else self.draft_float_dtype
+
+    @property
+    def draft_float_dtype(self) -> str:
+        """The draft's float dtype: all of it, or, quantised, the layers left in float."""
+        return self.draft_dtype or self.dtype

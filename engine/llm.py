@@ -7,6 +7,7 @@ thread of its own for requests that arrive over time (the server).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import secrets
@@ -42,7 +43,7 @@ def row_seed(seed: int, index: int) -> int:
 
 
 def _vocab_size(model: PreTrainedModel) -> int:
-    # The input embedding, which int8 quantisation of Linear layers leaves alone.
+    # The input embedding, which low-bit quantisation of Linear layers leaves alone.
     return model.get_input_embeddings().num_embeddings
 
 
@@ -67,6 +68,13 @@ class LLM:
     silently left unused).
     max_num_seqs / max_prefill_tokens / max_waiting: the scheduler's limits (None: no limit, so one
     generate() call runs all its prompts as one batch).
+    dtype / draft_dtype: float dtype of a model loaded by name (default bfloat16; a model object keeps its
+    own); with low-bit weights, the dtype of the layers left in float.
+    target_quant / draft_quant: None, "int8" or "int4" (grouped by quant_group_size): weight-only low-bit
+    Linear layers on the CPU (engine.quantize). A model given by name comes from the low-bit cache when there
+    is one, else from its float32 weights quantised at load; a model object is quantised as a copy (the
+    caller's object is left as it was). draft_int8=True is draft_quant="int8". A low-bit target is the
+    target: SD and SSD sample exactly what AR with that low-bit target samples.
     """
 
     def __init__(
@@ -76,9 +84,12 @@ class LLM:
         *,
         strategy: Strategy | str | None = None,
         speculative: SpeculativeConfig | None = None,
-        dtype: str = "float32",
+        dtype: str = "bfloat16",
         draft_dtype: str | None = None,
         draft_int8: bool = False,
+        target_quant: str | None = None,
+        draft_quant: str | None = None,
+        quant_group_size: int = 32,
         device: str = "cpu",
         threads: int | None = None,
         chat_template: bool = True,
@@ -102,6 +113,9 @@ class LLM:
             threads=threads,
             chat_template=chat_template,
             cache_dir=None if cache_dir is None else str(cache_dir),
+            target_quant=target_quant,
+            draft_quant=draft_quant,
+            quant_group_size=quant_group_size,
         )
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
         if self.config.strategy is Strategy.SSD:
@@ -114,18 +128,16 @@ class LLM:
 
         self.device = check_device(device)  # a missing device is refused before any model loads
         self.loop: DecodeLoop | None = None
-        self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer)
+        config = self.config
+        self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer, config.target_quant)
         self.draft = self._draft_given = None
-        if draft is not None and self.config.strategy is not Strategy.AR:
-            self.draft, _ = self._load(draft, self.config.draft_load_dtype, cache_dir, None)
+        if draft is not None and config.strategy is not Strategy.AR:
+            self.draft, _ = self._load(draft, config.draft_float_dtype, cache_dir, None, config.draft_quant)
             self._check_vocab()
             # SSD's worker process rebuilds a draft given as a model from its weights (the exact
-            # model passed, before int8), and one given by alias / path by loading it the same way.
-            self._draft_given = self.draft if isinstance(draft, PreTrainedModel) else None
-            if draft_int8:
-                from engine.models import int8_dynamic
-
-                self.draft = int8_dynamic(self.draft)
+            # model passed, before quantisation, which the worker applies), and one given by alias /
+            # path by loading it the same way.
+            self._draft_given = draft if isinstance(draft, PreTrainedModel) else None
         self.eos_ids = _eos_ids(self.target, self.tokenizer)
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
@@ -137,9 +149,23 @@ class LLM:
         self._start_proposer()
 
     # -- construction -------------------------------------------------------------------------
-    def _load(self, spec, dtype: str, cache_dir, tokenizer):
+    def _load(self, spec, dtype: str, cache_dir, tokenizer, quant: str | None = None):
+        group = self.config.quant_group_size
         if isinstance(spec, PreTrainedModel):
-            return spec.to(self.device).eval(), tokenizer
+            if quant is None:
+                return spec.to(self.device).eval(), tokenizer
+            from engine.models import is_quantized, quantize_model
+
+            if is_quantized(spec):
+                raise ValueError("this model object already has low-bit layers: pass its float weights "
+                                 "with target_quant / draft_quant, or pass it without them")
+            # A copy: the caller's model stays as it was (it may be the draft, or a reference).
+            return quantize_model(copy.deepcopy(spec), quant, group).eval(), tokenizer
+        if quant is not None:
+            from engine.models import load_quantized
+
+            loaded = load_quantized(spec, quant, group, dtype=TORCH_DTYPES[dtype], cache_dir=cache_dir)
+            return loaded.model, tokenizer or loaded.tokenizer
         from engine.models import load_model
 
         loaded = load_model(spec, dtype=TORCH_DTYPES[dtype], device=self.device, cache_dir=cache_dir)

@@ -7,9 +7,9 @@ bfloat16 load keeps a bfloat16 copy in the cache folder, which later bfloat16 lo
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -182,7 +182,7 @@ def vocabulary(item: LoadedModel | PreTrainedModel | str | os.PathLike[str]) -> 
     """The vocabulary of a loaded model, a bare model, or a transformers folder (no weights read)."""
     if isinstance(item, LoadedModel):
         emb = item.model.get_input_embeddings().num_embeddings
-        # out_features exists on nn.Linear and on its int8 dynamic replacement alike.
+        # out_features exists on nn.Linear and on its low-bit WeightOnlyLinear replacement alike.
         logits = item.model.get_output_embeddings().out_features
         tok = item.tokenizer
         if tok is None:
@@ -296,26 +296,106 @@ def tiny_pair(
 
 
 def int8_dynamic(model: PreTrainedModel, *, inplace: bool = False) -> PreTrainedModel:
-    """An fp32 model with every nn.Linear int8 dynamic-quantised (CPU decode ~3x faster).
+    """The model with its Linear layers (output head kept) as weight-only int8 `WeightOnlyLinear`s.
 
-    By default the model is deep-copied first; `inplace=True` converts it in place and saves a
-    second copy of the weights (2.5 GB for the 0.5B draft) when the float model is not needed.
-
-    torch 2.13 still ships torch.ao.quantization.quantize_dynamic but marks it deprecated in
-    favour of torchao's quantize_; torchao is not a pinned dependency, so we keep the torch API
-    and silence only its two deprecation warnings.
+    Kept for callers of the old name: it used torch.ao's deprecated dynamic quantisation and now is
+    `quantize_model(model, "int8")`. By default the model is deep-copied first; `inplace=True` converts
+    it in place. Refuses a model that is not float32 (quantise from the full-precision weights).
     """
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ValueError(
             f"int8_dynamic needs a float32 model (got {dtype}); load it with dtype=torch.float32"
         )
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning
-        )
-        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
-        quantized = torch.ao.quantization.quantize_dynamic(
-            model, {nn.Linear}, dtype=torch.qint8, inplace=inplace
-        )
-    return quantized.eval()
+    return quantize_model(model if inplace else copy.deepcopy(model), "int8")
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether `model` holds low-bit `WeightOnlyLinear` layers (then it runs on CPU kernels only)."""
+    from engine.quantize import WeightOnlyLinear
+
+    return any(isinstance(m, WeightOnlyLinear) for m in model.modules())
+
+
+def cast_unquantized(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast the floating parameters and buffers of every module but the low-bit layers to `dtype`
+    (in place): embeddings, norms, the output head. Tied parameters stay tied."""
+    from engine.quantize import WeightOnlyLinear
+
+    done: dict[int, torch.Tensor] = {}  # id of a tensor before -> after, so shared ones stay shared
+    for module in model.modules():
+        if isinstance(module, WeightOnlyLinear):
+            continue
+        for table, as_param in ((module._parameters, True), (module._buffers, False)):
+            for key, tensor in table.items():
+                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+                    continue
+                if id(tensor) not in done:
+                    cast = tensor.detach().to(dtype)
+                    done[id(tensor)] = nn.Parameter(cast, requires_grad=False) if as_param else cast
+                table[key] = done[id(tensor)]
+    return model
+
+
+def quantize_model(
+    model: PreTrainedModel, scheme: str, group_size: int = 32, *, dtype: torch.dtype | None = None
+) -> PreTrainedModel:
+    """`model` (in place, on the CPU) with its Linear layers as low-bit `WeightOnlyLinear`s (the output
+    head kept, see engine.quantize.quantize_weights); with `dtype`, the rest cast to it. Quantise from
+    float32 weights for the closest low-bit model. The summary is kept as `model.quantization`."""
+    from engine.quantize import quantize_weights
+
+    summary = quantize_weights(model, scheme, group_size)
+    if dtype is not None:
+        cast_unquantized(model, dtype)
+    model.quantization = summary
+    return model.eval()
+
+
+def _lowbit_cached(spec, scheme: str, group_size: int, cache_dir) -> nn.Module | None:
+    """The low-bit model from engine.lowbit_cache when that module exists and has one, else None."""
+    try:
+        from engine import lowbit_cache
+
+        loader = lowbit_cache.load
+    except (ImportError, AttributeError):
+        return None
+    return loader(str(spec), scheme, group_size, cache_dir)
+
+
+def _tokenizer_of(model: nn.Module) -> PreTrainedTokenizerBase | None:
+    folder = Path(str(getattr(model, "name_or_path", "") or ""))
+    if str(folder) and folder.is_dir() and any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return None
+
+
+def load_quantized(
+    spec: str | os.PathLike[str],
+    scheme: str,
+    group_size: int = 32,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    cache_dir: str | os.PathLike[str] | None = None,
+    verify: bool = False,
+) -> LoadedModel:
+    """Load `spec` with low-bit weights (`scheme` "int8" or "int4", int4 grouped by `group_size`) on the CPU.
+
+    The low-bit cache (engine.lowbit_cache) is read when it has the model; otherwise the float32 weights
+    are loaded and quantised here. The layers left in float (embeddings, norms, output head) get `dtype`.
+    """
+    from engine.quantize import parse_scheme
+
+    parse_scheme(scheme, group_size)  # a bad scheme is refused before minutes of loading
+    cached = _lowbit_cached(spec, scheme, group_size, cache_dir)
+    if cached is not None:
+        cast_unquantized(cached, dtype)
+        cached.eval().requires_grad_(False)
+        tokenizer = _tokenizer_of(cached)
+        logger.info("loaded %s %s from the low-bit cache", spec, scheme)
+        name = str(spec) if str(spec) in provision.PACKAGED else Path(spec).name
+        return LoadedModel(model=cached, tokenizer=tokenizer, name=name,
+                           source=Path(str(getattr(cached, "name_or_path", "") or spec)))
+    loaded = load_model(spec, dtype=torch.float32, device="cpu", cache_dir=cache_dir, verify=verify)
+    quantize_model(loaded.model, scheme, group_size, dtype=dtype)
+    return loaded

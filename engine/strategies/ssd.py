@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
@@ -33,8 +33,7 @@ from engine.strategies.base import Proposal, Proposer
 from engine.strategies.sd import InProcessDraft, draft_seed
 from engine.verifier import Verification
 
-if TYPE_CHECKING:
-    from engine.ssd.process import ModelRecipe
+from engine.ssd.process import ModelRecipe
 
 log = logging.getLogger(__name__)
 FAULTS = (DraftUnavailable, MalformedMessage)
@@ -168,14 +167,47 @@ def open_channel(draft, given, config, spec: SpeculativeConfig, pad_id: int, dev
     return start
 
 
-def draft_recipe(given, config) -> "ModelRecipe":
+def draft_recipe(given, config) -> ModelRecipe:
     """How the worker process rebuilds the draft. A draft passed by alias / path is loaded there the
-    same way (dtype, int8, cache_dir); one passed as a model object travels as its config and weights
-    (int8 applied there), so the worker drafts with exactly that model, even if it was changed after
-    loading (a fine-tuned or perturbed copy whose name_or_path still names the original)."""
-    from engine.ssd.process import ModelRecipe
-
+    same way (dtype, low-bit scheme, cache_dir); one passed as a model object travels as its config and
+    weights (quantised there), so the worker drafts with exactly that model, even if it was changed after
+    loading (a fine-tuned or perturbed copy whose name_or_path still names the original). Quantisation is
+    deterministic, so the worker's low-bit draft is the one SD would use in the target's process."""
+    low_bit = dict(quant=config.draft_quant, group_size=config.quant_group_size,
+                   float_dtype=config.draft_float_dtype)
     if given is not None:
-        return ModelRecipe.from_model(given, int8=config.draft_int8)
-    return ModelRecipe(path=config.draft, dtype=config.draft_load_dtype, int8=config.draft_int8,
-                       cache_dir=config.cache_dir)
+        from engine.models import is_quantized
+
+        if is_quantized(given):
+            raise ValueError("an int8-quantised draft object (or any low-bit one) cannot be sent to SSD's worker "
+                             "process: pass the float model (or its alias / path) with draft_quant='int8' / 'int4'")
+        plain = ModelRecipe.from_model(given)
+        return LowBitRecipe(config=plain.config, state=plain.state, **low_bit)
+    return LowBitRecipe(path=config.draft, dtype=config.draft_load_dtype, cache_dir=config.cache_dir, **low_bit)
+
+
+@dataclass
+class LowBitRecipe(ModelRecipe):
+    """A ModelRecipe whose draft the worker quantises after building it (`quant` None: as ModelRecipe).
+
+    quant       None, "int8" or "int4" (engine.quantize), int4 grouped by `group_size`.
+    float_dtype the dtype of the layers left in float, for a draft loaded by path (a draft sent as weights
+                keeps their dtype, as the in-process one does).
+    """
+
+    quant: str | None = None
+    group_size: int = 32
+    float_dtype: str = "bfloat16"
+
+    def build(self, device: torch.device) -> torch.nn.Module:
+        if self.quant is None:
+            return super().build(device)
+        if device.type != "cpu":
+            raise ValueError(f"a {self.quant} draft runs on CPU kernels only, not on {device}: use draft_device cpu")
+        from engine.models import TORCH_DTYPES, load_quantized, quantize_model
+
+        if self.path is not None:
+            return load_quantized(self.path, self.quant, self.group_size, dtype=TORCH_DTYPES[self.float_dtype],
+                                  cache_dir=self.cache_dir).model
+        plain = ModelRecipe(config=self.config, state=self.state)
+        return quantize_model(plain.build(device), self.quant, self.group_size)

@@ -119,5 +119,8 @@ def test_an_int8_draft_is_loaded_in_float32_whatever_the_targets_dtype():
     config = EngineConfig(target="t", draft="d", strategy="ssd", dtype="bfloat16", draft_int8=True)
     assert config.draft_load_dtype == "float32"
     assert EngineConfig(target="t", draft="d", strategy="sd", dtype="bfloat16").draft_load_dtype == "bfloat16"
-    with pytest.raises(ValueError, match="draft_int8 quantises a float32 draft"):
-        EngineConfig(target="t", draft="d", strategy="sd", draft_dtype="bfloat16", draft_int8=True)
+    # draft_int8 is draft_quant="int8"; draft_dtype is then the dtype of the layers left in float
+    config = EngineConfig(target="t", draft="d", strategy="sd", draft_dtype="bfloat16", draft_int8=True)
+    assert (config.draft_quant, config.draft_load_dtype, config.draft_float_dtype) == ("int8", "float32", "bfloat16")
+    with pytest.raises(ValueError, match="conflicts with draft_quant='int4'"):
+        EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int4", draft_int8=True)
