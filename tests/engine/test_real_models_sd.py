@@ -10,8 +10,8 @@ from saguaro.prompts import load_prompts
 def test_smollm2_as_its_own_draft_equals_its_greedy_output():
     params = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
     prompts = ["def fibonacci(n):", "The three primary colours are"]
-    expected = LLM("smollm2-135m", chat_template=False).generate(prompts, params)
-    with LLM("smollm2-135m", "smollm2-135m", strategy="sd", chat_template=False,
+    expected = LLM("smollm2-135m", dtype="float32", chat_template=False).generate(prompts, params)
+    with LLM("smollm2-135m", "smollm2-135m", strategy="sd", dtype="float32", chat_template=False,
              speculative=SpeculativeConfig(K=3)) as llm:
         out = llm.generate(prompts, params)
     assert [o.token_ids for o in out] == [o.token_ids for o in expected]

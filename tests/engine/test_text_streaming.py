@@ -12,7 +12,7 @@ SPEC = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
 
 @pytest.fixture(scope="module")
 def ar():
-    with LLM("smollm2-135m", chat_template=False) as llm:
+    with LLM("smollm2-135m", dtype="float32", chat_template=False) as llm:
         yield llm
 
 
