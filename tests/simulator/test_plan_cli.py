@@ -117,3 +117,18 @@ def test_the_commands_metrics_are_theorys():
     from theory.latency import METRICS
 
     assert plan_command.METRICS == METRICS
+
+
+def test_plan_shows_progress_on_stderr_and_tables_on_stdout(monkeypatch, capsys):
+    from saguaro.commands import simulate
+
+    monkeypatch.setattr(simulate.Progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(simulate.Progress, "EVERY_S", 0.0)
+    argv = ["plan", "-v", "--rate", "0.5", "--target-ms", "50", *CONSTANT_AR[:4], "--strategy", "ar", "sd", "-K", "2",
+            "--batch", "1", "--output-len", "50", "--rounds", "200", "--check-requests", "20", "--check-top", "1"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "plan: 3/3 configurations" in captured.err  # two screened, one checked
+    assert "configurations," not in captured.out and "e+" not in captured.out
+    assert main([*argv[:1], "-q", *argv[2:]]) == 0
+    assert "configurations," not in capsys.readouterr().err

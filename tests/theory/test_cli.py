@@ -145,3 +145,19 @@ def test_theory_command_does_not_import_torch() -> None:
     ).format(", ".join(repr(tuple(a)) for a in (SPEEDUP, FANOUT, FIT, BACKUP, SAGUARO)))
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("argv, echoed", [
+    (["speedup", "--alpha", "0.7", "-K", "5", "--t-sd", "0.3", "--p-hit", "0.8", "--batch", "1", "4"],
+     {"alpha": 0.7, "K": 5, "t_sd": 0.3, "p_hit": 0.8, "batch": [1, 4], "miss_policy": "per-row"}),
+    (["fanout", "--alpha", "0.8", "-K", "3", "--budget", "9", "--r", "0.5"],
+     {"alpha": 0.8, "K": 3, "B": 9, "r": 0.5, "scale": 1.0}),
+    (["fit-r", "--fanout", "1", "2", "4", "--miss", "0.5", "0.3", "0.2"],
+     {"fanout": [1.0, 2.0, 4.0], "miss": [0.5, 0.3, 0.2], "confidence": 0.95}),
+    (["backup", "--alpha", "0.8", "-K", "4", "--t-sd", "0.3", "--p-hit", "0.9", "--batch", "2", "8"],
+     {"K": 4, "batch": [2, 8], "fast": "random"}),
+])
+def test_json_echoes_every_input_and_minus_k_and_budget_are_accepted(argv, echoed, capsys) -> None:
+    assert main(["theory", *argv, "--json"]) == 0
+    inputs = json.loads(capsys.readouterr().out)["inputs"]
+    assert {k: inputs[k] for k in echoed} == echoed
