@@ -549,7 +549,8 @@ def run(args: argparse.Namespace) -> int:
         configs = [scenario.config(**p) for p in points]
         for config in configs:
             wall, cpu = max(rounds_per_second(config) for _ in range(3))
-            print(f"{config.settings()}: {wall:,.0f} simulated rounds per second of wall time, {cpu:,.0f} per "
+            where = ", ".join(f"{k} {v}" for k, v in config.settings().items())
+            print(f"{where}: {wall:,.0f} simulated rounds per second of wall time, {cpu:,.0f} per "
                   f"second of CPU time (best of 3 runs of {config.rounds:,} rounds)")
         return 0
     fanout = flat(args.fanout)
