@@ -440,7 +440,7 @@ def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
     return out
 
 
-def _detail(result) -> str:
+def _detail(result, markdown: bool = False) -> str:
     from simulator.metrics import HIT_RATE_DEFINITION
     from theory.latency import METRICS
 
@@ -470,9 +470,9 @@ def _detail(result) -> str:
     from saguaro.tables import format_table
 
     return "\n".join(lines) + "\n\n" + "\n\n".join([
-        format_table(rows, ["latency", "unit", "mean", "p50", "p90", "p99"]),
-        format_table(*busy),
-        format_table(hist, ["k", "rounds", "hits_after", "misses_after"]),
+        format_table(rows, ["latency", "unit", "mean", "p50", "p90", "p99"], markdown=markdown),
+        format_table(*busy, markdown=markdown),
+        format_table(hist, ["k", "rounds", "hits_after", "misses_after"], markdown=markdown),
     ])
 
 
@@ -557,6 +557,8 @@ def run(args: argparse.Namespace) -> int:
     if fanout is not None:
         if len(points) != 1 or points[0]["strategy"].value != "ssd":
             raise ValueError("--fanout gives one explicit schedule: use it with one SSD configuration")
+        if any(f != int(f) for f in fanout):
+            raise ValueError(f"--fanout takes whole numbers of guesses F_0 ... F_K; got {' '.join(f'{f:g}' for f in fanout)}")
     if args.trace and len(points) != 1:
         raise ValueError("--trace writes the timeline of one configuration: give one value per axis")
     if len(points) == 1:
@@ -575,7 +577,7 @@ def run(args: argparse.Namespace) -> int:
         if overloaded is not None:
             print(f"warning: {overloaded}", file=sys.stderr)
         if args.json != "-":
-            print(_detail(result))
+            print(_detail(result, args.markdown))
     else:
         progress = Progress("simulate", args)
         try:

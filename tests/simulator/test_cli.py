@@ -172,6 +172,7 @@ def test_plan_prints_the_best_configuration(capsys):
     ["simulate", "--C", "0.5"],
     ["simulate", "--strategy", "ar", "sd", "--trace", "t.json"],
     ["simulate", "--K", "0", "--strategy", "sd"],
+    ["simulate", "-K", "2", "--fanout", "1", "2.5", "1"],
     ["plan", "--rate", "0", "--target-ms", "50"],
 ])
 def test_bad_input_exits_2(argv, capsys):
