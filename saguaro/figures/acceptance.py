@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter
 
 from saguaro.analysis.hits import MIN_FIT_POINTS
 from saguaro.figures.base import DAGGER, HATCH, NoData, ReportData, legend, plain_log_ticks
@@ -109,7 +110,9 @@ def miss_vs_fanout(ax: Axes, data: ReportData) -> list[dict]:
             plotted.append({"kind": "fit", "temperature": T, "r": fit["r"], "r_stderr": fit["r_stderr"],
                             "scale": fit["scale"], "n_points": fit["n_points"]})
     plain_log_ticks(ax.xaxis, [p["fanout"] for p in points])
-    ax.yaxis.set_major_formatter(ax.xaxis.get_major_formatter())
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.3, not 3×10^−1 (minor ticks are labelled within a decade)
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("fan-out F (guesses cached for the outcome)")
     ax.set_ylabel("miss rate 1 − p_hit (fraction of lookups)")
     ax.grid(True, which="both", alpha=0.3)

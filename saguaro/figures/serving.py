@@ -57,10 +57,11 @@ def _value(v) -> float:
     return math.nan if v is None else v
 
 
-def _markers(ax: Axes, xs: list[float], rows: list[dict], field: str, marker: str, size: float, color) -> None:
-    """The points of one line; hollow where the run marked the point's requests as disturbed."""
+def _hollow(ax: Axes, xs: list[float], rows: list[dict], field: str, marker: str, size: float, color) -> None:
+    """Over the line's own marker, a hollow one where the run marked the point's requests as disturbed."""
     for x, r in zip(xs, rows):
-        ax.plot([x], [_value(r[field])], marker, ms=size, color=color, mfc="white" if r.get("disturbed") else color)
+        if r.get("disturbed"):
+            ax.plot([x], [_value(r[field])], marker, ms=size + 1, color=color, mfc="white", zorder=3)
 
 
 def latency_vs(load: str, metric: str) -> Callable[[Axes, ReportData], list[dict]]:
@@ -72,11 +73,11 @@ def latency_vs(load: str, metric: str) -> Callable[[Axes, ReportData], list[dict
         plotted = []
         for label, rs in series.items():
             xs = [positions[r[load]] for r in rs]
-            line = ax.plot(xs, [_value(r[f"median_{metric}_ms"]) for r in rs], "-", label=f"{label} p50")
+            line = ax.plot(xs, [_value(r[f"median_{metric}_ms"]) for r in rs], "-o", ms=4, label=f"{label} p50")
             color = line[0].get_color()
-            ax.plot(xs, [_value(r[f"p99_{metric}_ms"]) for r in rs], "--", color=color, label=f"{label} p99")
-            _markers(ax, xs, rs, f"median_{metric}_ms", "o", 4, color)
-            _markers(ax, xs, rs, f"p99_{metric}_ms", "s", 3, color)
+            ax.plot(xs, [_value(r[f"p99_{metric}_ms"]) for r in rs], "--s", ms=3, color=color, label=f"{label} p99")
+            _hollow(ax, xs, rs, f"median_{metric}_ms", "o", 4, color)
+            _hollow(ax, xs, rs, f"p99_{metric}_ms", "s", 3, color)
             plotted += [{"series": label, "run": r["run"], load: r[load], f"p50_{metric}_ms": r[f"median_{metric}_ms"],
                          f"p99_{metric}_ms": r[f"p99_{metric}_ms"], "completed": r["completed"],
                          "failed": r["failed"], "disturbed": r.get("disturbed", 0)} for r in rs]
@@ -102,8 +103,8 @@ def throughput_vs(load: str) -> Callable[[Axes, ReportData], list[dict]]:
         plotted = []
         for label, rs in series.items():
             xs = [positions[r[load]] for r in rs]
-            line = ax.plot(xs, [_value(r["output_tokens_per_s"]) for r in rs], "-", label=label)
-            _markers(ax, xs, rs, "output_tokens_per_s", "o", 4, line[0].get_color())
+            line = ax.plot(xs, [_value(r["output_tokens_per_s"]) for r in rs], "-o", ms=4, label=label)
+            _hollow(ax, xs, rs, "output_tokens_per_s", "o", 4, line[0].get_color())
             plotted += [{"series": label, "run": r["run"], load: r[load],
                          "output_tokens_per_s": r["output_tokens_per_s"], "requests_per_s": r["requests_per_s"],
                          "completed": r["completed"], "failed": r["failed"], "disturbed": r.get("disturbed", 0)}

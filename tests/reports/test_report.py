@@ -63,3 +63,47 @@ def test_cli_writes_the_report_beside_the_first_run_by_default(tmp_path, capsys)
 def test_cli_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "not a bench run folder" in capsys.readouterr().err
+
+
+def test_an_unsupported_figure_is_skipped_with_the_reason_in_the_report(tmp_path):
+    text = build_report([FIXTURES / "runs" / "batch"], tmp_path).read_text()  # misses at one fan-out only
+    assert "_Not drawn: a power law a·F^(−r) has two parameters, so it needs misses at 3 or more fan-outs" in text
+    assert not (tmp_path / "miss_vs_fanout.png").exists()
+
+
+def test_a_disturbed_run_is_marked_in_the_table_and_the_figures(tmp_path):
+    import shutil
+
+    from saguaro.figures.base import HATCH, draw
+    from saguaro.runfolder import RunDir
+
+    run = tmp_path / "k-sweep"
+    shutil.copytree(FIXTURES / "runs" / "k-sweep", run)
+    data, _ = load_data([run])
+    key = next(r["key"] for r in data.rows if r["system"] == "ssd")
+    RunDir(run).mark_disturbed("a debugging job ran on the worker's core", keys=[key])
+    text = build_report([run], tmp_path / "out").read_text()
+    assert f"| {key} † |" in text
+    assert f"† `{key}`: " in text and "a debugging job ran on the worker's core" in text
+    data, _ = load_data([run])
+    assert [r["key"] for r in data.rows if r["disturbed"]] == [key]
+    phases = next(f for f in FIGURES if f.name == "phase_breakdown")
+    fig, _ = draw(phases, data)
+    try:
+        hatched = [p for p in fig.axes[0].patches if p.get_hatch() == HATCH and p.get_width() > 0]
+        assert hatched and len(hatched) == 4  # the disturbed variant's four phase segments
+        assert any(f"{key} †" == t.get_text() for t in fig.axes[0].get_yticklabels())
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_a_malformed_disturbance_file_says_how_to_write_it(tmp_path):
+    import shutil
+
+    run = tmp_path / "k-sweep"
+    shutil.copytree(FIXTURES / "runs" / "k-sweep", run)
+    (run / "disturbed.json").write_text('{"disturbed": [{"keys": null}]}')
+    with pytest.raises(ValueError, match="malformed.*reason"):
+        load_data([run])
