@@ -1,9 +1,12 @@
 """The systems under test, all on one set of model objects: this engine's AR, SD and SSD through `LLM`,
-and transformers' `generate` and assisted generation as peers.
+transformers' `generate` and assisted generation as peers, and llama.cpp (`llamacpp`, `llamacpp-lookup`)
+on the GGUF file the target was provisioned from.
 
 Every system gets the same target and draft objects (so the same weights, dtypes and quantisation)
-and runs under the same torch thread count. A strategy the engine does not offer (yet) raises
-ValueError when its `LLM` is built; that variant is then reported as unavailable, with the reason.
+and runs under the same torch thread count; llama.cpp gets that many threads and the same prompt token
+ids (our tokenizer and chat template). A strategy the engine does not offer (yet) raises ValueError when
+its `LLM` is built; that variant is then reported as unavailable, with the reason. So is llama.cpp when
+llama-cpp-python is not installed (the optional extra `llamacpp`), or at a batch size above 1.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from saguaro.bench.config import BenchConfig, Variant
-from saguaro.peers import hf_generate
+from saguaro.peers import (
+    LLAMACPP_SYSTEMS,
+    LOOKUP_NUM_PRED_TOKENS,
+    LlamaCppPeer,
+    gguf_path,
+    hf_generate,
+    llamacpp_missing,
+)
 from saguaro.prompts import Prompt
 
 log = logging.getLogger(__name__)
@@ -84,6 +94,7 @@ class Systems:
         self._engines: dict[tuple, LLM] = {}
         self._threads: dict[tuple, int] = {}
         self._unavailable: dict[tuple, str | None] = {}
+        self._llamacpp: dict[str, LlamaCppPeer] = {}  # loaded once per system, shared by its variants
         # encodes text for the peers (with the same chat template) and knows EOS and padding
         self.encoder = LLM(models.target, tokenizer=models.tokenizer, threads=config.threads)
         self.base_threads = torch.get_num_threads()
@@ -117,14 +128,37 @@ class Systems:
                 torch.set_num_threads(self.base_threads)
         return self._engines[key]
 
+    def _llamacpp_peer(self, v: Variant) -> LlamaCppPeer:
+        """llama.cpp on the target's GGUF, loaded at the first use, with the target's thread count."""
+        if v.system not in self._llamacpp:
+            lookup = LOOKUP_NUM_PRED_TOKENS if v.system == "llamacpp-lookup" else None
+            self._llamacpp[v.system] = LlamaCppPeer(gguf_path(self.config.target), threads=self.base_threads,
+                                                    seed=self.config.seed, lookup=lookup)
+        return self._llamacpp[v.system]
+
     def release(self, v: Variant) -> None:
-        """Close v's engine (SSD: stop its worker process); it is rebuilt if needed again."""
+        """Close v's engine (SSD: stop its worker process; llama.cpp: free its model); it is rebuilt if needed
+        again."""
         engine = self._engines.pop(self.engine_key(v), None)
         if engine is not None:
             engine.close()
+        peer = self._llamacpp.pop(v.system, None)
+        if peer is not None:
+            peer.close()
 
     def unavailable(self, v: Variant) -> str | None:
         """Why this variant cannot run here, or None. Builds the engine (once) to find out."""
+        if v.system in LLAMACPP_SYSTEMS:
+            if v.settings.batch != 1:
+                return "llama-cpp-python's Llama decodes one sequence at a time: it runs at batch size 1 only"
+            missing = llamacpp_missing()
+            if missing:
+                return missing
+            try:
+                self._llamacpp_peer(v)
+            except ValueError as err:  # no GGUF behind the target, a file llama.cpp refuses, ...
+                return f"{type(err).__name__}: {err}"
+            return None
         if v.system not in ("ar", "sd", "ssd"):
             if v.system == "hf-assisted" and self.models.draft is None:
                 return "no draft model loaded"
@@ -160,6 +194,8 @@ class Systems:
             rounds = [{**r, "round": r["round"] - first} for r in rounds]
             return CallOutput(requests, gen.metrics.wall_s, rounds, threads)
         ids = [self.encoder.encode(p.content) for p in prompts]
+        if v.system in LLAMACPP_SYSTEMS:
+            return self._run_llamacpp(v, ids, params)
         assistant = self.models.draft if v.system == "hf-assisted" else None
         outs, seconds = hf_generate(self.models.target, ids, params, self.encoder.eos_ids, self.encoder.pad_id,
                                     assistant, v.settings.K)
@@ -172,7 +208,20 @@ class Systems:
         ]
         return CallOutput(requests, seconds, [], self.base_threads)
 
+    def _run_llamacpp(self, v: Variant, ids: list[list[int]], params: SamplingParams) -> CallOutput:
+        if len(ids) != 1:
+            raise ValueError("llama-cpp-python's Llama decodes one sequence at a time: use --batch-size 1")
+        peer = self._llamacpp_peer(v)
+        out, metrics = peer.generate(ids[0], params, self.encoder.eos_ids)
+        request = {**metrics.summary(), "token_ids": out.token_ids, "finish_reason": out.finish_reason}
+        if peer.lookup is not None:
+            request.update(lookup_num_pred_tokens=peer.lookup, draft_tokens=peer.draft_tokens)
+        return CallOutput([request], metrics.e2el_s, [], peer.threads)
+
     def close(self) -> None:
         for engine in self._engines.values():
             engine.close()
         self._engines.clear()
+        for peer in self._llamacpp.values():
+            peer.close()
+        self._llamacpp.clear()
