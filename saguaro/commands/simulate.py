@@ -92,18 +92,19 @@ def _number(value, decimals: int, factor: float = 1.0, limit: float | None = Non
     return text + ("!" if limit is not None and value > limit else "")
 
 
-def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | None = None
-             ) -> tuple[list[dict], list[str]]:
+def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | None = None,
+             decimals: int | None = None) -> tuple[list[dict], list[str]]:
     """Rows and columns for format_table with every float fixed-format: a column named *_ms in ms or s (the
-    header says which, chosen over the column), other float columns with fixed decimals. `limits` (ms, by
-    column) adds '!' to a latency past it."""
+    header says which, chosen over the column), other float columns with fixed decimals (`decimals`, or by
+    the column's size). `limits` (ms, by column) adds '!' to a latency past it."""
+    fixed = decimals
     limits = limits or {}
     renamed, out = {}, [dict(r) for r in rows]
     for column in columns:
         values = [r.get(column) for r in rows]
         if not any(isinstance(v, float) for v in values):
             continue
-        if column == "C":  # a setting: as given
+        if column in ("C", "F"):  # a setting (Saguaro constant, fan-out): as given
             for r in out:
                 if isinstance(r.get(column), float):
                     r[column] = f"{r[column]:g}"
@@ -114,7 +115,7 @@ def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | No
             for r in out:
                 r[new] = _number(r.pop(column, None), decimals, factor, limits.get(column))
         else:
-            decimals = _decimals(values)
+            decimals = _decimals(values) if fixed is None else fixed
             for r in out:
                 value = r.get(column)
                 if isinstance(value, float):
@@ -122,10 +123,11 @@ def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | No
     return out, [renamed.get(c, c) for c in columns]
 
 
-def table(rows: list[dict], columns: list[str], markdown: bool = False, limits: dict | None = None) -> str:
+def table(rows: list[dict], columns: list[str], markdown: bool = False, limits: dict | None = None,
+          decimals: int | None = None) -> str:
     from saguaro.tables import format_table
 
-    return format_table(*readable(rows, columns, limits), markdown=markdown)
+    return format_table(*readable(rows, columns, limits, decimals), markdown=markdown)
 
 
 class Progress:

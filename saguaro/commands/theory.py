@@ -114,6 +114,13 @@ def _pairs(rows: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {f'{v:.4g}' if isinstance(v, float) else v}" for k, v in rows.items())
 
 
+def _fixed(rows: list[dict], columns: list[str]) -> str:
+    """A table with every figure to three decimals (one format per column, no scientific notation)."""
+    from saguaro.commands.simulate import table
+
+    return table(rows, columns, decimals=3)
+
+
 def _round_quantities(args: argparse.Namespace) -> dict[str, Any]:
     from theory import expected_tokens
 
@@ -126,7 +133,6 @@ def _round_quantities(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _speedup(args: argparse.Namespace) -> tuple[dict, list[str]]:
-    from saguaro.tables import format_table
     from theory import sd_speedup, ssd_over_sd_ceiling, ssd_speedup
 
     q = _round_quantities(args)
@@ -143,12 +149,11 @@ def _speedup(args: argparse.Namespace) -> tuple[dict, list[str]]:
     summary = {**q, "E_miss": E_miss, "T_b": T_b, "miss_policy": args.miss_policy, "sd_speedup": sd,
                "cor9_ceiling_ssd_over_sd": ceiling,
                "cor8_never_slower_than_sd": cor8}
-    tables = [_pairs(summary), format_table(rows, ["b", "all_hit", "ssd_speedup", "ssd_over_sd"])]
+    tables = [_pairs(summary), _fixed(rows, ["b", "all_hit", "ssd_speedup", "ssd_over_sd"])]
     return {"inputs": _inputs(args), **summary, "by_batch": rows}, tables
 
 
 def _fanout(args: argparse.Namespace) -> tuple[dict, list[str]]:
-    from saguaro.tables import format_table
     from theory import expected_hit_probability, integer_fanout, optimal_fanout, outcome_probabilities
     from theory import uniform_fanout
     from theory.fanout import round_largest_remainder
@@ -177,8 +182,8 @@ def _fanout(args: argparse.Namespace) -> tuple[dict, list[str]]:
     rows = [{"k": k, "P(k)": P[k], **{name: F[k] for name, F in schedules.items()}} for k in range(args.K + 1)]
     hits = {name: float(hit_of(F)) for name, F in schedules.items()}
     hit_rows = [{"schedule": name, "hit_probability": h, "miss_rate": 1 - h} for name, h in hits.items()]
-    tables = [f"hit model: {source}", format_table(rows, ["k", "P(k)", *schedules]),
-              format_table(hit_rows, ["schedule", "hit_probability", "miss_rate"])]
+    tables = [f"hit model: {source}", _fixed(rows, ["k", "P(k)", *schedules]),
+              _fixed(hit_rows, ["schedule", "hit_probability", "miss_rate"])]
     return {"inputs": _inputs(args), "hit_model": source, "P": P, "schedules": schedules,
             "hit_probability": hits}, tables
 
@@ -186,7 +191,6 @@ def _fanout(args: argparse.Namespace) -> tuple[dict, list[str]]:
 def _fit_r(args: argparse.Namespace) -> tuple[dict, list[str]]:
     from dataclasses import asdict
 
-    from saguaro.tables import format_table
     from theory import fit_r, miss_rate
 
     fit = fit_r(args.fanout, args.miss, confidence=args.confidence, fix_scale=args.fix_scale)
@@ -195,12 +199,11 @@ def _fit_r(args: argparse.Namespace) -> tuple[dict, list[str]]:
     summary = {"r": fit.r, "r_stderr": fit.r_stderr, f"r_ci_{args.confidence:g}": f"[{fit.r_ci[0]:.4g}, "
                f"{fit.r_ci[1]:.4g}]", "scale_a": fit.scale, "points": fit.n_points, "dof": fit.dof,
                "method": fit.method}
-    tables = [_pairs(summary), format_table(points, ["F", "measured_miss", "fitted_miss"])]
+    tables = [_pairs(summary), _fixed(points, ["F", "measured_miss", "fitted_miss"])]
     return {"inputs": _inputs(args), **asdict(fit), "points": points}, tables
 
 
 def _backup(args: argparse.Namespace) -> tuple[dict, list[str]]:
-    from saguaro.tables import format_table
     from theory import Backup, BackupOption, backup_speedups, critical_batch_size
 
     q = _round_quantities(args)
@@ -213,14 +216,13 @@ def _backup(args: argparse.Namespace) -> tuple[dict, list[str]]:
                                  miss_policy=args.miss_policy)
     summary = {**q, "miss_policy": args.miss_policy,
                "b_star": b_star if b_star is not None else f"none up to {args.b_max}"}
-    tables = [_pairs(summary), format_table(rows, ["b", "neural", args.fast, "choice"])]
+    tables = [_pairs(summary), _fixed(rows, ["b", "neural", args.fast, "choice"])]
     return {"inputs": _inputs(args), **q, "b_star": b_star, "by_batch": rows}, tables
 
 
 def _saguaro(args: argparse.Namespace) -> tuple[dict, list[str]]:
     import numpy as np
 
-    from saguaro.tables import format_table
     from theory import all_accepted_hit_probability, saguaro_position
 
     p, q = np.asarray(args.p, dtype=float), np.asarray(args.q, dtype=float)
@@ -241,7 +243,7 @@ def _saguaro(args: argparse.Namespace) -> tuple[dict, list[str]]:
                      "sigma": "[" + ", ".join(f"{s:.3g}" for s in pos.sigma) + "]"})
     all_accepted = all_accepted_hit_probability(p, q, args.F)
     columns = ["C", "acceptance", "reject", "hit_given_reject", "hit_and_reject", "bonus_in_saguaro_set", "sigma"]
-    tables = [format_table(rows, columns),
+    tables = [_fixed(rows, columns),
               f"saguaro set: top {args.F + 1} tokens of q (F + 1; ties to the lower id); "
               f"hit if all accepted (bonus from p, guesses top {args.F} of q): {all_accepted:.4g}"]
     json_rows = [{**row, "sigma": sigma} for row, sigma in zip(rows, sigmas)]
