@@ -161,3 +161,13 @@ def test_json_echoes_every_input_and_minus_k_and_budget_are_accepted(argv, echoe
     assert main(["theory", *argv, "--json"]) == 0
     inputs = json.loads(capsys.readouterr().out)["inputs"]
     assert {k: inputs[k] for k in echoed} == echoed
+
+
+def test_tables_use_one_fixed_format_per_column(capsys) -> None:
+    # p_hit^b spans 0.9 .. 1e-3: once printed as 0.9 next to 0.00118
+    assert main(["theory", "speedup", "--alpha", "0.8", "-K", "4", "--t-sd", "0.3", "--p-hit", "0.9",
+                 "--batch", "1", "64", "512"]) == 0
+    table = capsys.readouterr().out.split("\n\n")[1].splitlines()
+    assert table[0].split() == ["b", "all_hit", "ssd_speedup", "ssd_over_sd"]
+    cells = [v for line in table[1:] for v in line.split()[1:]]
+    assert len(cells) == 9 and all(__import__("re").fullmatch(r"\d+\.\d{3}", v) for v in cells), cells
