@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,4 +171,4 @@ def test_tables_use_one_fixed_format_per_column(capsys) -> None:
     table = capsys.readouterr().out.split("\n\n")[1].splitlines()
     assert table[0].split() == ["b", "all_hit", "ssd_speedup", "ssd_over_sd"]
     cells = [v for line in table[1:] for v in line.split()[1:]]
-    assert len(cells) == 9 and all(__import__("re").fullmatch(r"\d+\.\d{3}", v) for v in cells), cells
+    assert len(cells) == 9 and all(re.fullmatch(r"\d+\.\d{3}", v) for v in cells), cells
