@@ -331,18 +331,25 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                     busy.append(timed(state, b, K + 1))
                     while worker.conn.poll():
                         built = worker.recv()[1]
-                stop_at = time.perf_counter()
-                worker.conn.send(("stop",))
-                while isinstance(message := worker.recv(), tuple):
-                    pass  # a last "built"
-                # the build that ran on after the stop was partly alone: left out
-                builds = _ms([(t0, t1) for t0, t1 in message if t1 <= stop_at])
+                worker.conn.send(("stop",))  # it stops after the build under way; verify next to it meanwhile
+                pairs = None
+                while pairs is None:
+                    while pairs is None and worker.conn.poll():
+                        message = worker.recv()
+                        pairs = None if isinstance(message, tuple) else message  # a tuple: ("built", n)
+                    if pairs is None:
+                        busy.append(timed(state, b, K + 1))
+                builds = _ms(pairs)
+                busy = [v for v in busy if v[1] <= pairs[-1][1]] or busy  # a verify that ran on alone: left out
                 verify = _ms(busy)
                 busy_all += verify
-                n = max(len(verify), len(builds))
+                # as many records as builds or --repeats, so a point with long builds (many verifies meanwhile)
+                # does not outweigh the others; a build is never recorded twice
+                n = max(reps, len(builds))
                 hits = dict(hit=[True] * b, branches=b * B, backup=None, wait_ms=0.0, fanout=_fanout(K, B))
-                records += [_record("ssd", K, b, c, verify[i % len(verify)], cache_build_ms=round(builds[i % len(builds)], 3),
-                                    **hits) for i in range(n)]
+                records += [_record("ssd", K, b, c, verify[i % len(verify)],
+                                    cache_build_ms=round(builds[i], 3) if i < len(builds) else 0.0, **hits)
+                            for i in range(n)]
                 summary["cache_build_ms"][f"{key}x{b * B}"] = med(builds)
             # the backup's own time: an SSD round whose every row missed (the worker drafts the whole batch)
             miss = dict(hit=[False] * b, branches=b * args.budget[0], backup="neural", fanout=_fanout(K, args.budget[0]),
