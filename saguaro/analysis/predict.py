@@ -109,7 +109,8 @@ def predictions(runs: list[Run], rows: list[dict]) -> Predictions:
         out.rows.append({
             "run": row["run"], "key": row["key"], "system": row["system"], "K": row["K"],
             "temperature": row["temperature"], "batch": row["batch"], "C": row["C"], "budget": row["budget"],
-            "backup": row["backup"], "disturbed": row.get("disturbed", 0), "measured": measured, "simulated": simulated, "closed_form": closed,
+            "backup": row["backup"], "disturbed": row.get("disturbed", 0),
+            "measured": measured, "simulated": simulated, "closed_form": closed,
             "simulated_error": _error(simulated, measured), "closed_form_error": _error(closed, measured),
             **inputs,
         })

@@ -71,7 +71,8 @@ def acceptance_histogram(ax: Axes, data: ReportData) -> list[dict]:
         x = ks - 0.4 + width * (i + 0.5)
         label = r["key"] if len(data.runs) == 1 else f"{r['key']} [{r['run']}]"
         label += f" {DAGGER} disturbed" if r.get("disturbed") else ""
-        ax.bar(x, frac, width=width, label=f"{label} (α={r['alpha']:.2f})", hatch=HATCH if r.get("disturbed") else None)
+        ax.bar(x, frac, width=width, label=f"{label} (α={r['alpha']:.2f})",
+               hatch=HATCH if r.get("disturbed") else None)
         ax.plot(x, iid, "k_", ms=8, mew=1.5)
         plotted += [{"key": r["key"], "run": r["run"], "k": int(k), "rounds": hist.get(int(k), 0),
                      "fraction": float(f), "iid_prediction": float(p)} for k, f, p in zip(ks, frac, iid)]
@@ -87,7 +88,8 @@ def acceptance_histogram(ax: Axes, data: ReportData) -> list[dict]:
 
 def miss_vs_fanout(ax: Axes, data: ReportData) -> list[dict]:
     points = [p for p in data.miss_points if p["misses"] > 0]
-    counts = {T: len({p["fanout"] for p in points if p["temperature"] == T}) for T in {p["temperature"] for p in points}}
+    temperatures = {p["temperature"] for p in points}
+    counts = {T: len({p["fanout"] for p in points if p["temperature"] == T}) for T in temperatures}
     if max(counts.values(), default=0) < MIN_FIT_POINTS:
         most = max(counts.values(), default=0)
         raise NoData(f"a power law a·F^(−r) has two parameters, so it needs misses at {MIN_FIT_POINTS} or more "

@@ -71,6 +71,9 @@ def _lines(ax: Axes, rows: list[dict], x: str, y: str, need: str, log_x: bool = 
         ax.errorbar([], [], yerr=[], fmt=".", ms=2.5, color="grey", elinewidth=0.8, capsize=2,
                     label="per prompt: dots, bar = interquartile range")
     mark_disturbed_legend(ax, any(r.get("disturbed") for rs, _ in drawn.values() for r in rs))
+    measured_at = sorted({r[x] for rs, _ in drawn.values() for r in rs})
+    if not log_x and len(measured_at) <= 12:  # ticks where it was measured (the dodge moves the points a little)
+        ax.set_xticks(measured_at, [f"{v:g}" for v in measured_at])
     return plotted, drawn
 
 
@@ -214,7 +217,8 @@ def speedup_vs_batch(ax: Axes, data: ReportData) -> list[dict]:
             data.note("No crossover: the fast backup never overtakes the neural one after trailing it.")
         for c in crossings:
             ax.axvline(c["crossover_batch"], color="black", ls="--", lw=0.8)
-            ax.text(c["crossover_batch"], 0.97, f"{c['fast_backup']} backup ≥ neural\nfrom b = {c['crossover_batch']} ",
+            b = c["crossover_batch"]
+            ax.text(b, 0.97, f"{c['fast_backup']} backup ≥ neural\nfrom b = {b} ",
                     transform=ax.get_xaxis_transform(), fontsize=7, ha="right", va="top")
             plotted.append({"series": "crossover", **c})
     ax.set_xscale("log", base=2)
