@@ -364,6 +364,23 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     return records, summary
 
 
+def fit_summary(path: Path) -> dict:
+    """The timing fit of these records (simulator.fit_timing): coefficients, relative RMS errors, and its
+    predictions at batch 4, context 300 (K 4, 32 and 64 branches) to compare with a run at that shape."""
+    from simulator import fit_timing, read_records
+
+    f = fit_timing(read_records(path))
+    r = lambda x: round(float(x), 5)  # noqa: E731
+    ssd = f.for_strategy("ssd")
+    return {"verify": [r(c) for c in f.verify], "draft": [r(c) for c in f.draft] if f.draft else None,
+            "build": [r(c) for c in f.build] if f.build else None, "ssd_verify_factor": r(f.ssd_verify_factor),
+            "errors": {k: r(v) for k, v in f.errors.items()},
+            "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),
+                                 "sd_draft": r(f.draft_ms(4, 4, 300)) if f.draft else None,
+                                 "build_32": r(f.cache_build_ms(4, 4, 32, 300)) if f.draft else None,
+                                 "build_64": r(f.cache_build_ms(4, 4, 64, 300)) if f.draft else None}}
+
+
 def run(args) -> int:
     _check(args)
     from engine import LLM
@@ -402,6 +419,7 @@ def run(args) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab)
+    summary["fit"] = fit_summary(args.out)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     summary["inputs"] = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
                          "draft_int8": args.draft_int8, "threads": args.threads, "draft_threads": args.draft_threads,

@@ -57,6 +57,9 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     assert set(summary["interference"]) == {"1x12", "2x12", "1x40", "2x40"} and summary["interference_factor"] > 0
     assert set(summary["cache_build_ms"]) == {f"{b}x{c}x{b * B}" for b in (1, 2) for c in (12, 40) for B in (2, 3)}
     assert set(summary["fast_backup_ms"]) == {"random", "lookup"}
+    fit = summary["fit"]  # the fit of these records and its predictions at batch 4, context 300
+    assert len(fit["verify"]) == 3 and len(fit["build"]) == 3 and fit["ssd_verify_factor"] > 0
+    assert all(ms > 0 for ms in fit["at_b4_c300_K4_ms"].values())
 
 
 def test_the_records_fit_and_simulate(calibrated):
