@@ -109,7 +109,7 @@ def describe(env: dict) -> str:
     threads = m.get("torch_threads")
     bits = [where]
     if cores:
-        bits.append(f"{cores} cores")
+        bits.append(f"{cores} core" + ("" if cores == 1 else "s"))
     if threads:
-        bits.append(f"{threads} threads")
+        bits.append(f"{threads} thread" + ("" if threads == 1 else "s"))
     return ", ".join(bits)

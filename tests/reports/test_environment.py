@@ -10,3 +10,11 @@ def test_git_state_names_the_commit_of_this_checkout():
     assert head.returncode == 0, "the test suite runs inside a git checkout"
     assert git_state()["commit"] == head.stdout.strip()
     assert (REPO / "saguaro" / "environment.py").is_file()
+
+
+def test_describe_pluralises_cores_and_threads() -> None:
+    from saguaro.environment import describe
+
+    one = describe({"machine": {"cpu_model": "X", "usable_cpus": 1, "torch_threads": 1}})
+    two = describe({"machine": {"cpu_model": "X", "usable_cpus": 2, "torch_threads": 2}})
+    assert one == "X, 1 core, 1 thread" and two == "X, 2 cores, 2 threads"
