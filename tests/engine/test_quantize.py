@@ -175,3 +175,86 @@ def test_bad_int4_group_size_is_refused(group_size):
 def test_scheme_enum_is_accepted():
     layer = WeightOnlyLinear.from_linear(nn.Linear(32, 16), Scheme.INT8)
     assert layer.scheme is Scheme.INT8
+
+
+# -- settings: target_quant / draft_quant / quant_group_size -----------------------------------------
+def test_engine_settings_refuse_unknown_schemes_and_group_sizes():
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="target_quant must be None .* or one of int8, int4, got 'int3'"):
+        EngineConfig(target="t", target_quant="int3")
+    with pytest.raises(ValueError, match="draft_quant must be None .* or one of int8, int4, got 'fp8'"):
+        EngineConfig(target="t", draft="d", strategy="sd", draft_quant="fp8")
+    with pytest.raises(ValueError, match="quant_group_size must be one of 32, 64, 128, got 48"):
+        EngineConfig(target="t", target_quant="int4", quant_group_size=48)
+    with pytest.raises(ValueError, match="CPU kernels only"):
+        EngineConfig(target="t", target_quant="int8", device="cuda")
+    with pytest.raises(ValueError, match="CPU kernels only"):
+        EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int4", device="cuda")
+
+
+def test_draft_int8_is_an_alias_of_draft_quant_int8():
+    from engine.config import EngineConfig
+
+    alias = EngineConfig(target="t", draft="d", strategy="sd", draft_int8=True)
+    assert (alias.draft_quant, alias.draft_int8, alias.draft_load_dtype) == ("int8", True, "float32")
+    named = EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int8")
+    assert named.draft_int8 and named == alias
+    assert not EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int4").draft_int8
+    with pytest.raises(ValueError, match="draft_int8=True means draft_quant='int8', which conflicts"):
+        EngineConfig(target="t", draft="d", strategy="sd", draft_int8=True, draft_quant="int4")
+
+
+def test_the_api_defaults_to_bfloat16_like_the_cli():
+    from engine.config import EngineConfig
+
+    assert EngineConfig(target="t").dtype == "bfloat16"
+    assert inspect_default(LLM, "dtype") == "bfloat16"
+
+
+def inspect_default(function, name):
+    import inspect
+
+    return inspect.signature(function).parameters[name].default
+
+
+def test_llm_quantises_target_and_draft_by_the_settings():
+    target, draft = tiny_pair(vocab_size=48, seed=0)
+    spec = SpeculativeConfig(K=2)
+    with LLM(target, draft, strategy="sd", speculative=spec, target_quant="int4", draft_quant="int8",
+             quant_group_size=64) as llm:
+        t_layers = [m for m in llm.target.modules() if isinstance(m, WeightOnlyLinear)]
+        d_layers = [m for m in llm.draft.modules() if isinstance(m, WeightOnlyLinear)]
+        # group 64 fits only the [32, 64] down_proj of each layer; the other 12 layers have K = 32
+        assert {(m.scheme, m.group_size) for m in t_layers} == {(Scheme.INT4, 64)} and len(t_layers) == 2
+        assert llm.target.quantization["skipped_by_shape"] == 12
+        assert {m.scheme for m in d_layers} == {Scheme.INT8} and len(d_layers) == 7
+        assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_new_tokens
+    with LLM(target, draft, strategy="sd", draft_int8=True) as llm:  # the old name, same mechanism
+        assert {type(m) for m in llm.draft.modules()} >= {WeightOnlyLinear}
+        assert not any(isinstance(m, WeightOnlyLinear) for m in llm.target.modules())
+    # the caller's models were quantised as copies
+    assert not any(isinstance(m, WeightOnlyLinear) for m in [*target.modules(), *draft.modules()])
+    with pytest.raises(ValueError, match="already has low-bit layers"):
+        LLM(quantize_weights_copy(target), target_quant="int8")
+
+
+def quantize_weights_copy(model):
+    import copy
+
+    quantized = copy.deepcopy(model)
+    quantize_weights(quantized, "int8")
+    return quantized
+
+
+def test_quantize_model_casts_only_the_float_layers_and_keeps_ties():
+    from engine.models import quantize_model
+
+    model = tiny_model(vocab_size=48, seed=0)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as in Qwen2.5 1.5B
+    quantize_model(model, "int4", dtype=torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    layer = model.model.layers[0].self_attn.q_proj
+    assert layer.scales.dtype == torch.bfloat16 and layer.packed.dtype == torch.uint8
+    assert model(IDS).logits.dtype == torch.bfloat16
