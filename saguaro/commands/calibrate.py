@@ -1,12 +1,14 @@
-"""`saguaro calibrate`: about two minutes (default pair, 2-core CPU) of timed forwards that tell the simulator
-what an SD run cannot about SSD on this machine, at the contexts the workload will have (--context).
+"""`saguaro calibrate`: timed forwards that tell the simulator what an SD run cannot about SSD on this
+machine, at the contexts the workload will have (--context); meant to take about two minutes for the
+default pair on a 2-core CPU.
 
 One long prompt (real prompt text repeated to the largest --context) is prefilled ONCE by the target here
 and ONCE by the draft in a worker process on the other core(s), as SSD places them. Each smaller context is
 reached by rolling the caches back exactly (engine.kv_cache), each batch size by copying that row; every
 timed forward is rolled back too, so nothing is prefilled twice. At each context and batch size:
 
-- the target's AR step (one token per row) and verify (K+1 tokens per row), alone;
+- the target's AR step (one token per row) and verify (K+1 tokens per row: the forward, the warp and the
+  rejection sampling, as the engine's round times it), alone;
 - the draft's SD proposal (K steps over the batch) and its neural backup (the worker's K-step draft over
   the missed rows), alone, as SD and SSD run them while the target waits;
 - for each --budget B: the worker builds SSD's cache again and again (the glue forward, then the K-step
@@ -272,6 +274,9 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     import torch
 
     from engine.kv_cache import KVState
+    from engine.sampling import RowSampling, warp_rows
+    from engine.sampling_params import SamplingParams
+    from engine.verifier import verify as rejection_sample
 
     K, reps = args.K, args.repeats
     contexts = sorted(set(args.context), reverse=True)  # longest first: shorter ones are roll-backs
@@ -296,9 +301,19 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     say(f"prefilled {max(contexts)} tokens once (target and draft)")
     feed = lambda b, T: torch.tensor(ids[:T], dtype=torch.long).repeat(b, 1)  # noqa: E731
 
+    rows = {b: RowSampling([SamplingParams(temperature=0.0, stop_on_eos=False)] * b) for b in args.batch}
+    gens = {b: [torch.Generator().manual_seed(i) for i in range(b)] for b in args.batch}
+    V = int(target.get_output_embeddings().out_features)
+
     def timed(state: KVState, b: int, T: int) -> tuple[float, float]:
+        """One target step as the engine's round times it: the forward over T = K+1 tokens per row (T = 1:
+        AR), the warp and the rejection sampling against the draft's q (a point mass here)."""
+        block = feed(b, T)
+        x = block[:, 1:]  # [b, T-1] the "drafted" tokens
+        q = torch.zeros(b, T - 1, V).scatter_(-1, x[..., None], 1.0)  # [b, T-1, V]
         t0 = time.perf_counter()
-        state.extend(feed(b, T))
+        p = warp_rows(state.extend(block).float(), rows[b])  # [b, T, V]
+        rejection_sample(x, q, p, gens[b])
         t1 = time.perf_counter()
         state.rollback(torch.full((b,), T, dtype=torch.long))  # exact: the state before the forward
         return t0, t1
