@@ -1,0 +1,327 @@
+"""What `saguaro calibrate` measures, and how: the draft worker process it times the draft in, the timed points
+at each context, batch size and budget, and the records and summary it writes (saguaro/commands/calibrate.py
+is the command line)."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+
+
+def long_prompt(ids: list[int], length: int) -> list[int]:
+    """`ids` repeated (whole copies, then a cut) to exactly `length` tokens."""
+    if not ids:
+        raise ValueError("the prompt is empty: give --prompt text or --prompt-ids")
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- the draft worker (its own process, spawned) ----------------------------------------------------------
+def _worker(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
+    """Draft side: serve timed commands over `conn` until "exit". Times are (start, end) perf_counter pairs
+    (CLOCK_MONOTONIC on Linux: comparable across processes)."""
+    import os
+
+    import torch
+
+    from engine.kv_cache import KVState
+    from engine.sampling import RowSampling
+    from engine.sampling_params import SamplingParams
+    from engine.ssd.sparse import RANK_DEPTH, TopLogits
+    from engine.ssd.tree import decode_branches, draft_compact, draft_tokens
+
+    torch.set_num_threads(threads)
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    device = torch.device("cpu")
+    model = recipe.build(device)
+    V = int(model.get_output_embeddings().out_features)
+    greedy = SamplingParams(temperature=0.0, stop_on_eos=False)
+    gen = torch.Generator().manual_seed(0)
+    pick = torch.Generator().manual_seed(1)
+    base: KVState | None = None
+    conn.send(("ready", V))
+
+    def rows_of(b: int) -> KVState:
+        return base.fork(torch.zeros(b, dtype=torch.long))
+
+    def feed(b: int) -> torch.Tensor:
+        return torch.tensor([ids[i % len(ids)] for i in range(b)], dtype=torch.long).reshape(b, 1)
+
+    with torch.inference_mode():
+        while True:
+            cmd, *a = conn.recv()
+            if cmd == "exit":
+                return
+            if cmd == "prefill":  # (tokens, keep)
+                n, keep = a
+                state = KVState(model, 1, device)
+                t0 = time.perf_counter()
+                state.extend(torch.tensor([ids[:n]], dtype=torch.long), logits_to_keep=1)
+                conn.send([(t0, time.perf_counter())])
+                if keep:
+                    base = state
+            elif cmd == "context":  # roll the cache back to `c` tokens (exact)
+                (c,) = a
+                base.rollback(base.lengths - c)
+                conn.send(int(base.lengths[0]))
+            elif cmd in ("sd", "backup"):  # (batch, repeats): K draft forwards over the batch
+                b, reps = a
+                state, params, times = rows_of(b), RowSampling([greedy] * b), []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    if cmd == "sd":
+                        draft_tokens(state, feed(b), None, K, (1,) * K, 1.0, params, [gen] * b)
+                    else:  # the worker's backup: ranked, compact q, every row missed
+                        draft_compact(state, feed(b), None, K, (1,) * K, 1.0, params, [gen] * b, RANK_DEPTH)
+                    times.append((t0, time.perf_counter()))
+                    state.rollback(torch.full((b,), K, dtype=torch.long))
+                conn.send(times)
+            elif cmd == "busy":  # (batch, branches per row, n): build until "stop", reporting each build
+                b, per_row, _ = a
+                depth = max(RANK_DEPTH, per_row + 1)
+                N = b * per_row
+                params = RowSampling([greedy] * N)
+                times: list = []
+                conn.send(("started", time.perf_counter()))
+                while True:
+                    state = rows_of(b)  # [.., x_1..x_K] are the prompt's last K tokens
+                    row = torch.arange(b).repeat_interleave(per_row)
+                    k = torch.randint(0, K + 1, (N,), generator=pick)
+                    t = torch.randint(0, V, (N,), generator=pick)
+                    t0 = time.perf_counter()
+                    glue = state.extend(feed(b)).float()  # the glue forward after a hit: one tail token per row
+                    TopLogits.of(glue[:, -1], depth)
+                    decode_branches(state, row, k, t, K, (per_row + 1,) * K, 1.0, params, [gen] * N, depth)
+                    times.append((t0, time.perf_counter()))
+                    conn.send(("built", len(times)))
+                    if conn.poll():  # the target asks to stop once it has seen n_min builds
+                        conn.recv()
+                        break
+                conn.send(times)
+
+
+class _Worker:
+    def __init__(self, recipe, threads: int, ids: list[int], K: int):
+        import torch.multiprocessing as mp
+
+        from engine.ssd.process import _cores
+
+        cores, _ = _cores(threads)
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, recipe, threads, cores, ids, K), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def ask(self, *cmd, timeout_s: float = 1800.0):
+        self.conn.send(cmd)
+        return self.recv(timeout_s)
+
+    def recv(self, timeout_s: float = 1800.0):
+        if not self.conn.poll(timeout_s) and not self.proc.is_alive():
+            raise RuntimeError(f"the calibration's draft worker stopped (exit code {self.proc.exitcode})")
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise RuntimeError(f"the calibration's draft worker stopped (exit code {self.proc.exitcode})") from None
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("exit",))
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+
+
+def _ms(pairs) -> list[float]:
+    return [(t1 - t0) * 1e3 for t0, t1 in pairs]
+
+
+def fast_backup_ms(K: int, V: int, reps: int = 20) -> dict:
+    """Median ms of the random and lookup backups for one missed row (they cost about the same per row)."""
+    import torch
+
+    from engine.ssd.backups import lookup_backup, random_backup
+
+    generator = torch.Generator().manual_seed(0)
+    context = list(range(200)) * 2
+    times: dict = {"random": [], "lookup": []}
+    q = torch.zeros(1, K, V)  # the worker writes each backup's q into the speculation's dense q
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        q[0] = random_backup(1, K, V, generator)[1][0]
+        t1 = time.perf_counter()
+        q[0] = lookup_backup([context], K, V)[1][0]
+        times["random"].append((t1 - t0) * 1e3)
+        times["lookup"].append((time.perf_counter() - t1) * 1e3)
+    return {k: round(statistics.median(v), 3) for k, v in times.items()}
+
+
+def _record(strategy: str, K: int, b: int, c: int, verify_ms: float, draft_ms: float = 0.0, **ssd) -> dict:
+    """A timing point in the engine's round-record schema (accepted counts are placeholders, not measured)."""
+    rec = dict(strategy=strategy, round=1, batch_size=b, K=K if strategy != "ar" else 0, context_len=c,
+               accepted=[0] * b, emitted=[1] * b, draft_ms=round(draft_ms, 3), verify_ms=round(verify_ms, 3),
+               round_ms=round(verify_ms + draft_ms, 3), draft_forwards=K if draft_ms else 0, phase="decode")
+    if ssd:
+        rec.update(ssd)
+    return rec
+
+
+def _prefill_record(b: int, tokens: int, target_ms: float, draft_ms: float) -> dict:
+    return dict(strategy="sd", round=0, batch_size=b, K=0, context_len=0, accepted=[0] * b, emitted=[1] * b,
+                draft_ms=round(draft_ms, 3), verify_ms=round(target_ms, 3), round_ms=round(target_ms + draft_ms, 3),
+                draft_forwards=1, phase="prefill", tokens=tokens)
+
+
+def _fanout(K: int, per_row: int) -> list[int]:
+    """A uniform schedule of `per_row` guesses over the K+1 outcomes (the records' fan-out field)."""
+    return [per_row // (K + 1) + (i < per_row % (K + 1)) for i in range(K + 1)]
+
+
+def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[dict], dict]:
+    """Every timed point: records (JSONL dicts) and the summary's medians."""
+    import torch
+
+    from engine.kv_cache import KVState
+    from engine.sampling import RowSampling, warp_rows
+    from engine.sampling_params import SamplingParams
+    from engine.verifier import verify as rejection_sample
+
+    K, reps = args.K, args.repeats
+    contexts = sorted(set(args.context), reverse=True)  # longest first: shorter ones are roll-backs
+    records: list[dict] = []
+    med = lambda xs: round(statistics.median(xs), 2)  # noqa: E731
+    summary: dict = {"prefill_ms": {}, "ar_ms": {}, "verify_ms": {}, "verify_busy_ms": {}, "interference": {},
+                     "sd_draft_ms": {}, "backup_ms": {}, "cache_build_ms": {}}
+
+    def prefill(n: int, keep: bool) -> tuple[KVState, float, float]:
+        worker.conn.send(("prefill", n, keep))  # the draft prefills on its core meanwhile
+        state = KVState(target, 1, torch.device("cpu"))
+        t0 = time.perf_counter()
+        state.extend(torch.tensor([ids[:n]], dtype=torch.long), logits_to_keep=1)
+        target_ms = (time.perf_counter() - t0) * 1e3
+        return state, target_ms, _ms(worker.recv())[0]
+
+    prefill(K + 1, keep=False)  # warm-up: the first forwards of a process are slow, not recorded
+    for n in sorted({min(contexts), max(contexts)}):
+        base, target_ms, draft_ms = prefill(n, keep=n == max(contexts))
+        records.append(_prefill_record(1, n, target_ms, draft_ms))
+        summary["prefill_ms"][n] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
+    say(f"prefilled {max(contexts)} tokens once (target and draft)")
+    feed = lambda b, T: torch.tensor(ids[:T], dtype=torch.long).repeat(b, 1)  # noqa: E731
+
+    rows = {b: RowSampling([SamplingParams(temperature=0.0, stop_on_eos=False)] * b) for b in args.batch}
+    gens = {b: [torch.Generator().manual_seed(i) for i in range(b)] for b in args.batch}
+    V = int(target.get_output_embeddings().out_features)
+
+    def timed(state: KVState, b: int, T: int) -> tuple[float, float]:
+        """One target step as the engine's round times it: the forward over T = K+1 tokens per row (T = 1:
+        AR), the warp and the rejection sampling against the draft's q (a point mass here)."""
+        block = feed(b, T)
+        x = block[:, 1:]  # [b, T-1] the "drafted" tokens
+        q = torch.zeros(b, T - 1, V).scatter_(-1, x[..., None], 1.0)  # [b, T-1, V]
+        t0 = time.perf_counter()
+        p = warp_rows(state.extend(block).float(), rows[b])  # [b, T, V]
+        rejection_sample(x, q, p, gens[b])
+        t1 = time.perf_counter()
+        state.rollback(torch.full((b,), T, dtype=torch.long))  # exact: the state before the forward
+        return t0, t1
+
+    for c in contexts:
+        base.rollback(base.lengths - c)
+        if worker.ask("context", c) != c:
+            raise RuntimeError(f"the draft worker could not roll its cache back to {c} tokens")
+        for b in args.batch:
+            key = f"{b}x{c}"
+            state = base.fork(torch.zeros(b, dtype=torch.long))
+            timed(state, b, K + 1)  # warm-up at this shape, not recorded
+            ar, alone = [], []
+            for _ in range(reps):
+                ar += _ms([timed(state, b, 1)])
+                alone += _ms([timed(state, b, K + 1)])
+            sd = _ms(worker.ask("sd", b, reps))
+            backup = _ms(worker.ask("backup", b, max(1, reps - 1)))
+            records += [_record("ar", K, b, c, t) for t in ar]
+            records += [_record("sd", K, b, c, v, d) for v, d in zip(alone, sd)]
+            summary["ar_ms"][key], summary["verify_ms"][key] = med(ar), med(alone)
+            summary["sd_draft_ms"][key], summary["backup_ms"][key] = med(sd), med(backup)
+            busy_all: list[float] = []
+            for B in args.budget:
+                worker.conn.send(("busy", b, B, 2))
+                worker.recv()  # the worker has started building
+                busy: list[tuple[float, float]] = []
+                built = 0
+                while len(busy) < reps or built < 2:  # each verify runs next to a build
+                    busy.append(timed(state, b, K + 1))
+                    while worker.conn.poll():
+                        built = worker.recv()[1]
+                worker.conn.send(("stop",))  # it stops after the build under way; verify next to it meanwhile
+                pairs = None
+                while pairs is None:
+                    while pairs is None and worker.conn.poll():
+                        message = worker.recv()
+                        pairs = None if isinstance(message, tuple) else message  # a tuple: ("built", n)
+                    if pairs is None:
+                        busy.append(timed(state, b, K + 1))
+                builds = _ms(pairs)
+                busy = [v for v in busy if v[1] <= pairs[-1][1]] or busy  # a verify that ran on alone: left out
+                verify = _ms(busy)
+                busy_all += verify
+                # as many records as builds or --repeats, so a point with long builds (many verifies meanwhile)
+                # does not outweigh the others; a build is never recorded twice
+                n = max(reps, len(builds))
+                hits = dict(hit=[True] * b, branches=b * B, backup=None, wait_ms=0.0, fanout=_fanout(K, B))
+                records += [_record("ssd", K, b, c, verify[i % len(verify)],
+                                    cache_build_ms=round(builds[i], 3) if i < len(builds) else 0.0, **hits)
+                            for i in range(n)]
+                summary["cache_build_ms"][f"{key}x{b * B}"] = med(builds)
+            # the backup's own time: an SSD round whose every row missed (the worker drafts the whole batch)
+            B0 = args.budget[0]
+            miss = dict(hit=[False] * b, branches=b * B0, backup="neural", fanout=_fanout(K, B0), cache_build_ms=0.0)
+            records += [_record("ssd", K, b, c, busy_all[i % len(busy_all)], t, wait_ms=round(t, 3),
+                                backup_ms=round(t, 3), **miss) for i, t in enumerate(backup)]
+            summary["verify_busy_ms"][key] = med(busy_all)
+            summary["interference"][key] = round(statistics.median(busy_all) / statistics.median(alone), 3)
+            say(f"context {c}, batch {b}: verify {med(alone)} ms alone, {med(busy_all)} ms next to the builds")
+    factors = list(summary["interference"].values())
+    summary["interference_factor"] = round(statistics.median(factors), 3)
+    return records, summary
+
+
+def fit_summary(path: Path) -> dict:
+    """The timing fit of these records (simulator.fit_timing): coefficients, relative RMS errors, and its
+    predictions at batch 4, context 300 (K 4, 32 and 64 branches) to compare with a run at that shape."""
+    from simulator import fit_timing, read_records
+
+    f = fit_timing(read_records(path))
+    r = lambda x: round(float(x), 5)  # noqa: E731
+    ssd = f.for_strategy("ssd")
+    return {"verify": [r(c) for c in f.verify], "draft": [r(c) for c in f.draft] if f.draft else None,
+            "build": [r(c) for c in f.build] if f.build else None, "ssd_verify_factor": r(f.ssd_verify_factor),
+            "errors": {k: r(v) for k, v in f.errors.items()},
+            "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),
+                                 "sd_draft": r(f.draft_ms(4, 4, 300)) if f.draft else None,
+                                 "build_32": r(f.cache_build_ms(4, 4, 32, 300)) if f.draft else None,
+                                 "build_64": r(f.cache_build_ms(4, 4, 64, 300)) if f.draft else None}}
+
+
+def start_worker(recipe, threads: int, ids: list[int], K: int) -> _Worker:
+    """The draft in its own process (spawned), pinned to the last `threads` cores as SSD's worker is."""
+    return _Worker(recipe, threads, ids, K)
