@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import ipaddress
 import re
 import socket
 from urllib.parse import urlparse
@@ -40,13 +39,6 @@ def parse_init_method(init_method: str) -> tuple[str, int]:
     if url.scheme != "tcp" or not url.hostname or url.port is None:
         raise ValueError(f"init method must look like tcp://host:port (port 0 = pick a free one), got {init_method!r}")
     return url.hostname, url.port
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _port_taken(host: str, port: int) -> ValueError:
@@ -104,11 +96,11 @@ class Endpoint:
             opts._timeout = timeout  # a hung peer fails the wait, as on gloo, instead of NCCL's own default
             self.group = dist.ProcessGroupNCCL(store, rank, 2, opts)
         else:
-            opts = dist.ProcessGroupGloo._Options()
-            opts._timeout = timeout
-            gloo = dist.ProcessGroupGloo
-            opts._devices = [gloo.create_device(hostname="127.0.0.1") if _is_loopback(host) else gloo.create_default_device()]
-            self.group = gloo(store, rank, 2, opts)
+            # The public constructor torch's own init_process_group/new_group use: `timeout` bounds joining the
+            # group (the connect); each send and receive has its own deadline (Work.wait below). Gloo binds the
+            # interface the host name resolves to (loopback when it resolves to none); GLOO_SOCKET_IFNAME picks
+            # another, as for any torch.distributed job.
+            self.group = dist.ProcessGroupGloo(store, rank, 2, timeout=timeout)
         self.broken = False
 
     @classmethod
