@@ -179,6 +179,49 @@ class WeightOnlyLinear(nn.Module):
             f"scheme={self.scheme.value}{group}, bias={self.bias is not None}"
         )
 
+    @classmethod
+    def from_quantized(
+        cls,
+        scheme: Scheme | str,
+        q: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        group_size: int = 32,
+    ) -> WeightOnlyLinear:
+        """A layer from codes already chosen (e.g. read from a GGUF by engine/lowbit_cache.py).
+
+        int8: `q` [N, K] int8, `scales` [N]; weight = q * scales[:, None]. int4: `q` [N, K] integer
+        codes in 0..15, `scales` and `zeros` [N, K/group_size]; weight = (q - 8) * scale + zero per
+        group. Scales, zeros and bias are stored in bf16. ValueError on shapes the kernel refuses.
+        """
+        scheme = parse_scheme(scheme, group_size)
+        if q.dim() != 2:
+            raise ValueError(f"q must be a 2-d [out_features, in_features] tensor, got shape {tuple(q.shape)}")
+        n, k = q.shape
+        if not fits(scheme, n, k, group_size):
+            raise ValueError(
+                f"a [{n}, {k}] weight does not fit the {scheme.value} kernel (int8 needs in_features "
+                f"% {INT8_K_MULTIPLE} == 0; int4 needs out_features % {INT4_N_MULTIPLE} == 0 and "
+                f"in_features % group_size == 0); keep this layer in float"
+            )
+        if scheme is Scheme.INT8:
+            if q.dtype != torch.int8 or tuple(scales.shape) != (n,):
+                raise ValueError(f"int8 needs q int8 [{n}, {k}] and scales [{n}]; got {q.dtype} and "
+                                 f"{tuple(scales.shape)}")
+            packed, table = q.contiguous(), scales.to(ACT_DTYPE).contiguous()
+        else:
+            groups = (n, k // group_size)
+            if zeros is None or tuple(scales.shape) != groups or tuple(zeros.shape) != groups:
+                raise ValueError(f"int4 needs scales and zeros of shape {groups}; got "
+                                 f"{tuple(scales.shape)} and {None if zeros is None else tuple(zeros.shape)}")
+            if q.dtype.is_floating_point or int(q.min()) < 0 or int(q.max()) > INT4_MAX:
+                raise ValueError(f"int4 codes must be integers in 0..{INT4_MAX}")
+            table = torch.stack([scales.to(ACT_DTYPE), zeros.to(ACT_DTYPE)], dim=2).transpose(0, 1).contiguous()
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        bias = None if bias is None else bias.detach().to(ACT_DTYPE)
+        return cls(scheme, k, n, packed, table, bias, group_size)
+
 
 @dataclass(frozen=True)
 class QuantizeSummary:
