@@ -29,8 +29,15 @@ def cpu_model() -> str:
 
 # -- the draft worker (its own process, spawned) ----------------------------------------------------------
 def _worker(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
-    """Draft side: serve timed commands over `conn` until "exit". Times are (start, end) perf_counter pairs
-    (CLOCK_MONOTONIC on Linux: comparable across processes)."""
+    """Draft side: serve timed commands over `conn` until "exit"; a failure goes back as ("error", text)."""
+    try:
+        _serve(conn, recipe, threads, cores, ids, K)
+    except Exception as err:  # noqa: BLE001  the parent reports it in one line
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+
+
+def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
+    """Times are (start, end) perf_counter pairs (CLOCK_MONOTONIC on Linux: comparable across processes)."""
     import os
 
     import torch
@@ -133,10 +140,13 @@ class _Worker:
         if not self.conn.poll(timeout_s) and not self.proc.is_alive():
             raise RuntimeError(f"the calibration's draft worker stopped (exit code {self.proc.exitcode})")
         try:
-            return self.conn.recv()
+            message = self.conn.recv()
         except EOFError:
             self.proc.join(5)
             raise RuntimeError(f"the calibration's draft worker stopped (exit code {self.proc.exitcode})") from None
+        if isinstance(message, tuple) and message[0] == "error":
+            raise ValueError(f"the draft failed in calibrate's worker process: {message[1]}")
+        return message
 
     def close(self) -> None:
         if self.proc.is_alive():

@@ -89,3 +89,11 @@ def test_a_context_beyond_the_window_exits_2(pair, tmp_path, capsys):
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--context", "100000",
                  "--prompt-ids", "1", "2", "--dtype", "float32", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "context window" in capsys.readouterr().err
+
+
+def test_a_draft_that_cannot_load_exits_2_with_the_workers_reason(pair, tmp_path, capsys):
+    target, _ = pair
+    assert main(["calibrate", "--target", str(target), "--draft", str(tmp_path / "missing"), "--context", "8",
+                 "--prompt-ids", "1", "2", "--dtype", "float32", "--out", str(tmp_path / "x.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "calibrate's worker process" in err and "missing" in err and "Traceback" not in err
