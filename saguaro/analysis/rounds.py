@@ -30,6 +30,20 @@ def alpha_mle(hist: dict[int, int], K: int | None) -> float | None:
     return accepted / (accepted + rejections) if accepted + rejections else None
 
 
+def alpha_rounds(calls: Calls, hit: bool | None = None) -> float | None:
+    """α from the round records, each truncated at its own round's K (adaptive speculation varies K per
+    round, so a row that accepted all of a short round's drafts was not rejected); `hit` as accepted_hist."""
+    accepted = rejections = 0
+    for call in calls:
+        for r in decode(call):
+            K, flags = r.get("K") or 0, r.get("hit")
+            for b, k in enumerate(r["accepted"]):
+                if K and (hit is None or (flags is not None and flags[b] == hit)):
+                    accepted += int(k)
+                    rejections += int(k) < K
+    return accepted / (accepted + rejections) if accepted + rejections else None
+
+
 def accepted_hist(calls: Calls, hit: bool | None = None) -> Counter:
     """k -> sequence-rounds over decode rounds; `hit` True/False keeps only cache / backup speculations."""
     hist: Counter = Counter()

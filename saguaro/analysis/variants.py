@@ -52,12 +52,12 @@ def variant_row(run: Run, key: str, results: list[dict]) -> dict:
         "ms_per_token": wall / tokens * 1e3 * settings["batch"] if tokens else None,
         "decode_tokens_per_s": R.decode_tokens_per_s(calls),
         "rounds": seq_rounds or None,
-        "alpha": R.alpha_mle(hist, K),
+        "alpha": R.alpha_rounds(calls) if calls else R.alpha_mle(hist, K),
         "mean_accepted": sum(k * n for k, n in hist.items()) / seq_rounds if seq_rounds else None,
         "tokens_per_round": (sum(r["new_tokens"] for r in ok) - len(ok)) / seq_rounds if seq_rounds else None,
         "hit_rate": R.hit_rate(calls),
-        "alpha_hit": R.alpha_mle(hit_hist, K),
-        "alpha_miss": R.alpha_mle(miss_hist, K),
+        "alpha_hit": R.alpha_rounds(calls, hit=True),
+        "alpha_miss": R.alpha_rounds(calls, hit=False),
         "accepted_hist": {k: hist[k] for k in sorted(hist)},
         "disturbed": len(reasons),
         "disturbed_reasons": list(dict.fromkeys(reasons)),
@@ -122,7 +122,8 @@ def category_rows(runs: list[Run]) -> list[dict]:
         n = sum(hist.values())
         rows.append({
             "run": run, "key": key, "task": task, "prompts": len(rs), "rounds": n,
-            "alpha": R.alpha_mle(hist, rs[0]["settings"].get("K")),
+            # per-prompt results keep k counts but not each round's K: no α for an adaptive-K variant here
+            "alpha": R.alpha_mle(hist, K) if isinstance(K := rs[0]["settings"].get("K"), int) else None,
             "tokens_per_round": (sum(r["new_tokens"] for r in rs) - len(rs)) / n if n else None,
             "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(e2el_s(r) or 0.0 for r in rs)
             if sum(e2el_s(r) or 0.0 for r in rs) > 0 else None,

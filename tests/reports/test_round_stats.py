@@ -21,6 +21,16 @@ def test_alpha_is_accepted_draws_over_draws_that_ended_a_round():
     assert R.alpha_mle({}, 2) is None and R.alpha_mle({1: 3}, None) is None
 
 
+def test_alpha_from_rounds_truncates_each_round_at_its_own_K():
+    short = {**ssd_round(1, [2, 0], [True, False]), "K": 2}  # k = 2 of K = 2: no rejection
+    long = {**ssd_round(2, [2, 5], [True, True]), "K": 5}  # k = 2 of K = 5: rejected
+    # accepted 2 + 0 + 2 + 5 = 9; rejections: k=0 of 2, k=2 of 5 -> 2
+    assert R.alpha_rounds([[short, long]]) == pytest.approx(9 / 11)
+    assert R.alpha_mle({2: 2, 0: 1, 5: 1}, 5) == pytest.approx(9 / 12)  # one K for all rounds: biased here
+    assert R.alpha_rounds([[short, long]], hit=False) == pytest.approx(0.0)  # the miss row: k = 0, rejected
+    assert R.alpha_rounds([]) is None
+
+
 def test_a_lookup_pairs_an_outcome_with_the_next_rounds_hit():
     call = [ssd_round(1, [0, 2], [False, False]), ssd_round(2, [1, 1], [True, False], fanout=(5, 4, 2)),
             ssd_round(3, [1], [True])]
