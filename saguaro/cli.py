@@ -153,6 +153,14 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input: one clear line, no traceback (exit 2, like argparse's own errors).
         print(f"saguaro {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:
+        from saguaro.extras import missing_extra_message
+
+        message = missing_extra_message(err)  # an optional dependency group (extra) that is not installed
+        if message is None:
+            raise
+        print(f"saguaro {args.command}: error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("saguaro: interrupted", file=sys.stderr)
         return 130
