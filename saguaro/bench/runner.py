@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from engine import SamplingParams
 from saguaro.bench.config import BenchConfig, Variant
+from saguaro.bench.others import OtherLoad, disturbed_reason
 from saguaro.bench.summary import summarize
 from saguaro.bench.systems import Models, Systems
 from saguaro.environment import environment
@@ -173,13 +174,18 @@ class Bench:
         ident = {"key": v.key, "system": v.system, "settings": v.settings.to_dict(), "batch_index": index,
                  "batch_size": len(prompts)}
         described = [{**ident, "prompt_id": p.id, "category": p.category, "task": p.task} for p in prompts]
+        load = OtherLoad.now()
         try:
             out = systems.run(v, prompts, self.params(v.settings.temperature, index))
         except Exception as err:
             log.warning("%s, batch %d (%s) failed: %s", v.key, index, ", ".join(p.id for p in prompts), err)
             self.run_dir.append_unit([{**d, **_error_summary(err)} for d in described], [])
             return len(prompts)
-        call = {"wall_s": out.wall_s, "torch_threads": out.threads}
+        share = load.share()
+        call = {"wall_s": out.wall_s, "torch_threads": out.threads, "others_cpu_share": round(share, 3)}
+        if reason := disturbed_reason(share):
+            log.warning("%s, batch %d: %s; marked disturbed", v.key, index, reason)
+            call["disturbed"] = reason
         results = [{**d, **call, **r} for d, r in zip(described, out.requests)]
         prompt_ids = [p.id for p in prompts]
         rounds = [{"key": v.key, "batch_index": index, "prompt_ids": prompt_ids, **r} for r in out.rounds]
