@@ -16,6 +16,7 @@ target), and samples from an engine with a deliberately biased verifier against 
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -77,6 +78,25 @@ def test_greedy_ssd_with_int4_target_and_int8_draft_equals_ar(pair, low_bit_ar, 
         out = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in out] == low_bit_ar
     assert 0 < out.metrics.summary()["hit_rate"] < 1 and len(out.metrics.accepted_hist) >= 2
+
+
+def test_greedy_ssd_with_the_draft_quantised_in_its_worker_process_equals_ar(pair, low_bit_ar):
+    # The worker process receives the float draft's weights and the scheme, and quantises there.
+    target, draft = pair
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=30.0))
+    with LLM(target, draft, strategy="ssd", speculative=spec, **LOW_BIT) as llm:
+        out = llm.generate(PROMPTS, GREEDY)
+        assert llm.strategy_in_use == "ssd" and llm.fault is None
+        assert llm.proposer.channel.process.pid != os.getpid()
+    assert [o.token_ids for o in out] == low_bit_ar
+    assert all(r.strategy == "ssd" for r in out.metrics.rounds if r.phase == "decode")
+    # Greedy output is the same whatever the draft; the accepted lengths tell which draft drafted.
+    accepted = lambda o: [r.accepted for r in o.metrics.rounds if r.phase == "decode"]  # noqa: E731
+    in_process = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
+    with LLM(target, draft, strategy="ssd", speculative=in_process, **LOW_BIT) as llm:
+        assert accepted(llm.generate(PROMPTS, GREEDY)) == accepted(out)
+    with LLM(target, draft, strategy="ssd", speculative=in_process, target_quant="int4") as llm:
+        assert accepted(llm.generate(PROMPTS, GREEDY)) != accepted(out)  # the float draft drafts otherwise
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
