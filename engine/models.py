@@ -3,6 +3,9 @@
 `load_model("qwen-coder-1.5b")` provisions the alias into the cache the first time (minutes) and
 afterwards loads the float32 safetensors from the cache in seconds, cast to the dtype asked for. The first
 bfloat16 load keeps a bfloat16 copy in the cache folder, which later bfloat16 loads read (engine/bf16_copy.py).
+`load_quantized(spec, "int8" | "int4", group_size)` gives the model with low-bit weight-only Linear layers
+(engine.quantize): from the low-bit cache (engine.lowbit_cache) when it has the model, else quantised from the
+float32 weights at load.
 """
 
 from __future__ import annotations

@@ -258,3 +258,39 @@ def test_quantize_model_casts_only_the_float_layers_and_keeps_ties():
     layer = model.model.layers[0].self_attn.q_proj
     assert layer.scales.dtype == torch.bfloat16 and layer.packed.dtype == torch.uint8
     assert model(IDS).logits.dtype == torch.bfloat16
+
+
+def test_load_quantized_reads_the_low_bit_cache_when_it_has_the_model(tmp_path, monkeypatch):
+    import types
+
+    import engine
+    from engine.models import load_quantized
+
+    tiny_model(vocab_size=48, seed=2).save_pretrained(tmp_path / "m")
+    asked = []
+
+    def no_cache(spec, scheme, group_size, cache_dir):
+        asked.append((spec, scheme, group_size, cache_dir))
+        return None
+
+    fake = types.SimpleNamespace(load=no_cache)
+    monkeypatch.setattr(engine, "lowbit_cache", fake, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "engine.lowbit_cache", fake)
+    # No low-bit cache: the float32 weights are quantised at load, the float layers cast to dtype.
+    loaded = load_quantized(tmp_path / "m", "int4", 32, dtype=torch.bfloat16, cache_dir=tmp_path / "c")
+    assert asked == [(str(tmp_path / "m"), "int4", 32, tmp_path / "c")]
+    assert sum(isinstance(m, WeightOnlyLinear) for m in loaded.model.modules()) == 14
+    assert loaded.model.lm_head.weight.dtype == torch.bfloat16
+    reference = quantize_model_copy(tiny_model(vocab_size=48, seed=2), "int4")
+    assert torch.equal(loaded.model.model.layers[0].mlp.up_proj.packed, reference.model.layers[0].mlp.up_proj.packed)
+    # A low-bit cache that has it: its model is used as it is (only the float layers cast).
+    cached = quantize_model_copy(tiny_model(vocab_size=48, seed=3), "int8")
+    fake.load = lambda *args: cached
+    with LLM(str(tmp_path / "m"), target_quant="int8", dtype="float32") as llm:
+        assert llm.target is cached and llm.target.lm_head.weight.dtype == torch.float32
+
+
+def quantize_model_copy(model, scheme):
+    from engine.models import quantize_model
+
+    return quantize_model(model, scheme, 32)
