@@ -102,9 +102,9 @@ class FittedTiming:
         s, e_row, e_kv = self.build
         return s * steps + e_row * K * branches + e_kv * (K + 1) * branches * context
 
-    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
+    def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
-            return self.draft_ms(missed, K, context)
+            return self.draft_ms(rows, K, context)
         if backup.value not in self.fast_backup_ms:
             raise ValueError(f"no SSD rounds with the {backup.value} backup missed in the calibration records: "
                              f"its time is unknown (calibrate with that backup)")
@@ -139,8 +139,8 @@ def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[flo
         elif r.strategy is Strategy.SSD:
             missed = r.hit.count(False)
             backup_ms = r.backup_time_ms
-            if r.backup is Backup.NEURAL and missed and backup_ms:
-                X.append([K, K * missed, K * missed * r.context_len])
+            if r.backup is Backup.NEURAL and missed and backup_ms:  # it drafts every row (hits masked)
+                X.append([K, K * b, K * kv])
                 y.append(backup_ms)
     return X, y
 

@@ -188,7 +188,10 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
         context = bed.batch.context
         if missed:
             start_ms = env.now
-            backup_ms = timing.backup_ms(backup, missed, K, context)
+            # the engine's neural backup drafts the whole batch in one pass (hit rows masked, engine/ssd/
+            # draft_worker.py), so its cost follows the batch, not the number of misses
+            rows = n if backup is Backup.NEURAL else missed
+            backup_ms = timing.backup_ms(backup, rows, K, context)
             yield env.timeout(backup_ms)
             draft["backup"] += backup_ms
             if tracing:

@@ -6,7 +6,7 @@ Every model answers the same questions, in milliseconds:
 - `draft_ms(batch, K, context)`: SD's K sequential draft steps for `batch` sequences;
 - `cache_build_ms(batch, K, branches, context)`: SSD's cache build: one "glue" draft forward over the K+1
   verified positions, then K tree-decode steps over all `branches` at once (docs/ssd.md §2);
-- `backup_ms(backup, missed, K, context)`: SSD's backup for `missed` sequences on a cache miss;
+- `backup_ms(backup, rows, K, context)`: SSD's backup on a cache miss; the neural one drafts `rows` = the whole batch (hit rows masked, as the engine does), a fast one the missed rows;
 - `prefill_ms(strategy, batch, tokens)`: a new batch's prompt on the critical path (the draft's prefill
   runs in series with the target's in SD, colocated, and in parallel in SSD);
 - `overhead_ms(strategy)`: per-round time outside the forwards (sampling, bookkeeping) of a real engine.
@@ -26,7 +26,7 @@ class TimingModel(Protocol):
     def verify_ms(self, batch: int, tokens: int, context: int) -> float: ...
     def draft_ms(self, batch: int, K: int, context: int) -> float: ...
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float: ...
-    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float: ...
+    def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float: ...
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float: ...
     def overhead_ms(self, strategy: Strategy) -> float: ...
 
@@ -75,7 +75,7 @@ class ConstantTiming:
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
         return (K + 1) * self.t_draft_ms if self.t_build_ms is None else self.t_build_ms
 
-    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
+    def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
             return K * self.t_draft_ms if self.t_backup_ms is None else self.t_backup_ms
         return self.t_random_backup_ms if backup is Backup.RANDOM else self.t_lookup_backup_ms
@@ -118,9 +118,9 @@ class RooflineTiming:
         glue_ms = self._draft_step_ms(batch, batch * (K + 1), context)
         return glue_ms + K * self._draft_step_ms(batch, branches, context + K)
 
-    def backup_ms(self, backup: Backup, missed: int, K: int, context: int) -> float:
+    def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
-            return self.draft_ms(missed, K, context)
+            return self.draft_ms(rows, K, context)
         return self.random_backup_ms if backup is Backup.RANDOM else self.lookup_backup_ms
 
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:

@@ -74,10 +74,10 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
         else:
             missed = hit.count(False)
             # The worker finishes the build it started with the last speculation (per-row miss policy), then
-            # backs up the missed rows.
+            # backs up the missed rows: the neural backup drafts the whole batch with the hit rows masked.
             wait = max(2 * link, build_prev - verify_prev)
             if missed:
-                draft = (K * _draft_step(missed, missed * context) if backup == "neural" else TRUE["random_ms"])
+                draft = (K * _draft_step(batch, batch * context) if backup == "neural" else TRUE["random_ms"])
                 draft *= jitter()
                 wait += draft
             else:

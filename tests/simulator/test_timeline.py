@@ -195,3 +195,27 @@ def test_latency_without_a_finished_request_is_nan_not_zero(ssd_config):
     _, result = _timeline(ssd_config)  # output_len None: the request never finishes
     assert result.completed_requests == 0 and result.itl_ms["p50"] == 14.0
     assert all(v != v for v in (*result.tpot_ms.values(), *result.e2el_ms.values()))  # NaN
+
+
+class _RowsSeen(ConstantTiming):
+    """Constant timings that note how many rows each backup was asked to draft."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        object.__setattr__(self, "rows", [])
+
+    def backup_ms(self, backup, rows, K, context):
+        self.rows.append((backup.value, rows))
+        return super().backup_ms(backup, rows, K, context)
+
+
+@pytest.mark.parametrize("backup, third_round_rows", [("neural", 2), ("random", 1)])
+def test_the_neural_backup_drafts_the_whole_batch_a_fast_one_the_missed_rows(monkeypatch, backup, third_round_rows):
+    # as the engine does: draft_worker's neural backup runs every row of the batch (hit rows masked)
+    monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True, True],
+                                                                                     [True, False]]))
+    timing = _RowsSeen(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0)
+    config = SimConfig(Policy("ssd", K=2, fanout=(1, 1, 1), backup=backup), timing, IidAcceptance(0.5),
+                       hits=ConstantHit(0.5), workload=ClosedLoop(2, output_len=None), rounds=3)
+    simulate(config)
+    assert timing.rows == [(backup, 2), (backup, third_round_rows)]  # round 1: both new; round 3: row 1 missed
