@@ -39,7 +39,8 @@ def test_a_model_against_itself_agrees_everywhere(result):
         row = entry["variants"]["self"]
         assert row["greedy_agreement"] == 1.0
         assert row["mean_kl"] == pytest.approx(0.0, abs=1e-9) and row["mean_tv"] == pytest.approx(0.0, abs=1e-9)
-    assert result["sets"]["a"]["continuation_tokens"] == 24 and result["sets"]["a"]["variants"]["self"]["positions"] == 24
+    entry = result["sets"]["a"]
+    assert entry["continuation_tokens"] == 24 and entry["variants"]["self"]["positions"] == 24
 
 
 def test_low_bit_variants_are_close_but_not_identical_and_int4_is_further(result):
