@@ -70,11 +70,31 @@ def add_batch_flag(p: argparse.ArgumentParser, default: int | None, text: str) -
     p.add_argument("--max-num-seqs", type=int, dest="max_num_seqs", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
+QUANTS = ("int8", "int4")
+GROUP_SIZES = (32, 64, 128)
+
+
+def add_quant_flags(p: argparse.ArgumentParser) -> None:
+    """Low-bit weights per model (engine.config.EngineConfig target_quant / draft_quant / quant_group_size)."""
+    p.add_argument("--target-quant", choices=QUANTS,
+                   help="weight-only low-bit target: int4 (grouped, asymmetric) or int8 (per channel), on torch's CPU "
+                        "kernels; embeddings, norms and the head stay in --dtype (default: float weights)")
+    p.add_argument("--draft-quant", choices=QUANTS, help="the same for the draft (default: float weights)")
+    p.add_argument("--quant-group-size", type=int, choices=GROUP_SIZES, default=32, help="int4's group size")
+
+
+def quant_kwargs(args) -> dict:
+    """The LLM keyword arguments of add_quant_flags."""
+    return {"target_quant": args.target_quant, "draft_quant": args.draft_quant,
+            "quant_group_size": args.quant_group_size}
+
+
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     """dtype, int8 draft, threads, device and cache (generate and serve share them)."""
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
-    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
+    p.add_argument("--draft-int8", action="store_true", help="int8 weight-only draft (the same as --draft-quant int8)")
+    add_quant_flags(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
@@ -147,9 +167,9 @@ def speculative_config(args, placement):
 
 def describe_models(args) -> str:
     """What is about to load, for the progress line: "qwen-coder-1.5b (bfloat16) and draft qwen-coder-0.5b (int8)"."""
-    text = f"{args.target} ({args.dtype})"
+    text = f"{args.target} ({args.target_quant or args.dtype})"
     if args.strategy != "ar":
-        draft_dtype = "int8" if args.draft_int8 else args.draft_dtype or args.dtype
+        draft_dtype = args.draft_quant or ("int8" if args.draft_int8 else args.draft_dtype or args.dtype)
         where = " in the SSD draft worker" if args.strategy == "ssd" else ""
         text += f" and draft {args.draft} ({draft_dtype}){where}"
     return text
@@ -228,7 +248,7 @@ def run(args) -> int:
         llm = LLM(
             args.target, args.draft if args.strategy != "ar" else None,
             strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
-            draft_int8=args.draft_int8, device=args.device, threads=args.threads,
+            draft_int8=args.draft_int8, **quant_kwargs(args), device=args.device, threads=args.threads,
             chat_template=not args.no_chat_template, cache_dir=args.cache, max_num_seqs=args.max_num_seqs,
         )
     with llm:

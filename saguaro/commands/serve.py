@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, add_batch_flag, add_model_flags,
+from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, add_batch_flag, add_model_flags, quant_kwargs,
                                       add_speculation_flags, loading, speculative_config)
 
 
@@ -67,7 +67,8 @@ def _start_engine(args):
         llm = LLM(
             args.target, args.draft if args.strategy != "ar" else None,
             strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
-            draft_int8=args.draft_int8, device=args.device, threads=args.threads, cache_dir=args.cache,
+            draft_int8=args.draft_int8, **quant_kwargs(args), device=args.device, threads=args.threads,
+            cache_dir=args.cache,
             max_num_seqs=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens, max_waiting=args.max_waiting,
         )
     try:

@@ -94,6 +94,8 @@ def test_speculative_strategy_without_draft_is_refused(target):
         (["generate", "hi", "--top-p", "2"], "top_p must be in (0, 1]"),
         (["generate", "hi", "--target", "/no/such/model"], "/no/such/model"),
         (["generate", "hi", "--budget", "lots"], "--budget must be an integer or 'auto'"),
+        (["generate", "hi", "--draft-int8", "--draft-quant", "int4"], "draft_int8=True means draft_quant='int8'"),
+        (["generate", "hi", "--target-quant", "int4", "--device", "cuda"], "CPU kernels only"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(args, message, capsys):
