@@ -139,8 +139,7 @@ class LLM:
             # path by loading it the same way.
             self._draft_given = draft if isinstance(draft, PreTrainedModel) else None
         self.eos_ids = _eos_ids(self.target, self.tokenizer)
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
+        self.pad_id = _pad_id(self.tokenizer, self.eos_ids, self.target.get_input_embeddings().num_embeddings)
         self.vocab_size = self.target.get_output_embeddings().out_features  # also for quantised heads
         self._seq_ids = itertools.count()
         self.serving = False  # True while an AsyncLLM drives the loop
@@ -390,3 +389,13 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _pad_id(tokenizer, eos_ids, n_embeddings: int) -> int:
+    """The id padded positions carry (they are masked, so any id the embedding table has will do): the
+    tokenizer's pad id when the model has a row for it, else the smallest eos id, else 0. A tokenizer may
+    define a pad token past the model's vocabulary (an added token the embeddings were never resized for)."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), *sorted(eos_ids or ())):
+        if candidate is not None and 0 <= candidate < n_embeddings:
+            return int(candidate)
+    return 0

@@ -153,3 +153,17 @@ def test_cli_process_with_non_utf8_argv_and_stdin_exits_2_without_traceback():
         assert result.returncode == 2, result.stderr
         assert where + b" is not UTF-8 text (byte 0xe9 at offset 3)" in result.stderr
         assert b"Traceback" not in result.stderr and result.stderr.count(b"\n") == 1
+
+
+def test_a_pad_token_past_the_models_vocabulary_is_not_used_for_padding(tmp_path):
+    # save_tiny's tokenizer has 65 tokens (pad = 64) for a 64-row model: padding must pick an id the model has
+    from engine import LLM, SamplingParams
+    from tests.engine.test_models import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny", vocab_size=64)
+    greedy = SamplingParams(temperature=0, max_new_tokens=4, stop_on_eos=False)
+    with LLM(str(folder), dtype="float32") as llm:
+        assert llm.pad_id < 64
+        both = llm.generate([[1, 2, 3], [4, 5]], greedy)
+        alone = [llm.generate([p], greedy)[0] for p in ([1, 2, 3], [4, 5])]
+    assert [o.token_ids for o in both] == [o.token_ids for o in alone]
