@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -140,6 +141,8 @@ def load_model(
     device = check_device(device)  # before minutes of loading
     root = model_cache.resolve_cache_root(cache_dir, os.environ)
     folder, name = resolve_folder(spec, root, verify=verify)
+    t0 = time.perf_counter()
+    logger.info("loading %s (%s) from %s ...", name, str(dtype).removeprefix("torch."), folder)
     weights, keep_copy = folder, False
     if dtype == torch.bfloat16 and (folder / model_cache.MANIFEST_NAME).is_file():
         # A cache folder (float32, checked by resolve_folder): its bf16 copy if listed, else write one.
@@ -155,6 +158,7 @@ def load_model(
             "*.safetensors weights (save it again with save_pretrained, or copy it again)"
         ) from err
     if keep_copy:
+        logger.info("keeping a bfloat16 copy of %s in its cache folder (once) ...", name)
         bf16_copy.write_copy(folder, model)  # once per cache folder, before the model leaves the CPU
     model = model.to(device).eval().requires_grad_(False)
     tokenizer = None
@@ -166,7 +170,8 @@ def load_model(
                 f"cannot load the tokenizer in {folder}: {err}; save its tokenizer again "
                 "(tokenizer.save_pretrained) or remove its tokenizer files"
             ) from err
-    logger.info("loaded %s from %s (%s, %s)", name, folder, dtype, device)
+    logger.info("loaded %s in %.1f s (%s, %s)", name, time.perf_counter() - t0, str(dtype).removeprefix("torch."),
+                device)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=folder)
 
 
@@ -400,5 +405,8 @@ def load_quantized(
         return LoadedModel(model=cached, tokenizer=tokenizer, name=name,
                            source=Path(str(getattr(cached, "name_or_path", "") or spec)))
     loaded = load_model(spec, dtype=torch.float32, device="cpu", cache_dir=cache_dir, verify=verify)
+    t0 = time.perf_counter()
     quantize_model(loaded.model, scheme, group_size, dtype=dtype)
+    logger.info("quantised %s to %s in %.1f s (no low-bit cache for it: saguaro models provision --lowbit builds one)",
+                loaded.name, scheme, time.perf_counter() - t0)
     return loaded
