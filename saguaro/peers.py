@@ -184,8 +184,10 @@ class LlamaCppPeer:
 
         self.close()
         draft = None if self.lookup is None else LlamaPromptLookupDecoding(LOOKUP_MAX_NGRAM, self.lookup)
+        # logits_all with a draft model: Llama turns it on by itself but sizes its logits buffer by the argument
+        # (0.3.36), so a prompt past n_batch (512) tokens would overflow it without the explicit True
         llm = Llama(model_path=str(self.path), n_ctx=n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
-                    seed=self.seed % 0xFFFFFFFF, draft_model=draft, verbose=False)
+                    seed=self.seed % 0xFFFFFFFF, draft_model=draft, logits_all=draft is not None, verbose=False)
         evaluate = llm.eval
 
         def counted_eval(tokens) -> None:  # generate() calls self.eval: count the forwards, to group tokens
