@@ -15,8 +15,9 @@ from theory import integer_fanout, uniform_fanout
 from theory.glossary import Backup
 
 OURS = ("ar", "sd", "ssd")
-PEERS = ("hf", "hf-assisted")
+PEERS = ("hf", "hf-assisted", "llamacpp", "llamacpp-lookup")
 SYSTEMS = OURS + PEERS
+DEFAULT_SYSTEMS = OURS + ("hf", "hf-assisted")  # llama.cpp is an optional extra: asked for by name
 SPECULATIVE = ("sd", "ssd", "hf-assisted")
 SCHEDULES = ("uniform", "geometric")
 BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
@@ -118,7 +119,7 @@ class BenchConfig:
     prompt_order: str = "round-robin"  # or "file": the first n prompts in file order
     max_new_tokens: int = 128
     stop_on_eos: bool = True
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
     Ks: tuple[int | str, ...] = (4,)  # "auto": adaptive K (sd only; ssd and hf-assisted skip it)
     budgets: tuple[int, ...] = (12,)
     schedules: tuple[str, ...] = ("uniform",)
@@ -240,12 +241,14 @@ class BenchConfig:
                             skipped.append((v, "-K auto (adaptive K) is implemented for sd only"))
                         elif system == "hf-assisted" and b > 1:
                             skipped.append((v, "transformers' assisted generation supports batch size 1 only"))
+                        elif system.startswith("llamacpp") and b > 1:
+                            skipped.append((v, "the llama.cpp peer runs batch size 1 only"))
                         else:
                             variants.append(v)
         return variants, skipped
 
     def _settings(self, system: str, T: float, b: int, Cs: tuple[float, ...]) -> list[Settings]:
-        if system in ("ar", "hf"):
+        if system in ("ar", "hf", "llamacpp", "llamacpp-lookup"):  # no K, budget or C of ours
             return [Settings(T, b)]
         fixed = [K for K in self.Ks if K != AUTO]
         # a system without adaptive K gets one placeholder variant for -K auto, listed as skipped by grid()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from saguaro.bench.config import BACKUPS, DTYPES, SCHEDULES, SYSTEMS
+from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, DTYPES, SCHEDULES, SYSTEMS
 from saguaro.cli import HelpFormatter
 from saguaro.tables import format_table
 
@@ -90,7 +90,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "load-test a server (--url)",
                        description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("what to run")
-    g.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS,
+    g.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS,
                    help="a system the engine cannot run is reported as unavailable")
     g.add_argument("--prompts", default="spec_bench",
                    help="spec_bench, humaneval, or a JSONL file: one {'prompt': text} or {'ids': [token ids]} a line")
