@@ -133,6 +133,9 @@ class BenchConfig:
     dtype: str = "bfloat16"
     draft_dtype: str | None = None
     draft_int8: bool = False
+    target_quant: str | None = None  # "int8" / "int4": weight-only low-bit target (engine.config.EngineConfig)
+    draft_quant: str | None = None  # the same for the draft ("int8" is what --draft-int8 means)
+    quant_group_size: int = 32
     threads: int | None = None
     seed: int = 0
     warmup: int = 1  # warm-up calls per variant, excluded from the results
@@ -172,6 +175,13 @@ class BenchConfig:
             bad = set(given) - set(allowed)
             if bad or not given:
                 raise ValueError(f"unknown {name} {sorted(bad)}; choose from {', '.join(allowed)}")
+        for name in ("target_quant", "draft_quant"):
+            if getattr(self, name) not in (None, "int8", "int4"):
+                raise ValueError(f"{name} must be int8, int4 or unset (float weights), got {getattr(self, name)!r}")
+        if self.draft_int8 and self.draft_quant not in (None, "int8"):
+            raise ValueError(f"--draft-int8 means --draft-quant int8; drop one of them (got --draft-quant {self.draft_quant})")
+        if self.quant_group_size not in (32, 64, 128):
+            raise ValueError(f"--quant-group-size must be 32, 64 or 128, got {self.quant_group_size}")
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
             raise ValueError(f"unknown draft dtype {self.draft_dtype!r}; choose from {', '.join(DTYPES)}")
         if not self.Cs or any(not 0 < c <= 1 for c in self.Cs):

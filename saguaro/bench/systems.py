@@ -48,26 +48,26 @@ class Models:
     draft_dtype: str = "float32"
     draft_int8: bool = False
     draft_spec: str | None = None
+    draft_quant: str | None = None  # "int8" / "int4": SSD's worker quantises the draft it loads by this recipe
+    quant_group_size: int = 32
 
     @classmethod
     def load(cls, config: BenchConfig) -> "Models":
-        from engine.models import TORCH_DTYPES
-        from engine.models import int8_dynamic, load_model
+        from engine.models import TORCH_DTYPES, load_model, load_quantized
 
-        target = load_model(config.target, dtype=TORCH_DTYPES[config.dtype])
-        draft = None
+        def load(spec: str, dtype: str, quant: str | None):
+            if quant is None:
+                return load_model(spec, dtype=TORCH_DTYPES[dtype])
+            # weight-only low-bit (from the low-bit cache when it has the model); float layers in `dtype`
+            return load_quantized(spec, quant, config.quant_group_size, dtype=TORCH_DTYPES[dtype])
+
+        target = load(config.target, config.dtype, config.target_quant)
+        draft, draft_quant = None, config.draft_quant or ("int8" if config.draft_int8 else None)
+        dtype = config.draft_dtype or config.dtype
         if any(s in ("sd", "ssd", "hf-assisted") for s in config.systems):
-            # int8 dynamic quantisation starts from float32 weights
-            dtype = config.draft_dtype or ("float32" if config.draft_int8 else config.dtype)
-            if config.draft_int8 and dtype != "float32":
-                raise ValueError("--draft-int8 quantises a float32 draft: leave --draft-dtype unset or float32")
-            draft = load_model(config.draft, dtype=TORCH_DTYPES[dtype]).model
-            if config.draft_int8:
-                draft = int8_dynamic(draft)
-        else:
-            dtype = config.dtype
-        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, config.draft_int8,
-                   config.draft if draft is not None else None)
+            draft = load(config.draft, dtype, draft_quant).model
+        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, draft_quant == "int8",
+                   config.draft if draft is not None else None, draft_quant, config.quant_group_size)
 
 
 @dataclass
@@ -104,24 +104,29 @@ class Systems:
         s = v.settings
         if v.system == "ssd" and s.budget == "auto":
             return (v.system, s.K, s.C, "auto", s.schedule, s.backup)
-        return (v.system, s.K, s.C, s.fanout, s.backup) if v.system in ("sd", "ssd") else (v.system,)
+        if v.system in ("sd", "ssd"):
+            return (v.system, s.K, s.C, s.fanout, s.backup, s.adaptive, s.K_min, s.draft_cost, s.confidence_stop)
+        return (v.system,)
 
     def _engine(self, v: Variant) -> LLM:
         key = self.engine_key(v)
         if key not in self._engines:
             s, m = v.settings, self.models
-            spec = SpeculativeConfig(K=s.K, C=s.C, fanout=s.fanout, backup=s.backup or "neural") if s.K else None
+            spec = (SpeculativeConfig(C=s.C, fanout=s.fanout, backup=s.backup or "neural", **s.speculative_kwargs())
+                    if s.K else None)
             if v.system == "ssd" and s.budget == "auto":  # sized by the engine from its measured timings
                 spec = SpeculativeConfig(K=s.K, C=s.C, backup=s.backup or "neural", budget="auto",
                                          schedule=s.schedule)
             ssd = v.system == "ssd"
-            # SD uses the (possibly int8) object as it is; SSD's worker loads the draft by its recipe
-            draft = None if v.system == "ar" else (m.draft_spec or m.draft) if ssd else m.draft
+            # SD uses the (possibly low-bit) object as it is; SSD's worker loads the draft by its recipe and
+            # quantises it there (a low-bit object cannot travel), unless the draft was built in memory
+            by_recipe = ssd and m.draft_spec is not None
+            draft = None if v.system == "ar" else m.draft_spec if by_recipe else m.draft
             try:
                 self._engines[key] = LLM(
                     m.target, draft, strategy=v.system, speculative=spec, tokenizer=m.tokenizer,
                     threads=None if ssd else self.config.threads, dtype=m.dtype, draft_dtype=m.draft_dtype,
-                    draft_int8=m.draft_int8 and ssd,
+                    draft_quant=m.draft_quant if by_recipe else None, quant_group_size=m.quant_group_size,
                 )
                 self._threads[key] = torch.get_num_threads()
             finally:

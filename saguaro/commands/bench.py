@@ -20,6 +20,7 @@ import argparse
 import sys
 
 from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, DTYPES, SCHEDULES, SYSTEMS
+from saguaro.commands.generate import add_quant_flags
 from saguaro.cli import HelpFormatter
 from saguaro.tables import format_table
 
@@ -66,6 +67,7 @@ ENGINE_FLAGS = {"systems": "--systems", "Ks": "-K", "budget": "--budget", "sched
                 "fanout": "--fanout", "fanout_alpha": "--fanout-alpha", "fanout_r": "--fanout-r", "C": "--C",
                 "backup": "--backup", "batch_size": "--batch", "target": "--target", "draft": "--draft",
                 "dtype": "--dtype", "draft_dtype": "--draft-dtype", "draft_int8": "--draft-int8",
+                "target_quant": "--target-quant", "draft_quant": "--draft-quant", "quant_group_size": "--quant-group-size",
                 "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume",
                 "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop"}
 CLIENT_FLAGS = {"model": "--model", "api_key": "--api-key", "rate": "--rate", "concurrency": "--concurrency",
@@ -135,7 +137,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--draft", default="qwen-coder-0.5b")
     g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     g.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
-    g.add_argument("--draft-int8", action="store_true", help="int8 dynamic quantisation of the draft's Linear layers")
+    g.add_argument("--draft-int8", action="store_true", help="int8 weight-only draft (the same as --draft-quant int8)")
+    add_quant_flags(g)
     g.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     g.add_argument("--seed", type=int, default=0, help="seed of call i is seed + i (fixed, so that runs repeat)")
     g.add_argument("--warmup", type=int, default=1, help="excluded warm-up calls per variant")
@@ -164,7 +167,8 @@ def config_from(args):
         fanout=tuple(f for part in args.fanout for f in part) if args.fanout else None,
         fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),
         backups=tuple(args.backup), temperatures=tuple(args.temperature), batch_sizes=tuple(args.batch_size),
-        dtype=args.dtype, draft_dtype=args.draft_dtype, draft_int8=args.draft_int8, threads=args.threads,
+        dtype=args.dtype, draft_dtype=args.draft_dtype, draft_int8=args.draft_int8, target_quant=args.target_quant,
+        draft_quant=args.draft_quant, quant_group_size=args.quant_group_size, threads=args.threads,
         seed=args.seed, warmup=args.warmup, order=args.order, K_min=args.K_min, draft_cost=args.draft_cost,
         confidence_stop=args.confidence_stop,
     )

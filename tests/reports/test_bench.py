@@ -200,3 +200,25 @@ def test_a_budget_that_is_neither_a_number_nor_auto_exits_2(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "whole number of guesses or 'auto'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(target_quant="int3"), "target_quant must be int8, int4 or unset"),
+    (dict(draft_int8=True, draft_quant="int4"), "--draft-int8 means --draft-quant int8"),
+    (dict(quant_group_size=48), "--quant-group-size must be 32, 64 or 128"),
+])
+def test_low_bit_settings_are_checked(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config(**overrides)
+
+
+def test_bench_command_line_takes_low_bit_settings():
+    import argparse
+
+    from saguaro.commands import bench as command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--target-quant", "int4", "--draft-quant", "int8", "--quant-group-size", "64"])
+    cfg = command.config_from(args)
+    assert (cfg.target_quant, cfg.draft_quant, cfg.quant_group_size) == ("int4", "int8", 64)

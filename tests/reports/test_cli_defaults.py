@@ -379,9 +379,7 @@ def test_bench_K_auto_runs_adaptive_sd_or_says_why_not(tiny_models, tmp_path):
     outcome = bench.run(progress=False)
     reasons = {u["key"]: u["reason"] for u in outcome.unavailable}
     auto = "sd K=auto K_min=2 cost=0.1 T=0 b=1"
-    if auto in reasons:
-        assert "speculative_kwargs" in reasons[auto]
-        pytest.xfail("saguaro/bench/systems.py does not pass the adaptive settings on yet")
+    assert auto not in reasons
     got = results(bench.run_dir)
     ar = {p: r["token_ids"] for (k, p), r in got.items() if k == "ar T=0 b=1"}
     assert {p: r["token_ids"] for (k, p), r in got.items() if k == auto} == ar
