@@ -116,11 +116,11 @@ def _locate(
     """The low-bit folder `load` should read (it may not exist)."""
     spec = str(name_or_folder)
     path = Path(spec).expanduser()
-    if spec not in provision.PACKAGED and path.is_dir():
+    if spec not in provision.PACKAGED and not path.is_file():
         path = path.resolve()
         if _is_lowbit_folder(path):
             return path
-        # a float32 cache entry: its low-bit form is the sibling entry
+        # a float32 cache entry (built or not): its low-bit form is the sibling entry
         return path.parent / f"{path.name}-{suffix(scheme, group_size)}"
     return folder_for(name_or_folder, scheme, group_size, cache_dir)
 
