@@ -209,7 +209,10 @@ class WeightOnlyLinear(nn.Module):
             if q.dtype != torch.int8 or tuple(scales.shape) != (n,):
                 raise ValueError(f"int8 needs q int8 [{n}, {k}] and scales [{n}]; got {q.dtype} and "
                                  f"{tuple(scales.shape)}")
-            packed, table = q.contiguous(), scales.to(ACT_DTYPE).contiguous()
+            # Fresh copies: the int8 kernel crashed (SIGSEGV) on tensors read by safetensors.load_file
+            # as they were (views into the file buffer), and ran on clones of them.
+            packed = q.clone(memory_format=torch.contiguous_format)
+            table = scales.to(ACT_DTYPE).clone(memory_format=torch.contiguous_format)
         else:
             groups = (n, k // group_size)
             if zeros is None or tuple(scales.shape) != groups or tuple(zeros.shape) != groups:
@@ -219,7 +222,7 @@ class WeightOnlyLinear(nn.Module):
                 raise ValueError(f"int4 codes must be integers in 0..{INT4_MAX}")
             table = torch.stack([scales.to(ACT_DTYPE), zeros.to(ACT_DTYPE)], dim=2).transpose(0, 1).contiguous()
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
-        bias = None if bias is None else bias.detach().to(ACT_DTYPE)
+        bias = None if bias is None else bias.detach().to(ACT_DTYPE).clone()
         return cls(scheme, k, n, packed, table, bias, group_size)
 
 

@@ -220,3 +220,17 @@ def test_bad_scheme_is_a_value_error():
         lowbit_cache.load(provision.SMOKE_MODEL, "int4", 48)
     with pytest.raises(ValueError, match="neither a packaged model"):
         lowbit_cache.build("no-such-model")
+
+
+def test_int8_layer_from_tensors_read_by_safetensors_runs(tmp_path):
+    """The int8 kernel crashed (SIGSEGV) on q read by safetensors.load_file as it was: from_quantized copies."""
+    from safetensors.torch import load_file, save_file
+
+    q = torch.randint(-127, 128, (256, 1536), dtype=torch.int8)
+    scales = (torch.rand(256) / 100).to(torch.bfloat16)
+    save_file({"b.scales": scales, "a.qweight": q, "c.bias": torch.zeros(3)}, str(tmp_path / "w.safetensors"))
+    read = load_file(str(tmp_path / "w.safetensors"))
+    layer = WeightOnlyLinear.from_quantized("int8", read["a.qweight"], read["b.scales"])
+    x = torch.randn(4, 1536)
+    want = x.bfloat16().float() @ layer.dequantized_weight().T
+    torch.testing.assert_close(layer(x).float(), want, rtol=0, atol=1e-2 * float(want.abs().max()))
