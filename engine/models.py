@@ -14,6 +14,7 @@ import copy
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from transformers.utils import logging as hf_logging
 from engine import bf16_copy, model_cache, provision
 
 logger = logging.getLogger(__name__)
+
+DYNAMIC_INT8 = "int8-dynamic"  # engine.config.DRAFT_QUANTS: dynamic int8, drafts only
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Any of these in a folder means it carries a tokenizer (fast, config-only or sentencepiece).
@@ -304,25 +307,34 @@ def tiny_pair(
 
 
 def int8_dynamic(model: PreTrainedModel, *, inplace: bool = False) -> PreTrainedModel:
-    """The model with its Linear layers (output head kept) as weight-only int8 `WeightOnlyLinear`s.
+    """An fp32 model with every nn.Linear dynamic-int8 quantised (int8 weights, activations quantised per
+    forward; torch.ao). For drafts only: the activation scale spans every row of a forward, so a row's
+    output depends on what shares the batch, which a draft may do (verification uses the q it computed)
+    and a target may not.
 
-    Kept for callers of the old name: it used torch.ao's deprecated dynamic quantisation and now is
-    `quantize_model(model, "int8")`. By default the model is deep-copied first; `inplace=True` converts
-    it in place. Refuses a model that is not float32 (quantise from the full-precision weights).
+    torch 2.13 marks torch.ao.quantization deprecated in favour of torchao; we keep it because it is the
+    fastest draft here: a 0.5B draft step takes 41 ms against 95 ms with weight-only int8
+    (`_weight_int8pack_mm`) and 68 ms with int4 (one thread, AMD EPYC, scripts measured in stop 19), and
+    torchao's int8 was slower than bf16 on this CPU. Only its two deprecation warnings are silenced.
+    By default the model is deep-copied first; `inplace=True` converts it in place.
     """
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
-        raise ValueError(
-            f"int8_dynamic needs a float32 model (got {dtype}); load it with dtype=torch.float32"
-        )
-    return quantize_model(model if inplace else copy.deepcopy(model), "int8")
+        raise ValueError(f"int8_dynamic needs a float32 model (got {dtype}); load it with dtype=torch.float32")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
+        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=inplace)
+    quantized.quantization = {"scheme": DYNAMIC_INT8}
+    return quantized.eval()
 
 
 def is_quantized(model: nn.Module) -> bool:
-    """Whether `model` holds low-bit `WeightOnlyLinear` layers (then it runs on CPU kernels only)."""
+    """Whether `model` holds low-bit layers (`WeightOnlyLinear` or dynamic int8; CPU kernels only)."""
     from engine.quantize import WeightOnlyLinear
 
-    return any(isinstance(m, WeightOnlyLinear) for m in model.modules())
+    dynamic = torch.ao.nn.quantized.dynamic.Linear
+    return any(isinstance(m, (WeightOnlyLinear, dynamic)) for m in model.modules())
 
 
 def cast_unquantized(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -353,6 +365,8 @@ def quantize_model(
     float32 weights for the closest low-bit model. The summary is kept as `model.quantization`."""
     from engine.quantize import quantize_weights
 
+    if scheme == DYNAMIC_INT8:  # float32 in, its non-Linear layers stay float32
+        return int8_dynamic(model, inplace=True)
     summary = quantize_weights(model, scheme, group_size)
     if dtype is not None:
         cast_unquantized(model, dtype)
@@ -394,6 +408,10 @@ def load_quantized(
     """
     from engine.quantize import parse_scheme
 
+    if scheme == DYNAMIC_INT8:  # from the float32 weights; no low-bit cache form
+        loaded = load_model(spec, dtype=torch.float32, device="cpu", cache_dir=cache_dir, verify=verify)
+        int8_dynamic(loaded.model, inplace=True)
+        return loaded
     parse_scheme(scheme, group_size)  # a bad scheme is refused before minutes of loading
     cached = _lowbit_cached(spec, scheme, group_size, cache_dir)
     if cached is not None:

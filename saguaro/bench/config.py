@@ -134,7 +134,7 @@ class BenchConfig:
     draft_dtype: str | None = None
     draft_int8: bool = False
     target_quant: str | None = None  # "int8" / "int4": weight-only low-bit target (engine.config.EngineConfig)
-    draft_quant: str | None = None  # the same for the draft ("int8" is what --draft-int8 means)
+    draft_quant: str | None = None  # the same for the draft, or "int8-dynamic" (what --draft-int8 means)
     quant_group_size: int = 32
     threads: int | None = None
     seed: int = 0
@@ -175,11 +175,13 @@ class BenchConfig:
             bad = set(given) - set(allowed)
             if bad or not given:
                 raise ValueError(f"unknown {name} {sorted(bad)}; choose from {', '.join(allowed)}")
-        for name in ("target_quant", "draft_quant"):
-            if getattr(self, name) not in (None, "int8", "int4"):
-                raise ValueError(f"{name} must be int8, int4 or unset (float weights), got {getattr(self, name)!r}")
-        if self.draft_int8 and self.draft_quant not in (None, "int8"):
-            raise ValueError(f"--draft-int8 means --draft-quant int8; drop one of them (got --draft-quant {self.draft_quant})")
+        if self.target_quant not in (None, "int8", "int4"):
+            raise ValueError(f"target_quant must be int8, int4 or unset (float weights), got {self.target_quant!r}")
+        if self.draft_quant not in (None, "int8", "int4", "int8-dynamic"):
+            raise ValueError(f"draft_quant must be int8, int4, int8-dynamic or unset, got {self.draft_quant!r}")
+        if self.draft_int8 and self.draft_quant not in (None, "int8-dynamic"):
+            raise ValueError("--draft-int8 means --draft-quant int8-dynamic; drop one of them "
+                             f"(got --draft-quant {self.draft_quant})")
         if self.quant_group_size not in (32, 64, 128):
             raise ValueError(f"--quant-group-size must be 32, 64 or 128, got {self.quant_group_size}")
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:

@@ -117,7 +117,7 @@ class Bench:
                 c = self.config
                 start = time.perf_counter()
                 say("loading %s (%s) and draft %s (%s) ...", c.target, c.target_quant or c.dtype, c.draft,
-                    c.draft_quant or ("int8" if c.draft_int8 else c.draft_dtype or c.dtype))
+                    c.draft_quant or ("int8-dynamic" if c.draft_int8 else c.draft_dtype or c.dtype))
                 models = Models.load(c)
                 say("... loaded in %.1f s", time.perf_counter() - start)
             systems = Systems(models, self.config)

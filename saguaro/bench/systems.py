@@ -62,11 +62,11 @@ class Models:
             return load_quantized(spec, quant, config.quant_group_size, dtype=TORCH_DTYPES[dtype])
 
         target = load(config.target, config.dtype, config.target_quant)
-        draft, draft_quant = None, config.draft_quant or ("int8" if config.draft_int8 else None)
-        dtype = config.draft_dtype or config.dtype
+        draft, draft_quant = None, config.draft_quant or ("int8-dynamic" if config.draft_int8 else None)
+        dtype = "float32" if draft_quant == "int8-dynamic" else config.draft_dtype or config.dtype
         if any(s in ("sd", "ssd", "hf-assisted") for s in config.systems):
             draft = load(config.draft, dtype, draft_quant).model
-        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, draft_quant == "int8",
+        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, draft_quant == "int8-dynamic",
                    config.draft if draft is not None else None, draft_quant, config.quant_group_size)
 
 

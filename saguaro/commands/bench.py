@@ -137,7 +137,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--draft", default="qwen-coder-0.5b")
     g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     g.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
-    g.add_argument("--draft-int8", action="store_true", help="int8 weight-only draft (the same as --draft-quant int8)")
+    g.add_argument("--draft-int8", action="store_true", help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
     add_quant_flags(g)
     g.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     g.add_argument("--seed", type=int, default=0, help="seed of call i is seed + i (fixed, so that runs repeat)")

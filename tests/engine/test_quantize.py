@@ -183,7 +183,7 @@ def test_engine_settings_refuse_unknown_schemes_and_group_sizes():
 
     with pytest.raises(ValueError, match="target_quant must be None .* or one of int8, int4, got 'int3'"):
         EngineConfig(target="t", target_quant="int3")
-    with pytest.raises(ValueError, match="draft_quant must be None .* or one of int8, int4, got 'fp8'"):
+    with pytest.raises(ValueError, match="draft_quant must be None .* or one of int8, int4, int8-dynamic, got 'fp8'"):
         EngineConfig(target="t", draft="d", strategy="sd", draft_quant="fp8")
     with pytest.raises(ValueError, match="quant_group_size must be one of 32, 64, 128, got 48"):
         EngineConfig(target="t", target_quant="int4", quant_group_size=48)
@@ -193,16 +193,18 @@ def test_engine_settings_refuse_unknown_schemes_and_group_sizes():
         EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int4", device="cuda")
 
 
-def test_draft_int8_is_an_alias_of_draft_quant_int8():
+def test_draft_int8_is_an_alias_of_draft_quant_int8_dynamic():
     from engine.config import EngineConfig
 
     alias = EngineConfig(target="t", draft="d", strategy="sd", draft_int8=True)
-    assert (alias.draft_quant, alias.draft_int8, alias.draft_load_dtype) == ("int8", True, "float32")
-    named = EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int8")
+    assert (alias.draft_quant, alias.draft_int8, alias.draft_load_dtype) == ("int8-dynamic", True, "float32")
+    named = EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int8-dynamic")
     assert named.draft_int8 and named == alias
-    assert not EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int4").draft_int8
-    with pytest.raises(ValueError, match="draft_int8=True means draft_quant='int8', which conflicts"):
+    assert not EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int8").draft_int8
+    with pytest.raises(ValueError, match="draft_int8=True means draft_quant='int8-dynamic', which conflicts"):
         EngineConfig(target="t", draft="d", strategy="sd", draft_int8=True, draft_quant="int4")
+    with pytest.raises(ValueError, match="int8-dynamic is for the draft only"):
+        EngineConfig(target="t", target_quant="int8-dynamic")
 
 
 def test_the_api_defaults_to_bfloat16_like_the_cli():
@@ -230,8 +232,8 @@ def test_llm_quantises_target_and_draft_by_the_settings():
         assert llm.target.quantization["skipped_by_shape"] == 12
         assert {m.scheme for m in d_layers} == {Scheme.INT8} and len(d_layers) == 7
         assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_new_tokens
-    with LLM(target, draft, strategy="sd", draft_int8=True) as llm:  # the old name, same mechanism
-        assert {type(m) for m in llm.draft.modules()} >= {WeightOnlyLinear}
+    with LLM(target, draft, strategy="sd", draft_int8=True) as llm:  # dynamic int8 (torch.ao), the fastest draft
+        assert {type(m) for m in llm.draft.modules()} >= {torch.ao.nn.quantized.dynamic.Linear}
         assert not any(isinstance(m, WeightOnlyLinear) for m in llm.target.modules())
     # the caller's models were quantised as copies
     assert not any(isinstance(m, WeightOnlyLinear) for m in [*target.modules(), *draft.modules()])

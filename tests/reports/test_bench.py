@@ -204,7 +204,8 @@ def test_a_budget_that_is_neither_a_number_nor_auto_exits_2(capsys):
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(target_quant="int3"), "target_quant must be int8, int4 or unset"),
-    (dict(draft_int8=True, draft_quant="int4"), "--draft-int8 means --draft-quant int8"),
+    (dict(target_quant="int8-dynamic"), "target_quant must be int8, int4 or unset"),
+    (dict(draft_int8=True, draft_quant="int4"), "--draft-int8 means --draft-quant int8-dynamic"),
     (dict(quant_group_size=48), "--quant-group-size must be 32, 64 or 128"),
 ])
 def test_low_bit_settings_are_checked(overrides, message):
