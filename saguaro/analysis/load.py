@@ -54,10 +54,11 @@ class Run:
             return f"{c.get('model')} served at {host}"
         draft = c.get("draft") if any(s in ("sd", "ssd", "hf-assisted") for s in c.get("systems", ())) else None
         dtype = c.get("dtype")
-        text = f"{c.get('target')} ({dtype})"
+        quant = c.get("target_quant")
+        text = f"{c.get('target')} ({f'{quant}, float layers {dtype}' if quant else dtype})"
         if draft:
-            ddtype = c.get("draft_dtype") or ("int8" if c.get("draft_int8") else dtype)
-            text += f" / {draft} ({'int8' if c.get('draft_int8') else ddtype})"
+            dquant = c.get("draft_quant") or ("int8-dynamic" if c.get("draft_int8") else None)
+            text += f" / {draft} ({dquant or c.get('draft_dtype') or dtype})"
         return text
 
     def rounds_by_unit(self) -> dict[tuple[str, int], list[dict]]:

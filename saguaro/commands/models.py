@@ -39,6 +39,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     prov.add_argument("--gguf", type=Path, metavar="FILE",
                       help="convert (or repair the cache entry of) a local .gguf file instead of --which")
     prov.add_argument("--rebuild", action="store_true", help="convert again even if the cache is valid")
+    prov.add_argument("--lowbit", choices=["int4", "int8"],
+                      help="build the low-bit form straight from the GGUF instead of the float32 one (int4: the "
+                           "GGUF's 4-bit blocks kept as int4 group-32, other layers int8; for --target-quant / "
+                           "--draft-quant); no float32 copy is written")
+    prov.add_argument("--group-size", type=int, choices=[32, 64, 128], default=32,
+                      help="int4 group size of --lowbit (32 keeps Q4_K blocks exactly)")
     actions.add_parser("list", help="the model aliases, whether provisioned, and where", formatter_class=HelpFormatter)
     actions.add_parser("verify", help="re-hash every cached file against its manifest", formatter_class=HelpFormatter)
     actions.add_parser("clean", help="remove temp folders left by interrupted builds", formatter_class=HelpFormatter)
@@ -54,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     root = model_cache.resolve_cache_root(args.cache, os.environ)
     if args.models_action == "provision":
         _clean(model_cache, root, quiet=True)
+        if args.lowbit is not None:
+            return _provision_lowbit(provision, root, args)
         if args.gguf is not None:
             return _provision_gguf(provision, root, args.gguf, args.rebuild)
         return _provision(provision, root, args.which, args.rebuild)
@@ -99,6 +107,24 @@ def _report(alias: str, result) -> None:
             f"{alias}: assemble+hash {result.assemble_s:.1f} s, convert {result.convert_s:.1f} s, "
             f"hash+manifest {result.manifest_s:.1f} s -> {result.folder}"
         )
+
+
+def _provision_lowbit(provision, root: Path, args: argparse.Namespace) -> int:
+    """The low-bit entries (engine.lowbit_cache), built tensor by tensor from each GGUF."""
+    import time
+
+    from engine import lowbit_cache
+
+    models = [args.gguf] if args.gguf is not None else list(provision.GROUPS.get(args.which, (args.which,)))
+    for model in models:
+        if args.gguf is None:
+            provision.locate_parts(provision.PACKAGED[model])  # every missing package named before minutes pass
+    for model in models:
+        t0 = time.perf_counter()
+        folder = lowbit_cache.provision_lowbit(model, root, lowbit=args.lowbit, group_size=args.group_size,
+                                               rebuild=args.rebuild)
+        print(f"{model}: {args.lowbit} (group {args.group_size}) in {folder} ({time.perf_counter() - t0:.1f} s)")
+    return 0
 
 
 def _provision(provision, root: Path, which: str, rebuild: bool) -> int:

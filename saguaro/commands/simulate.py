@@ -213,7 +213,10 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
                    help="power-law scale a, with --hit-model powerlaw (as in the docs and theory fanout)")
     g.add_argument("--p-hit", type=float, default=0.9, help="constant hit probability")
     g.add_argument("--saguaro-table", metavar="FILE",
-                   help='a JSON file {"C": [...], "alpha": [...], "r": [...], "scale": [...]}')
+                   help="a JSON file with four lists of equal length, one entry per Saguaro setting: C (the "
+                        "constant), alpha (the acceptance rate measured with it), r and scale (the power-law "
+                        "miss fit measured with it), e.g. {\"C\": [1, 0.5], \"alpha\": [0.8, 0.78], \"r\": "
+                        "[1.0, 1.3], \"scale\": [0.5, 0.4]}")
     g.add_argument("--fanout-rule", choices=["geometric", "uniform"], default="geometric",
                    help="schedule for a budget: Thm 12 integer optimum (geometric) or even spread (uniform)")
     g.add_argument("--miss-policy", choices=["per-row", "whole-batch"], default="per-row",
