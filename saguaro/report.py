@@ -10,7 +10,7 @@ from saguaro.analysis.hits import hit_by_k, miss_vs_fanout, power_law_fits
 from saguaro.analysis.load import Run, load_run
 from saguaro.analysis.predict import predictions
 from saguaro.analysis.variants import category_pivot, category_rows, error_rows, variant_rows
-from saguaro.figures import FIGURES, NoData, ReportData, render
+from saguaro.figures import FIGURES, ReportData, markdown_section
 from saguaro.figures.base import DAGGER, plural, spread
 from saguaro.runfolder import SUMMARY_JSON
 from saguaro.serving_report import serving_section
@@ -159,14 +159,7 @@ def _bench_sections(data: ReportData, notes: list[str], out_dir: Path) -> list[s
            "range of the per-prompt speedups over AR (each prompt's tokens/s over AR's on the same prompt).", "",
            _table(marked(data.rows), HEADLINE, n), *disturbed_footnote(data.rows, n > 1), "", "## Figures", ""]
     for figure in FIGURES:
-        md += [f"### {figure.name.replace('_', ' ')}", "", figure.caption, ""]
-        try:
-            done = render(figure, data, out_dir)
-        except NoData as why:
-            md += [f"_Not drawn: {why}._", ""]
-            continue
-        md += [f"![{figure.caption}]({done.png.name})", "", f"Data: [{done.data.name}]({done.data.name})", ""]
-        md += [f"_{note}_" for note in done.notes] + ([""] if done.notes else [])
+        md += markdown_section(figure, data, out_dir)
     md += ["## Measured vs simulated vs closed form", "",
            "Decode-phase speedup over AR (prefill excluded). The closed forms use each run's own α, hit rate and "
            "mean per-round times and have no term for per-round overhead; the simulator's timing model is fitted "

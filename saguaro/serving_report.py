@@ -7,7 +7,7 @@ from pathlib import Path
 
 from saguaro.analysis.load import Run
 from saguaro.analysis.serving import point_rows
-from saguaro.figures import NoData, ReportData, render
+from saguaro.figures import ReportData, markdown_section
 from saguaro.figures.base import DAGGER
 from saguaro.figures.serving import SERVING_FIGURES
 from saguaro.tables import format_table
@@ -65,14 +65,7 @@ def serving_section(runs: list[Run], out_dir: Path) -> list[str]:
     data = ReportData(runs, [], serving=rows)
     for load in dict.fromkeys(r["load"] for r in rows):
         for figure in SERVING_FIGURES[load]:
-            md += [f"### {figure.name.replace('_', ' ')}", "", figure.caption, ""]
-            try:
-                done = render(figure, data, out_dir)
-            except NoData as why:
-                md += [f"_Not drawn: {why}._", ""]
-                continue
-            md += [f"![{figure.caption}]({done.png.name})", "", f"Data: [{done.data.name}]({done.data.name})", ""]
-            md += [f"_{note}_" for note in done.notes] + ([""] if done.notes else [])
+            md += markdown_section(figure, data, out_dir)
     errors = _errors(runs)
     if errors:
         md += ["### Failed requests (most frequent errors)", "",

@@ -1,7 +1,7 @@
 """Report figures: each is a function (Axes, ReportData) -> plotted rows, listed in FIGURES in report order."""
 
 from saguaro.figures.acceptance import acceptance_histogram, hit_rate_by_k, miss_vs_fanout
-from saguaro.figures.base import Figure, NoData, Rendered, ReportData, render
+from saguaro.figures.base import Figure, NoData, Rendered, ReportData, markdown_section, render
 from saguaro.figures.sweeps import (
     speedup_vs_batch,
     speedup_vs_budget,
@@ -38,4 +38,4 @@ FIGURES: tuple[Figure, ...] = (
            latency_throughput),
 )
 
-__all__ = ["FIGURES", "Figure", "NoData", "Rendered", "ReportData", "render"]
+__all__ = ["FIGURES", "Figure", "NoData", "Rendered", "ReportData", "markdown_section", "render"]

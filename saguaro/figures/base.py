@@ -231,3 +231,14 @@ def spread(values: list[float]) -> tuple[float, float, float] | None:
         return None
     q = np.percentile(values, [25, 50, 75])
     return float(q[0]), float(q[1]), float(q[2])
+
+
+def markdown_section(figure: "Figure", data: "ReportData", out_dir) -> list[str]:
+    """A report's section for one figure: drawn (image, data file, notes) or the reason it was not."""
+    md = [f"### {figure.name.replace('_', ' ')}", "", figure.caption, ""]
+    try:
+        done = render(figure, data, out_dir)
+    except NoData as why:
+        return md + [f"_Not drawn: {why}._", ""]
+    md += [f"![{figure.caption}]({done.png.name})", "", f"Data: [{done.data.name}]({done.data.name})", ""]
+    return md + [f"_{note}_" for note in done.notes] + ([""] if done.notes else [])
