@@ -64,6 +64,12 @@ class KVState:
         # A real token's position is the number of real tokens before it in its row.
         positions = (self.lengths[:, None] + valid.cumsum(-1) - 1).clamp(min=0)  # [B, T]
         mask = torch.cat([self.mask, valid], dim=1)  # [B, L + T]
+        T = tokens.shape[1]
+        if 0 < logits_to_keep < T:
+            # Positions as a tensor, not an int: transformers then gathers a contiguous [B, k, H] for the head.
+            # The int form slices a strided view, and for B > 1 torch's matmul then runs the head as a bmm over
+            # B expanded copies of its weight (~2.5 s per row for a 151,936 x 1536 head on one CPU thread).
+            logits_to_keep = torch.arange(T - logits_to_keep, T, device=tokens.device)
         out = self.model(
             input_ids=tokens,
             attention_mask=mask,

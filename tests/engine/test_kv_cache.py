@@ -48,3 +48,22 @@ def test_select_keeps_rows_and_their_caches():
     state.select(torch.tensor([0, 2]))
     logits = state.extend(torch.tensor([[7], [8]]))[:, -1]
     assert torch.allclose(logits[1], alone(model, [5, 6, 8]), atol=ATOL)
+
+
+def test_logits_to_keep_gives_the_last_positions_through_a_contiguous_head_input():
+    """The head gets a contiguous [B, k, H] (a strided slice made torch run it as a bmm over B weight copies,
+    ~2.5 s per row at prefill for the default target), and the kept logits are the full forward's last k."""
+    model = tiny_lm(3)
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    full = KVState(model, 2, torch.device("cpu")).extend(tokens)
+    seen = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: seen.append(args[0].is_contiguous()))
+    try:
+        for k in (1, 2):
+            kept = KVState(model, 2, torch.device("cpu")).extend(tokens, logits_to_keep=k)
+            assert kept.shape == (2, k, full.shape[-1])
+            assert torch.allclose(kept, full[:, -k:], atol=ATOL)
+    finally:
+        hook.remove()
+    assert seen == [True, True]
