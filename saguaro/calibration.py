@@ -71,11 +71,11 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
             cmd, *a = conn.recv()
             if cmd == "exit":
                 return
-            if cmd == "prefill":  # (tokens, keep)
-                n, keep = a
-                state = KVState(model, 1, device)
+            if cmd == "prefill":  # (tokens, keep, batch)
+                n, keep, b = a
+                state = KVState(model, b, device)
                 t0 = time.perf_counter()
-                state.extend(torch.tensor([ids[:n]], dtype=torch.long), logits_to_keep=1)
+                state.extend(torch.tensor([ids[:n]] * b, dtype=torch.long), logits_to_keep=1)
                 conn.send([(t0, time.perf_counter())])
                 if keep:
                     base = state
@@ -205,6 +205,17 @@ def _fanout(K: int, per_row: int) -> list[int]:
     return [per_row // (K + 1) + (i < per_row % (K + 1)) for i in range(K + 1)]
 
 
+def prefill_points(contexts: list[int], batches: list[int]) -> list[tuple[int, int]]:
+    """(batch, tokens) of the timed prefills: batch 1 at the shortest, middle and longest context, and each
+    larger batch at the shortest and twice it (within the longest), so that the fit sees rows come from both
+    length and batch; the longest at batch 1 comes last (its cache is the base the decode points roll back)."""
+    lo, hi = min(contexts), max(contexts)
+    points = {(1, lo), (1, (lo + hi) // 2)}
+    points |= {(b, n) for b in batches if b > 1 for n in (lo, min(2 * lo, hi))}
+    points.discard((1, hi))
+    return sorted(points) + [(1, hi)]
+
+
 def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[dict], dict]:
     """Every timed point: records (JSONL dicts) and the summary's medians."""
     import torch
@@ -221,20 +232,22 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     summary: dict = {"prefill_ms": {}, "ar_ms": {}, "verify_ms": {}, "verify_busy_ms": {}, "interference": {},
                      "sd_draft_ms": {}, "backup_ms": {}, "cache_build_ms": {}}
 
-    def prefill(n: int, keep: bool) -> tuple[KVState, float, float]:
-        worker.conn.send(("prefill", n, keep))  # the draft prefills on its core meanwhile
-        state = KVState(target, 1, torch.device("cpu"))
+    def prefill(n: int, keep: bool, b: int = 1) -> tuple[KVState, float, float]:
+        worker.conn.send(("prefill", n, keep, b))  # the draft prefills on its core meanwhile
+        state = KVState(target, b, torch.device("cpu"))
         t0 = time.perf_counter()
-        state.extend(torch.tensor([ids[:n]], dtype=torch.long), logits_to_keep=1)
+        state.extend(torch.tensor([ids[:n]] * b, dtype=torch.long), logits_to_keep=1)
         target_ms = (time.perf_counter() - t0) * 1e3
         return state, target_ms, _ms(worker.recv())[0]
 
     prefill(K + 1, keep=False)  # warm-up: the first forwards of a process are slow, not recorded
-    for n in sorted({min(contexts), max(contexts)}):
-        base, target_ms, draft_ms = prefill(n, keep=n == max(contexts))
-        records.append(_prefill_record(1, n, target_ms, draft_ms))
-        summary["prefill_ms"][n] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
-    say(f"prefilled {max(contexts)} tokens once (target and draft)")
+    for b, n in prefill_points(contexts, args.batch):  # the longest at batch 1 last: it is kept as the base
+        state, target_ms, draft_ms = prefill(n, keep=(b, n) == (1, max(contexts)), b=b)
+        if (b, n) == (1, max(contexts)):
+            base = state
+        records.append(_prefill_record(b, n, target_ms, draft_ms))
+        summary["prefill_ms"][f"{b}x{n}"] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
+    say(f"prefilled at {len(prefill_points(contexts, args.batch))} lengths and batch sizes (target and draft)")
     feed = lambda b, T: torch.tensor(ids[:T], dtype=torch.long).repeat(b, 1)  # noqa: E731
 
     rows = {b: RowSampling([SamplingParams(temperature=0.0, stop_on_eos=False)] * b) for b in args.batch}
@@ -323,7 +336,10 @@ def fit_summary(path: Path) -> dict:
     f = fit_timing(read_records(path))
     r = lambda x: round(float(x), 5)  # noqa: E731
     ssd = f.for_strategy("ssd")
-    return {"verify": [r(c) for c in f.verify], "draft": [r(c) for c in f.draft] if f.draft else None,
+    return {"verify": [r(c) for c in f.verify], "decode": [r(c) for c in f.decode] if f.decode else None,
+            "prefill_target": [r(c) for c in f.prefill_target] if f.prefill_target else None,
+            "prefill_draft": [r(c) for c in f.prefill_draft] if f.prefill_draft else None,
+            "draft": [r(c) for c in f.draft] if f.draft else None,
             "build": [r(c) for c in f.build] if f.build else None, "ssd_verify_factor": r(f.ssd_verify_factor),
             "errors": {k: r(v) for k, v in f.errors.items()},
             "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),

@@ -15,7 +15,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - every context term is only as good as the contexts the records span: `saguaro calibrate --context`
   times the forwards at the workload's contexts (a calibration at 60-100 tokens under-predicted the
   verify, the draft and the build at ~300 by 15-50%);
-- prefill: p0 + p_row·batch·tokens for the target and for the draft;
+- AR's one-token step: its own c0 + c_seq·batch + c_kv·kv when the records hold AR rounds at two or more
+  batch sizes. One model for the (K+1)-row verify and the 1-row step predicted AR at batch 2 and 4 24% too
+  slow: a step's fixed cost (reading the weights) is shared by the rows, the verify's per-row cost is not;
+- prefill: p0 + p_row·batch·tokens for the target and for the draft (`saguaro calibrate` times prefills at
+  several lengths and batch sizes);
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
 - the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify;
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
@@ -60,6 +64,7 @@ class FittedTiming:
     """Fitted coefficients (ms): a TimingModel. `errors`: relative RMS error of each fitted part."""
 
     verify: Coef
+    decode: Coef | None = None  # AR's one-token step, when the records hold AR rounds at two batch sizes
     draft: Coef | None = None
     prefill_target: tuple[float, float] | None = None
     prefill_draft: tuple[float, float] | None = None
@@ -83,6 +88,9 @@ class FittedTiming:
         return d0 + d_row * rows + d_kv * kv
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
+        if tokens == 1 and self.decode is not None:
+            c0, c_seq, c_kv = self.decode
+            return c0 + c_seq * batch + c_kv * batch * context
         return self._target(batch * tokens, batch * context)
 
     def for_strategy(self, strategy: Strategy) -> "FittedTiming":
@@ -115,10 +123,12 @@ class FittedTiming:
             target_ms = self._target(batch * tokens, 0)
         else:
             target_ms = self.prefill_target[0] + self.prefill_target[1] * batch * tokens
-        if strategy is Strategy.AR or self.prefill_draft is None:
-            return target_ms
-        draft_ms = self.prefill_draft[0] + self.prefill_draft[1] * batch * tokens
-        return target_ms + draft_ms if strategy is Strategy.SD else max(target_ms, draft_ms)
+        return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
+
+    def draft_prefill_ms(self, batch: int, tokens: int) -> float:
+        if self.prefill_draft is None:
+            return 0.0
+        return self.prefill_draft[0] + self.prefill_draft[1] * batch * tokens
 
     def overhead_ms(self, strategy: Strategy) -> float:
         return self.overhead.get(strategy.value, 0.0)
@@ -157,6 +167,11 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     plain = alone if len(alone) >= 3 else decode
     verify, errors["verify"] = _fit_linear([design(r) for r in plain], [r.verify_ms for r in plain])
     counts["verify"] = len(plain)
+    decode_fit = None
+    steps = [r for r in decode if r.strategy is Strategy.AR]
+    if len(steps) >= 3 and len({r.batch_size for r in steps}) >= 2:
+        decode_fit, errors["decode"] = _fit_linear([design(r) for r in steps], [r.verify_ms for r in steps])
+        counts["decode"] = len(steps)
     ssd_verify_factor = 1.0
     busy = [r for r in decode if r.strategy is Strategy.SSD]
     if plain is alone and busy:
@@ -213,7 +228,7 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
-        verify=verify, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
+        verify=verify, decode=decode_fit, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
         build=build, errors=errors, counts=counts,
     )

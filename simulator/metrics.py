@@ -39,7 +39,7 @@ class Recorder:
         self.completed = 0
         # time per actor and activity, ms
         self.target = {"verify": 0.0, "prefill": 0.0, "overhead": 0.0, "wait_draft": 0.0, "idle": 0.0}
-        self.draft = {"draft": 0.0, "cache_build": 0.0, "backup": 0.0}
+        self.draft = {"draft": 0.0, "cache_build": 0.0, "backup": 0.0, "prefill": 0.0}
         self.spans: list[tuple[str, str, float, float]] | None = [] if trace else None
 
     def span(self, actor: str, what: str, start_ms: float, end_ms: float) -> None:

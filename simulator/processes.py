@@ -166,6 +166,7 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
         seqs = yield receive()
         arrived_ms = env.now
         n = len(seqs)
+        joiners = [s.request.prompt_len for s in seqs if s.accepted is None]
         missed = cache_lookup(seqs, draws, rec)
         rec.batch_lookups += 1
         if missed == 0:
@@ -186,6 +187,13 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
                 seq.from_cache = False
             missed = n
         context = bed.batch.context
+        if joiners:  # the joiners' prompts through the draft, before their backup (the target prefilled alone)
+            start_ms = env.now
+            prefill_ms = timing.draft_prefill_ms(len(joiners), max(joiners))
+            yield env.timeout(prefill_ms)
+            draft["prefill"] += prefill_ms
+            if tracing:
+                rec.span("draft", "prefill", start_ms, env.now)
         if missed:
             start_ms = env.now
             # the engine's neural backup drafts the whole batch in one pass (hit rows masked, engine/ssd/

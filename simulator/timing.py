@@ -7,8 +7,11 @@ Every model answers the same questions, in milliseconds:
 - `cache_build_ms(batch, K, branches, context)`: SSD's cache build: one "glue" draft forward over the K+1
   verified positions, then K tree-decode steps over all `branches` at once (docs/ssd.md §2);
 - `backup_ms(backup, rows, K, context)`: SSD's backup on a cache miss; the neural one drafts `rows` = the whole batch (hit rows masked, as the engine does), a fast one the missed rows;
-- `prefill_ms(strategy, batch, tokens)`: a new batch's prompt on the critical path (the draft's prefill
-  runs in series with the target's in SD, colocated, and in parallel in SSD);
+- `prefill_ms(strategy, batch, tokens)`: joining prompts on the target's critical path (the draft's prefill
+  runs in series with the target's in SD, colocated; in SSD the target prefills alone);
+- `draft_prefill_ms(batch, tokens)`: the joiners' prompts through the draft. SSD's worker runs it when the
+  round after their join reaches it, before their backup (engine/ssd/draft_worker.py), so a joiner's first
+  speculation waits for it;
 - `overhead_ms(strategy)`: per-round time outside the forwards (sampling, bookkeeping) of a real engine.
 """
 
@@ -28,6 +31,7 @@ class TimingModel(Protocol):
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float: ...
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float: ...
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float: ...
+    def draft_prefill_ms(self, batch: int, tokens: int) -> float: ...
     def overhead_ms(self, strategy: Strategy) -> float: ...
 
 
@@ -83,6 +87,9 @@ class ConstantTiming:
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
         return self.t_prefill_ms
 
+    def draft_prefill_ms(self, batch: int, tokens: int) -> float:
+        return 0.0
+
     def overhead_ms(self, strategy: Strategy) -> float:
         return 0.0
 
@@ -126,10 +133,10 @@ class RooflineTiming:
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
         rows, pairs = batch * tokens, batch * tokens * (tokens + 1) // 2
         target_ms = self.target.forward_ms(rows, 0, pairs)
-        if strategy is Strategy.AR:
-            return target_ms
-        draft_ms = self.draft.forward_ms(rows, 0, pairs)
-        return target_ms + draft_ms if strategy is Strategy.SD else max(target_ms, draft_ms)
+        return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
+
+    def draft_prefill_ms(self, batch: int, tokens: int) -> float:
+        return self.draft.forward_ms(batch * tokens, 0, batch * tokens * (tokens + 1) // 2)
 
     def overhead_ms(self, strategy: Strategy) -> float:
         return self.sampling_overhead_ms

@@ -44,7 +44,9 @@ def test_every_context_and_batch_is_timed(calibrated):
             backups = [r for r in at if r.strategy.value == "ssd" and not any(r.hit)]
             assert backups and all(r.backup_ms > 0 and r.backup_time_ms == r.backup_ms for r in backups)
     prefill = [r for r in read_records(calibrated) if not r.is_decode]
-    assert sorted(r.tokens for r in prefill) == [12, 40]  # the shortest and the longest context, once each
+    # batch 1 at the shortest, middle and longest context; batch 2 at the shortest and twice it
+    assert sorted((r.batch_size, r.tokens) for r in prefill) == [(1, 12), (1, 26), (1, 40), (2, 12), (2, 24)]
+    assert all(r.verify_ms > 0 and r.draft_ms > 0 for r in prefill)
 
 
 def test_summary_echoes_its_inputs_and_the_interference(calibrated):

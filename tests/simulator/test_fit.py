@@ -178,3 +178,22 @@ def test_the_interference_factor_comes_from_verifies_next_to_the_builds():
     fitted = fit_timing(_spanning([64, 512], interference=1.15))
     assert fitted.verify == pytest.approx(V_TRUE, rel=1e-6)  # from the AR and SD points, alone
     assert fitted.ssd_verify_factor == pytest.approx(1.15)
+
+
+def test_one_token_steps_get_their_own_fit():
+    """A step's fixed cost is shared by its rows, a verify's per-row cost is not: one linear model for both
+    predicted AR at batch 2 and 4 24% too slow on the default pair. AR rounds at two batch sizes fit apart."""
+    def record(strategy, b, K, ms):
+        return parse_record({"strategy": strategy, "round": 1, "batch_size": b, "K": K, "context_len": 100,
+                             "accepted": [0] * b, "emitted": [1] * b, "draft_ms": 5.0 if K else 0.0,
+                             "verify_ms": ms, "round_ms": ms + 1, "draft_forwards": K})
+    step = lambda b: 300.0 + 10.0 * b  # noqa: E731
+    verify = lambda b, K: 300.0 + 40.0 * b * (K + 1)  # noqa: E731
+    records = [record("ar", b, 0, step(b)) for b in (1, 1, 4, 4)]
+    records += [record("sd", b, K, verify(b, K)) for b in (1, 2, 4) for K in (2, 4)]
+    fitted = fit_timing(records)
+    assert fitted.decode is not None
+    assert fitted.verify_ms(2, 1, 100) == pytest.approx(step(2), rel=1e-3)
+    assert fitted.verify_ms(2, 5, 100) == pytest.approx(verify(2, 4), rel=0.1)
+    without = fit_timing([r for r in records if r.batch_size == 1 or r.strategy.value != "ar"])
+    assert without.decode is None  # AR at one batch size only: the verify's model serves the step

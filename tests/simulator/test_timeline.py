@@ -219,3 +219,26 @@ def test_the_neural_backup_drafts_the_whole_batch_a_fast_one_the_missed_rows(mon
                        hits=ConstantHit(0.5), workload=ClosedLoop(2, output_len=None), rounds=3)
     simulate(config)
     assert timing.rows == [(backup, 2), (backup, third_round_rows)]  # round 1: both new; round 3: row 1 missed
+
+
+class _DraftPrefill(ConstantTiming):
+    """Constant timings whose draft prefill takes 2 ms (ConstantTiming's is free, as in the closed forms)."""
+
+    def draft_prefill_ms(self, batch, tokens):
+        return 2.0
+
+
+def test_ssd_joiner_waits_for_its_draft_prefill_before_the_backup(ssd_config):
+    # the engine's SSD target prefills alone; the worker prefills the joiner's draft side when the first
+    # round's outcome reaches it, then drafts the backup (engine/ssd/draft_worker.py)
+    config = replace(ssd_config, timing=_DraftPrefill(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0,
+                                                      t_prefill_ms=5.0), rounds=1)
+    timeline, _ = _timeline(config)
+    assert timeline[:6] == [
+        ("target", "prefill", 0.0, 5.0),
+        ("link_to_draft", "transfer", 5.0, 5.5),
+        ("target", "wait_draft", 5.0, 11.0),
+        ("draft", "prefill", 5.5, 7.5),
+        ("draft", "backup", 7.5, 10.5),
+        ("link_to_target", "transfer", 10.5, 11.0),
+    ]
