@@ -35,13 +35,18 @@ def _trim(ids: list[int], eos_ids: frozenset[int], stop_on_eos: bool) -> PeerOut
     return PeerOutput(ids, "length")
 
 
+HF_DEFAULT_K = 20  # transformers 5's GenerationConfig defaults for assisted generation
+HF_DEFAULT_CONFIDENCE = 0.4
+
+
 @contextmanager
 def _assistant_settings(assistant, K: int | None) -> Iterator[None]:
-    """A constant K and no confidence-based early stop: the same speculation as our SD.
+    """A constant K and no confidence-based early stop (the same speculation as our SD), or with K None
+    transformers' own default: up to HF_DEFAULT_K tokens, drafting ended early once the draft's confidence
+    falls below a threshold that starts at 0.4 and adapts to what the target accepts.
 
-    transformers reads these from the *assistant's* generation_config (its defaults are K = 20 and a
-    0.4 confidence threshold that ends drafting early); passed to generate() they are ignored. They are
-    set for the call and restored afterwards.
+    transformers reads these from the *assistant's* generation_config; passed to generate() they are
+    ignored. They are set for the call and restored afterwards.
     """
     if assistant is None:
         yield
@@ -49,9 +54,9 @@ def _assistant_settings(assistant, K: int | None) -> Iterator[None]:
     config = assistant.generation_config
     names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
     saved = {n: getattr(config, n, None) for n in names}
-    config.num_assistant_tokens = K
+    config.num_assistant_tokens = HF_DEFAULT_K if K is None else K
     config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
+    config.assistant_confidence_threshold = HF_DEFAULT_CONFIDENCE if K is None else 0.0
     try:
         yield
     finally:

@@ -203,7 +203,7 @@ class Systems:
             return self._run_llamacpp(v, ids, params)
         assistant = self.models.draft if v.system == "hf-assisted" else None
         outs, seconds = hf_generate(self.models.target, ids, params, self.encoder.eos_ids, self.encoder.pad_id,
-                                    assistant, v.settings.K)
+                                    assistant, None if v.settings.adaptive else v.settings.K)  # auto: its own
         requests = [
             # not streamed: the whole batch's call time is each request's E2EL, and TTFT is unknown
             {"prompt_tokens": len(i), "new_tokens": len(o.token_ids), "e2el_s": seconds,
