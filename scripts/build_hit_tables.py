@@ -3,7 +3,13 @@
 Every round record of this engine carries `outcome_rank`, so one SD run per (prompt set, temperature, C)
 measures what any fan-out schedule would hit. Entries: the whole prompt set, and each of its tasks.
 
-    python scripts/build_hit_tables.py RUN_DIR [RUN_DIR ...] [--out simulator/data/hit_tables.json]
+Several runs pool: the rounds of one (prompt set, T, C) are gathered prompt by prompt across the runs, and
+where two runs measured the same prompt at the same T and C, the later run on the command line replaces
+the earlier one's rounds of that prompt (so a longer rerun of a few prompts is not counted twice).
+`--keep TABLE` carries over the entries of an existing table that the runs do not measure (for when the
+run folders that made them are gone); the table's `runs` then lists that table's runs too.
+
+    python scripts/build_hit_tables.py RUN_DIR [RUN_DIR ...] [--keep OLD_TABLE] [--out simulator/data/hit_tables.json]
 """
 
 from __future__ import annotations
@@ -16,69 +22,111 @@ from pathlib import Path
 
 from saguaro.environment import environment
 from saguaro.runfolder import RunDir
-from simulator.hits import TABLES, from_records
+from simulator.hits import TABLES, from_records, load_tables
 from simulator.records import parse_record
 
+ROW_FIELDS = ("accepted", "emitted", "outcome_rank", "prompt_index", "hit", "outcome_hit")
 
-def entries_of(path: Path) -> tuple[list[dict], dict]:
+
+def rows_by_prompt(path: Path) -> tuple[dict, dict, dict]:
+    """One run's decode rows split per prompt: {(prompt set, T, C): {prompt id: [row parts]}}, the task of
+    each prompt id, and what the run was (models, lengths)."""
     run = RunDir.open(path)
     config = run.config
     task_of = {p.id: p.task for p in run.prompts() or []}
-    by_task = len(set(task_of.values())) > 1  # one task: the whole set says it
     settings = {r["key"]: r["settings"] for r in run.results() if "settings" in r}
-    groups: dict[tuple, list] = defaultdict(list)
+    found: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for row in run.rounds():  # parse_record ignores the bench's own keys (key, batch_index, prompt_ids)
         if row.get("phase") != "decode" or row.get("outcome_rank") is None:
             continue
         s = settings[row["key"]]
-        key = (s["temperature"], s.get("C") or 1.0)
-        groups[(config["prompts"], *key)].append(parse_record(row))
-        if not by_task:
-            continue
-        # by task: keep only the rows of that task (a round mixes prompts of several tasks)
-        tasks = [task_of[row["prompt_ids"][i]] for i in row["prompt_index"]]
-        for task in set(tasks):
-            keep = [i for i, t in enumerate(tasks) if t == task]
+        key = (config["prompts"], float(s["temperature"]), float(s.get("C") or 1.0))
+        ids = [row["prompt_ids"][i] for i in row["prompt_index"]]
+        for pid in set(ids):  # a round mixes prompts (and tasks): keep each prompt's rows apart
+            keep = [j for j, p in enumerate(ids) if p == pid]
             part = {**row, "batch_size": len(keep)}
-            for name in ("accepted", "emitted", "outcome_rank", "prompt_index", "hit", "outcome_hit"):
+            for name in ROW_FIELDS:
                 if row.get(name) is not None:
-                    part[name] = [row[name][i] for i in keep]
-            groups[(f"{config['prompts']}/{task}", *key)].append(parse_record(part))
+                    part[name] = [row[name][j] for j in keep]
+            found[key][pid].append(part)
+    about = {k: config.get(k) for k in ("target", "draft", "dtype", "draft_int8", "target_quant", "draft_quant",
+                                        "prompts", "n_prompts", "max_new_tokens", "batch_sizes", "Ks")}
+    return found, task_of, about
+
+
+def pool(runs: list[Path]) -> tuple[dict, dict, list[dict]]:
+    """Rows of every (prompt set, T, C) and prompt across the runs, a later run replacing an earlier one's
+    rows of the same prompt and setting; each prompt's row list is tagged with the run that gave it."""
+    pooled: dict[tuple, dict[str, tuple[str, list]]] = defaultdict(dict)
+    tasks: dict[str, str] = {}
+    abouts = []
+    for path in runs:
+        found, task_of, about = rows_by_prompt(path)
+        tasks.update(task_of)
+        abouts.append({"run": path.name, **about})
+        for key, per_prompt in found.items():
+            for pid, rows in per_prompt.items():
+                if pid in pooled[key]:
+                    print(f"{path.name}: replaces {pooled[key][pid][0]}'s rounds of {pid} at T={key[1]:g} "
+                          f"C={key[2]:g}", file=sys.stderr)
+                pooled[key][pid] = (path.name, rows)
+    return pooled, tasks, abouts
+
+
+def entry(workload: str, T: float, C: float, per_prompt: dict[str, tuple[str, list]]) -> dict:
+    rows = [r for _, (_, rs) in sorted(per_prompt.items()) for r in rs]
+    runs = sorted({run for run, _ in per_prompt.values()})
+    model = from_records([parse_record(r) for r in rows], source=f"{' + '.join(runs)}: {workload}, T={T:g}, C={C:g}")
+    return {"workload": workload, "temperature": T, "C": C, "prompts": len(per_prompt),
+            "rounds": sum(len(rs) for _, rs in per_prompt.values()), "runs": runs, "model": model.to_dict()}
+
+
+def build(runs: list[Path], keep: dict | None = None) -> dict:
+    pooled, tasks, abouts = pool(runs)
     entries = []
-    for (workload, T, C), records in sorted(groups.items()):
-        try:
-            model = from_records(records, source=f"{path.name}: {workload}, T={T:g}, C={C:g}")
-        except ValueError as err:  # a task too small to have both kinds of outcome
-            print(f"skipped {workload} T={T:g} C={C:g}: {err}", file=sys.stderr)
-            continue
-        entries.append({"workload": workload, "temperature": T, "C": C, "model": model.to_dict()})
-    about = {k: config.get(k) for k in ("target", "draft", "dtype", "draft_int8", "max_new_tokens", "n_prompts")}
-    return entries, about
+    for (prompt_set, T, C), per_prompt in sorted(pooled.items()):
+        by_task: dict[str, dict] = defaultdict(dict)
+        for pid, value in per_prompt.items():
+            by_task[tasks.get(pid, prompt_set)][pid] = value
+        groups = [(prompt_set, per_prompt)]
+        if len(by_task) > 1:  # one task: the whole set says it
+            groups += [(f"{prompt_set}/{task}", part) for task, part in sorted(by_task.items())]
+        for workload, part in groups:
+            try:
+                entries.append(entry(workload, T, C, part))
+            except ValueError as err:  # a task too small to have both kinds of outcome
+                print(f"skipped {workload} T={T:g} C={C:g}: {err}", file=sys.stderr)
+    if keep:
+        have = {(e["workload"], e["temperature"], e["C"]) for e in entries}
+        kept = [e for e in keep.get("entries", []) if (e["workload"], e["temperature"], e["C"]) not in have]
+        entries += kept
+        named = {a["run"] for a in abouts}
+        abouts += [{**a, "kept_from_table": True} for a in keep.get("runs", []) if a.get("run") not in named]
+    entries.sort(key=lambda e: (e["workload"], e["temperature"], e["C"]))
+    pair = " / ".join(sorted({f"{a['target']} + {a['draft']}" for a in abouts}))
+    return {"pair": pair, "runs": abouts, "environment": environment(), "entries": entries}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--keep", type=Path, help="an existing table whose entries the runs do not measure are kept")
     p.add_argument("--out", type=Path, default=TABLES)
     args = p.parse_args(argv)
-    entries, abouts = [], []
-    for run in args.runs:
-        try:
-            found, about = entries_of(run)
-        except ValueError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        entries += found
-        abouts.append({"run": run.name, **about})
-    pair = " / ".join(sorted({f"{a['target']} + {a['draft']}" for a in abouts}))
-    table = {"pair": pair, "runs": abouts, "environment": environment(), "entries": entries}
+    try:
+        keep = load_tables(args.keep) if args.keep else None
+        table = build(args.runs, keep)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(table, indent=1) + "\n")
-    for e in entries:
+    for e in table["entries"]:
         m = e["model"]
         fit = m.get("power_law") or {}
-        print(f"{e['workload']:<32} T={e['temperature']:<4g} C={e['C']:<4g} outcomes={m['outcomes']:<5} "
-              f"alpha={m['alpha']} r={fit.get('r')} r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}")
+        print(f"{e['workload']:<32} T={e['temperature']:<4g} C={e['C']:<4g} prompts={e.get('prompts', '-'):<3} "
+              f"rounds={e.get('rounds', '-'):<5} outcomes={m['outcomes']:<5} alpha={m['alpha']} r={fit.get('r')} "
+              f"r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}")
     print(f"wrote {args.out}")
     return 0
 
