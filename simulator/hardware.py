@@ -4,7 +4,8 @@ A forward over `rows` new tokens (all sequences and positions together) reads th
 KV cache of every sequence, and does about 2·params FLOPs per row (plus attention). Its time is the
 larger of the memory time and the compute time on accelerators that overlap the two (GPUs), their sum
 on this CPU (where the fit to measured timings says they do not overlap), plus a fixed cost per layer
-(kernel launches / Python) and, under tensor parallelism, two all-reduces per layer.
+(kernel launches / Python; a preset may set a separate one for forwards on one device, the draft's) and,
+under tensor parallelism, two all-reduces per layer.
 """
 
 from __future__ import annotations
@@ -35,14 +36,18 @@ class Hardware:
     # fraction of memory_gb that weights and KV cache may fill; the rest holds activations and the runtime
     # (vLLM's default gpu_memory_utilization, 0.9)
     usable_memory_fraction: float = 0.9
+    # fixed cost per layer of a forward on ONE device (tp = 1: the draft's steps, a small target), µs;
+    # None: layer_overhead_us. The GPU presets calibrate it apart from the TP target's (simulator/presets.py)
+    single_device_layer_overhead_us: float | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
         for field in ("mem_bandwidth_gb_s", "peak_tflops", "interconnect_gb_s", "memory_gb"):
             _positive(field, getattr(self, field), f" for hardware {self.name!r}")
-        for field in ("interconnect_latency_us", "layer_overhead_us"):
+        optional = () if self.single_device_layer_overhead_us is None else ("single_device_layer_overhead_us",)
+        for field in ("interconnect_latency_us", "layer_overhead_us", *optional):
             if not getattr(self, field) >= 0:
-                raise ValueError(f"{field} must be >= 0 for hardware {self.name!r}")
+                raise ValueError(f"{field} must be >= 0 for hardware {self.name!r}; got {getattr(self, field)!r}")
         for field in ("mem_efficiency", "flops_efficiency", "usable_memory_fraction"):
             if not 0 < getattr(self, field) <= 1:
                 raise ValueError(f"{field} is a fraction and must lie in (0, 1]; got {getattr(self, field)}")
@@ -50,6 +55,12 @@ class Hardware:
     @property
     def usable_memory_gb(self) -> float:
         return self.memory_gb * self.usable_memory_fraction
+
+    def layer_overhead_for(self, tp: int) -> float:
+        """The fixed cost per layer (µs) of a forward on `tp` devices."""
+        if tp == 1 and self.single_device_layer_overhead_us is not None:
+            return self.single_device_layer_overhead_us
+        return self.layer_overhead_us
 
 
 @dataclass(frozen=True)
@@ -111,7 +122,7 @@ class Deployment:
         m, hw, tp = self.model, self.hardware, self.tp
         byte_ms = 1e3 / (hw.mem_bandwidth_gb_s * 1e9 * hw.mem_efficiency)
         flop_ms = 1e3 / (hw.peak_tflops * 1e12 * hw.flops_efficiency)
-        fixed_ms, fixed_per_row_ms = m.layers * hw.layer_overhead_us * 1e-3, 0.0
+        fixed_ms, fixed_per_row_ms = m.layers * hw.layer_overhead_for(tp) * 1e-3, 0.0
         if tp > 1:  # two ring all-reduces of the activations per layer
             fixed_ms += 2 * m.layers * hw.interconnect_latency_us * 1e-3
             ring_bytes_per_row = m.hidden * m.dtype_bytes * 2.0 * (tp - 1) / tp

@@ -13,6 +13,16 @@ from simulator.hardware import Hardware, ModelSpec
 # calibrated on the paper's AR figure: Llama-3.1-70B on 4×H100 (TP 4) decodes at 54.7 tokens/s (Kumar, Dao
 # & May 2026; docs/ssd.md §7) with the efficiencies below (tests/simulator/test_presets.py checks it)
 _GPU_LAYER_OVERHEAD_US = 40.0
+# The draft's steps (and any forward on one device) get their own per-layer cost: the 40 µs above absorbs
+# whatever a TP-4 forward of a 70B model adds, and says nothing about a 1B model on one GPU.
+# calibrated on Hazy Research, "Look Ma, No Bubbles! Designing a Low-Latency Megakernel for Llama-1B"
+# (2025-05-27, https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles): decoding one sequence of
+# Llama-3.2-1B (bf16, 32-token prompt, 128 generated tokens, no speculation) on an H100, "vLLM and SGLang
+# are only able to use at most 50% of available GPU bandwidth" (both engines replay decode as CUDA graphs
+# by default, as the paper's engine does). 50% of 3.35 TB/s for 2.47 GB of weights is 1.48 ms per forward
+# (677 tokens/s); the post's megakernel (78% of bandwidth) being "over 1.5x" faster puts it at >= 1.42 ms.
+# With the efficiencies below, 34.5 µs per layer reproduces 1.48 ms (tests/simulator/test_presets.py).
+_GPU_SINGLE_DEVICE_LAYER_OVERHEAD_US = 34.5
 _NCCL_ALLREDUCE_US = 10.0  # assumed: one small NCCL all-reduce over NVLink
 _GPU_MEM_EFFICIENCY = 0.8  # assumed achievable fraction of peak HBM bandwidth
 _GPU_FLOPS_EFFICIENCY = 0.7  # assumed achievable fraction of dense bf16 peak
@@ -20,7 +30,11 @@ _USABLE_MEMORY_FRACTION = 0.9  # vLLM's default gpu_memory_utilization; the rest
 _GPU_NOTE = (
     f"; mem_efficiency {_GPU_MEM_EFFICIENCY} and flops_efficiency {_GPU_FLOPS_EFFICIENCY}: assumed; "
     f"layer_overhead_us {_GPU_LAYER_OVERHEAD_US:g}: calibrated on the paper's Llama-3.1-70B TP4 H100 AR "
-    f"54.7 tok/s; interconnect_latency_us {_NCCL_ALLREDUCE_US:g} per small NCCL all-reduce: assumed; "
+    f"54.7 tok/s (forwards at TP > 1); single_device_layer_overhead_us {_GPU_SINGLE_DEVICE_LAYER_OVERHEAD_US:g} "
+    f"(forwards on one device: the draft's steps): calibrated on Llama-3.2-1B batch-1 decode on an H100 at 50% "
+    f"of peak bandwidth, 1.48 ms per forward, the best of vLLM and SGLang (CUDA graphs) in Hazy Research's "
+    f"'Look Ma, No Bubbles!' (https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles), assumed to carry "
+    f"to the other GPUs; interconnect_latency_us {_NCCL_ALLREDUCE_US:g} per small NCCL all-reduce: assumed; "
     f"usable memory {_USABLE_MEMORY_FRACTION}: vLLM's default gpu_memory_utilization"
 )
 
@@ -32,6 +46,7 @@ HARDWARE: dict[str, Hardware] = {
         interconnect_gb_s=450.0,
         interconnect_latency_us=_NCCL_ALLREDUCE_US,
         layer_overhead_us=_GPU_LAYER_OVERHEAD_US,
+        single_device_layer_overhead_us=_GPU_SINGLE_DEVICE_LAYER_OVERHEAD_US,
         memory_gb=80.0,
         mem_efficiency=_GPU_MEM_EFFICIENCY,
         flops_efficiency=_GPU_FLOPS_EFFICIENCY,
@@ -46,6 +61,7 @@ HARDWARE: dict[str, Hardware] = {
         interconnect_gb_s=450.0,
         interconnect_latency_us=_NCCL_ALLREDUCE_US,
         layer_overhead_us=_GPU_LAYER_OVERHEAD_US,
+        single_device_layer_overhead_us=_GPU_SINGLE_DEVICE_LAYER_OVERHEAD_US,
         memory_gb=141.0,
         mem_efficiency=_GPU_MEM_EFFICIENCY,
         flops_efficiency=_GPU_FLOPS_EFFICIENCY,
@@ -60,6 +76,7 @@ HARDWARE: dict[str, Hardware] = {
         interconnect_gb_s=300.0,
         interconnect_latency_us=_NCCL_ALLREDUCE_US,
         layer_overhead_us=_GPU_LAYER_OVERHEAD_US,
+        single_device_layer_overhead_us=_GPU_SINGLE_DEVICE_LAYER_OVERHEAD_US,
         memory_gb=80.0,
         mem_efficiency=_GPU_MEM_EFFICIENCY,
         flops_efficiency=_GPU_FLOPS_EFFICIENCY,
