@@ -20,9 +20,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from saguaro.environment import environment
 from saguaro.runfolder import RunDir
-from simulator.hits import TABLES, from_records, load_tables
+from simulator.hits import TABLES, EmpiricalHit, from_records, load_tables
+from theory.fanout import uniform_fanout
 from simulator.records import parse_record
 
 ROW_FIELDS = ("accepted", "emitted", "outcome_rank", "prompt_index", "hit", "outcome_hit")
@@ -107,11 +110,48 @@ def build(runs: list[Path], keep: dict | None = None) -> dict:
     return {"pair": pair, "runs": abouts, "environment": environment(), "entries": entries}
 
 
+def measured_hit_rate(model: dict, fanout: tuple[int, ...]) -> tuple[float, int]:
+    """The share of the entry's own outcomes that `fanout` would have hit (outcome k hit iff rank < F_k),
+    with the number of outcomes: no i.i.d. assumption on α, the measured outcome mix as it was."""
+    m = EmpiricalHit.from_dict(model)
+    K = len(m.rejected)
+    if len(fanout) != K + 1:
+        raise ValueError(f"the reference schedule needs K + 1 = {K + 1} fan-outs, got {len(fanout)}")
+    parts = list(m.rejected) + [m.all_accepted]
+    n = sum(c.total for c in parts)
+    hits = sum(c.total * (1.0 - float(c.miss(np.array(F)))) for c, F in zip(parts, fanout) if c.total)
+    return hits / n, n
+
+
+def markdown(table: dict, budget: int = 8) -> str:
+    """One row per entry: prompts, sequence rounds, outcomes, mean α, the hit rate of the uniform schedule
+    of `budget` over the K + 1 outcomes (with a Wilson 95% interval) and the fitted power law."""
+    lines = []
+    for e in table["entries"]:
+        m = e["model"]
+        K = m["K"]
+        F = tuple(int(f) for f in uniform_fanout(K, budget))
+        rate, n = measured_hit_rate(m, F)
+        z = 1.96
+        centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * np.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        fit = m.get("power_law") or {}
+        r = f"{fit['r']:.2f} [{fit['r_ci95'][0]:.2f}, {fit['r_ci95'][1]:.2f}]" if fit else "-"
+        alpha = np.nanmean(np.array(m["alpha"], dtype=float))
+        lines.append(f"| {e['workload']} | {e['temperature']:g} | {e['C']:g} | {e.get('prompts', '-')} | "
+                     f"{e.get('rounds', '-')} | {m['outcomes']} | {alpha:.2f} | {rate:.3f} "
+                     f"[{centre - half:.3f}, {centre + half:.3f}] | {r} | {fit.get('scale', '-')} |")
+    head = (f"| workload | T | C | prompts | rounds | outcomes | mean α | hit rate, K 4 B {budget} uniform "
+            f"{[int(f) for f in uniform_fanout(4, budget)]} [95%] | r [95%] | scale |\n|---|---|---|---|---|---|---|---|---|---|")
+    return head + "\n" + "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--keep", type=Path, help="an existing table whose entries the runs do not measure are kept")
     p.add_argument("--out", type=Path, default=TABLES)
+    p.add_argument("--markdown", type=Path, help="also write the per-entry Markdown table here")
     args = p.parse_args(argv)
     try:
         keep = load_tables(args.keep) if args.keep else None
@@ -128,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
               f"rounds={e.get('rounds', '-'):<5} outcomes={m['outcomes']:<5} alpha={m['alpha']} r={fit.get('r')} "
               f"r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}")
     print(f"wrote {args.out}")
+    if args.markdown:
+        args.markdown.write_text(markdown(table))
+        print(f"wrote {args.markdown}")
     return 0
 
 
