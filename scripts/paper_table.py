@@ -172,7 +172,7 @@ def reproduce(setup: Setup, rounds: int, seed: int) -> dict:
 
 # row label, key, role: how the figure relates to the fit
 ROWS = {
-    "llama": [("AR tok/s", "ar_tps", "calibration (the H100 preset's layer overhead was fitted to it)"),
+    "llama": [("AR tok/s", "ar_tps", "calibration (the H100 preset's TP-4 layer overhead was fitted to it)"),
               ("SD tok/s", "sd_tps", "fitted (α)"), ("SSD tok/s", "ssd_tps", "predicted"),
               ("SD / AR", "sd_over_ar", "follows from the two above"), ("SSD / SD", "ssd_over_sd", "predicted"),
               ("SSD / AR", "ssd_over_ar", "predicted")],
