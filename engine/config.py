@@ -179,6 +179,9 @@ class EngineConfig:
                    The draft may also be "int8-dynamic" (dynamic int8 activations too: the fastest draft on
                    CPU; q is whatever it computes, and verification uses exactly that q).
     draft_int8     the short name for draft_quant="int8-dynamic" (kept in step with it).
+    target_head_quant / draft_head_quant  None (the output head in float, as dtype) or "int8" / "int4": the
+                   output head low-bit too, quantised at load and untied from the embedding (whose lookup
+                   stays float); needs target_quant / draft_quant "int8" or "int4" (engine.quantize.quantize_head).
     """
 
     target: str
@@ -195,6 +198,8 @@ class EngineConfig:
     target_quant: str | None = None
     draft_quant: str | None = None
     quant_group_size: int = 32
+    target_head_quant: str | None = None
+    draft_head_quant: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy(self.strategy))
@@ -223,6 +228,14 @@ class EngineConfig:
                 )
             object.__setattr__(self, "draft_quant", "int8-dynamic")
         object.__setattr__(self, "draft_int8", self.draft_quant == "int8-dynamic")
+        for model, head, body in (("target", self.target_head_quant, self.target_quant),
+                                  ("draft", self.draft_head_quant, self.draft_quant)):
+            if head is not None and head not in QUANTS:
+                raise ValueError(f"{model}_head_quant must be None (a float output head) or one of "
+                                 f"{', '.join(QUANTS)}, got {head!r}")
+            if head is not None and body not in QUANTS:
+                raise ValueError(f"{model}_head_quant={head!r} needs {model}_quant 'int8' or 'int4' (got {body!r}): "
+                                 f"set {model}_quant, or drop {model}_head_quant")
         if self.draft_quant == "int8-dynamic" and self.draft_dtype not in (None, "float32"):
             raise ValueError(f"a dynamic int8 draft keeps its other layers in float32: drop "
                              f"draft_dtype={self.draft_dtype!r} (or use draft_quant 'int8' / 'int4')")
