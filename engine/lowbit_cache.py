@@ -47,7 +47,16 @@ import torch
 from torch import nn
 
 from engine import cache_lock, model_cache, provision
-from engine.quantize import INT4_OFFSET, Scheme, WeightOnlyLinear, fits, parse_scheme, quantize_int4, quantize_int8
+from engine.quantize import (
+    INT4_OFFSET,
+    Scheme,
+    WeightOnlyLinear,
+    fits,
+    parse_scheme,
+    quantize_head,
+    quantize_int4,
+    quantize_int8,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -457,6 +466,8 @@ def load(
     scheme: str = "int4",
     group_size: int = 32,
     cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    head_quant: str | None = None,
 ) -> nn.Module | None:
     """The low-bit model from the cache, or None when that low-bit form has not been built.
 
@@ -464,11 +475,16 @@ def load(
     folder, or a float32 cache entry (its low-bit sibling is read). Low-bit Linear layers are
     `WeightOnlyLinear`s; everything else is bfloat16. `model.name_or_path` is the low-bit folder (it holds
     the tokenizer). A damaged entry raises CorruptCacheError (a ValueError) saying how to rebuild it.
+    `head_quant` ("int8" / "int4" grouped by `group_size`; None keeps it bfloat16) quantises the output head
+    at load from its bfloat16 weight, untied from the embedding (engine.quantize.quantize_head, as
+    quantize_weights does); the cache entry is the same whichever head is asked for.
     """
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     parse_scheme(scheme, group_size)
+    if head_quant is not None:
+        parse_scheme(head_quant, group_size)
     try:
         folder = _locate(name_or_folder, scheme, group_size, cache_dir)
     except ValueError:
@@ -516,8 +532,9 @@ def load(
         raise model_cache.CorruptCacheError(f"{folder} lacks weights for {', '.join(still_meta[:5])}")
     with contextlib.suppress(OSError, ValueError):
         model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    head = quantize_head(model, head_quant, group_size) or {"head_quant": None, "head_group_size": None}
     model.quantization = {"scheme": index["scheme"], "group_size": index["group_size"], "source": "gguf",
-                          "folder": str(folder), **index["counts"]}
+                          "folder": str(folder), **index["counts"], **head}
     model.eval().requires_grad_(False)
     logger.info("loaded low-bit %s in %.1f s", folder, time.perf_counter() - t0)
     return model

@@ -3,18 +3,16 @@
 `load_model("qwen-coder-1.5b")` provisions the alias into the cache the first time (minutes) and
 afterwards loads the float32 safetensors from the cache in seconds, cast to the dtype asked for. The first
 bfloat16 load keeps a bfloat16 copy in the cache folder, which later bfloat16 loads read (engine/bf16_copy.py).
-`load_quantized(spec, "int8" | "int4", group_size)` gives the model with low-bit weight-only Linear layers
-(engine.quantize): from the low-bit cache (engine.lowbit_cache) when it has the model, else quantised from the
-float32 weights at load.
+`load_quantized(spec, "int8" | "int4", group_size)` (engine/lowbit_models.py, re-exported here) gives the
+model with low-bit weight-only Linear layers (engine.quantize): from the low-bit cache (engine.lowbit_cache)
+when it has the model, else quantised from the float32 weights at load.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +20,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -38,8 +35,6 @@ from transformers.utils import logging as hf_logging
 from engine import bf16_copy, model_cache, provision
 
 logger = logging.getLogger(__name__)
-
-DYNAMIC_INT8 = "int8-dynamic"  # engine.config.DRAFT_QUANTS: dynamic int8, drafts only
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Any of these in a folder means it carries a tokenizer (fast, config-only or sentencepiece).
@@ -306,125 +301,19 @@ def tiny_pair(
     return target, draft
 
 
-def int8_dynamic(model: PreTrainedModel, *, inplace: bool = False) -> PreTrainedModel:
-    """An fp32 model with every nn.Linear dynamic-int8 quantised (int8 weights, activations quantised per
-    forward; torch.ao). For drafts only: the activation scale spans every row of a forward, so a row's
-    output depends on what shares the batch, which a draft may do (verification uses the q it computed)
-    and a target may not.
+# The low-bit loaders live in engine/lowbit_models.py; imported last (it imports load_model from here) so
+# that `from engine.models import load_quantized` keeps working everywhere.
+from engine.lowbit_models import (  # noqa: E402
+    DYNAMIC_INT8,
+    cast_unquantized,
+    int8_dynamic,
+    is_quantized,
+    load_quantized,
+    quantize_model,
+)
 
-    torch 2.13 marks torch.ao.quantization deprecated in favour of torchao; we keep it because it is the
-    fastest draft here: a 0.5B draft step takes 41 ms against 95 ms with weight-only int8
-    (`_weight_int8pack_mm`) and 68 ms with int4 (one thread, AMD EPYC, scripts measured in stop 19), and
-    torchao's int8 was slower than bf16 on this CPU. Only its two deprecation warnings are silenced.
-    By default the model is deep-copied first; `inplace=True` converts it in place.
-    """
-    dtype = next(model.parameters()).dtype
-    if dtype != torch.float32:
-        raise ValueError(f"int8_dynamic needs a float32 model (got {dtype}); load it with dtype=torch.float32")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
-        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=inplace)
-    quantized.quantization = {"scheme": DYNAMIC_INT8}
-    return quantized.eval()
-
-
-def is_quantized(model: nn.Module) -> bool:
-    """Whether `model` holds low-bit layers (`WeightOnlyLinear` or dynamic int8; CPU kernels only)."""
-    from engine.quantize import WeightOnlyLinear
-
-    dynamic = torch.ao.nn.quantized.dynamic.Linear
-    return any(isinstance(m, (WeightOnlyLinear, dynamic)) for m in model.modules())
-
-
-def cast_unquantized(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Cast the floating parameters and buffers of every module but the low-bit layers to `dtype`
-    (in place): embeddings, norms, the output head. Tied parameters stay tied."""
-    from engine.quantize import WeightOnlyLinear
-
-    done: dict[int, torch.Tensor] = {}  # id of a tensor before -> after, so shared ones stay shared
-    for module in model.modules():
-        if isinstance(module, WeightOnlyLinear):
-            continue
-        for table, as_param in ((module._parameters, True), (module._buffers, False)):
-            for key, tensor in table.items():
-                if tensor is None or not tensor.is_floating_point() or tensor.dtype == dtype:
-                    continue
-                if id(tensor) not in done:
-                    cast = tensor.detach().to(dtype)
-                    done[id(tensor)] = nn.Parameter(cast, requires_grad=False) if as_param else cast
-                table[key] = done[id(tensor)]
-    return model
-
-
-def quantize_model(
-    model: PreTrainedModel, scheme: str, group_size: int = 32, *, dtype: torch.dtype | None = None
-) -> PreTrainedModel:
-    """`model` (in place, on the CPU) with its Linear layers as low-bit `WeightOnlyLinear`s (the output
-    head kept, see engine.quantize.quantize_weights); with `dtype`, the rest cast to it. Quantise from
-    float32 weights for the closest low-bit model. The summary is kept as `model.quantization`."""
-    from engine.quantize import quantize_weights
-
-    if scheme == DYNAMIC_INT8:  # float32 in, its non-Linear layers stay float32
-        return int8_dynamic(model, inplace=True)
-    summary = quantize_weights(model, scheme, group_size)
-    if dtype is not None:
-        cast_unquantized(model, dtype)
-    model.quantization = summary
-    return model.eval()
-
-
-def _lowbit_cached(spec, scheme: str, group_size: int, cache_dir) -> nn.Module | None:
-    """The low-bit model from engine.lowbit_cache when that module exists and has one, else None."""
-    try:
-        from engine import lowbit_cache
-
-        loader = lowbit_cache.load
-    except (ImportError, AttributeError):
-        return None
-    return loader(str(spec), scheme, group_size, cache_dir)
-
-
-def _tokenizer_of(model: nn.Module) -> PreTrainedTokenizerBase | None:
-    folder = Path(str(getattr(model, "name_or_path", "") or ""))
-    if str(folder) and folder.is_dir() and any((folder / f).is_file() for f in TOKENIZER_FILES):
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return None
-
-
-def load_quantized(
-    spec: str | os.PathLike[str],
-    scheme: str,
-    group_size: int = 32,
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    cache_dir: str | os.PathLike[str] | None = None,
-    verify: bool = False,
-) -> LoadedModel:
-    """Load `spec` with low-bit weights (`scheme` "int8" or "int4", int4 grouped by `group_size`) on the CPU.
-
-    The low-bit cache (engine.lowbit_cache) is read when it has the model; otherwise the float32 weights
-    are loaded and quantised here. The layers left in float (embeddings, norms, output head) get `dtype`.
-    """
-    from engine.quantize import parse_scheme
-
-    if scheme == DYNAMIC_INT8:  # from the float32 weights; no low-bit cache form
-        loaded = load_model(spec, dtype=torch.float32, device="cpu", cache_dir=cache_dir, verify=verify)
-        int8_dynamic(loaded.model, inplace=True)
-        return loaded
-    parse_scheme(scheme, group_size)  # a bad scheme is refused before minutes of loading
-    cached = _lowbit_cached(spec, scheme, group_size, cache_dir)
-    if cached is not None:
-        cast_unquantized(cached, dtype)
-        cached.eval().requires_grad_(False)
-        tokenizer = _tokenizer_of(cached)
-        logger.info("loaded %s %s from the low-bit cache", spec, scheme)
-        name = str(spec) if str(spec) in provision.PACKAGED else Path(spec).name
-        return LoadedModel(model=cached, tokenizer=tokenizer, name=name,
-                           source=Path(str(getattr(cached, "name_or_path", "") or spec)))
-    loaded = load_model(spec, dtype=torch.float32, device="cpu", cache_dir=cache_dir, verify=verify)
-    t0 = time.perf_counter()
-    quantize_model(loaded.model, scheme, group_size, dtype=dtype)
-    logger.info("quantised %s to %s in %.1f s (no low-bit cache for it: saguaro models provision --lowbit builds one)",
-                loaded.name, scheme, time.perf_counter() - t0)
-    return loaded
+__all__ = [
+    "DYNAMIC_INT8", "LoadedModel", "TOKENIZER_FILES", "TORCH_DTYPES", "Vocabulary", "cast_unquantized",
+    "check_compatible", "check_device", "int8_dynamic", "is_quantized", "load_model", "load_quantized",
+    "quantize_model", "resolve_folder", "tiny_model", "tiny_pair", "vocabulary",
+]

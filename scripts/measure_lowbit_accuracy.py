@@ -14,7 +14,8 @@ and q (variant):
 Variants: `int8` and `int4-gN` quantise the float32 weights at load (engine.models.load_quantized's fallback),
 the layers left in float in `--float-dtype` (bfloat16, as the engine runs them); `cache-int8` / `cache-int4-gN`
 read the low-bit cache built from the GGUF (engine.lowbit_cache), skipped with a line when there is none;
-`bf16` is the whole model in bfloat16, for scale.
+a `-head-int8` / `-head-int4` suffix (e.g. `cache-int4-g32-head-int8`) quantises the output head too, which
+every other low-bit variant keeps in `--float-dtype`; `bf16` is the whole model in bfloat16, for scale.
 
     .venv/bin/python scripts/measure_lowbit_accuracy.py --model smollm2-135m --n 4 --new-tokens 32 \\
         --out /tmp/lowbit-smollm2.json                                  # a smoke check, ~1 minute
@@ -121,7 +122,8 @@ def score_variants(plan: dict, variants: Mapping[str, Callable[[], nn.Module | N
         log(f"{variant}: built in {time.perf_counter() - start:.1f} s")
         for set_name, (prompts, conts, ref_lp) in plan.items():
             lq = [continuation_logprobs(model, prompt, c) for prompt, c in zip(prompts, conts)]
-            result["sets"][set_name]["variants"][variant] = compare(ref_lp, lq)
+            row = result["sets"][set_name]["variants"][variant] = compare(ref_lp, lq)
+            log(f"{variant} on {set_name}: {json.dumps(row)}")  # a partial result survives a timeout
         del model
         gc.collect()
     return result
@@ -153,35 +155,43 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_variant(name: str) -> tuple[bool, str | None, int]:
-    """(from the low-bit cache, scheme or None for bf16, group size) of a variant name; ValueError if unknown."""
-    cached = name.startswith("cache-")
-    body = name.removeprefix("cache-")
+def parse_variant(name: str) -> tuple[bool, str | None, int, str | None]:
+    """(from the low-bit cache, scheme or None for bf16, group size, head scheme or None) of a variant name;
+    ValueError if unknown. A `-head-int8` / `-head-int4` suffix quantises the output head too (int4 with the
+    variant's group size; engine.quantize.quantize_head)."""
+    body, _, head = name.partition("-head-")
+    cached = body.startswith("cache-")
+    body = body.removeprefix("cache-")
     scheme, _, group = body.partition("-g")
-    if body == "bf16" and not cached:
-        return False, None, 32
+    usage = (f"unknown variant {name!r}: use bf16, int8, int4-g32 / -g64 / -g128, or cache-<int8 | int4-gN>, "
+             "the low-bit ones optionally with -head-int8 or -head-int4")
+    if head not in ("", "int8", "int4") or (head and "-head-" not in name):
+        raise ValueError(usage)
+    head_quant = head or None
+    if body == "bf16" and not cached and head_quant is None:
+        return False, None, 32, None
     if scheme == "int8" and not group:
-        return cached, "int8", 32
+        return cached, "int8", 32, head_quant
     if scheme == "int4" and group in ("32", "64", "128"):
-        return cached, "int4", int(group)
-    raise ValueError(f"unknown variant {name!r}: use bf16, int8, int4-g32 / -g64 / -g128, or cache-<int8 | int4-gN>")
+        return cached, "int4", int(group), head_quant
+    raise ValueError(usage)
 
 
 def builders(spec: str, names: Sequence[str], float_dtype: torch.dtype, cache_dir: str | None
              ) -> dict[str, Callable[[], nn.Module | None]]:
-    from engine import models
+    from engine import lowbit_models, models
 
     def build(name: str) -> Callable[[], nn.Module | None]:
-        cached, scheme, group = parse_variant(name)
+        cached, scheme, group, head_quant = parse_variant(name)
 
         def make() -> nn.Module | None:
             if scheme is None:
                 return models.load_model(spec, dtype=torch.bfloat16, cache_dir=cache_dir).model
             if cached:
-                model = models._lowbit_cached(spec, scheme, group, cache_dir)
-                return None if model is None else models.cast_unquantized(model, float_dtype).eval()
+                model = lowbit_models.lowbit_cached(spec, scheme, group, cache_dir, head_quant=head_quant)
+                return None if model is None else lowbit_models.cast_unquantized(model, float_dtype).eval()
             model = models.load_model(spec, dtype=torch.float32, cache_dir=cache_dir).model
-            return models.quantize_model(model, scheme, group, dtype=float_dtype)
+            return lowbit_models.quantize_model(model, scheme, group, dtype=float_dtype, head_quant=head_quant)
 
         return make
 

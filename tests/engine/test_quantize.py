@@ -271,8 +271,8 @@ def test_load_quantized_reads_the_low_bit_cache_when_it_has_the_model(tmp_path, 
     tiny_model(vocab_size=48, seed=2).save_pretrained(tmp_path / "m")
     asked = []
 
-    def no_cache(spec, scheme, group_size, cache_dir):
-        asked.append((spec, scheme, group_size, cache_dir))
+    def no_cache(spec, scheme, group_size, cache_dir, *, head_quant=None):
+        asked.append((spec, scheme, group_size, cache_dir, head_quant))
         return None
 
     fake = types.SimpleNamespace(load=no_cache)
@@ -280,14 +280,14 @@ def test_load_quantized_reads_the_low_bit_cache_when_it_has_the_model(tmp_path, 
     monkeypatch.setitem(__import__("sys").modules, "engine.lowbit_cache", fake)
     # No low-bit cache: the float32 weights are quantised at load, the float layers cast to dtype.
     loaded = load_quantized(tmp_path / "m", "int4", 32, dtype=torch.bfloat16, cache_dir=tmp_path / "c")
-    assert asked == [(str(tmp_path / "m"), "int4", 32, tmp_path / "c")]
+    assert asked == [(str(tmp_path / "m"), "int4", 32, tmp_path / "c", None)]
     assert sum(isinstance(m, WeightOnlyLinear) for m in loaded.model.modules()) == 14
     assert loaded.model.lm_head.weight.dtype == torch.bfloat16
     reference = quantize_model_copy(tiny_model(vocab_size=48, seed=2), "int4")
     assert torch.equal(loaded.model.model.layers[0].mlp.up_proj.packed, reference.model.layers[0].mlp.up_proj.packed)
     # A low-bit cache that has it: its model is used as it is (only the float layers cast).
     cached = quantize_model_copy(tiny_model(vocab_size=48, seed=3), "int8")
-    fake.load = lambda *args: cached
+    fake.load = lambda *args, **kwargs: cached
     with LLM(str(tmp_path / "m"), target_quant="int8", dtype="float32") as llm:
         assert llm.target is cached and llm.target.lm_head.weight.dtype == torch.float32
 
