@@ -93,7 +93,7 @@ class SpeculativeConfig:
     budget         B = Σ_k F_k for UNIFORM / GEOMETRIC; None = Σ fanouts; "auto" = fitted from the
                    measured timings so that building the cache fits inside one verify.
     placement      where SSD's draft worker runs.
-    adaptive       SD only: choose each round's K in K_min..K from the running per-row α and the measured
+    adaptive       SD and SSD: choose each round's K in K_min..K from the running per-row α and the measured
                    draft and verify times (theory.adaptive.best_K); K is then the maximum. K="auto" is
                    adaptive=True with K = AUTO_K_MAX.
     K_min          the smallest K adaptive may choose (>= 1).
@@ -243,8 +243,8 @@ class EngineConfig:
             raise ValueError(f"strategy {self.strategy.value} needs a draft model: pass draft=...")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.strategy is Strategy.SSD and self.speculative.varies_K:
-            raise ValueError("adaptive K and confidence_stop are implemented for sd only; drop them for ssd")
+        if self.strategy is Strategy.SSD and self.speculative.confidence_stop is not None:
+            raise ValueError("confidence_stop is implemented for sd only; drop it for ssd (adaptive K works for both)")
         if self.target_quant is not None and not self.device.startswith("cpu"):
             raise ValueError(
                 f"target_quant={self.target_quant!r} runs on CPU kernels only: use device='cpu' "

@@ -101,6 +101,20 @@ def best_K(
     return K_min + int(np.argmax(rates))
 
 
+def miss_share(p_hit: float, batch_size: int) -> float:
+    """The share of SSD rounds that pay the backup's drafting: 1 − p_hit^b (Cor. 16: a batch of b
+    independent rows takes the fast path only when every row hits).
+
+    SSD with adaptive K (engine.strategies.lookahead.SSDLookahead) uses `best_K` with the draft's time per
+    token scaled by this share: on a hit the K tokens were drafted during the last verify, off the critical
+    path; on a miss the backup drafts them just in time (the neural backup: K·T_d, as SD). The cache build
+    itself is kept inside one verify by budget "auto", so it adds nothing to the round.
+    """
+    p_hit = float(as_probability(p_hit, "p_hit", " (probability that a row's outcome is in the cache)"))
+    b = int(as_int(batch_size, "batch_size", minimum=1))
+    return 1.0 - p_hit**b
+
+
 def heuristic_K(K: int, all_accepted: bool, K_min: int = 1) -> int:
     """transformers' "heuristic" assisted-generation schedule, for comparison: K + 2 after a round in which
     every draft token was accepted, K − 1 otherwise (not below K_min). It looks at neither α's size nor

@@ -12,6 +12,12 @@ Draft KV bookkeeping per row, between `respond` and `build_cache`: the cache hol
 except `tail` (not yet fed): after a hit [y_K] (the branch fed t*, y_1..y_{K−1}); after the neural
 backup [y_K]; after a fast backup or for a joiner's fast backup [t*, y_1..y_K]. The glue feeds the tails, so
 afterwards every row holds [.., t*, y_1..y_K] and the draft has its logits at all K+1 positions.
+
+Adaptive K (docs/ssd.md §2, engine.strategies.lookahead): each round asks for a speculation of length
+`Round.K` and says how long the cache's branches are to be (`Round.K_next`, the length the target will ask
+for next round). K here is the length of the current speculation; the branches are `branch_K` long. A
+cached branch is a hit only if it has exactly the asked length (any other length is a miss), so a hit's
+tokens and q are the ones drafted for that very length.
 """
 
 from __future__ import annotations
@@ -70,7 +76,9 @@ class DraftWorker:
     def __init__(self, model: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device):
         self.model = model
         self.spec = spec
-        self.K = spec.K
+        self.K = spec.K  # length of the current speculation
+        self.branch_K = spec.K  # length of the branches the next cache pre-drafts
+        self.cache_K = spec.K  # length of the branches in the cache now
         self.pad_id = pad_id
         self.device = device
         self.policy = DraftPolicy(spec)
@@ -91,14 +99,23 @@ class DraftWorker:
         K, n_old = self.K, len(msg.accepted)
         if n_old != len(self.rows.seq_ids):
             raise ValueError(f"round for {n_old} rows, but the worker holds {len(self.rows.seq_ids)}")
+        if n_old and msg.K_last != K:
+            raise ValueError(f"round for a speculation of length {msg.K_last}, but the last one had {K}")
+        if not (1 <= msg.K <= self.spec.K and 1 <= msg.K_next <= self.spec.K):
+            raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next}: both must lie in 1..{self.spec.K}")
+        if msg.K != self.spec.K or msg.K_next != self.spec.K:
+            if not self.spec.adaptive:
+                raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next} but K is fixed at {self.spec.K}")
+        same_length = msg.K == self.cache_K  # a cached branch of another length is a miss
         found: list[int | None] = []
         x = self.current.tokens.tolist() if n_old else []
         ranks = self._outcome_ranks(msg) if n_old else []
         for b, (seq_id, kb, tb) in enumerate(zip(self.rows.seq_ids, msg.accepted, msg.bonus)):
-            found.append(self.cache.lookup(seq_id, kb, tb))
+            found.append(self.cache.lookup(seq_id, kb, tb) if same_length else None)
             self.rows.contexts[b] = self.rows.contexts[b] + x[b][:kb] + [tb]
             if msg.alive[b]:
-                self.policy.observe_round(self.current.sources[b], kb, self.row_fanout[b][kb], found[b] is not None)
+                self.policy.observe_round(self.current.sources[b], kb, self.row_fanout[b][kb], found[b] is not None,
+                                          K)
         if n_old:
             self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
             # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.
@@ -124,6 +141,7 @@ class DraftWorker:
             hit_index += [None] * len(msg.joins)
         self.state, self.rows = state, rows
         self.V = msg.V
+        self.K, self.branch_K = msg.K, msg.K_next
         return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, msg.round, ranks)
 
     def _outcome_ranks(self, msg: Round) -> list[int]:
@@ -207,12 +225,15 @@ class DraftWorker:
 
     def depth(self) -> int:
         """Tokens per position the ranking keeps: enough for the largest fan-out of either schedule + 1."""
-        largest = max(max(self.policy.schedule(True), default=0), max(self.policy.schedule(False), default=0))
+        largest = max(max(self.policy.schedule(hit, K), default=0) for hit in (True, False)
+                      for K in {self.K, self.branch_K})
         return min(max(RANK_DEPTH, largest + 1), self.V)
 
-    def saguaro_top(self, after_hit: bool) -> tuple[int, ...]:
-        """Saguaro's down-weighted set at draft positions 1..K: the F_{i−1} guesses + the drafted token."""
-        return tuple(f + 1 for f in self.policy.schedule(after_hit)[: self.K])
+    def saguaro_top(self, after_hit: bool, K: int | None = None) -> tuple[int, ...]:
+        """Saguaro's down-weighted set at draft positions 1..K of a speculation K long (default: the current
+        one): the F_{i−1} guesses + the drafted token."""
+        K = self.K if K is None else K
+        return tuple(f + 1 for f in self.policy.schedule(after_hit, K)[:K])
 
     # -- while the target verifies ------------------------------------------------------------
     def build_cache(self) -> None:
@@ -223,7 +244,8 @@ class DraftWorker:
             self.row_fanout, self.cache, self.build_ms = [], SpeculationCache([], None), 0.0
             self.glue_ranking = None
             return
-        self.row_fanout = [self.policy.schedule(s == "hit") for s in cur.sources]
+        length = self.branch_K
+        self.row_fanout = [self.policy.schedule(s == "hit", K, length) for s in cur.sources]
         depth = self.depth()
         tokens, valid = right_aligned(cur.tails, self.pad_id, self.device)
         out = self.state.extend(tokens, valid).float().cpu()  # [n, W, V]
@@ -242,12 +264,13 @@ class DraftWorker:
         if row.numel():
             dev = lambda v: v.to(self.device)  # noqa: E731
             rows = row.tolist()
-            branches = decode_branches(self.state, dev(row), dev(k), dev(t), K, self.saguaro_top(True), self.spec.C,
-                                       RowSampling(self.rows.params).index(rows),
-                                       [self.rows.generators[r] for r in rows], depth)
+            branches = decode_branches(self.state, dev(row), dev(k), dev(t), K, self.saguaro_top(True, length),
+                                       self.spec.C, RowSampling(self.rows.params).index(rows),
+                                       [self.rows.generators[r] for r in rows], depth, length)
             branches.row, branches.k, branches.t = row, k, t
             branches.tokens, branches.q = branches.tokens.cpu(), branches.q.to("cpu")
             branches.ranking = TopLogits(branches.ranking.ids.cpu(), branches.ranking.V)
-        self.cache = SpeculationCache(self.rows.seq_ids, branches)
-        self.built_fanout = list(self.policy.schedule(True))
+        self.cache, self.cache_K = SpeculationCache(self.rows.seq_ids, branches), length
+        self.built_fanout = list(self.policy.schedule(True, K, length))
+        self.policy.built_K = (K, length)
         self.build_ms = ms_since(t0)

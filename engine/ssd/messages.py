@@ -68,9 +68,18 @@ class Round:
     alive: list[bool]  # False: the sequence finished (or was aborted) and leaves the batch
     verify_ms: float
     joins: list[Join]
-    K: int
+    K: int  # length of the speculation asked for now
     V: int
+    # Adaptive K: the length of the speculation before (the one whose outcomes these are) and the length the
+    # worker pre-drafts its cache branches at, for the next round (None: K; the target then asks for exactly
+    # that K, so a cached branch always has the asked length). Both are fixed from past rounds only.
+    K_last: int | None = None
+    K_next: int | None = None
     kind: Kind = field(default=Kind.ROUND, init=False)
+
+    def __post_init__(self) -> None:
+        self.K_last = self.K if self.K_last is None else self.K_last
+        self.K_next = self.K if self.K_next is None else self.K_next
 
 
 @dataclass
@@ -110,7 +119,8 @@ def encode(msg: Message) -> list[Tensor]:
     if isinstance(msg, Round):
         B, J = len(msg.accepted), len(msg.joins)
         j = msg.joins
-        ints = (msg.accepted + msg.bonus + [int(a) for a in msg.alive] + [J] + [x.seq_id for x in j]
+        ints = (msg.accepted + msg.bonus + [int(a) for a in msg.alive] + [msg.K_last, msg.K_next, J]
+                + [x.seq_id for x in j]
                 + [len(x.prompt) for x in j] + [x.pending for x in j] + [x.top_k for x in j] + [x.seed for x in j]
                 + [t for x in j for t in x.prompt])
         floats = [msg.verify_ms] + [x.temperature for x in j] + [x.top_p for x in j]
@@ -166,14 +176,17 @@ def _tokens_ok(values: list[int], V: int) -> bool:
 
 
 def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_: int) -> Round:
-    if len(ints) < 3 * B + 1:
+    if len(ints) < 3 * B + 3:
         raise MalformedMessage("ROUND payload too short")
-    accepted, bonus, alive, J = ints[:B], ints[B : 2 * B], ints[2 * B : 3 * B], ints[3 * B]
-    if J < 0 or len(ints) < 3 * B + 1 + 5 * J or len(floats) != 1 + 2 * J:
+    accepted, bonus, alive = ints[:B], ints[B : 2 * B], ints[2 * B : 3 * B]
+    K_last, K_next, J = ints[3 * B : 3 * B + 3]
+    if J < 0 or len(ints) < 3 * B + 3 + 5 * J or len(floats) != 1 + 2 * J:
         raise MalformedMessage("ROUND joins do not match the payload")
-    if not all(0 <= k <= K for k in accepted) or not _tokens_ok(bonus, V) or not set(alive) <= {0, 1}:
+    if K < 1 or K_last < 1 or K_next < 1:
+        raise MalformedMessage(f"ROUND lengths K={K}, K_last={K_last}, K_next={K_next} must be >= 1")
+    if not all(0 <= k <= K_last for k in accepted) or not _tokens_ok(bonus, V) or not set(alive) <= {0, 1}:
         raise MalformedMessage("ROUND outcome values out of range")
-    at = 3 * B + 1
+    at = 3 * B + 3
     seq_ids, lengths, pending, top_k, seeds = (ints[at + i * J : at + (i + 1) * J] for i in range(5))
     flat = ints[at + 5 * J :]
     if min(lengths, default=1) < 1 or sum(lengths) != len(flat) or not _tokens_ok(flat + pending, V):
@@ -184,7 +197,7 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
         prompt = flat[offset : offset + lengths[i]]
         offset += lengths[i]
         joins.append(Join(seq_ids[i], prompt, pending[i], temps[i], top_k[i], top_p[i], seeds[i]))
-    return Round(round_, accepted, bonus, [bool(a) for a in alive], floats[0], joins, K, V)
+    return Round(round_, accepted, bonus, [bool(a) for a in alive], floats[0], joins, K, V, K_last, K_next)
 
 
 def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | None = None) -> Message:

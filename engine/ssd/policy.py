@@ -6,6 +6,9 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
 - r is fitted (theory.powerlaw.fit_r) from hit/miss counts per fan-out value once two fan-outs have data.
 - Geometric schedule: Thm 12 (theory.fanout.optimal_fanout), rounded to integers summing to B.
 - Budget "auto": B scaled by verify_ms / build_ms (smoothed) so building the cache fits in one verify.
+  Under adaptive K the branches' length changes from round to round and the build time grows with
+  branches × length, so what is fitted is the branch tokens B·K; the budget of a build whose branches are
+  K long is that over K (with a fixed K the same rule as before).
 - Backup AUTO: Cor. 16 (theory.backup.best_backup) between the neural and the lookup backup, with the
   measured p_hit, E_hit, E_miss, T_p and T_b.
 """
@@ -61,6 +64,7 @@ class DraftPolicy:
     build_ms: float = 0.0
     backup_ms: dict[str, float] = field(default_factory=dict)
     r: float = DEFAULT_R
+    built_K: tuple[int, int] | None = None  # (outcomes' K, branch length) of the build last measured
 
     def __post_init__(self) -> None:
         K = self.spec.K
@@ -71,13 +75,22 @@ class DraftPolicy:
             self.budget = float(sum(given))
         self.budget = max(self.budget, 0.0)
         self.K = K
+        self.branch_tokens = self.budget * K  # budget "auto": B·(branch length), fitted to the verify time
+
+    def budget_for(self, K: int, length: int) -> float:
+        """B for a cache over a speculation of length K whose branches are `length` long."""
+        if self.spec.budget != "auto":
+            return self.budget
+        return float(np.clip(self.branch_tokens / length, MIN_BUDGET_PER_OUTCOME * (K + 1), 64 * (K + 1)))
 
     # -- observations -------------------------------------------------------------------------
-    def observe_round(self, source: str, k: int, fanout_k: int | None, hit: bool | None) -> None:
-        """One sequence-round: its speculation's source ("hit" or a backup), outcome k, and whether
-        that outcome was found in the cache built with fanout_k guesses for it."""
-        self.acceptance["hit" if source == "hit" else "backup"].add(k, self.K)
-        self.acceptance[source].add(k, self.K)
+    def observe_round(self, source: str, k: int, fanout_k: int | None, hit: bool | None, K: int | None = None
+                      ) -> None:
+        """One sequence-round: its speculation's source ("hit" or a backup), outcome k of its K (default the
+        spec's), and whether that outcome was found in the cache built with fanout_k guesses for it."""
+        K = self.K if K is None else K
+        self.acceptance["hit" if source == "hit" else "backup"].add(k, K)
+        self.acceptance[source].add(k, K)
         if hit is not None:
             self.lookups += 1
             self.hits += hit
@@ -94,10 +107,13 @@ class DraftPolicy:
         if backup is not None:
             self.backup_ms[backup] = smooth(self.backup_ms.get(backup, 0.0), backup_ms)
         if self.spec.budget == "auto" and self.build_ms > 0 and self.verify_ms > 0:
-            # Build time grows about linearly with the branches; aim for 90% of one verify.
-            target = self.budget * 0.9 * self.verify_ms / self.build_ms
-            floor = MIN_BUDGET_PER_OUTCOME * (self.K + 1)
-            self.budget = float(np.clip(0.5 * self.budget + 0.5 * target, floor, 64 * (self.K + 1)))
+            # Build time grows about linearly with the branch tokens; aim for 90% of one verify.
+            K, length = self.built_K or (self.K, self.K)
+            tokens = self.budget_for(K, length) * length
+            target = tokens * 0.9 * self.verify_ms / self.build_ms
+            floor = MIN_BUDGET_PER_OUTCOME * (K + 1) * length
+            self.branch_tokens = float(np.clip(0.5 * tokens + 0.5 * target, floor, 64 * (K + 1) * length))
+            self.budget = self.branch_tokens / length
         self._refit_r()
 
     def _refit_r(self) -> None:
@@ -115,13 +131,16 @@ class DraftPolicy:
     def p_hit(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.5
 
-    def schedule(self, after_hit: bool) -> tuple[int, ...]:
-        """F_0..F_K for a row whose current speculation came from a hit (F^p) or a backup (F^b)."""
-        kind, K = self.spec.schedule, self.K
+    def schedule(self, after_hit: bool, K: int | None = None, length: int | None = None) -> tuple[int, ...]:
+        """F_0..F_K for a row whose current speculation (K long; default the spec's K) came from a hit (F^p)
+        or a backup (F^b), for branches `length` long (default K). A given fan-out F_0..F_{K_max} serves a
+        shorter K as F_0..F_{K−1} and F_{K_max} for all accepted."""
+        kind = self.spec.schedule
+        K = self.K if K is None else K
         if kind is FanoutSchedule.GIVEN or (self.spec.budget is None and kind is FanoutSchedule.UNIFORM):
             given = self.spec.fanouts if after_hit or self.spec.fanout_backup is None else self.spec.fanout_backup
-            return tuple(given)
-        B = int(round(self.budget))
+            return tuple(given) if K == len(given) - 1 else tuple(given[:K]) + (given[-1],)
+        B = int(round(self.budget_for(K, K if length is None else length)))
         if kind is FanoutSchedule.UNIFORM or B == 0:
             return tuple(int(f) for f in uniform_fanout(K, B))
         alpha = self.acceptance["hit" if after_hit else "backup"].alpha()

@@ -175,7 +175,8 @@ def serve(ws: WorkerSpec) -> None:
     store.set(READY_KEY, "1")
     try:
         while True:
-            msg = endpoint.recv(IDLE_S, expect_K=ws.spec.K)
+            # adaptive K: the lengths asked for are checked in respond
+            msg = endpoint.recv(IDLE_S, expect_K=None if ws.spec.adaptive else ws.spec.K)
             if isinstance(msg, Stop):
                 return
             if isinstance(msg, Round):
@@ -280,7 +281,7 @@ class ProcessChannel:
         timeout_s = self.deadline_s if msg.round else max(self.deadline_s, self.start_deadline_s)
         self.in_step = False
         self.endpoint.send(msg, timeout_s)
-        reply = self.endpoint.recv(timeout_s, expect_K=self.spec.K, expect_V=msg.V)
+        reply = self.endpoint.recv(timeout_s, expect_K=msg.K, expect_V=msg.V)
         self.in_step = True
         if not isinstance(reply, Speculation):
             raise DraftUnavailable(f"the draft worker answered {type(reply).__name__}, not a speculation")

@@ -141,10 +141,14 @@ def decode_branches(
     params: RowSampling,
     generator: Generators,
     depth: int,
+    length: int | None = None,
 ) -> Branches:
     """Pre-draft every branch (row[i], k[i], t[i]); `state` must hold x_1..x_K of each row as its newest tokens.
-    `depth`: how many of the draft's best tokens per position to keep for the next round's guesses."""
+    `depth`: how many of the draft's best tokens per position to keep for the next round's guesses.
+    `length`: tokens each branch drafts (default K; adaptive K may ask for another length next round)."""
     branch_state = state.fork(row)
     branch_state.rollback(K - k)  # holes over x_{k+1}..x_K: exactly the state after x_1..x_k
-    tokens, q, ranking = draft_compact(branch_state, t[:, None], None, K, saguaro_top, C, params, generator, depth)
+    length = K if length is None else length
+    tokens, q, ranking = draft_compact(branch_state, t[:, None], None, length, saguaro_top, C, params, generator,
+                                       depth)
     return Branches(branch_state, row, k, t, tokens, q, ranking)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.config import SpeculativeConfig
-from theory.adaptive import acceptance_estimate, best_K, updated_counts
+from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, updated_counts
 
 TIMING_DECAY = 0.8  # weight of the past in the timing means
 UNMEASURED_DRAFT_COST = 0.1  # T_d / T_v assumed before both times have been measured once
@@ -75,3 +75,50 @@ class Lookahead:
 
 def _mean(old: float | None, new: float) -> float:
     return new if old is None else TIMING_DECAY * old + (1 - TIMING_DECAY) * new
+
+
+class SSDLookahead(Lookahead):
+    """Adaptive K for SSD (engine.strategies.ssd): as for SD, with the draft's time counted only on the rounds
+    that miss the cache (theory.adaptive.miss_share). The draft's time per token is the neural backup's
+    (its time over the K it drafted, as the worker reports it), the hit rate a forgotten mean of the rows'
+    lookups. All of it comes from rounds already answered or verified, so the K chosen is fixed before the
+    round it is for is drafted or verified.
+    """
+
+    def __init__(self, spec: SpeculativeConfig):
+        super().__init__(spec)
+        self.hits, self.lookups = 0.0, 0.0  # forgotten counts
+
+    @property
+    def p_hit(self) -> float:
+        return (1.0 + self.hits) / (2.0 + self.lookups)  # prior: one hit, one miss
+
+    def choose(self) -> int:
+        spec = self.spec
+        if not spec.adaptive:
+            return spec.K
+        rows = len(self.accepted)
+        alphas = self.alphas() if rows else 0.5  # no row yet (the first request): the prior α
+        share = miss_share(self.p_hit, max(rows, 1))
+        return best_K(alphas, self._draft() * share, self._verify(), K_max=spec.K, K_min=spec.K_min)
+
+    def _draft(self) -> float:
+        if self.spec.draft_cost is not None:
+            return self.spec.draft_cost
+        if self.draft_ms is None or not self.verify_ms:
+            return UNMEASURED_DRAFT_COST
+        return self.draft_ms
+
+    def _verify(self):
+        if self.spec.draft_cost is not None or self.draft_ms is None or not self.verify_ms:
+            return 1.0
+        return self._verify_ms
+
+    def answered(self, hits: list[bool], K: int, neural_backup_ms: float | None) -> None:
+        """The worker's answer: the hit flag of each row that looked its outcome up, the length K of the
+        speculation, and the neural backup's time when it drafted some rows (None otherwise)."""
+        if hits:
+            self.hits = DECAY * self.hits + sum(hits)
+            self.lookups = DECAY * self.lookups + len(hits)
+        if neural_backup_ms is not None and K:
+            self.drafted(K, neural_backup_ms)

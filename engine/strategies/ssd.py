@@ -7,6 +7,13 @@ random tokens or a point mass for the lookup draft). On a cache hit it answers a
 the target nothing. The outcome of a round travels with the next request for a speculation, so a batch
 that empties sends nothing until work arrives. The draft's cache never crosses.
 
+Adaptive K (`SpeculativeConfig.adaptive`, K="auto"): each request also names the length the worker is to
+pre-draft its cache branches at, K_next, and the next request asks for exactly that length, so hits keep
+working. K_next is chosen when a request is sent, from the rounds verified before it (running α per row,
+verify time per block width, the backup's time per drafted token and the hit rate: SSDLookahead), so the
+length of every verified speculation is fixed from past rounds only and the round is verified exactly as
+one of that length chosen in advance (docs/ssd.md §1): the output distribution does not change.
+
 If the worker dies, hangs past its deadline or sends a malformed message, `propose` raises; the loop
 then asks `fallback()` for the proposer that replaces this one for good (synchronous SD with the draft in
 the target's process when it has one, else AR), with one warning. The output distribution is unchanged.
@@ -30,6 +37,7 @@ from engine.ssd.messages import Join, MalformedMessage, Round, Source
 from engine.ssd.transport import DraftUnavailable
 from engine.strategies.ar import NoDraft
 from engine.strategies.base import Proposal, Proposer
+from engine.strategies.lookahead import SSDLookahead
 from engine.strategies.sd import InProcessDraft, draft_seed
 from engine.verifier import Verification
 
@@ -45,7 +53,9 @@ class DraftWorkerProposer:
     def __init__(self, open_channel: Callable[[], object], spec: SpeculativeConfig, vocab_size: int, pad_id: int,
                  device: torch.device, draft: torch.nn.Module | None = None):
         self.spec = spec
-        self.K = spec.K
+        self.K = spec.K  # length of the last speculation
+        self.K_next: int | None = None  # length announced for the next one (None: not yet chosen)
+        self.lookahead = SSDLookahead(spec)
         self.V = vocab_size
         self.pad_id = pad_id
         self.device = device
@@ -72,9 +82,11 @@ class DraftWorkerProposer:
             p = s.params
             self.rows.append(Join(s.seq_id, s.prompt_ids + s.output_ids[:-1], s.output_ids[-1], float(p.temperature),
                                   p.top_k or 0, p.top_p or 1.0, draft_seed(s.seed)))
+        self.lookahead.admit(len(seqs))
 
     def retire(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
+        self.lookahead.retire(keep)
 
     def propose(self, rows: RowSampling) -> Proposal:
         going_on = {r for r in self.rows if isinstance(r, int)}
@@ -87,7 +99,11 @@ class DraftWorkerProposer:
             if any(alive):
                 raise DraftUnavailable("a speculation was never verified, yet its rows go on")
             accepted, bonus = [0] * self.worker_rows, [self.pad_id] * self.worker_rows
-        msg = Round(self.exchanges, accepted, bonus, alive, self.verify_ms, joins, self.K, self.V)
+        # This speculation's length was announced with the last request; the next one's is chosen now, from
+        # the rounds verified so far (both from the past only).
+        K = self.lookahead.choose() if self.K_next is None else self.K_next
+        K_next = self.lookahead.choose()
+        msg = Round(self.exchanges, accepted, bonus, alive, self.verify_ms, joins, K, self.V, self.K, K_next)
         t0 = time.perf_counter()
         if self.channel is None:
             raise DraftUnavailable("the draft worker is not running")
@@ -97,13 +113,16 @@ class DraftWorkerProposer:
             spec = self.channel.exchange(msg)
             wait_ms = ms_since(t0)
             B = len(self.rows)
-            if spec.tokens.shape != (B, self.K) or tuple(spec.q.shape) != (B, self.K, self.V):
+            if spec.tokens.shape != (B, K) or tuple(spec.q.shape) != (B, K, self.V):
                 raise MalformedMessage(f"speculation for {tuple(spec.tokens.shape)} tokens, expected ({B}, "
-                                       f"{self.K}) over V={self.V}")
+                                       f"{K}) over V={self.V}")
             hits = iter(spec.hits)
             previous = [next(hits) if a else None for a in alive] if self.worker_rows else None
             self.rows, self.worker_rows, self.exchanges = list(range(B)), B, self.exchanges + 1
             self.accepted = self.bonus = None
+            self.K, self.K_next = K, K_next
+            self.lookahead.answered(spec.hits[: sum(alive)], K, spec.backup_ms if spec.source and any(
+                s is Source.NEURAL for s in spec.source) else None)
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
         return Proposal(
             # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)
@@ -119,11 +138,13 @@ class DraftWorkerProposer:
         log.info("restarting the SSD draft worker: an earlier exchange broke off mid-way")
         self.close()
         self.worker_rows, self.accepted, self.bonus, self.exchanges = 0, [], [], 0
+        self.K_next = None
         self.start()
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         self.accepted, self.bonus = result.accepted.tolist(), result.bonus.tolist()
         self.verify_ms = verify_ms
+        self.lookahead.observe(self.accepted, self.K, verify_ms)
 
     def fallback(self, err: Exception, what: str = "failed") -> Proposer:
         """Stop the worker and return the proposer that goes on in its place (rows still to be admitted)."""

@@ -1,0 +1,151 @@
+"""SSD with adaptive K (K="auto"): greedy outputs are the AR outputs (worker in process and in its own
+process), K follows α, the cache is pre-drafted at the length the next round asks for (so hits go on while K
+changes), the budget "auto" is sized for the branches' length, and the wire carries both lengths."""
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.config import DraftPlacement, EngineConfig
+from engine.ssd.messages import Join, MalformedMessage, Round, decode, encode
+from engine.ssd.policy import DraftPolicy
+from engine.strategies.lookahead import SSDLookahead
+from theory.adaptive import miss_share
+from tests.engine.tiny import noisy_copy, tiny_lm
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=30, stop_on_eos=False)
+IN_PROCESS = DraftPlacement(in_process=True)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_lm(0, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(target):
+    return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
+
+
+def decode_rounds(out):
+    return [r for r in out.metrics.rounds if r.phase == "decode"]
+
+
+def ssd(target, draft, **spec):
+    return LLM(target, draft, strategy="ssd", speculative=SpeculativeConfig(**spec))
+
+
+@pytest.mark.parametrize("spec", [
+    dict(K="auto"),  # measured timings
+    dict(K=6, adaptive=True, draft_cost=0.05),
+    dict(K=6, adaptive=True, draft_cost=0.05, budget="auto"),
+    dict(K=5, adaptive=True, draft_cost=0.05, backup="lookup", schedule="geometric", budget=8),
+], ids=["auto", "fixed cost", "budget auto", "lookup backup, geometric"])
+def test_greedy_ssd_with_adaptive_K_equals_ar(target, ar_tokens, spec):
+    out = ssd(target, noisy_copy(target, noise=1.0), placement=IN_PROCESS, **spec).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    K_max = SpeculativeConfig(**spec).K
+    Ks = [r.K for r in decode_rounds(out)]
+    assert all(1 <= K <= K_max for K in Ks)
+    assert 0 < out.metrics.summary()["hit_rate"] < 1
+
+
+def test_greedy_ssd_with_adaptive_K_in_a_worker_process_equals_ar(target, ar_tokens):
+    spec = dict(K=6, adaptive=True, draft_cost=0.05, placement=DraftPlacement(deadline_s=10.0))
+    with ssd(target, target, **spec) as llm:
+        out = llm.generate(PROMPTS, GREEDY)
+        assert llm.proposer.name == "ssd"
+    assert [o.token_ids for o in out] == ar_tokens
+    Ks = [r.K for r in decode_rounds(out)]
+    assert len(set(Ks)) >= 2 and Ks[-1] == 6  # K changed over the wire, and hits went on
+    assert all(all(r.hit) for r in decode_rounds(out)[1:])
+
+
+def test_K_grows_to_the_maximum_and_every_round_hits_when_the_draft_is_the_target(target, ar_tokens):
+    out = ssd(target, target, K=6, adaptive=True, draft_cost=0.05, placement=IN_PROCESS).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    rounds = decode_rounds(out)
+    Ks = [r.K for r in rounds]
+    assert Ks[0] < 6 and Ks[-1] == 6
+    # The cache is pre-drafted at the length the next round asks for: hits go on while K changes.
+    assert all(all(r.hit) for r in rounds[1:])
+
+
+def test_K_drops_to_the_minimum_with_a_draft_that_never_agrees(target, ar_tokens):
+    out = ssd(target, tiny_lm(5, scale=4.0), K=6, K_min=1, adaptive=True, draft_cost=0.05,
+              placement=IN_PROCESS).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    assert [r.K for r in decode_rounds(out)][-1] == 1
+
+
+def test_a_fixed_K_is_unchanged(target, ar_tokens):
+    out = ssd(target, noisy_copy(target, noise=1.0), K=3, placement=IN_PROCESS).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in out] == ar_tokens
+    assert {r.K for r in decode_rounds(out)} == {3}
+
+
+def test_the_choice_counts_drafting_only_on_misses():
+    assert miss_share(1.0, 4) == 0.0 and miss_share(0.0, 1) == 1.0
+    assert miss_share(0.9, 4) == pytest.approx(1 - 0.9**4)
+    spec = SpeculativeConfig(K=8, adaptive=True, draft_cost=0.3)
+    sure, unsure = SSDLookahead(spec), SSDLookahead(spec)
+    for lk in (sure, unsure):
+        lk.admit(2)
+        for _ in range(5):
+            lk.observe([4, 4], 8, 1.0)  # the same acceptance
+    sure.answered([True, True], 8, None)
+    for _ in range(20):
+        sure.answered([True, True], 8, None)
+        unsure.answered([False, False], 8, None)
+    assert sure.choose() > unsure.choose()  # drafting hidden behind the verify: longer blocks pay
+
+
+def test_budget_auto_is_sized_for_the_branch_length():
+    policy = DraftPolicy(SpeculativeConfig(K=6, adaptive=True, budget="auto"))
+    policy.built_K = (3, 3)
+    tokens = policy.branch_tokens
+    policy.observe_times(verify_ms=10.0, build_ms=4.5, backup=None, backup_ms=0.0)  # the build took half the aim
+    assert policy.branch_tokens == pytest.approx(1.5 * tokens)  # half-way to twice the branch tokens
+    short, long = policy.budget_for(3, 2), policy.budget_for(3, 6)
+    assert policy.budget_for(3, 3) * 3 == pytest.approx(policy.branch_tokens)
+    assert short == pytest.approx(3 * long)  # the same branch tokens: a third of the branches at 3x the length
+    assert sum(policy.schedule(True, 3, 6)) == round(long)
+    assert len(policy.schedule(True, 3, 6)) == 4  # F_0..F_3 for a speculation of length 3
+
+
+def test_a_given_fanout_serves_a_shorter_K():
+    policy = DraftPolicy(SpeculativeConfig(K=4, adaptive=True, schedule="given", fanout=(5, 4, 3, 2, 1)))
+    assert policy.schedule(True, 4) == (5, 4, 3, 2, 1)
+    assert policy.schedule(True, 2) == (5, 4, 1)  # F_0, F_1 and the all-accepted F_K
+
+
+def test_the_round_carries_both_lengths_and_is_checked():
+    join = Join(7, [1, 2, 3], 4, 1.0, 0, 1.0, 99)
+    sent = Round(3, [1, 5], [9, 9], [True, False], 12.5, [join], K=2, V=50, K_last=5, K_next=4)
+    back = decode(encode(sent))
+    assert (back.K, back.K_last, back.K_next, back.accepted, back.joins) == (2, 5, 4, [1, 5], [join])
+    assert Round(0, [], [], [], 0.0, [], K=3, V=50).K_next == 3  # fixed K: both default to K
+    with pytest.raises(MalformedMessage, match="out of range"):
+        decode(encode(Round(3, [1, 5], [9, 9], [True, True], 1.0, [], K=2, V=50, K_last=4, K_next=2)))
+    tensors = encode(Round(3, [1], [9], [True], 1.0, [], K=2, V=50, K_last=2, K_next=2))
+    tensors[1][3 + 1] = 0  # K_next = 0
+    with pytest.raises(MalformedMessage, match="K_next"):
+        decode(tensors)
+
+
+def test_settings_are_checked():
+    EngineConfig(target="t", draft="d", strategy="ssd", speculative=SpeculativeConfig(K="auto"))  # allowed now
+    with pytest.raises(ValueError, match="confidence_stop is implemented for sd only"):
+        EngineConfig(target="t", draft="d", strategy="ssd", speculative=SpeculativeConfig(K=4, confidence_stop=0.5))
+
+
+def test_a_worker_refuses_lengths_outside_the_spec(target):
+    from engine.ssd.draft_worker import DraftWorker
+
+    worker = DraftWorker(target, SpeculativeConfig(K=3, adaptive=True), 0, torch.device("cpu"))
+    with pytest.raises(ValueError, match="1..3"):
+        worker.respond(Round(0, [], [], [], 0.0, [Join(1, [1, 2], 3, 0.0, 0, 1.0, 5)], K=4, V=32, K_next=2))
+    fixed = DraftWorker(target, SpeculativeConfig(K=3), 0, torch.device("cpu"))
+    with pytest.raises(ValueError, match="fixed"):
+        fixed.respond(Round(0, [], [], [], 0.0, [Join(1, [1, 2], 3, 0.0, 0, 1.0, 5)], K=3, V=32, K_next=2))
