@@ -234,3 +234,19 @@ def test_int8_layer_from_tensors_read_by_safetensors_runs(tmp_path):
     x = torch.randn(4, 1536)
     want = x.bfloat16().float() @ layer.dequantized_weight().T
     torch.testing.assert_close(layer(x).float(), want, rtol=0, atol=1e-2 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("head_quant", ["int8", "int4"])
+def test_head_quant_gives_a_low_bit_head_untied_from_the_bf16_embedding(smoke, reference, head_quant):
+    """The cache's head is quantised at load from its bf16 table by the code quantize_weights uses."""
+    root, _ = smoke
+    model = lowbit_cache.load(provision.SMOKE_MODEL, "int4", 32, root, head_quant=head_quant)
+    head, embedding = model.lm_head, model.model.embed_tokens.weight
+    assert isinstance(head, WeightOnlyLinear) and head.scheme.value == head_quant
+    assert model.quantization["head_quant"] == head_quant and model.config.tie_word_embeddings is False
+    assert embedding.dtype == torch.bfloat16
+    assert torch.equal(embedding, reference["model.embed_tokens.weight"].to(torch.bfloat16))  # lookup unchanged
+    table = torch.nn.Linear(embedding.shape[1], embedding.shape[0], bias=False, dtype=torch.bfloat16)
+    table.weight = torch.nn.Parameter(embedding.detach().clone(), requires_grad=False)
+    same = WeightOnlyLinear.from_linear(table, head_quant, 32)
+    assert torch.equal(head.packed, same.packed) and torch.equal(head.scales, same.scales)
