@@ -120,7 +120,7 @@ class BenchConfig:
     max_new_tokens: int = 128
     stop_on_eos: bool = True
     systems: tuple[str, ...] = DEFAULT_SYSTEMS
-    Ks: tuple[int | str, ...] = (4,)  # "auto": adaptive K (sd only; ssd and hf-assisted skip it)
+    Ks: tuple[int | str, ...] = (4,)  # "auto": adaptive K (sd, ssd; hf-assisted: transformers' own default)
     budgets: tuple[int, ...] = (12,)
     schedules: tuple[str, ...] = ("uniform",)
     fanout: tuple[int, ...] | None = None  # an explicit F_0..F_K instead of budgets × schedules
@@ -251,11 +251,8 @@ class BenchConfig:
                         v = Variant(system, s)
                         if v in variants or v in (x for x, _ in skipped):
                             continue
-                        if s.adaptive and system not in ("sd", "ssd"):
+                        if s.adaptive and system not in ("sd", "ssd", "hf-assisted"):
                             skipped.append((v, "-K auto (adaptive K) is implemented for sd and ssd only"))
-                        elif s.adaptive and system == "ssd" and s.budget == "auto":
-                            # systems.py builds budget-auto SSD without the adaptive settings (for now)
-                            skipped.append((v, "-K auto with --budget auto is not wired into the bench's ssd yet"))
                         elif system == "hf-assisted" and b > 1:
                             skipped.append((v, "transformers' assisted generation supports batch size 1 only"))
                         elif system.startswith("llamacpp") and b > 1:

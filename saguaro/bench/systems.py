@@ -103,7 +103,7 @@ class Systems:
     def engine_key(v: Variant) -> tuple:
         s = v.settings
         if v.system == "ssd" and s.budget == "auto":
-            return (v.system, s.K, s.C, "auto", s.schedule, s.backup)
+            return (v.system, s.K, s.C, "auto", s.schedule, s.backup, s.adaptive, s.K_min, s.draft_cost)
         if v.system in ("sd", "ssd"):
             return (v.system, s.K, s.C, s.fanout, s.backup, s.adaptive, s.K_min, s.draft_cost, s.confidence_stop)
         return (v.system,)
@@ -115,8 +115,8 @@ class Systems:
             spec = (SpeculativeConfig(C=s.C, fanout=s.fanout, backup=s.backup or "neural", **s.speculative_kwargs())
                     if s.K else None)
             if v.system == "ssd" and s.budget == "auto":  # sized by the engine from its measured timings
-                spec = SpeculativeConfig(K=s.K, C=s.C, backup=s.backup or "neural", budget="auto",
-                                         schedule=s.schedule)
+                spec = SpeculativeConfig(C=s.C, backup=s.backup or "neural", budget="auto", schedule=s.schedule,
+                                         **s.speculative_kwargs())
             ssd = v.system == "ssd"
             # SD uses the (possibly low-bit) object as it is; SSD's worker loads the draft by its recipe and
             # quantises it there (a low-bit object cannot travel), unless the draft was built in memory

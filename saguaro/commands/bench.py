@@ -105,7 +105,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     g = p.add_argument_group("sweep axes (several values each: the grid is run)")
     g.add_argument("-K", type=_K, nargs="+", default=[4], dest="Ks", metavar="K",
-                   help="draft tokens per round; auto = adaptive K (sd only: each round's K in --K-min..8 from the "
+                   help="draft tokens per round; auto = adaptive K (sd and ssd: each round's K in --K-min..8 from the "
                         "running acceptance and draft/verify times)")
     g.add_argument("--K", "--lookahead", type=_K, nargs="+", dest="Ks", default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)

@@ -106,8 +106,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:
     """K (or adaptive K), Saguaro's C and SSD's fan-out, budget and backup (generate and serve share them)."""
     p.add_argument("-K", default="4", dest="K", metavar="K",
-                   help="draft tokens per round, or auto: SD chooses each round's K in --K-min..8 from the running "
-                        "acceptance and the measured draft and verify times")
+                   help="draft tokens per round, or auto: SD and SSD choose each round's K in --K-min..8 from the "
+                        "running acceptance and the measured draft and verify times (SSD: and its hit rate)")
     p.add_argument("--lookahead", "--K", dest="K", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--K-min", type=int, default=1, dest="K_min", help="the smallest K that -K auto may choose")
     p.add_argument("--draft-cost", type=float, dest="draft_cost",
@@ -155,8 +155,8 @@ def speculative_config(args, placement):
         raise ValueError("--K-min is the smallest K that -K auto may choose: add -K auto, or drop --K-min")
     if args.draft_cost is not None and K != "auto":
         raise ValueError("--draft-cost fixes the cost that -K auto weighs: add -K auto, or drop --draft-cost")
-    if K == "auto" and getattr(args, "strategy", "sd") != "sd":
-        raise ValueError(f"-K auto (adaptive K) is implemented for --strategy sd only, not {args.strategy}: "
+    if K == "auto" and getattr(args, "strategy", "sd") not in ("sd", "ssd"):
+        raise ValueError(f"-K auto (adaptive K) is implemented for --strategy sd and ssd only, not {args.strategy}: "
                          "give a number of draft tokens")
     if args.confidence_stop is not None and getattr(args, "strategy", "sd") != "sd":
         raise ValueError(f"--confidence-stop is implemented for --strategy sd only, not {args.strategy}: drop it")

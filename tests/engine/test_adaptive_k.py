@@ -85,4 +85,4 @@ def test_settings_are_checked():
     with pytest.raises(ValueError, match="draft_cost"):
         SpeculativeConfig(draft_cost=-1.0)
     with pytest.raises(ValueError, match="sd only"):
-        EngineConfig(target="t", draft="d", strategy="ssd", speculative=SpeculativeConfig(K="auto"))
+        EngineConfig(target="t", draft="d", strategy="ssd", speculative=SpeculativeConfig(K=4, confidence_stop=0.5))
