@@ -75,6 +75,8 @@ class LLM:
     is one, else from its float32 weights quantised at load; a model object is quantised as a copy (the
     caller's object is left as it was). draft_int8=True is draft_quant="int8". A low-bit target is the
     target: SD and SSD sample exactly what AR with that low-bit target samples.
+    target_head_quant / draft_head_quant: None (the output head in float) or "int8" / "int4" for a low-bit
+    model's head too, untied from its embedding (engine.quantize.quantize_head).
     """
 
     def __init__(
@@ -90,6 +92,8 @@ class LLM:
         target_quant: str | None = None,
         draft_quant: str | None = None,
         quant_group_size: int = 32,
+        target_head_quant: str | None = None,
+        draft_head_quant: str | None = None,
         device: str = "cpu",
         threads: int | None = None,
         chat_template: bool = True,
@@ -116,6 +120,8 @@ class LLM:
             target_quant=target_quant,
             draft_quant=draft_quant,
             quant_group_size=quant_group_size,
+            target_head_quant=target_head_quant,
+            draft_head_quant=draft_head_quant,
         )
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
         if self.config.strategy is Strategy.SSD:
@@ -129,10 +135,12 @@ class LLM:
         self.device = check_device(device)  # a missing device is refused before any model loads
         self.loop: DecodeLoop | None = None
         config = self.config
-        self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer, config.target_quant)
+        self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer, config.target_quant,
+                                                 config.target_head_quant)
         self.draft = self._draft_given = None
         if draft is not None and config.strategy is not Strategy.AR:
-            self.draft, _ = self._load(draft, config.draft_float_dtype, cache_dir, None, config.draft_quant)
+            self.draft, _ = self._load(draft, config.draft_float_dtype, cache_dir, None, config.draft_quant,
+                                       config.draft_head_quant)
             self._check_vocab()
             # SSD's worker process rebuilds a draft given as a model from its weights (the exact
             # model passed, before quantisation, which the worker applies), and one given by alias /
@@ -148,7 +156,7 @@ class LLM:
         self._start_proposer()
 
     # -- construction -------------------------------------------------------------------------
-    def _load(self, spec, dtype: str, cache_dir, tokenizer, quant: str | None = None):
+    def _load(self, spec, dtype: str, cache_dir, tokenizer, quant: str | None = None, head_quant: str | None = None):
         group = self.config.quant_group_size
         if isinstance(spec, PreTrainedModel):
             if quant is None:
@@ -159,11 +167,12 @@ class LLM:
                 raise ValueError("this model object already has low-bit layers: pass its float weights "
                                  "with target_quant / draft_quant, or pass it without them")
             # A copy: the caller's model stays as it was (it may be the draft, or a reference).
-            return quantize_model(copy.deepcopy(spec), quant, group).eval(), tokenizer
+            return quantize_model(copy.deepcopy(spec), quant, group, head_quant=head_quant).eval(), tokenizer
         if quant is not None:
             from engine.models import load_quantized
 
-            loaded = load_quantized(spec, quant, group, dtype=TORCH_DTYPES[dtype], cache_dir=cache_dir)
+            loaded = load_quantized(spec, quant, group, dtype=TORCH_DTYPES[dtype], cache_dir=cache_dir,
+                                    head_quant=head_quant)
             return loaded.model, tokenizer or loaded.tokenizer
         from engine.models import load_model
 

@@ -195,7 +195,7 @@ def draft_recipe(given, config) -> ModelRecipe:
     loading (a fine-tuned or perturbed copy whose name_or_path still names the original). Quantisation is
     deterministic, so the worker's low-bit draft is the one SD would use in the target's process."""
     low_bit = dict(quant=config.draft_quant, group_size=config.quant_group_size,
-                   float_dtype=config.draft_float_dtype)
+                   float_dtype=config.draft_float_dtype, head_quant=config.draft_head_quant)
     if given is not None:
         from engine.models import is_quantized
 
@@ -219,6 +219,7 @@ class LowBitRecipe(ModelRecipe):
     quant: str | None = None
     group_size: int = 32
     float_dtype: str = "bfloat16"
+    head_quant: str | None = None  # the output head's scheme (engine.quantize.quantize_head); None: float
 
     def build(self, device: torch.device) -> torch.nn.Module:
         if self.quant is None:
@@ -229,6 +230,6 @@ class LowBitRecipe(ModelRecipe):
 
         if self.path is not None:
             return load_quantized(self.path, self.quant, self.group_size, dtype=TORCH_DTYPES[self.float_dtype],
-                                  cache_dir=self.cache_dir).model
+                                  cache_dir=self.cache_dir, head_quant=self.head_quant).model
         plain = ModelRecipe(config=self.config, state=self.state)
-        return quantize_model(plain.build(device), self.quant, self.group_size)
+        return quantize_model(plain.build(device), self.quant, self.group_size, head_quant=self.head_quant)

@@ -136,6 +136,8 @@ class BenchConfig:
     target_quant: str | None = None  # "int8" / "int4": weight-only low-bit target (engine.config.EngineConfig)
     draft_quant: str | None = None  # the same for the draft, or "int8-dynamic" (what --draft-int8 means)
     quant_group_size: int = 32
+    target_head_quant: str | None = None  # "int8" / "int4": the low-bit target's output head too
+    draft_head_quant: str | None = None
     threads: int | None = None
     seed: int = 0
     warmup: int = 1  # warm-up calls per variant, excluded from the results
@@ -181,6 +183,11 @@ class BenchConfig:
             raise ValueError(f"target_quant must be int8, int4 or unset (float weights), got {self.target_quant!r}")
         if self.draft_quant not in (None, "int8", "int4", "int8-dynamic"):
             raise ValueError(f"draft_quant must be int8, int4, int8-dynamic or unset, got {self.draft_quant!r}")
+        for name, head, body in (("target", self.target_head_quant, self.target_quant),
+                                 ("draft", self.draft_head_quant, self.draft_quant)):
+            if head is not None and (head not in ("int8", "int4") or body not in ("int8", "int4")):
+                raise ValueError(f"--{name}-head-quant takes int8 or int4 and needs --{name}-quant int8 or int4 "
+                                 f"(got head {head!r}, weights {body!r})")
         if self.draft_int8 and self.draft_quant not in (None, "int8-dynamic"):
             raise ValueError("--draft-int8 means --draft-quant int8-dynamic; drop one of them "
                              f"(got --draft-quant {self.draft_quant})")

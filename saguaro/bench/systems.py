@@ -50,24 +50,27 @@ class Models:
     draft_spec: str | None = None
     draft_quant: str | None = None  # "int8" / "int4": SSD's worker quantises the draft it loads by this recipe
     quant_group_size: int = 32
+    draft_head_quant: str | None = None
 
     @classmethod
     def load(cls, config: BenchConfig) -> "Models":
         from engine.models import TORCH_DTYPES, load_model, load_quantized
 
-        def load(spec: str, dtype: str, quant: str | None):
+        def load(spec: str, dtype: str, quant: str | None, head_quant: str | None = None):
             if quant is None:
                 return load_model(spec, dtype=TORCH_DTYPES[dtype])
             # weight-only low-bit (from the low-bit cache when it has the model); float layers in `dtype`
-            return load_quantized(spec, quant, config.quant_group_size, dtype=TORCH_DTYPES[dtype])
+            return load_quantized(spec, quant, config.quant_group_size, dtype=TORCH_DTYPES[dtype],
+                                  head_quant=head_quant)
 
-        target = load(config.target, config.dtype, config.target_quant)
+        target = load(config.target, config.dtype, config.target_quant, config.target_head_quant)
         draft, draft_quant = None, config.draft_quant or ("int8-dynamic" if config.draft_int8 else None)
         dtype = "float32" if draft_quant == "int8-dynamic" else config.draft_dtype or config.dtype
         if any(s in ("sd", "ssd", "hf-assisted") for s in config.systems):
-            draft = load(config.draft, dtype, draft_quant).model
+            draft = load(config.draft, dtype, draft_quant, config.draft_head_quant).model
         return cls(target.model, draft, target.tokenizer, config.dtype, dtype, draft_quant == "int8-dynamic",
-                   config.draft if draft is not None else None, draft_quant, config.quant_group_size)
+                   config.draft if draft is not None else None, draft_quant, config.quant_group_size,
+                   config.draft_head_quant)
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Systems:
                     m.target, draft, strategy=v.system, speculative=spec, tokenizer=m.tokenizer,
                     threads=None if ssd else self.config.threads, dtype=m.dtype, draft_dtype=m.draft_dtype,
                     draft_quant=m.draft_quant if by_recipe else None, quant_group_size=m.quant_group_size,
+                    draft_head_quant=m.draft_head_quant if by_recipe else None,
                 )
                 self._threads[key] = torch.get_num_threads()
             finally:

@@ -68,6 +68,7 @@ ENGINE_FLAGS = {"systems": "--systems", "Ks": "-K", "budget": "--budget", "sched
                 "backup": "--backup", "batch_size": "--batch", "target": "--target", "draft": "--draft",
                 "dtype": "--dtype", "draft_dtype": "--draft-dtype", "draft_int8": "--draft-int8",
                 "target_quant": "--target-quant", "draft_quant": "--draft-quant", "quant_group_size": "--quant-group-size",
+                "target_head_quant": "--target-head-quant", "draft_head_quant": "--draft-head-quant",
                 "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume",
                 "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop"}
 CLIENT_FLAGS = {"model": "--model", "api_key": "--api-key", "rate": "--rate", "concurrency": "--concurrency",
@@ -168,7 +169,8 @@ def config_from(args):
         fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),
         backups=tuple(args.backup), temperatures=tuple(args.temperature), batch_sizes=tuple(args.batch_size),
         dtype=args.dtype, draft_dtype=args.draft_dtype, draft_int8=args.draft_int8, target_quant=args.target_quant,
-        draft_quant=args.draft_quant, quant_group_size=args.quant_group_size, threads=args.threads,
+        draft_quant=args.draft_quant, quant_group_size=args.quant_group_size, target_head_quant=args.target_head_quant,
+        draft_head_quant=args.draft_head_quant, threads=args.threads,
         seed=args.seed, warmup=args.warmup, order=args.order, K_min=args.K_min, draft_cost=args.draft_cost,
         confidence_stop=args.confidence_stop,
     )
