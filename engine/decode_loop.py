@@ -4,7 +4,8 @@ strategy (the strategy is only a proposer: engine.strategies).
 One `step()`:
 1. take new requests and aborts (thread-safe: `submit` and `abort` may be called from another thread);
 2. admit waiting requests (engine.scheduler), prefill them as one batch, sample each one's first token;
-   they join the running batch (and the proposer: SD prefills its draft, SSD tells its worker);
+   they join the running batch (and the proposer: SD prefills its draft, SSD tells its worker), and the step
+   returns there, so their first tokens stream at once (the next step runs a round before admitting again);
 3. one round over the running batch: the proposer drafts x [B, K] from q; the target runs [pending, x] in
    one forward; rejection sampling keeps x_1..x_k and draws t* (exact for any q, engine.verifier); the
    target cache rolls back to the accepted prefix; every row emits x_1..x_k, t* as one chunk;
@@ -63,6 +64,7 @@ class DecodeLoop:
         self._inbox: list[Sequence] = []
         self._aborts: set[str] = set()
         self._held: RoundRecord | None = None  # the last decode record, until the next round fills in its outcome
+        self._just_prefilled = False  # the last step prefilled joiners and ran no round
 
     # -- from any thread ----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -88,10 +90,14 @@ class DecodeLoop:
             aborts, self._aborts = self._aborts, set()
         self.scheduler.waiting.extend(new)
         chunks = self._abort(aborts) if aborts else []
-        joining = self.scheduler.admit(len(self.running))
+        # After a prefill the step returns, so that the joiners' first tokens reach their streams now rather than
+        # after a whole round (TTFT); the next step then runs a round before it admits again, so a stream of
+        # arrivals cannot hold the running rows back for more than one prefill per round.
+        joining = [] if self._just_prefilled else self.scheduler.admit(len(self.running))
+        self._just_prefilled = bool(joining)
         if joining:
             chunks += self._prefill(joining)
-        if self.running:
+        if self.running and not self._just_prefilled:
             chunks += self._round()
         if not self.running:
             self.release_records()  # no next round will fill in the held record

@@ -187,3 +187,23 @@ def test_stop_token_ids_end_the_output_and_keep_the_token(target, solo):
     params = SamplingParams(temperature=0, max_new_tokens=14, stop_on_eos=False, stop_token_ids=(stop,))
     out = LLM(target).generate([PROMPTS[0]], params)[0]
     assert out.token_ids == solo[0][: solo[0].index(stop) + 1] and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("strategy", ["ar", "sd", "ssd"])
+def test_a_joiners_first_token_streams_from_the_prefill_step_before_any_round(target, draft, strategy):
+    # TTFT: the step that prefills returns the first tokens at once; served streams waited a whole round before
+    with engine(target, draft, strategy) as llm:
+        a = llm.make_sequence(PROMPTS[0], GREEDY, request_id="a")
+        llm.loop.submit(a)
+        first = llm.loop.step()
+        assert [(c.request_id, len(c.token_ids)) for c in first] == [("a", 1)]  # the prefill's token, no round
+        records = llm.loop.rounds  # records so far (the prefill's)
+        b = llm.make_sequence(PROMPTS[1], GREEDY, request_id="b")
+        llm.loop.submit(b)
+        second = llm.loop.step()  # a round for "a" before "b" is admitted: joiners cannot starve running rows
+        assert {c.request_id for c in second} == {"a"} and llm.loop.rounds == records + 1
+        third = llm.loop.step()
+        assert [(c.request_id, len(c.token_ids)) for c in third] == [("b", 1)]
+        while llm.loop.has_work:
+            llm.loop.step()
+    assert a.finish_reason == b.finish_reason == "length"

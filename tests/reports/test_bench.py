@@ -162,6 +162,7 @@ def test_bench_uses_the_saved_prompts_when_resuming(tiny_models, tmp_path):
     (["-K", "0"], "K (-K) must be integers >= 1"),
     (["--K", "0"], "K (-K) must be integers >= 1"),  # the old spelling still works
     (["-K", "auto", "--systems", "ar"], "implemented for sd and ssd only"),
+    (["--target-head-quant", "int8", "--systems", "ar"], "--target-head-quant takes int8 or int4 and needs --target-quant"),
     (["-K", "4", "--K-min", "2", "--systems", "sd"], "add auto to -K"),
     (["-K", "auto", "--K-min", "9", "--systems", "sd"], "--K-min must be a whole number in 1..8"),
     (["-K", "auto", "--draft-cost", "-1", "--systems", "sd"], "--draft-cost (T_d / T_v) must be >= 0"),
