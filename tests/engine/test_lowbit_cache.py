@@ -142,6 +142,7 @@ def reference(smoke):
     return load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
 
 
+@pytest.mark.slow  # ~160 s each on SmolLM2's real GGUF: opt-in with --run-slow
 def test_smoke_model_layers_are_the_ggufs_values(smoke, reference):
     root, folder = smoke
     assert folder == root / f"{provision.PACKAGED[provision.SMOKE_MODEL].key}-int4-g32"
@@ -161,6 +162,7 @@ def test_smoke_model_layers_are_the_ggufs_values(smoke, reference):
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
 
 
+@pytest.mark.slow  # ~160 s each on SmolLM2's real GGUF: opt-in with --run-slow
 def test_smoke_model_generates_what_its_float_twin_does(smoke, reference):
     """Same greedy tokens as a bf16 model holding the dequantised low-bit weights (the model it claims to be)."""
     from transformers import AutoConfig, AutoModelForCausalLM

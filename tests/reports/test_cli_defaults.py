@@ -239,7 +239,7 @@ def test_adaptive_flags_reach_the_speculative_config():
 @pytest.mark.parametrize("flags, message", [
     (["-K", "lots"], "-K must be a whole number of draft tokens per round (>= 1) or auto"),
     (["-K", "0"], "K (draft tokens per round) must be"),
-    (["-K", "auto", "--strategy", "ssd"], "-K auto (adaptive K) is implemented for --strategy sd only"),
+    (["-K", "auto", "--strategy", "ar"], "-K auto (adaptive K) is implemented for --strategy sd and ssd only"),
     (["--confidence-stop", "0.5", "--strategy", "ssd"], "--confidence-stop is implemented for --strategy sd"),
     (["--K-min", "2"], "add -K auto"),
     (["--draft-cost", "0.5"], "add -K auto"),
