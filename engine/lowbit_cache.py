@@ -36,7 +36,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import copy
+import functools
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -137,39 +140,73 @@ def _locate(
 # ------------------------------------------------------------------------------------- GGUF -> codes
 
 
+def _q4_layout(qtype: object) -> tuple[int, int, int]:
+    """(bytes per block, runs of code bytes per block, bytes per run) of Q4_0 / Q4_1 / Q4_K.
+
+    A run of r code bytes holds 2r codes: the low nibbles are one group's (values 0..r-1 of it), the
+    high nibbles the next group's (Q4_K: 4 runs of 32, groups 2j and 2j+1) or the same group's second
+    half (Q4_0/Q4_1: one run of 16 for a block of 32 values).
+    """
+    from gguf import GGMLQuantizationType as T
+
+    if qtype is T.Q4_K:
+        return 144, 4, 32  # 2 (d) + 2 (dmin) + 12 (scales) + 128 (codes) bytes per 256 values
+    if qtype in (T.Q4_0, T.Q4_1):
+        return (18 if qtype is T.Q4_0 else 20), 1, 16  # 2 (d) [+ 2 (m)] + 16 bytes of codes per 32 values
+    raise ValueError(f"{qtype} has no exact int4 form")
+
+
+def _q4_scales(blocks: np.ndarray, qtype: object) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero) float32 [B, groups of 32 per block] of raw blocks uint8 [B, bytes per block]."""
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import Q4_K
+
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
+    if qtype is T.Q4_K:  # d*sc*q - dmin*m per group of 32
+        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+        sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [B, 8] each, 6-bit
+        scale = d * sc.astype(np.float32)  # [B, 8]
+        return scale, INT4_OFFSET * scale - dmin * m.astype(np.float32)
+    if qtype is T.Q4_0:  # d * (q - 8)
+        return d, np.zeros_like(d)
+    return d, blocks[:, 2:4].copy().view(np.float16).astype(np.float32) + INT4_OFFSET * d  # Q4_1: d * q + m
+
+
 def _q4_codes(data: np.ndarray, qtype: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact int4 group-32 form of Q4_0 / Q4_1 / Q4_K rows: (q uint8 [N, K] in 0..15, scale, zero [N, K/32] f32).
 
     `data` is the GGUF's raw rows, uint8 [N, bytes per row]; value = (q - 8) * scale + zero exactly
-    (in float32 arithmetic on the stored float16 fields).
+    (in float32 arithmetic on the stored float16 fields). The build uses _q4_packed; this unpacked
+    form is the reference the tests check it against.
     """
-    from gguf import GGMLQuantizationType as T
-    from gguf.quants import Q4_K
-
+    size, runs, run = _q4_layout(qtype)
     n = data.shape[0]
-    if qtype is T.Q4_K:
-        blocks = data.reshape(-1, 144)  # 2 (d) + 2 (dmin) + 12 (scales) + 128 (codes) bytes per 256 values
-        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
-        dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-        sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [B, 8] each, 6-bit
-        qs = blocks[:, 16:].reshape(-1, 4, 1, 32)  # 4 chunks of 32 bytes: low nibbles group 2j, high 2j+1
-        q = ((qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 8, 32)
-        scale = d * sc.astype(np.float32)  # [B, 8]
-        zero = INT4_OFFSET * scale - dmin * m.astype(np.float32)
-    elif qtype in (T.Q4_0, T.Q4_1):
-        size = 18 if qtype is T.Q4_0 else 20  # 2 (d) [+ 2 (m)] + 16 bytes of codes per 32 values
-        blocks = data.reshape(-1, size)
-        d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
-        qs = blocks[:, size - 16:].reshape(-1, 1, 16)  # low nibbles: values 0..15, high: 16..31
-        q = ((qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F).reshape(-1, 1, 32)
-        scale = d
-        if qtype is T.Q4_0:  # d * (q - 8)
-            zero = np.zeros_like(d)
-        else:  # d * q + m
-            zero = blocks[:, 2:4].copy().view(np.float16).astype(np.float32) + INT4_OFFSET * d
-    else:
-        raise ValueError(f"{qtype} has no exact int4 form")
+    blocks = data.reshape(-1, size)
+    qs = blocks[:, size - runs * run:].reshape(-1, runs, 1, run)
+    q = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F  # [B, runs, low/high, run]
+    scale, zero = _q4_scales(blocks, qtype)
     return q.reshape(n, -1), scale.reshape(n, -1), zero.reshape(n, -1)
+
+
+def _q4_packed(data: np.ndarray, qtype: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_q4_codes with the codes packed as _pack_nibbles packs them: (uint8 [N, K/2], scale, zero).
+
+    Straight from the GGUF's bytes, with no [N, K] array of codes: a GGUF byte holds two codes a run
+    apart, ours two neighbours. For a run's bytes e (even) and o (odd), ours are (e & 15) | (o << 4)
+    for its low-nibble values, then (e >> 4) | (o & 0xF0) for its high-nibble values.
+    """
+    size, runs, run = _q4_layout(qtype)
+    n = data.shape[0]
+    blocks = data.reshape(-1, size)
+    codes = blocks[:, size - runs * run:].reshape(-1, runs, run // 2, 2)
+    even, odd = codes[..., 0], codes[..., 1]
+    packed = np.empty((blocks.shape[0], runs, 2, run // 2), dtype=np.uint8)
+    np.bitwise_and(even, 0x0F, out=packed[:, :, 0])
+    packed[:, :, 0] |= odd << 4
+    np.right_shift(even, 4, out=packed[:, :, 1])
+    packed[:, :, 1] |= odd & 0xF0
+    scale, zero = _q4_scales(blocks, qtype)
+    return packed.reshape(n, -1), scale.reshape(n, -1), zero.reshape(n, -1)
 
 
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -184,6 +221,71 @@ def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     np.bitwise_and(a, 0x0F, out=q[:, 0::2])
     np.right_shift(a, 4, out=q[:, 1::2])
     return torch.from_numpy(q)
+
+
+# ------------------------------------------------------------------------------ one parse of the GGUF
+
+# Building needs the GGUF's metadata five times over: check_gguf, AutoConfig and AutoTokenizer (each runs
+# transformers' load_gguf_checkpoint), our own load_gguf_checkpoint and our own reader. gguf's GGUFReader
+# reads every vocabulary and merge string through a numpy.memmap slice (a Python __array_finalize__ per
+# slice): ~3 s a parse for SmolLM2's 49k tokens, three times that for Qwen's 151k. And transformers'
+# get_gguf_hf_weights_map builds gguf's TensorNameMap (thousands of format calls) once per module.
+# `_metadata_read_once` makes all of these read the file once, with the same results byte for byte.
+
+_SHARE_LOCK = threading.RLock()  # the swaps below are process-wide: one build at a time swaps them
+
+
+def _plain_reader_class():
+    """GGUFReader whose byte view is a plain ndarray over the same memory map (slices made in C)."""
+    from gguf import GGUFReader
+
+    class PlainReader(GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:  # GGUFReader.__init__ assigns its np.memmap here
+            self._plain = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    return PlainReader
+
+
+@contextlib.contextmanager
+def _metadata_read_once(gguf: Path) -> Iterator[object]:
+    """Within: every GGUFReader and metadata-only load_gguf_checkpoint of `gguf` is one parse; yields the reader.
+
+    Swaps gguf.GGUFReader, gguf.get_tensor_name_map and transformers' load_gguf_checkpoint for memoising
+    versions (other files get a fresh, equal parse) and puts the originals back on the way out.
+    """
+    import gguf as gguf_package
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    target = Path(gguf).resolve()
+    with _SHARE_LOCK:
+        reader_class, load_checkpoint = gguf_package.GGUFReader, gguf_utils.load_gguf_checkpoint
+        name_map = gguf_package.get_tensor_name_map
+        plain = _plain_reader_class()
+        shared = plain(target)
+        parsed: dict = {}
+
+        def reader(path: os.PathLike[str] | str, mode: str = "r") -> object:
+            return shared if mode == "r" and Path(path).resolve() == target else plain(path, mode)
+
+        def load_gguf_checkpoint(path, return_tensors=False, model_to_load=None, torch_dtype=None):
+            if return_tensors or model_to_load is not None or Path(path).resolve() != target:
+                return load_checkpoint(path, return_tensors, model_to_load, torch_dtype)
+            if "result" not in parsed:
+                parsed["result"] = load_checkpoint(path, False)
+            return copy.deepcopy(parsed["result"])  # callers may edit what they get
+
+        gguf_package.GGUFReader, gguf_utils.load_gguf_checkpoint = reader, load_gguf_checkpoint
+        gguf_package.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield shared
+        finally:
+            gguf_package.GGUFReader, gguf_utils.load_gguf_checkpoint = reader_class, load_checkpoint
+            gguf_package.get_tensor_name_map = name_map
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -207,7 +309,7 @@ def _gguf_plan(gguf: Path):
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)
-    reader = GGUFReader(gguf)
+    reader = GGUFReader(gguf)  # inside _metadata_read_once: the parse check_gguf made
     architecture = reader.fields["general.architecture"].contents()
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
     mapping = get_gguf_hf_weights_map(skeleton, processor)
@@ -270,6 +372,11 @@ def convert(gguf: Path, out: Path, scheme: str = "int4", group_size: int = 32, *
     Streams tensor by tensor: at most one tensor is dequantised at a time, and at most SHARD_BYTES of
     output wait in memory.
     """
+    with _metadata_read_once(gguf):
+        return _convert(gguf, out, scheme, group_size, progress)
+
+
+def _convert(gguf: Path, out: Path, scheme: str, group_size: int, progress: bool | None) -> dict:
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
     from transformers import AutoTokenizer, GenerationConfig
@@ -313,8 +420,8 @@ def convert(gguf: Path, out: Path, scheme: str = "int4", group_size: int = 32, *
                 n, k = int(tensor.shape[1]), int(tensor.shape[0])  # ggml lists the inner dimension first
                 if (parsed_scheme is Scheme.INT4 and group_size == EXACT_GROUP and qtype in exact_types
                         and fits(Scheme.INT4, n, k, group_size)):
-                    q, scale, zero = _q4_codes(data, qtype)
-                    writer.add(f"{module}.qweight", _pack_nibbles(torch.from_numpy(q)))
+                    packed, scale, zero = _q4_packed(data, qtype)
+                    writer.add(f"{module}.qweight", torch.from_numpy(packed))
                     writer.add(f"{module}.scales", torch.from_numpy(scale).to(torch.bfloat16))
                     writer.add(f"{module}.zeros", torch.from_numpy(zero).to(torch.bfloat16))
                     layers[module] = {"scheme": "int4", "group_size": group_size, "gguf_type": qtype.name,
