@@ -21,6 +21,7 @@ import sys
 
 from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, DTYPES, SCHEDULES, SYSTEMS
 from saguaro.commands.generate import add_quant_flags
+from saguaro.commands.values import argument_type, flat, numbers, whole_or_auto
 from saguaro.cli import HelpFormatter
 from saguaro.tables import format_table
 
@@ -28,31 +29,10 @@ COLUMNS = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup
            "p99_itl_ms", "alpha", "tokens_per_round", "hit_rate"]
 
 
-def _budget(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a budget is a whole number of guesses or 'auto'; got {text!r}") from None
-
-
-def _fanout(text: str) -> list[int]:
-    """One or more of F_0 .. F_K: "4" (space-separated, like every list flag) or the older "4,3,2,2,1"."""
-    try:
-        return [int(f) for f in text.replace("-", ",").split(",") if f]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"a fan-out is F_0 ... F_K as integers (e.g. --fanout 4 3 2 2 1); got {text!r}") from None
-
-
-def _K(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"K is a whole number of draft tokens per round, or auto; got {text!r}") from None
+_budget = argument_type(whole_or_auto, "a budget is a whole number of guesses or 'auto'")
+# one or more of F_0 .. F_K a word: "4" (space-separated, like every list flag) or the older "4,3,2,2,1" / "4-3-2-2-1"
+_fanout = argument_type(numbers, int, "a fan-out is F_0 ... F_K as integers (e.g. --fanout 4 3 2 2 1)", separators=",-")
+_K = argument_type(whole_or_auto, "K is a whole number of draft tokens per round, or auto")
 
 
 def _rate(text: str) -> float:
@@ -165,7 +145,7 @@ def config_from(args):
         categories=tuple(args.categories),
         prompt_order="file" if args.first else "round-robin", max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos,
         systems=tuple(args.systems), Ks=tuple(args.Ks), budgets=tuple(args.budget), schedules=tuple(args.schedule),
-        fanout=tuple(f for part in args.fanout for f in part) if args.fanout else None,
+        fanout=tuple(flat(args.fanout)) if args.fanout else None,
         fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),
         backups=tuple(args.backup), temperatures=tuple(args.temperature), batch_sizes=tuple(args.batch_size),
         dtype=args.dtype, draft_dtype=args.draft_dtype, draft_int8=args.draft_int8, target_quant=args.target_quant,

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from saguaro.commands.values import whole_or_auto
+
 DEFAULT_TARGET = "qwen-coder-1.5b"
 DEFAULT_DRAFT = "qwen-coder-0.5b"
 log = logging.getLogger(__name__)
@@ -136,24 +138,14 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
 
 def parse_K(text) -> int | str:
     """-K's value: 'auto' or an integer (checked further by SpeculativeConfig)."""
-    if isinstance(text, int) or text == "auto":
-        return text
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"-K must be a whole number of draft tokens per round (>= 1) or auto, got {text!r}") from None
+    return whole_or_auto(text, "-K must be a whole number of draft tokens per round (>= 1) or auto")
 
 
 def speculative_config(args, placement):
     """The SpeculativeConfig the flags of add_speculation_flags ask for, with the given placement."""
     from engine import SpeculativeConfig
 
-    budget = args.budget
-    if budget not in (None, "auto"):
-        try:
-            budget = int(budget)
-        except ValueError:
-            raise ValueError(f"--budget must be an integer or 'auto', got {args.budget!r}") from None
+    budget = None if args.budget is None else whole_or_auto(args.budget, "--budget must be an integer or 'auto'")
     K = parse_K(args.K)
     if K == "auto" and not 1 <= args.K_min <= AUTO_K_MAX:
         raise ValueError(f"--K-min must be in 1..{AUTO_K_MAX} (the largest K that -K auto chooses), got {args.K_min}")

@@ -29,22 +29,14 @@ import sys
 import time
 from pathlib import Path
 
+from saguaro.commands.values import argument_type, flat, numbers
+
 TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
                  "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "hit", "tok/round",
                  "overloaded", "capacity_rps"]
 
 
-def _floats(text: str) -> list[float]:
-    """One command-line word as numbers: '4', or the older comma form '4,2,2' (still accepted)."""
-    try:
-        return [float(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by spaces, got {text!r}") from None
-
-
-def flat(values: list[list[float]] | None) -> list[float] | None:
-    """A nargs='+' list of _floats words as one list (`--fanout 4 2 2` and `--fanout 4,2,2` alike)."""
-    return None if values is None else [v for word in values for v in word]
+_floats = argument_type(numbers, float, "expected numbers separated by spaces")
 
 
 class _DefaultsFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
