@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 
 from saguaro.bench.client import ENDPOINTS
+from saguaro.bench.config import known_fields
 from saguaro.prompts import PROMPT_ORDERS
 from saguaro.runfolder import CLIENT_KIND
 
@@ -104,8 +105,4 @@ class ClientConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ClientConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"config.json has unknown fields {sorted(unknown)}: was it written by another version?")
-        return cls(**{**data, "rates": tuple(float(r) for r in data.get("rates", ()))})
+        return cls(**{**known_fields(cls, data), "rates": tuple(float(r) for r in data.get("rates", ()))})

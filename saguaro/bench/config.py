@@ -27,6 +27,14 @@ AUTO = "auto"  # -K auto: adaptive K (SD and SSD), K_min..AUTO_K_MAX chosen each
 AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/reports/test_cli_defaults.py checks they agree)
 
 
+def known_fields(cls: type, data: dict) -> dict:
+    """`data` (a run folder's config.json) when each of its keys is a field of the dataclass `cls`."""
+    unknown = set(data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"config.json has unknown fields {sorted(unknown)}: was it written by another version?")
+    return data
+
+
 @dataclass(frozen=True)
 class Settings:
     """One point of the sweep for one system; None = the axis does not apply to that system."""
@@ -221,11 +229,7 @@ class BenchConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "BenchConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"config.json has unknown fields {sorted(unknown)}: was it written by another version?")
-        return cls(**data)
+        return cls(**known_fields(cls, data))
 
     def schedules_for(self, K: int) -> list[tuple[int, str, tuple[int, ...]]]:
         """(budget, schedule name, F_0..F_K) for each SSD fan-out to run at lookahead K; F is None for the

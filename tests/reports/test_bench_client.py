@@ -106,6 +106,16 @@ def test_poisson_gaps_have_mean_one_over_the_rate():
 
 
 # -- against the fake server ---------------------------------------------------------------------------
+def test_a_client_config_round_trips_through_json_and_refuses_unknown_fields():
+    from saguaro.bench.client_config import ClientConfig
+
+    config = ClientConfig(url="http://127.0.0.1:8000/v1/", rates=(0.5, math.inf), label="ssd")
+    as_json = json.loads(json.dumps(config.to_dict()))
+    assert as_json["rates"] == [0.5, "inf"] and ClientConfig.from_dict(as_json) == config
+    with pytest.raises(ValueError, match=r"unknown fields \['speed'\]"):
+        ClientConfig.from_dict({**as_json, "speed": 3})
+
+
 def test_run_folder_holds_requests_with_chunk_times_and_a_summary_per_point(server, tmp_path):
     run = bench(server.url, tmp_path, "--rate", "inf", "-n", "3", "--label", "sd", "--seed", "5")
     names = {p.name for p in run.iterdir()}
