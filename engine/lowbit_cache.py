@@ -66,6 +66,7 @@ logger = logging.getLogger(__name__)
 INDEX_NAME = "lowbit.json"
 INDEX_FORMAT = 1
 SHARD_BYTES = 1 << 30  # a shard is written once this many bytes are waiting (bounds build memory)
+SLAB_BYTES = 1 << 23  # a large float tensor is dequantised this many bytes of GGUF rows at a time
 EXACT_GROUP = 32  # the block size of Q4_0/Q4_1 and the sub-block size of Q4_K
 KEEP_FLOAT = ("lm_head",)  # Linear modules kept in bfloat16, as quantize_weights does by default
 
@@ -352,6 +353,28 @@ class _ShardWriter:
         self.pending, self.pending_bytes = {}, 0
 
 
+def _bfloat16_rows(data: np.ndarray, qtype: object) -> torch.Tensor:
+    """GGUF rows ([N, row] as the reader maps them) dequantised into a bfloat16 [N, K], a slab at a time.
+
+    The same values as dequantising the whole tensor to float32 and rounding that to bfloat16 (blocks
+    never straddle rows), without the whole float32 tensor: Qwen2.5-1.5B's embedding table and head
+    are 233M values each, 0.9 GB in float32. A slab is SLAB_BYTES of the GGUF's rows.
+    """
+    from gguf.quants import dequantize
+
+    rows = data.shape[0]
+    if rows == 0:
+        return torch.from_numpy(np.asarray(dequantize(data, qtype), dtype=np.float32)).to(torch.bfloat16)
+    step = max(1, SLAB_BYTES // max(1, data.nbytes // rows))
+    out = None
+    for start in range(0, rows, step):
+        part = np.asarray(dequantize(data[start:start + step], qtype), dtype=np.float32)
+        if out is None:
+            out = torch.empty((rows, part.shape[1]), dtype=torch.bfloat16)
+        out[start:start + step] = torch.from_numpy(part)
+    return out
+
+
 def _linear_module(skeleton: nn.Module, hf_name: str) -> str | None:
     """The module name when `hf_name` is the weight of a Linear to make low-bit, else None."""
     module_name, _, leaf = hf_name.rpartition(".")
@@ -445,8 +468,10 @@ def _convert(gguf: Path, out: Path, scheme: str, group_size: int, progress: bool
                 kept.append(module)
                 writer.add(hf_name, values.to(torch.bfloat16))
                 continue
-            values = dequantize(data, qtype) if two_d else weights.weights
-            writer.add(hf_name, torch.from_numpy(np.array(values, dtype=np.float32)).to(torch.bfloat16))
+            if two_d:  # the embedding table and an untied head are the largest tensors of all
+                writer.add(hf_name, _bfloat16_rows(data, qtype))
+            else:
+                writer.add(hf_name, torch.from_numpy(np.array(weights.weights, dtype=np.float32)).to(torch.bfloat16))
     writer.flush()
     missing = sorted(set(skeleton.state_dict()) - seen - _tied_names(skeleton))
     if missing:
