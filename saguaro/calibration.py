@@ -17,6 +17,22 @@ def long_prompt(ids: list[int], length: int) -> list[int]:
     return (ids * (length // len(ids) + 1))[:length]
 
 
+def ragged(state, b: int):
+    """`b` copies of `state`'s single row, every one but the first one token shorter (a hole at its end), as a
+    real batch's rows differ in length. An engine batch of b > 1 has holes (prompts of different lengths, rows
+    that accepted different counts), and transformers passes its attention a mask; rows without a hole get
+    no mask, and a one-token forward then runs attention with `enable_gqa`, which on CPU is many times
+    slower in bfloat16 (at 4 rows × 512 tokens, ~200 of the 1.5B target's ~500 ms step) and grows steeply
+    with context. A batch of one has no holes in the engine either (its roll-backs are trimmed), so it
+    stays as it is."""
+    import torch
+
+    rows = state.fork(torch.zeros(b, dtype=torch.long))
+    if b > 1:
+        rows.rollback((torch.arange(b) > 0).long())
+    return rows
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -61,7 +77,7 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
     conn.send(("ready", V))
 
     def rows_of(b: int) -> KVState:
-        return base.fork(torch.zeros(b, dtype=torch.long))
+        return ragged(base, b)
 
     def feed(b: int) -> torch.Tensor:
         return torch.tensor([ids[i % len(ids)] for i in range(b)], dtype=torch.long).reshape(b, 1)
@@ -216,14 +232,102 @@ def prefill_points(contexts: list[int], batches: list[int]) -> list[tuple[int, i
     return sorted(points) + [(1, hi)]
 
 
+class _Fixed:
+    """A proposer (engine.strategies.base.Proposer) whose speculation is always the same tokens `x` [b, K],
+    drawn from a point mass: the verify costs what it costs for any q, and the rounds stay reproducible."""
+
+    name = "sd"
+
+    def __init__(self, x, V: int):
+        import torch
+
+        self.x, self.K = x, x.shape[1]
+        self.q = torch.zeros(*x.shape, V).scatter_(-1, x[..., None], 1.0)  # [b, K, V]
+
+    def propose(self, rows):
+        from engine.strategies.base import Proposal
+
+        return Proposal(self.x, self.q, draft_ms=0.0, draft_forwards=0)
+
+    def admit(self, seqs) -> None:
+        pass
+
+    def retire(self, keep) -> None:
+        pass
+
+    def observe(self, result, verify_ms: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TargetRounds:
+    """The target's side of the timings, run by the engine's own decode loop (engine.decode_loop): each timed
+    step is one `DecodeLoop.step()` over greedy requests whose cache is a copy of the calibration's prompt
+    (`ragged`, at the point's context), and its time is the round record's `verify_ms`, exactly what a
+    run's rounds file shows: the AR step with the AR proposer (engine.strategies.ar), the verify of K
+    tokens with a proposer of fixed tokens. After each round the cache rolls back to where it was (exact),
+    so no point is prefilled again."""
+
+    def __init__(self, target, ids: list[int], K: int):
+        import torch
+
+        from engine.decode_loop import DecodeLoop
+        from engine.scheduler import SchedulerConfig
+        from engine.strategies.ar import NoDraft
+
+        self.ids, self.K = ids, K
+        self.V = int(target.get_output_embeddings().out_features)
+        self.device = torch.device("cpu")
+        self.ar = NoDraft(self.V, self.device)
+        self.loop = DecodeLoop(target, self.ar, pad_id=0, device=self.device, scheduler=SchedulerConfig())
+        self.loop.records = []
+        self.sd: _Fixed | None = None
+
+    def batch(self, base, b: int) -> None:
+        """The running batch: b requests at `base`'s context (`ragged`), each with its next token pending."""
+        import torch
+
+        from engine.sampling_params import SamplingParams
+        from engine.sequence import Sequence
+
+        loop, c = self.loop, int(base.lengths.max())
+        params = SamplingParams(temperature=0.0, stop_on_eos=False, max_new_tokens=10**9)
+        loop.release_records()
+        loop.running = []
+        for i in range(b):
+            seq = Sequence(seq_id=i, request_id=f"calibrate-{i}", index=i, prompt_ids=self.ids[:c], params=params,
+                           eos_ids=frozenset(), seed=i, arrival_s=time.perf_counter())
+            seq.generator = torch.Generator(device=self.device).manual_seed(i)
+            loop.running.append(seq)
+        loop.state = ragged(base, b)
+        loop.pending = torch.full((b,), self.ids[c], dtype=torch.long)
+        x = torch.tensor(self.ids[c + 1 : c + 1 + self.K], dtype=torch.long).repeat(b, 1)  # [b, K]
+        self.sd = _Fixed(x, self.V)
+
+    def step(self, T: int) -> tuple[float, float]:
+        """One round (T = 1: AR; T = K+1: the verify of K drafted tokens): (start, end) perf_counter times of
+        its verify, as the record times it (the forward, the warp, the rejection sampling, the roll-back)."""
+        import torch
+
+        loop = self.loop
+        loop.proposer = self.ar if T == 1 else self.sd
+        before = loop.state.lengths.clone()
+        loop.records.clear()
+        loop.step()
+        end = time.perf_counter()
+        record = loop.records[-1]
+        if len(loop.running) != len(before):
+            raise RuntimeError("a calibration row left the decode loop's batch")
+        loop.state.rollback(loop.state.lengths - before)  # exact: the batch as it was before the round
+        return end - record.verify_ms / 1e3, end
+
 def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[dict], dict]:
     """Every timed point: records (JSONL dicts) and the summary's medians."""
     import torch
 
     from engine.kv_cache import KVState
-    from engine.sampling import RowSampling, warp_rows
-    from engine.sampling_params import SamplingParams
-    from engine.verifier import verify as rejection_sample
 
     K, reps = args.K, args.repeats
     contexts = sorted(set(args.context), reverse=True)  # longest first: shorter ones are roll-backs
@@ -248,24 +352,8 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
         records.append(_prefill_record(b, n, target_ms, draft_ms))
         summary["prefill_ms"][f"{b}x{n}"] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
     say(f"prefilled at {len(prefill_points(contexts, args.batch))} lengths and batch sizes (target and draft)")
-    feed = lambda b, T: torch.tensor(ids[:T], dtype=torch.long).repeat(b, 1)  # noqa: E731
-
-    rows = {b: RowSampling([SamplingParams(temperature=0.0, stop_on_eos=False)] * b) for b in args.batch}
-    gens = {b: [torch.Generator().manual_seed(i) for i in range(b)] for b in args.batch}
-    V = int(target.get_output_embeddings().out_features)
-
-    def timed(state: KVState, b: int, T: int) -> tuple[float, float]:
-        """One target step as the engine's round times it: the forward over T = K+1 tokens per row (T = 1:
-        AR), the warp and the rejection sampling against the draft's q (a point mass here)."""
-        block = feed(b, T)
-        x = block[:, 1:]  # [b, T-1] the "drafted" tokens
-        q = torch.zeros(b, T - 1, V).scatter_(-1, x[..., None], 1.0)  # [b, T-1, V]
-        t0 = time.perf_counter()
-        p = warp_rows(state.extend(block).float(), rows[b])  # [b, T, V]
-        rejection_sample(x, q, p, gens[b])
-        t1 = time.perf_counter()
-        state.rollback(torch.full((b,), T, dtype=torch.long))  # exact: the state before the forward
-        return t0, t1
+    rounds = TargetRounds(target, ids, K)
+    timed = rounds.step  # one round of the engine's decode loop: T = 1 the AR step, T = K+1 the verify
 
     for c in contexts:
         base.rollback(base.lengths - c)
@@ -273,12 +361,12 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
             raise RuntimeError(f"the draft worker could not roll its cache back to {c} tokens")
         for b in args.batch:
             key = f"{b}x{c}"
-            state = base.fork(torch.zeros(b, dtype=torch.long))
-            timed(state, b, K + 1)  # warm-up at this shape, not recorded
+            rounds.batch(base, b)
+            timed(K + 1)  # warm-up at this shape, not recorded
             ar, alone = [], []
             for _ in range(reps):
-                ar += _ms([timed(state, b, 1)])
-                alone += _ms([timed(state, b, K + 1)])
+                ar += _ms([timed(1)])
+                alone += _ms([timed(K + 1)])
             sd = _ms(worker.ask("sd", b, reps))
             backup = _ms(worker.ask("backup", b, max(1, reps - 1)))
             records += [_record("ar", K, b, c, t) for t in ar]
@@ -292,7 +380,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                 busy: list[tuple[float, float]] = []
                 built = 0
                 while len(busy) < reps or built < 2:  # each verify runs next to a build
-                    busy.append(timed(state, b, K + 1))
+                    busy.append(timed(K + 1))
                     while worker.conn.poll():
                         built = worker.recv()[1]
                 worker.conn.send(("stop",))  # it stops after the build under way; verify next to it meanwhile
@@ -302,7 +390,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                         message = worker.recv()
                         pairs = None if isinstance(message, tuple) else message  # a tuple: ("built", n)
                     if pairs is None:
-                        busy.append(timed(state, b, K + 1))
+                        busy.append(timed(K + 1))
                 builds = _ms(pairs)
                 busy = [v for v in busy if v[1] <= pairs[-1][1]] or busy  # a verify that ran on alone: left out
                 verify = _ms(busy)

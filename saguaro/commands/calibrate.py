@@ -7,8 +7,12 @@ and ONCE by the draft in a worker process on the other core(s), as SSD places th
 reached by rolling the caches back exactly (engine.kv_cache), each batch size by copying that row; every
 timed forward is rolled back too, so nothing is prefilled twice. At each context and batch size:
 
-- the target's AR step (one token per row) and verify (K+1 tokens per row: the forward, the warp and the
-  rejection sampling, as the engine's round times it), alone;
+- the target's AR step (one token per row) and verify (K+1 tokens per row), alone, each one round of the
+  engine's own decode loop (its AR proposer, and one proposing fixed tokens) timed as its round records
+  time them (verify_ms: the forward, the warp, the rejection sampling and the roll-back). At batch > 1
+  every row but the first is one token shorter, as the rows of a real batch differ in length: rows
+  without a hole take another attention path in transformers, much slower on CPU in bfloat16 (the
+  draft's rows below get the same);
 - the draft's SD proposal (K steps over the batch) and its neural backup (the worker's K-step draft over
   the missed rows), alone, as SD and SSD run them while the target waits;
 - for each --budget B: the worker builds SSD's cache again and again (the glue forward, then the K-step

@@ -1,0 +1,72 @@
+"""`saguaro calibrate` times the target as the engine runs it: each AR step and verify is one round of the
+engine's decode loop (its record's verify_ms), the batch rolls back exactly after it, and at batch > 1 the
+rows differ in length as a real batch's do, so attention gets the mask (and the kernel) the engine's does."""
+
+import pytest
+import torch
+
+from engine.kv_cache import KVState
+from engine.models import tiny_model
+from saguaro.calibration import TargetRounds, ragged
+
+IDS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=0)  # 4 attention heads over 2 key/value heads (grouped, as Qwen2.5's)
+
+
+def prefilled(model, n: int) -> KVState:
+    state = KVState(model, 1, torch.device("cpu"))
+    state.extend(torch.tensor([IDS[:n]]), logits_to_keep=1)
+    return state
+
+
+def test_ragged_rows_are_copies_with_every_row_but_the_first_one_shorter(target):
+    base = prefilled(target, 10)
+    rows = ragged(base, 3)
+    assert rows.lengths.tolist() == [10, 9, 9]
+    assert rows.mask[0].all() and rows.mask[1:, :9].all() and not rows.mask[1:, 9].any()
+    assert torch.equal(rows.cache.layers[0].keys[2], base.cache.layers[0].keys[0])
+    one = ragged(base, 1)  # a batch of one has no hole, in the engine as here
+    assert one.lengths.tolist() == [10] and one.mask.all()
+
+
+def test_a_ragged_batch_gives_attention_a_mask_as_the_engines_batches_do(target, monkeypatch):
+    """Rows without a hole get no mask, and transformers then asks for enable_gqa (slow on CPU in bfloat16)."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is None, kwargs.get("enable_gqa", False)))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    base = prefilled(target, 10)
+    calls.clear()
+    base.fork(torch.zeros(2, dtype=torch.long)).extend(torch.tensor([[7], [7]]))
+    assert calls and all(no_mask and gqa for no_mask, gqa in calls)  # what the former calibration timed
+    calls.clear()
+    ragged(base, 2).extend(torch.tensor([[7], [7]]))
+    assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(target, T):
+    K, c, b = 2, 12, 3
+    rounds = TargetRounds(target, IDS, K)
+    rounds.batch(prefilled(target, c), b)
+    state = rounds.loop.state
+    mask, lengths, keys = state.mask.clone(), state.lengths.clone(), state.cache.layers[0].keys.clone()
+    for _ in range(2):
+        t0, t1 = rounds.step(T)
+        record = rounds.loop.records[-1]
+        assert (record.strategy, record.K, record.batch_size, record.context_len) == (
+            "ar" if T == 1 else "sd", T - 1, b, c)
+        assert record.phase == "decode" and len(record.accepted) == b
+        assert (t1 - t0) * 1e3 == pytest.approx(record.verify_ms, rel=1e-9)
+        state = rounds.loop.state
+        assert torch.equal(state.mask, mask) and torch.equal(state.lengths, lengths)
+        assert torch.equal(state.cache.layers[0].keys, keys)
+        assert len(rounds.loop.running) == b
