@@ -9,27 +9,14 @@ The negative control runs the same schedule with a biased verifier and must reje
 """
 
 import numpy as np
-import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from tests.engine.test_sd_distribution import (
-    PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution,
+from tests.engine.tiny import (
+    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
 )
-from tests.engine.tiny import noisy_copy, tiny_lm
 
-FALSE_ALARM = 1e-3
 ROWS, CALLS = 20, 300  # 6,000 sequences
 SPEC = SpeculativeConfig(K=4, adaptive=True, draft_cost=0.02, confidence_stop=0.5)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, vocab_size=V, hidden=16, scale=6.0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, noise=1.5, seed=1)
 
 
 def run(target, draft, calls: int, temperature: float = 1.0):
@@ -39,21 +26,20 @@ def run(target, draft, calls: int, temperature: float = 1.0):
     for i in range(calls):
         params = SamplingParams(temperature=temperature, max_new_tokens=STEPS, stop_on_eos=False, seed=11 + 7919 * i)
         out = llm.generate([PROMPT] * ROWS, params)
-        for o in out:
-            counts[np.ravel_multi_index(o.token_ids, (V,) * STEPS)] += 1
+        counts += sequence_counts(out)
         shapes |= {(r.K, r.draft_forwards) for r in out.metrics.rounds if r.phase == "decode"}
     return counts, shapes
 
 
-def test_adaptive_K_and_confidence_stop_keep_the_target_distribution(target, draft):
-    counts, shapes = run(target, draft, CALLS)
+def test_adaptive_K_and_confidence_stop_keep_the_target_distribution(target8, draft8):
+    counts, shapes = run(target8, draft8, CALLS)
     assert len({K for K, _ in shapes}) >= 3  # K varied from round to round
     assert any(forwards > K for K, forwards in shapes)  # the draft stopped early (it looked one further)
     params = SamplingParams(temperature=1.0)
-    assert chi_square_p(counts, exact_distribution(target, params)) > FALSE_ALARM
+    assert chi_square_p(counts, exact_distribution(target8, params)) > FALSE_ALARM
 
 
-def test_negative_control_biased_verifier_is_detected_under_adaptive_K(target, draft, monkeypatch):
+def test_negative_control_biased_verifier_is_detected_under_adaptive_K(target8, draft8, monkeypatch):
     monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
-    counts, _ = run(target, draft, CALLS // 3)
-    assert chi_square_p(counts, exact_distribution(target, SamplingParams(temperature=1.0))) < 1e-9
+    counts, _ = run(target8, draft8, CALLS // 3)
+    assert chi_square_p(counts, exact_distribution(target8, SamplingParams(temperature=1.0))) < 1e-9

@@ -15,7 +15,6 @@ target), and samples from an engine with a deliberately biased verifier against 
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import numpy as np
@@ -26,10 +25,10 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, EngineConfig
 from engine.models import tiny_pair
 from engine.quantize import WeightOnlyLinear
-from engine.sampling import sample, warp
 from engine.strategies.ssd import draft_recipe
-from engine.verifier import Verification
-from tests.engine.test_sd_distribution import chi_square_p
+from tests.engine.tiny import (
+    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+)
 
 # tiny_pair's layers are [16|32|64, 32] and [32, 64]: int8 needs in_features % 16, int4 g32 also
 # out_features % 16; every Linear but the (kept) output head fits both.
@@ -123,22 +122,8 @@ def test_a_low_bit_draft_object_is_refused_by_the_worker_recipe(pair):
 
 
 # -- statistical ----------------------------------------------------------------------------------
-V, STEPS, N = 8, 3, 20_000
-PROMPT = [1, 5, 2]
-FALSE_ALARM = 1e-3
+N = 20_000  # V, STEPS, PROMPT and the helpers: tiny.py
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
-
-
-def exact_distribution(model, params: SamplingParams) -> np.ndarray:
-    """P(first STEPS tokens = s) for every s in V^STEPS under `model`, by enumeration."""
-    prefixes, table = [()], {(): 1.0}
-    for _ in range(STEPS):
-        batch = torch.tensor([PROMPT + list(s) for s in prefixes])
-        with torch.inference_mode():
-            p = warp(model(batch).logits[:, -1].double(), params).numpy()  # [n, V]
-        table = {s + (x,): table[s] * p[i, x] for i, s in enumerate(prefixes) for x in range(V)}
-        prefixes = list(table)
-    return np.array([table[s] for s in itertools.product(range(V), repeat=STEPS)])
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +136,7 @@ def sd_samples(target, draft) -> tuple[np.ndarray, torch.nn.Module]:
     with LLM(target, draft, strategy="sd", speculative=SpeculativeConfig(K=2), **LOW_BIT) as llm:
         out = llm.generate([PROMPT] * N, PARAMS)
         loaded = llm.target
-    index = [np.ravel_multi_index(o.token_ids, (V,) * STEPS) for o in out]
-    return np.bincount(index, minlength=V**STEPS), loaded
+    return sequence_counts(out), loaded
 
 
 @pytest.fixture(scope="module")
@@ -172,14 +156,6 @@ def test_negative_control_the_float_targets_distribution_is_rejected(small_pair,
     float_probs, low_bit_probs = exact_distribution(small_pair[0], PARAMS), exact_distribution(loaded, PARAMS)
     assert 0.5 * np.abs(float_probs - low_bit_probs).sum() > 0.02  # the two models differ by this much (TV)
     assert chi_square_p(counts, float_probs) < 1e-9
-
-
-def argmax_verifier(draft_tokens, q, p, generator):
-    """A broken verifier: accept while the draft token is the target's argmax, bonus from p."""
-    matches = draft_tokens == p[:, :-1].argmax(-1)  # [B, K]
-    accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
-    rows = torch.arange(len(accepted))
-    return Verification(accepted=accepted, bonus=sample(p[rows, accepted], generator))
 
 
 def test_negative_control_a_biased_verifier_is_detected_on_the_low_bit_path(small_pair, monkeypatch):

@@ -12,8 +12,8 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.test_sd_distribution import (  # noqa: F401 (target, draft: the same fixtures)
-    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, draft, exact_distribution, target,
+from tests.engine.tiny import (
+    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
 )
 
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=5)]
@@ -32,23 +32,22 @@ def mixed_counts(target, draft, strategy: str) -> tuple[list[np.ndarray], list]:
         out = llm.generate([PROMPT] * (2 * n), params)
     counts = []
     for setting in range(2):
-        index = [np.ravel_multi_index(o.token_ids, (V,) * STEPS) for o in out.outputs[setting::2]]
-        counts.append(np.bincount(index, minlength=V**STEPS))
+        counts.append(sequence_counts(out.outputs[setting::2]))
     return counts, out.metrics.rounds
 
 
 @pytest.mark.parametrize("strategy", ["sd", "ssd"])
-def test_mixed_settings_under_continuous_batching_match_each_target_distribution(target, draft, strategy):
-    counts, rounds = mixed_counts(target, draft, strategy)
+def test_mixed_settings_under_continuous_batching_match_each_target_distribution(target8, draft8, strategy):
+    counts, rounds = mixed_counts(target8, draft8, strategy)
     assert max(r.batch_size for r in rounds) == 256
     assert sum(r.phase == "prefill" for r in rounds) > 10  # rows really joined a running batch
     for setting, c in zip(SETTINGS, counts):
         params = SamplingParams(max_new_tokens=STEPS, **setting)
-        assert chi_square_p(c, exact_distribution(target, params)) > FALSE_ALARM
+        assert chi_square_p(c, exact_distribution(target8, params)) > FALSE_ALARM
 
 
-def test_negative_control_biased_verifier_is_detected_in_a_mixed_batch(target, draft, monkeypatch):
+def test_negative_control_biased_verifier_is_detected_in_a_mixed_batch(target8, draft8, monkeypatch):
     monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
-    counts, _ = mixed_counts(target, draft, "sd")
+    counts, _ = mixed_counts(target8, draft8, "sd")
     params = SamplingParams(max_new_tokens=STEPS, **SETTINGS[0])
-    assert chi_square_p(counts[0], exact_distribution(target, params)) < 1e-12
+    assert chi_square_p(counts[0], exact_distribution(target8, params)) < 1e-12

@@ -13,19 +13,10 @@ from engine.strategies.lookahead import SSDLookahead
 from theory.adaptive import miss_share
 from tests.engine.tiny import noisy_copy, tiny_lm
 
+# Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=30, stop_on_eos=False)
 IN_PROCESS = DraftPlacement(in_process=True)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(target):
-    return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
 
 
 def decode_rounds(out):

@@ -17,23 +17,12 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.test_sd_distribution import (
-    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution,
+from tests.engine.tiny import (
+    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
 )
-from tests.engine.tiny import noisy_copy, tiny_lm
 
 N = 3_000
 SCHEDULE = (3, 1, 2)  # the K asked for, in turn
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, vocab_size=V, hidden=16, scale=6.0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, noise=1.5, seed=1)
 
 
 @pytest.fixture
@@ -45,26 +34,25 @@ def cycling_K(monkeypatch):
 def run(target, draft, params: SamplingParams, **spec):
     spec = SpeculativeConfig(K=3, adaptive=True, placement=DraftPlacement(in_process=True), **spec)
     out = LLM(target, draft, strategy="ssd", speculative=spec).generate([PROMPT] * N, params)
-    index = [np.ravel_multi_index(o.token_ids, (V,) * STEPS) for o in out]
     rounds = [r for r in out.metrics.rounds if r.phase == "decode"]
-    return np.bincount(index, minlength=V**STEPS), rounds
+    return sequence_counts(out), rounds
 
 
 @pytest.mark.parametrize("spec, sampling", [
     (dict(schedule="given", fanout=(3, 3, 3, 3)), dict(temperature=1.0)),
     (dict(C=0.3, schedule="geometric", budget=6), dict(temperature=0.7, top_k=5)),
 ], ids=["uniform fan-out, T=1", "Saguaro C=0.3, geometric, top-k, T=0.7"])
-def test_ssd_with_a_changing_K_matches_the_target_distribution(target, draft, cycling_K, spec, sampling):
+def test_ssd_with_a_changing_K_matches_the_target_distribution(target8, draft8, cycling_K, spec, sampling):
     params = SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=11, **sampling)
-    counts, rounds = run(target, draft, params, **spec)
+    counts, rounds = run(target8, draft8, params, **spec)
     assert len({r.K for r in rounds}) >= 2  # K changed from round to round
     hit_rate = np.mean([h for r in rounds[1:] for h in r.hit])
     assert hit_rate > 0.15  # hundreds of rows took a branch drafted at a length other than its parent's
-    assert chi_square_p(counts, exact_distribution(target, params)) > FALSE_ALARM
+    assert chi_square_p(counts, exact_distribution(target8, params)) > FALSE_ALARM
 
 
-def test_negative_control_biased_verifier_is_detected_under_a_changing_K(target, draft, cycling_K, monkeypatch):
+def test_negative_control_biased_verifier_is_detected_under_a_changing_K(target8, draft8, cycling_K, monkeypatch):
     monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
-    counts, _ = run(target, draft, params, schedule="given", fanout=(3, 3, 3, 3))
-    assert chi_square_p(counts, exact_distribution(target, params)) < 1e-12
+    counts, _ = run(target8, draft8, params, schedule="given", fanout=(3, 3, 3, 3))
+    assert chi_square_p(counts, exact_distribution(target8, params)) < 1e-12

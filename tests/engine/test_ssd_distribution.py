@@ -1,6 +1,6 @@
 """The SSD engine samples from exactly the target's distribution in every regime (statistical).
 
-Same design as test_sd_distribution.py (whose enumeration and chi-square helpers it reuses): a tiny
+Same design as test_sd_distribution.py (the same enumeration and chi-square helpers, in tiny.py): a tiny
 8-token model, N independent sequences generated as one batch (so batch ≥ 2 in every regime, each row
 with its own outcome, hit or miss), the first three tokens compared with the exact distribution.
 False-alarm rate: each test rejects at p < 1e-3 with fixed seeds (deterministic suite). The negative
@@ -12,29 +12,17 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.test_sd_distribution import (
-    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution,
+from tests.engine.tiny import (
+    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
 )
-from tests.engine.tiny import noisy_copy, tiny_lm
 
 N = 3_000
 IN_PROCESS = DraftPlacement(in_process=True)
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, vocab_size=V, hidden=16, scale=6.0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, noise=1.5, seed=1)
-
-
 def ssd_counts(target, draft, spec: SpeculativeConfig, params: SamplingParams) -> tuple[np.ndarray, dict]:
     out = LLM(target, draft, strategy="ssd", speculative=spec).generate([PROMPT] * N, params)
-    index = [np.ravel_multi_index(o.token_ids, (V,) * STEPS) for o in out]
-    return np.bincount(index, minlength=V**STEPS), out.metrics.summary()
+    return sequence_counts(out), out.metrics.summary()
 
 
 HITS = dict(schedule="given", fanout=(3, 3, 3))
@@ -50,20 +38,20 @@ REGIMES = {
 
 
 @pytest.mark.parametrize("regime", list(REGIMES))
-def test_ssd_engine_matches_the_target_distribution(target, draft, regime):
+def test_ssd_engine_matches_the_target_distribution(target8, draft8, regime):
     spec_kwargs, kwargs = REGIMES[regime]
     spec = SpeculativeConfig(placement=IN_PROCESS, **spec_kwargs)
     params = SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=11, **kwargs)
-    counts, summary = ssd_counts(target, draft, spec, params)
+    counts, summary = ssd_counts(target8, draft8, spec, params)
     if "hits" in regime:
         assert summary["hit_rate"] > 0.15  # over a thousand rows really take the cache-hit path
     if "misses" in regime:
         assert summary["hit_rate"] == 0 and summary["backup_rows"]
-    assert chi_square_p(counts, exact_distribution(target, params)) > FALSE_ALARM
+    assert chi_square_p(counts, exact_distribution(target8, params)) > FALSE_ALARM
 
 
-def test_negative_control_biased_verifier_is_detected(target, draft, monkeypatch):
+def test_negative_control_biased_verifier_is_detected(target8, draft8, monkeypatch):
     monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
-    counts, _ = ssd_counts(target, draft, SpeculativeConfig(K=2, placement=IN_PROCESS, **HITS), params)
-    assert chi_square_p(counts, exact_distribution(target, params)) < 1e-12
+    counts, _ = ssd_counts(target8, draft8, SpeculativeConfig(K=2, placement=IN_PROCESS, **HITS), params)
+    assert chi_square_p(counts, exact_distribution(target8, params)) < 1e-12

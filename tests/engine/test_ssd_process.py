@@ -15,20 +15,11 @@ from engine.config import DraftPlacement, EngineConfig, WorkerFaults
 from engine.models import int8_dynamic
 from engine.strategies.ssd import draft_recipe
 from saguaro.prompts import load_prompts
-from tests.engine.tiny import noisy_copy, tiny_lm
+from tests.engine.tiny import noisy_copy
 
+# Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(target):
-    return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
 
 
 def ssd(target, faults=None, deadline_s=5.0):

@@ -19,22 +19,13 @@ from engine.config import DraftPlacement, StartFault, WorkerFaults
 from engine.ssd.transport import host_store
 from saguaro.cli import main as cli
 from tests.engine.test_ssd_process import assert_no_children_left, decode_strategies
-from tests.engine.tiny import noisy_copy, tiny_lm
+from tests.engine.tiny import noisy_copy
 
 ROOT = Path(__file__).resolve().parents[2]
+# Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
 NOTICE_S = 30.0  # far below the 300 s start deadline it used to take, far above a loaded 2-core machine's noise
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def ar_tokens(target):
-    return [o.token_ids for o in LLM(target).generate(PROMPTS, GREEDY)]
 
 
 def ssd(target, faults=None, start_deadline_s=300.0, **placement):
