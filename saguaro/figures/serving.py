@@ -64,28 +64,44 @@ def _hollow(ax: Axes, xs: list[float], rows: list[dict], field: str, marker: str
             ax.plot([x], [_value(r[field])], marker, ms=size + 1, color=color, mfc="white", zorder=3)
 
 
+def _against_load(ax: Axes, data: ReportData, load: str, ylabel: str,
+                  draw_series: Callable[[Axes, str, list[float], list[dict]], list[dict]],
+                  ) -> tuple[dict[str, list[dict]], list[dict]]:
+    """What the serving figures share: `draw_series(ax, label, xs, rows)` once per system (it returns the rows
+    it plotted), then the load axis, y from 0 and the legend. Returns the rows by system, and those plotted."""
+    series = _points(data, load)
+    positions = _x_positions([r for rs in series.values() for r in rs], load)
+    plotted = []
+    for label, rs in series.items():
+        plotted += draw_series(ax, label, [positions[r[load]] for r in rs], rs)
+    _x_axis(ax, positions, load)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    mark_disturbed_legend(ax, any(r.get("disturbed") for rs in series.values() for r in rs))
+    legend(ax)
+    return series, plotted
+
+
+def _plotted(label: str, load: str, r: dict, values: dict) -> dict:
+    """One plotted point as the figure's data file has it: system, run, load, `values`, then the request counts."""
+    return {"series": label, "run": r["run"], load: r[load], **values, "completed": r["completed"],
+            "failed": r["failed"], "disturbed": r.get("disturbed", 0)}
+
+
 def latency_vs(load: str, metric: str) -> Callable[[Axes, ReportData], list[dict]]:
     """A figure function: the metric's p50 and p99 against the load, one colour per system."""
+    p50, p99 = f"median_{metric}_ms", f"p99_{metric}_ms"
+
+    def draw_series(ax: Axes, label: str, xs: list[float], rs: list[dict]) -> list[dict]:
+        line = ax.plot(xs, [_value(r[p50]) for r in rs], "-o", ms=4, label=f"{label} p50")
+        color = line[0].get_color()
+        ax.plot(xs, [_value(r[p99]) for r in rs], "--s", ms=3, color=color, label=f"{label} p99")
+        _hollow(ax, xs, rs, p50, "o", 4, color)
+        _hollow(ax, xs, rs, p99, "s", 3, color)
+        return [_plotted(label, load, r, {f"p50_{metric}_ms": r[p50], p99: r[p99]}) for r in rs]
 
     def draw(ax: Axes, data: ReportData) -> list[dict]:
-        series = _points(data, load)
-        positions = _x_positions([r for rs in series.values() for r in rs], load)
-        plotted = []
-        for label, rs in series.items():
-            xs = [positions[r[load]] for r in rs]
-            line = ax.plot(xs, [_value(r[f"median_{metric}_ms"]) for r in rs], "-o", ms=4, label=f"{label} p50")
-            color = line[0].get_color()
-            ax.plot(xs, [_value(r[f"p99_{metric}_ms"]) for r in rs], "--s", ms=3, color=color, label=f"{label} p99")
-            _hollow(ax, xs, rs, f"median_{metric}_ms", "o", 4, color)
-            _hollow(ax, xs, rs, f"p99_{metric}_ms", "s", 3, color)
-            plotted += [{"series": label, "run": r["run"], load: r[load], f"p50_{metric}_ms": r[f"median_{metric}_ms"],
-                         f"p99_{metric}_ms": r[f"p99_{metric}_ms"], "completed": r["completed"],
-                         "failed": r["failed"], "disturbed": r.get("disturbed", 0)} for r in rs]
-        _x_axis(ax, positions, load)
-        ax.set_ylabel(f"{metric.upper()} (ms)")
-        ax.set_ylim(bottom=0)
-        mark_disturbed_legend(ax, any(r.get("disturbed") for rs in series.values() for r in rs))
-        legend(ax)
+        series, plotted = _against_load(ax, data, load, f"{metric.upper()} (ms)", draw_series)
         fewest = min((r["completed"] for rs in series.values() for r in rs), default=0)
         few = 0 < fewest < 100 and metric != "itl"  # ITL pools every chunk gap: many samples
         small = f"; {fewest} requests at a point: its p99 is about the slowest" if few else ""
@@ -98,23 +114,14 @@ def latency_vs(load: str, metric: str) -> Callable[[Axes, ReportData], list[dict
 def throughput_vs(load: str) -> Callable[[Axes, ReportData], list[dict]]:
     """A figure function: output tokens/s achieved against the load, one line per system."""
 
+    def draw_series(ax: Axes, label: str, xs: list[float], rs: list[dict]) -> list[dict]:
+        line = ax.plot(xs, [_value(r["output_tokens_per_s"]) for r in rs], "-o", ms=4, label=label)
+        _hollow(ax, xs, rs, "output_tokens_per_s", "o", 4, line[0].get_color())
+        return [_plotted(label, load, r, {"output_tokens_per_s": r["output_tokens_per_s"],
+                                          "requests_per_s": r["requests_per_s"]}) for r in rs]
+
     def draw(ax: Axes, data: ReportData) -> list[dict]:
-        series = _points(data, load)
-        positions = _x_positions([r for rs in series.values() for r in rs], load)
-        plotted = []
-        for label, rs in series.items():
-            xs = [positions[r[load]] for r in rs]
-            line = ax.plot(xs, [_value(r["output_tokens_per_s"]) for r in rs], "-o", ms=4, label=label)
-            _hollow(ax, xs, rs, "output_tokens_per_s", "o", 4, line[0].get_color())
-            plotted += [{"series": label, "run": r["run"], load: r[load],
-                         "output_tokens_per_s": r["output_tokens_per_s"], "requests_per_s": r["requests_per_s"],
-                         "completed": r["completed"], "failed": r["failed"], "disturbed": r.get("disturbed", 0)}
-                        for r in rs]
-        _x_axis(ax, positions, load)
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("output throughput (generated tokens/s)")
-        mark_disturbed_legend(ax, any(r.get("disturbed") for rs in series.values() for r in rs))
-        legend(ax)
+        _, plotted = _against_load(ax, data, load, "output throughput (generated tokens/s)", draw_series)
         ax.set_title(f"Output throughput against the {LOADS[load]}")
         return plotted
 
