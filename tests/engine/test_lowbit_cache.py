@@ -89,6 +89,57 @@ def test_nibble_packing_round_trips():
     assert torch.equal(lowbit_cache._unpack_nibbles(packed), q)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q4_K])
+def test_codes_packed_straight_from_the_gguf_bytes_are_the_packed_codes(qtype):
+    """The build packs from the GGUF's bytes (_q4_packed); it must equal packing the unpacked codes."""
+    raw = gguf_rows(qtype, rows=24, cols=1024, seed=5)
+    order = np.random.default_rng(1).permutation(24)  # the build permutes llama's Q/K rows first
+    for rows in (raw, raw[order]):
+        q, scale, zero = lowbit_cache._q4_codes(rows, qtype)
+        packed, packed_scale, packed_zero = lowbit_cache._q4_packed(rows, qtype)
+        assert packed.shape == (24, 512) and packed.dtype == np.uint8
+        assert torch.equal(torch.from_numpy(packed), lowbit_cache._pack_nibbles(torch.from_numpy(q)))
+        assert np.array_equal(packed_scale, scale) and np.array_equal(packed_zero, zero)
+    with pytest.raises(ValueError, match="no exact int4 form"):
+        lowbit_cache._q4_packed(raw, T.Q6_K)
+
+
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q4_K, T.Q8_0, T.F16], ids=lambda t: t.name)
+def test_float_tensors_dequantised_in_slabs_equal_the_whole_dequantisation(qtype, monkeypatch):
+    rng = np.random.default_rng(2)
+    if qtype is T.Q4_K:
+        raw = random_q4k_rows(37, 512)
+    elif qtype is T.Q6_K:  # gguf cannot quantise to Q6_K: random blocks (128 ql, 64 qh, 16 scales, f16 d)
+        raw = rng.integers(0, 256, (37 * 2, 210), dtype=np.uint8)
+        raw[:, 208:] = rng.uniform(1e-4, 1e-2, (37 * 2, 1)).astype(np.float16).view(np.uint8)
+        raw = raw.reshape(37, -1)
+    else:
+        raw = quantize(rng.standard_normal((37, 512)).astype(np.float32), qtype)
+    want = torch.from_numpy(dequantize(raw, qtype).astype(np.float32)).to(torch.bfloat16)
+    monkeypatch.setattr(lowbit_cache, "SLAB_BYTES", raw.nbytes // 37 * 5)  # 5 rows a slab: 8 slabs, one short
+    got = lowbit_cache._bfloat16_rows(raw, qtype)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+def test_metadata_read_once_shares_one_parse_and_puts_everything_back():
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    path = smoke_gguf()
+    before = (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint)
+    with lowbit_cache._metadata_read_once(path) as reader:
+        assert gguf.GGUFReader(path) is reader and gguf.GGUFReader(str(path)) is reader
+        first = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)
+        first["config"]["edited"] = True  # a caller's edit must not reach the next caller
+        second = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)
+        assert "edited" not in second["config"]
+        plain = before[0](path)
+        assert [t.name for t in reader.tensors] == [t.name for t in plain.tensors]
+        assert all(np.array_equal(a.data, b.data) for a, b in zip(reader.tensors[:3], plain.tensors[:3]))
+        assert list(reader.fields) == list(plain.fields)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == before
+
+
 def test_from_quantized_int8_multiplies_by_the_given_codes():
     q = torch.randint(-127, 128, (16, 32), dtype=torch.int8)
     scales = torch.rand(16) / 100
@@ -185,6 +236,28 @@ def test_smoke_model_generates_what_its_float_twin_does(smoke, reference):
         twin_logits = twin(ids).logits.float()
     assert torch.equal(ours, theirs)
     assert (logits - twin_logits).abs().max() < 1.0  # logits ~20: bf16 activations on both sides, different kernels
+
+
+# sha256 over the smoke build's tensors (sorted by name: name, dtype, shape, then the bytes), taken from
+# the build of commit 36410be, before the build was made fast: the fast build must write the same bytes.
+SMOKE_TENSORS_SHA256 = "705517d103b9d8b3d8be114f02d8ec9d626fde90f65a41ecb0695cd93b3d81b8"
+
+
+def test_smoke_build_writes_the_bytes_the_first_build_wrote(smoke):
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    _, folder = smoke
+    tensors = {}
+    for shard in sorted(folder.glob("model-*.safetensors")):
+        tensors.update(load_file(str(shard)))
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    assert len(tensors) == 692 and digest.hexdigest() == SMOKE_TENSORS_SHA256
 
 
 def test_load_is_none_until_built_and_builds_once(smoke):
