@@ -237,8 +237,9 @@ _SHARE_LOCK = threading.RLock()  # the swaps below are process-wide: one build a
 
 
 def _plain_reader_class():
-    """GGUFReader whose byte view is a plain ndarray over the same memory map (slices made in C)."""
-    from gguf import GGUFReader
+    """GGUFReader whose byte view is a plain ndarray over the same memory map (slices made in C), and
+    whose arrays of strings (a vocabulary, its merges) are walked in one loop: the same fields, part for part."""
+    from gguf import GGUFReader, GGUFValueType
 
     class PlainReader(GGUFReader):
         @property
@@ -249,7 +250,48 @@ def _plain_reader_class():
         def data(self, value: np.ndarray) -> None:  # GGUFReader.__init__ assigns its np.memmap here
             self._plain = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
+        def _get_field_parts(self, orig_offs: int, raw_type: int):
+            if raw_type != GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            count = self._get(orig_offs + 4, np.uint64)
+            item_type = GGUFValueType(raw_itype[0])
+            scalar = self.gguf_scalar_to_np.get(item_type)
+            if scalar is not None:  # GGUFReader's layout: [item type, count, then each value as a 1-array]
+                values = self._get(orig_offs + 12, scalar, int(count[0]))
+                types = [GGUFValueType.ARRAY] + ([item_type] if len(values) else [])
+                return 12 + int(values.nbytes), [raw_itype, count, *values.reshape(-1, 1)], \
+                    list(range(2, 2 + len(values))), types
+            if item_type != GGUFValueType.STRING:  # arrays of arrays
+                return super()._get_field_parts(orig_offs, raw_type)
+            # [item type, count, then per string its length and its bytes]: string i is part 3 + 2i
+            parts, idxs = [raw_itype, count], []
+            length_type = count.dtype  # a uint64 in the file's byte order, as _get makes it
+            data, offs = self.data, orig_offs + 12
+            for _ in range(int(count[0])):
+                length = data[offs:offs + 8].view(length_type)
+                end = offs + 8 + int(length[0])
+                idxs.append(len(parts) + 1)
+                parts += (length, data[offs + 8:end])
+                offs = end
+            types = [GGUFValueType.ARRAY] + ([GGUFValueType.STRING] if idxs else [])
+            return offs - orig_offs, parts, idxs, types
+
     return PlainReader
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _fresh_copy(value: object) -> object:
+    """copy.deepcopy for what load_gguf_checkpoint returns, with lists of plain values copied in C."""
+    if type(value) is dict:
+        return {key: _fresh_copy(item) for key, item in value.items()}
+    if type(value) is list:
+        if all(type(item) in _ATOMS for item in value):
+            return value.copy()
+        return [_fresh_copy(item) for item in value]
+    return copy.deepcopy(value)
 
 
 @contextlib.contextmanager
@@ -278,7 +320,7 @@ def _metadata_read_once(gguf: Path) -> Iterator[object]:
                 return load_checkpoint(path, return_tensors, model_to_load, torch_dtype)
             if "result" not in parsed:
                 parsed["result"] = load_checkpoint(path, False)
-            return copy.deepcopy(parsed["result"])  # callers may edit what they get
+            return _fresh_copy(parsed["result"])  # callers may edit what they get
 
         gguf_package.GGUFReader, gguf_utils.load_gguf_checkpoint = reader, load_gguf_checkpoint
         gguf_package.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
