@@ -32,7 +32,7 @@ COLUMNS = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup
 _budget = argument_type(whole_or_auto, "a budget is a whole number of guesses or 'auto'")
 # one or more of F_0 .. F_K a word: "4" (space-separated, like every list flag) or the older "4,3,2,2,1" / "4-3-2-2-1"
 _fanout = argument_type(numbers, int, "a fan-out is F_0 ... F_K as integers (e.g. --fanout 4 3 2 2 1)", separators=",-")
-_K = argument_type(whole_or_auto, "K is a whole number of draft tokens per round, or auto")
+_K = argument_type(whole_or_auto, "K is a whole number of draft tokens per round or auto")
 
 
 def _rate(text: str) -> float:

@@ -15,25 +15,25 @@ T = TypeVar("T")
 
 
 def whole_or_auto(text: str | int, what: str) -> int | str:
-    """'auto', or the value as an int; otherwise ValueError "<what>; got <text>"."""
+    """'auto', or the value as an int; otherwise ValueError "<what>, got <text>"."""
     if isinstance(text, int) or text == AUTO:
         return text
     try:
         return int(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what}; got {text!r}") from None
+        raise ValueError(f"{what}, got {text!r}") from None
 
 
 def numbers(text: str, kind: Callable[[str], T], what: str, separators: str = ",") -> list[T]:
     """One command-line word as numbers: '4' (list flags take one number a word) or the older one-word form
-    '4,3,2' (any of `separators` between them); otherwise ValueError "<what>; got <text>"."""
+    '4,3,2' (any of `separators` between them); otherwise ValueError "<what>, got <text>"."""
     spaced = text
     for separator in separators:
         spaced = spaced.replace(separator, " ")
     try:
         return [kind(v) for v in spaced.split()]
     except ValueError:
-        raise ValueError(f"{what}; got {text!r}") from None
+        raise ValueError(f"{what}, got {text!r}") from None
 
 
 def flat(words: list[list[T]] | None) -> list[T] | None:

@@ -14,7 +14,7 @@ def test_whole_or_auto_reads_auto_or_an_integer(text, value):
 
 @pytest.mark.parametrize("text", ["lots", "2.5", "", None, "Auto"])
 def test_whole_or_auto_refuses_the_rest_with_what_the_flag_takes(text):
-    with pytest.raises(ValueError, match=r"^-K takes K; got "):
+    with pytest.raises(ValueError, match=r"^-K takes K, got "):
         whole_or_auto(text, "-K takes K")
 
 
@@ -28,7 +28,7 @@ def test_numbers_reads_one_word_in_the_spaced_or_the_old_form(text, separators, 
 
 def test_numbers_reads_floats_and_names_the_word_it_could_not_read():
     assert numbers("0.9,0.8 inf", float, "α") == [0.9, 0.8, float("inf")]
-    with pytest.raises(ValueError, match=r"^a fan-out is integers; got '4,x'$"):
+    with pytest.raises(ValueError, match=r"^a fan-out is integers, got '4,x'$"):
         numbers("4,x", int, "a fan-out is integers")
     with pytest.raises(ValueError, match="got '4-3'"):
         numbers("4-3", int, "a fan-out is integers")  # '-' separates only where the flag says so
@@ -43,5 +43,5 @@ def test_argument_type_turns_the_readers_error_into_a_usage_error():
     parser = argparse.ArgumentParser()
     parser.add_argument("-K", type=argument_type(whole_or_auto, "K is a whole number or auto"), nargs="+")
     assert parser.parse_args(["-K", "2", "auto"]).K == [2, "auto"]
-    with pytest.raises(argparse.ArgumentTypeError, match=r"^K is a whole number or auto; got 'x'$"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^K is a whole number or auto, got 'x'$"):
         argument_type(whole_or_auto, "K is a whole number or auto")("x")
