@@ -186,6 +186,20 @@ def loading(args):
     log.info("... loaded in %.1f s", time.perf_counter() - start)
 
 
+def load_llm(args, spec, **options):
+    """The LLM that the model flags (add_model_flags) and `spec` ask for, built inside `loading`; `options` are
+    the command's own LLM arguments."""
+    from engine import LLM
+
+    with loading(args):
+        return LLM(
+            args.target, args.draft if args.strategy != "ar" else None,
+            strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
+            draft_int8=args.draft_int8, **quant_kwargs(args), device=args.device, threads=args.threads,
+            cache_dir=args.cache, max_num_seqs=args.max_num_seqs, **options,
+        )
+
+
 def read_prompts(args) -> list[str | list[int]]:
     """The prompts from argv, --prompts-file or stdin, checked to be UTF-8 text before any model loads."""
     if args.prompt:
@@ -231,7 +245,7 @@ def _bad_byte(raw: bytes) -> str:
 
 
 def run(args) -> int:
-    from engine import LLM, SamplingParams
+    from engine import SamplingParams
 
     prompts = read_prompts(args)
     params = SamplingParams(
@@ -245,14 +259,7 @@ def run(args) -> int:
 
     spec = speculative_config(args, DraftPlacement(draft_threads=args.draft_threads, draft_device=args.draft_device,
                                                    init_method=args.init_method, external=args.external_draft))
-    with loading(args):
-        llm = LLM(
-            args.target, args.draft if args.strategy != "ar" else None,
-            strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
-            draft_int8=args.draft_int8, **quant_kwargs(args), device=args.device, threads=args.threads,
-            chat_template=not args.no_chat_template, cache_dir=args.cache, max_num_seqs=args.max_num_seqs,
-        )
-    with llm:
+    with load_llm(args, spec, chat_template=not args.no_chat_template) as llm:
         if args.stream:
             for chunk in llm.stream(prompts, params):
                 print(chunk.text, end="", flush=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, add_batch_flag, add_model_flags, quant_kwargs,
-                                      add_speculation_flags, loading, speculative_config)
+from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, add_batch_flag, add_model_flags,
+                                      add_speculation_flags, load_llm, speculative_config)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -59,18 +59,11 @@ def run(args) -> int:
 
 
 def _start_engine(args):
-    from engine import LLM, AsyncLLM
+    from engine import AsyncLLM
     from engine.config import DraftPlacement
 
     spec = speculative_config(args, DraftPlacement(draft_threads=args.draft_threads))
-    with loading(args):
-        llm = LLM(
-            args.target, args.draft if args.strategy != "ar" else None,
-            strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
-            draft_int8=args.draft_int8, **quant_kwargs(args), device=args.device, threads=args.threads,
-            cache_dir=args.cache,
-            max_num_seqs=args.max_num_seqs, max_prefill_tokens=args.max_prefill_tokens, max_waiting=args.max_waiting,
-        )
+    llm = load_llm(args, spec, max_prefill_tokens=args.max_prefill_tokens, max_waiting=args.max_waiting)
     try:
         return llm, AsyncLLM(llm, max_waiting=args.max_waiting, rounds_path=args.rounds_out)
     except BaseException:
