@@ -130,7 +130,8 @@ def run(args) -> int:
     summary["inputs"] = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
                          "draft_int8": args.draft_int8, "threads": args.threads, "draft_threads": args.draft_threads,
                          "K": args.K, "budgets": args.budget, "batches": args.batch, "contexts": args.context,
-                         "repeats": args.repeats, "cpu": cpu_model(), "torch": __import__("torch").__version__}
+                         "repeats": args.repeats, "cpu": cpu_model(), "torch": __import__("torch").__version__,
+                         "ragged_rows": True}  # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                            if not k.startswith("_") and k != "func"}
     summary_path = args.out.with_suffix(".summary.json")

@@ -7,7 +7,7 @@ import torch
 
 from engine.kv_cache import KVState
 from engine.models import tiny_model
-from saguaro.calibration import TargetRounds, ragged
+from saguaro.calibration_rounds import TargetRounds, ragged
 
 IDS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4]
 
@@ -70,3 +70,10 @@ def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(ta
         assert torch.equal(state.mask, mask) and torch.equal(state.lengths, lengths)
         assert torch.equal(state.cache.layers[0].keys, keys)
         assert len(rounds.loop.running) == b
+
+
+def test_a_round_of_another_width_is_refused(target):
+    rounds = TargetRounds(target, IDS, 2)
+    rounds.batch(prefilled(target, 8), 2)
+    with pytest.raises(ValueError, match="1 \\(AR\\) or K\\+1 = 3"):
+        rounds.step(2)

@@ -1,0 +1,117 @@
+"""The target's side of `saguaro calibrate`, timed as the engine runs it: each AR step and verify is one round
+of the engine's decode loop (engine.decode_loop) over a batch copied from the calibration's prompt cache, and
+its time is the round record's verify_ms; at batch > 1 the rows differ in length, as a real batch's do
+(`ragged`). saguaro.calibration uses it for every target timing and its draft worker uses `ragged` too."""
+
+from __future__ import annotations
+
+import time
+
+
+def ragged(state, b: int):
+    """`b` copies of `state`'s single row, every one but the first one token shorter (a hole at its end), as a
+    real batch's rows differ in length. An engine batch of b > 1 has holes (prompts of different lengths, rows
+    that accepted different counts), and transformers passes its attention a mask; rows without a hole get
+    no mask, and a one-token forward then runs attention with `enable_gqa`, which on CPU is many times
+    slower in bfloat16 and grows steeply with context (the 1.5B target's step at 4 rows × 512 tokens took
+    498 ms in the calibration and ~370 in the engine's runs at context ~300). A batch of one has no holes in the engine either (its roll-backs are trimmed), so it
+    stays as it is."""
+    import torch
+
+    rows = state.fork(torch.zeros(b, dtype=torch.long))
+    if b > 1:
+        rows.rollback((torch.arange(b) > 0).long())
+    return rows
+
+
+class _Fixed:
+    """A proposer (engine.strategies.base.Proposer) whose speculation is always the same tokens `x` [b, K],
+    drawn from a point mass: the verify costs what it costs for any q, and the rounds stay reproducible."""
+
+    name = "sd"
+
+    def __init__(self, x, V: int):
+        import torch
+
+        self.x, self.K = x, x.shape[1]
+        self.q = torch.zeros(*x.shape, V).scatter_(-1, x[..., None], 1.0)  # [b, K, V]
+
+    def propose(self, rows):
+        from engine.strategies.base import Proposal
+
+        return Proposal(self.x, self.q, draft_ms=0.0, draft_forwards=0)
+
+    def admit(self, seqs) -> None:
+        pass
+
+    def retire(self, keep) -> None:
+        pass
+
+    def observe(self, result, verify_ms: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TargetRounds:
+    """The target's side of the timings, run by the engine's own decode loop (engine.decode_loop): each timed
+    step is one `DecodeLoop.step()` over greedy requests whose cache is a copy of the calibration's prompt
+    (`ragged`, at the point's context), and its time is the round record's `verify_ms`, exactly what a
+    run's rounds file shows: the AR step with the AR proposer (engine.strategies.ar), the verify of K
+    tokens with a proposer of fixed tokens. After each round the cache rolls back to where it was (exact),
+    so no point is prefilled again."""
+
+    def __init__(self, target, ids: list[int], K: int):
+        import torch
+
+        from engine.decode_loop import DecodeLoop
+        from engine.scheduler import SchedulerConfig
+        from engine.strategies.ar import NoDraft
+
+        self.ids, self.K = ids, K
+        self.V = int(target.get_output_embeddings().out_features)
+        self.device = torch.device("cpu")
+        self.ar = NoDraft(self.V, self.device)
+        self.loop = DecodeLoop(target, self.ar, pad_id=0, device=self.device, scheduler=SchedulerConfig())
+        self.loop.records = []
+        self.sd: _Fixed | None = None
+
+    def batch(self, base, b: int) -> None:
+        """The running batch: b requests at `base`'s context (`ragged`), each with its next token pending."""
+        import torch
+
+        from engine.sampling_params import SamplingParams
+        from engine.sequence import Sequence
+
+        loop, c = self.loop, int(base.lengths.max())
+        params = SamplingParams(temperature=0.0, stop_on_eos=False, max_new_tokens=10**9)
+        loop.release_records()
+        loop.running = []
+        for i in range(b):
+            seq = Sequence(seq_id=i, request_id=f"calibrate-{i}", index=i, prompt_ids=self.ids[:c], params=params,
+                           eos_ids=frozenset(), seed=i, arrival_s=time.perf_counter())
+            seq.generator = torch.Generator(device=self.device).manual_seed(i)
+            loop.running.append(seq)
+        loop.state = ragged(base, b)
+        loop.pending = torch.full((b,), self.ids[c], dtype=torch.long)
+        x = torch.tensor(self.ids[c + 1 : c + 1 + self.K], dtype=torch.long).repeat(b, 1)  # [b, K]
+        self.sd = _Fixed(x, self.V)
+
+    def step(self, T: int) -> tuple[float, float]:
+        """One round (T = 1: AR; T = K+1: the verify of K drafted tokens) and the perf_counter times (start,
+        end) of its verify as the record times it (the forward, the warp, the rejection sampling, the roll-back):
+        end is taken as the round returns, start verify_ms before it."""
+        if T not in (1, self.K + 1):
+            raise ValueError(f"a timed round feeds 1 (AR) or K+1 = {self.K + 1} tokens per row, not {T}")
+        loop = self.loop
+        loop.proposer = self.ar if T == 1 else self.sd
+        before = loop.state.lengths.clone()
+        loop.records.clear()
+        loop.step()
+        end = time.perf_counter()
+        record = loop.records[-1]
+        if len(loop.running) != len(before):
+            raise RuntimeError("a calibration row left the decode loop's batch")
+        loop.state.rollback(loop.state.lengths - before)  # exact: the batch as it was before the round
+        return end - record.verify_ms / 1e3, end
