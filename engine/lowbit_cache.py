@@ -189,23 +189,30 @@ def _q4_codes(data: np.ndarray, qtype: object) -> tuple[np.ndarray, np.ndarray, 
     return q.reshape(n, -1), scale.reshape(n, -1), zero.reshape(n, -1)
 
 
+@functools.lru_cache(maxsize=1)
+def _repack_table() -> np.ndarray:
+    """uint16 [65536]: for the GGUF byte pair (e, o) read as the little-endian e | o << 8, our byte pair
+    (e & 15) | (o << 4) (the pair's low-nibble codes) | ((e >> 4) | (o & 0xF0)) << 8 (its high-nibble codes)."""
+    pair = np.arange(1 << 16, dtype=np.uint32)
+    even, odd = pair & 0xFF, pair >> 8
+    low = (even & 0x0F) | ((odd << 4) & 0xF0)
+    high = (even >> 4) | (odd & 0xF0)
+    return (low | (high << 8)).astype(np.uint16)
+
+
 def _q4_packed(data: np.ndarray, qtype: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """_q4_codes with the codes packed as _pack_nibbles packs them: (uint8 [N, K/2], scale, zero).
 
     Straight from the GGUF's bytes, with no [N, K] array of codes: a GGUF byte holds two codes a run
-    apart, ours two neighbours. For a run's bytes e (even) and o (odd), ours are (e & 15) | (o << 4)
-    for its low-nibble values, then (e >> 4) | (o & 0xF0) for its high-nibble values.
+    apart, ours two neighbours. A run's byte pairs (e, o) go through _repack_table to our pair for its
+    low-nibble values and our pair for its high-nibble values, which are then put in value order.
     """
     size, runs, run = _q4_layout(qtype)
     n = data.shape[0]
     blocks = data.reshape(-1, size)
-    codes = blocks[:, size - runs * run:].reshape(-1, runs, run // 2, 2)
-    even, odd = codes[..., 0], codes[..., 1]
-    packed = np.empty((blocks.shape[0], runs, 2, run // 2), dtype=np.uint8)
-    np.bitwise_and(even, 0x0F, out=packed[:, :, 0])
-    packed[:, :, 0] |= odd << 4
-    np.right_shift(even, 4, out=packed[:, :, 1])
-    packed[:, :, 1] |= odd & 0xF0
+    codes = np.ascontiguousarray(blocks[:, size - runs * run:]).view("<u2")  # [B, runs * run / 2] pairs
+    ours = _repack_table()[codes].view(np.uint8).reshape(-1, runs, run // 2, 2)  # [..., pair, low/high]
+    packed = np.ascontiguousarray(ours.transpose(0, 1, 3, 2))  # [B, runs, low/high, pair]
     scale, zero = _q4_scales(blocks, qtype)
     return packed.reshape(n, -1), scale.reshape(n, -1), zero.reshape(n, -1)
 
