@@ -20,7 +20,7 @@ import argparse
 import sys
 
 from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, DTYPES, SCHEDULES, SYSTEMS
-from saguaro.commands.generate import add_quant_flags
+from saguaro.commands.generate import add_adaptive_flags, add_quant_flags
 from saguaro.commands.values import argument_type, flat, numbers, whole_or_auto
 from saguaro.cli import HelpFormatter
 from saguaro.tables import format_table
@@ -90,12 +90,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "running acceptance and draft/verify times)")
     g.add_argument("--K", "--lookahead", type=_K, nargs="+", dest="Ks", default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)
-    g.add_argument("--K-min", type=int, default=1, dest="K_min", help="-K auto: the smallest K it may choose")
-    g.add_argument("--draft-cost", type=float, dest="draft_cost",
-                   help="-K auto: T_d / T_v (one draft token's time over one verify's) fixed instead of measured, "
-                        "so that seeded outputs repeat exactly (default: measured)")
-    g.add_argument("--confidence-stop", type=float, dest="confidence_stop", metavar="P",
-                   help="sd: stop drafting once the draft's top probability falls below P in (0, 1] (default: off)")
+    add_adaptive_flags(g)
     g.add_argument("--budget", type=_budget, nargs="+", default=[12],
                    help="SSD fan-out budget B = Σ F_k, or auto: the engine sizes it at run time so that the cache "
                         "build fits inside one verify")

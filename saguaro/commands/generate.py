@@ -117,13 +117,7 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
                    help="draft tokens per round, or auto: SD and SSD choose each round's K in --K-min..8 from the "
                         "running acceptance and the measured draft and verify times (SSD: and its hit rate)")
     p.add_argument("--lookahead", "--K", dest="K", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    p.add_argument("--K-min", type=int, default=1, dest="K_min", help="the smallest K that -K auto may choose")
-    p.add_argument("--draft-cost", type=float, dest="draft_cost",
-                   help="-K auto: one draft token's time over one verify's (T_d / T_v), fixed instead of measured, "
-                        "so that seeded outputs repeat exactly (default: measured)")
-    p.add_argument("--confidence-stop", type=float, dest="confidence_stop", metavar="P",
-                   help="SD: stop drafting once the draft's top probability falls below P in (0, 1] in every row "
-                        "(default: off)")
+    add_adaptive_flags(p)
     p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
     p.add_argument("--fanout", type=int, nargs="+", metavar="F",
                    help="F_0..F_K: K + 1 integers, space-separated (e.g. --fanout 4 3 2 1 1)")
@@ -134,6 +128,17 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
     p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
                    help="SSD backup on a cache miss")
+
+
+def add_adaptive_flags(p) -> None:
+    """Adaptive K's bounds and cost, and SD's confidence stop (generate, serve and bench share them)."""
+    p.add_argument("--K-min", type=int, default=1, dest="K_min", help="the smallest K that -K auto may choose")
+    p.add_argument("--draft-cost", type=float, dest="draft_cost",
+                   help="-K auto: one draft token's time over one verify's (T_d / T_v), fixed instead of measured, "
+                        "so that seeded outputs repeat exactly (default: measured)")
+    p.add_argument("--confidence-stop", type=float, dest="confidence_stop", metavar="P",
+                   help="SD: stop drafting once the draft's top probability falls below P in (0, 1] in every row "
+                        "(default: off)")
 
 
 def parse_K(text) -> int | str:
