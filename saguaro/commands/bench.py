@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, DTYPES, SCHEDULES, SYSTEMS
-from saguaro.commands.generate import add_adaptive_flags, add_quant_flags
+from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, SCHEDULES, SYSTEMS
+from saguaro.commands.generate import add_adaptive_flags, add_precision_flags
 from saguaro.commands.values import argument_type, flat, numbers, whole_or_auto
 from saguaro.cli import HelpFormatter
 from saguaro.tables import format_table
@@ -111,10 +111,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("models and machine (the same for every system)")
     g.add_argument("--target", default="qwen-coder-1.5b")
     g.add_argument("--draft", default="qwen-coder-0.5b")
-    g.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    g.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
-    g.add_argument("--draft-int8", action="store_true", help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
-    add_quant_flags(g)
+    add_precision_flags(g)
     g.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     g.add_argument("--seed", type=int, default=0, help="seed of call i is seed + i (fixed, so that runs repeat)")
     g.add_argument("--warmup", type=int, default=1, help="excluded warm-up calls per variant")

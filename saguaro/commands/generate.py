@@ -100,12 +100,17 @@ def quant_kwargs(args) -> dict:
             "draft_head_quant": args.draft_head_quant}
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """dtype, int8 draft, threads, device and cache (generate and serve share them)."""
+def add_precision_flags(p) -> None:
+    """dtype, int8 draft and quantisation (generate, serve and bench share them)."""
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
     p.add_argument("--draft-int8", action="store_true", help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
     add_quant_flags(p)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """dtype, int8 draft, quantisation, threads, device and cache (generate and serve share them)."""
+    add_precision_flags(p)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
