@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from saguaro.environment import describe  # re-exported: one line naming the machine, for figure titles
 from saguaro.runfolder import CLIENT_KIND, CONFIG, ENVIRONMENT, RunDir, read_disturbances
 
 
@@ -87,16 +88,3 @@ def load_run(path: str | Path) -> Run:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: damaged JSON ({err.msg})") from None
     return Run(path, config, env, run_dir.results(), run_dir.rounds(), run_dir.requests(), read_disturbances(path))
-
-
-def describe(env: dict) -> str:
-    """One line for figure titles: CPU (or GPU), usable cores and torch threads, pluralised."""
-    m = env.get("machine", {})
-    where = m.get("gpu") or m.get("cpu_model") or m.get("machine") or "unknown machine"
-    bits = [where]
-    cores, threads = m.get("usable_cpus") or m.get("logical_cpus"), m.get("torch_threads")
-    if cores:
-        bits.append(f"{cores} core" + ("" if cores == 1 else "s"))
-    if threads:
-        bits.append(f"{threads} thread" + ("" if threads == 1 else "s"))
-    return ", ".join(bits)
