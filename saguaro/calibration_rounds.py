@@ -10,12 +10,12 @@ import time
 
 def ragged(state, b: int):
     """`b` copies of `state`'s single row, every one but the first one token shorter (a hole at its end), as a
-    real batch's rows differ in length. An engine batch of b > 1 has holes (prompts of different lengths, rows
-    that accepted different counts), and transformers passes its attention a mask; rows without a hole get
-    no mask, and a one-token forward then runs attention with `enable_gqa`, which on CPU is many times
-    slower in bfloat16 and grows steeply with context (the 1.5B target's step at 4 rows × 512 tokens took
-    498 ms in the calibration and ~370 in the engine's runs at context ~300). A batch of one has no holes in the engine either (its roll-backs are trimmed), so it
-    stays as it is."""
+    real batch's rows differ in length (prompts of different lengths, rows that accepted different counts), so
+    the timed forwards have the shapes and masks of the engine's. (Equal rows once took a slower attention
+    kernel: transformers drops an all-ones mask for a one-token forward and asks SDPA for enable_gqa, which on
+    CPU in bfloat16 is many times slower; engine.kv_cache now always passes a mask, so that no longer
+    differs.) A batch of one has no holes in the engine either (its roll-backs are trimmed), so it stays as it
+    is."""
     import torch
 
     rows = state.fork(torch.zeros(b, dtype=torch.long))

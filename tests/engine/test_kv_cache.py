@@ -67,3 +67,33 @@ def test_logits_to_keep_gives_the_last_positions_through_a_contiguous_head_input
     finally:
         hook.remove()
     assert seen == [True, True]
+
+
+def test_a_one_token_step_without_holes_still_gives_attention_a_mask_and_the_same_logits(monkeypatch):
+    """transformers drops an all-ones mask for a one-token forward and asks SDPA for enable_gqa, a kernel many
+    times slower on CPU in bfloat16 than the masked one a batch with holes gets. KVState passes a 4-D mask, so
+    every one-token step (batch 1 above all) takes the masked kernel, with the logits of the unmasked one."""
+    model = tiny_lm(2)  # 4 query heads over 2 key/value heads: grouped, as Qwen2.5's
+    assert model.config._attn_implementation == "sdpa"
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is None, kwargs.get("enable_gqa", False)))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    state = KVState(model, 1, torch.device("cpu"))
+    state.extend(torch.tensor([[1, 2, 3, 4, 5, 6]]), logits_to_keep=1)
+    calls.clear()
+    logits = state.extend(torch.tensor([[7]]))[:, -1]
+    assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)
+    assert torch.allclose(logits[0], alone(model, [1, 2, 3, 4, 5, 6, 7]), atol=ATOL)
+    before = KVState(model, 1, torch.device("cpu"))  # the 2-D mask the engine passed before: the unmasked kernel
+    before.extend(torch.tensor([[1, 2, 3, 4, 5, 6]]), logits_to_keep=1)
+    calls.clear()
+    with torch.inference_mode():
+        plain = model(input_ids=torch.tensor([[7]]), attention_mask=torch.ones(1, 7, dtype=torch.long),
+                      position_ids=torch.tensor([[6]]), cache=before.cache, use_cache=True).logits[:, -1]
+    assert calls and all(no_mask and gqa for no_mask, gqa in calls)
+    assert torch.allclose(logits, plain, atol=ATOL)

@@ -33,8 +33,10 @@ def test_ragged_rows_are_copies_with_every_row_but_the_first_one_shorter(target)
     assert one.lengths.tolist() == [10] and one.mask.all()
 
 
-def test_a_ragged_batch_gives_attention_a_mask_as_the_engines_batches_do(target, monkeypatch):
-    """Rows without a hole get no mask, and transformers then asks for enable_gqa (slow on CPU in bfloat16)."""
+def test_every_one_token_step_gives_attention_a_mask_with_or_without_holes(target, monkeypatch):
+    """transformers drops an all-ones mask for a one-token forward and asks SDPA for enable_gqa (many times
+    slower on CPU in bfloat16); KVState passes a 4-D mask, so equal rows, ragged rows and a single row all take
+    the masked path, and the calibration's steps cost what the engine's do."""
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -44,12 +46,10 @@ def test_a_ragged_batch_gives_attention_a_mask_as_the_engines_batches_do(target,
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     base = prefilled(target, 10)
-    calls.clear()
-    base.fork(torch.zeros(2, dtype=torch.long)).extend(torch.tensor([[7], [7]]))
-    assert calls and all(no_mask and gqa for no_mask, gqa in calls)  # what the former calibration timed
-    calls.clear()
-    ragged(base, 2).extend(torch.tensor([[7], [7]]))
-    assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)
+    for rows in (base.fork(torch.zeros(2, dtype=torch.long)), ragged(base, 2), base.fork(torch.zeros(1, dtype=torch.long))):
+        calls.clear()
+        rows.extend(torch.full((rows.batch_size, 1), 7))
+        assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)
 
 
 @pytest.mark.parametrize("T", [1, 3])
