@@ -8,7 +8,7 @@ from pathlib import Path
 
 from saguaro.analysis.hits import hit_by_k, miss_vs_fanout, power_law_fits
 from saguaro.analysis.load import Run, load_run
-from saguaro.analysis.predict import predictions
+from saguaro.analysis.predict import ceiling_rows, predictions
 from saguaro.analysis.variants import category_pivot, category_rows, error_rows, variant_rows
 from saguaro.figures import FIGURES, ReportData, markdown_section
 from saguaro.figures.base import DAGGER, plural, spread
@@ -21,6 +21,7 @@ HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_a
             "p99_ttft_ms", "mean_tpot_ms", "p50_itl_ms", "p99_itl_ms", "alpha", "tokens_per_round", "hit_rate"]
 PREDICTED = ["key", "measured", "simulated", "simulated_error", "closed_form", "closed_form_error", "alpha", "p_hit",
              "alpha_hit", "alpha_miss", "T_d_over_T_v", "T_p", "T_b", "T_ar_over_T_v"]
+CEILING = ["key", "sd_key", "measured_ssd_over_sd", "ceiling", "share", "T_sd", "E_hit", "E_sd", "hit_rate"]
 FITS = ["temperature", "r", "r_stderr", "scale", "n_points", "method", "note"]
 REPORT = "report.md"
 
@@ -171,6 +172,13 @@ def _bench_sections(data: ReportData, notes: list[str], out_dir: Path) -> list[s
     else:
         md += ["_No sd or ssd variant with an AR baseline in these runs._", ""]
     md += [f"- {note}" for note in notes] + ([""] if notes else [])
+    ceilings = ceiling_rows(data.runs, data.rows)
+    if ceilings:
+        md += ["## SSD against its Cor. 9 ceiling", "",
+               "Cor. 9 bounds SSD/SD by (1 + T_SD)·E_hit / E_SD: T_SD = SD's drafting time per round over SSD's "
+               "verify time (measured while the draft worker runs), E_hit = tokens per SSD sequence-round that hit "
+               "the cache, E_SD = tokens per SD round, all from this run's rounds. `share` = measured SSD/SD "
+               "(decode tokens/s) over the ceiling.", "", _table(marked(ceilings), CEILING, n), ""]
     if data.power_law:
         md += ["## Power-law fit of the miss rate", "", format_table(data.power_law, FITS, markdown=True), ""]
     by_task, tasks = category_pivot(category_rows(data.runs))

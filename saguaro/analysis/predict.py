@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from saguaro.analysis import rounds as R
 from saguaro.analysis.load import Run
-from theory import MissPolicy, expected_tokens, sd_speedup, ssd_speedup
+from theory import MissPolicy, expected_tokens, sd_speedup, ssd_over_sd_ceiling, ssd_speedup
 
 SPECULATIVE_OURS = ("sd", "ssd")
 
@@ -114,4 +114,47 @@ def predictions(runs: list[Run], rows: list[dict]) -> Predictions:
             "simulated_error": _error(simulated, measured), "closed_form_error": _error(closed, measured),
             **inputs,
         })
+    return out
+
+
+def _k_label(key: str) -> str | None:
+    return next((part for part in key.split() if part.startswith("K=")), None)
+
+
+def _tokens_per_round(hist) -> float | None:
+    n = sum(hist.values())
+    return sum((k + 1) * c for k, c in hist.items()) / n if n else None
+
+
+def ceiling_rows(runs: list[Run], rows: list[dict]) -> list[dict]:
+    """Each SSD variant against Cor. 9's ceiling on SSD/SD, measured in the same run.
+
+    The ceiling (1 + T_SD)·E_hit / E_SD is what SSD would gain over SD if every drafting were hidden:
+    T_SD = SD's drafting time per round over SSD's verify time (the verify measured while the draft worker
+    runs next to it, as SSD's rounds are), E_hit = tokens per sequence-round of SSD's cache hits, E_SD =
+    tokens per SD round. The SD variant is the one with the same K (or both adaptive), temperature, batch
+    and C. `share` = measured SSD/SD (decode tokens/s) over the ceiling."""
+    by_name = {run.name: run for run in runs}
+    out = []
+    for row in rows:
+        if row["system"] != "ssd":
+            continue
+        sd = next((r for r in rows if r["system"] == "sd" and r["run"] == row["run"]
+                   and _k_label(r["key"]) == _k_label(row["key"])
+                   and all(r[s] == row[s] for s in ("temperature", "batch", "C"))), None)
+        if sd is None or not row["decode_tokens_per_s"] or not sd["decode_tokens_per_s"]:
+            continue
+        run = by_name[row["run"]]
+        ssd_calls, sd_calls = run.rounds_of(row["key"]), run.rounds_of(sd["key"])
+        ssd_t, sd_t = R.timings(ssd_calls), R.timings(sd_calls)
+        E_hit = _tokens_per_round(R.accepted_hist(ssd_calls, hit=True))
+        E_sd = _tokens_per_round(R.accepted_hist(sd_calls))
+        if not (E_hit and E_sd and ssd_t.verify_ms and sd_t.draft_ms is not None):
+            continue
+        T_sd = sd_t.draft_ms / ssd_t.verify_ms
+        ceiling = float(ssd_over_sd_ceiling(E_hit, E_sd, T_sd))
+        measured = row["decode_tokens_per_s"] / sd["decode_tokens_per_s"]
+        out.append({"run": row["run"], "key": row["key"], "sd_key": sd["key"], "disturbed": row.get("disturbed", 0),
+                    "measured_ssd_over_sd": measured, "ceiling": ceiling, "share": measured / ceiling,
+                    "T_sd": T_sd, "E_hit": E_hit, "E_sd": E_sd, "hit_rate": row["hit_rate"]})
     return out

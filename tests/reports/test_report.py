@@ -107,3 +107,21 @@ def test_a_malformed_disturbance_file_says_how_to_write_it(tmp_path):
     (run / "disturbed.json").write_text('{"disturbed": [{"keys": null}]}')
     with pytest.raises(ValueError, match="malformed.*reason"):
         load_data([run])
+
+
+def test_each_ssd_variant_is_set_against_cor9_ceiling_from_its_own_runs_sd_rounds(report):
+    from saguaro.analysis import rounds as R
+    from saguaro.analysis.predict import ceiling_rows
+
+    data, _ = load_data(FIXTURE_RUNS)
+    rows = ceiling_rows(data.runs, data.rows)
+    assert rows and all(r["sd_key"].startswith("sd ") for r in rows)
+    for r in rows:
+        run = next(run for run in data.runs if run.name == r["run"])
+        ssd, sd = (next(v for v in data.rows if v["run"] == r["run"] and v["key"] == k) for k in (r["key"], r["sd_key"]))
+        assert ssd["K"] == sd["K"] and ssd["temperature"] == sd["temperature"] and ssd["batch"] == sd["batch"]
+        T_sd = R.timings(run.rounds_of(sd["key"])).draft_ms / R.timings(run.rounds_of(ssd["key"])).verify_ms
+        assert r["T_sd"] == pytest.approx(T_sd) and r["E_hit"] >= 1 and r["E_sd"] >= 1
+        assert r["ceiling"] == pytest.approx((1 + T_sd) * r["E_hit"] / r["E_sd"])
+        assert r["share"] == pytest.approx(ssd["decode_tokens_per_s"] / sd["decode_tokens_per_s"] / r["ceiling"])
+    assert "## SSD against its Cor. 9 ceiling" in report[0]
