@@ -88,6 +88,9 @@ def _fast_wins_line(p: float, E_hit: float, M: float, neural: BackupOption, fast
     return E_hit * (T_n - T_f) - M * (E_n - E_f), a_n * c_f - a_f * c_n
 
 
+SETTLE_STEPS = 4096  # how far past the closed form's b* the boundary search may step
+
+
 def critical_batch_size(
     p_hit: float,
     E_hit: float,
@@ -142,8 +145,13 @@ def critical_batch_size(
             # The logs round; settle the boundary by evaluating the speedups themselves.
             while b_star > 1 and wins(b_star - 1):
                 b_star -= 1
+            # Near a tie (g0 + g1 barely above 0) the evaluated speedups may never part as the formula says;
+            # step up at most SETTLE_STEPS (and never past b_max) rather than for ever.
+            last = b_star + SETTLE_STEPS if b_max is None else min(b_max + 1, b_star + SETTLE_STEPS)
             while not wins(b_star):
                 b_star += 1
+                if b_star > last:
+                    return None
     if b_star is not None and b_max is not None and b_star > b_max:
         return None
     return b_star
