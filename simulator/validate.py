@@ -75,6 +75,10 @@ def simulate_like(timing: FittedTiming, segments: list[list[RoundRecord]], seed:
     """Decode tokens/s the simulator predicts for the generate() calls these decode records came from."""
     rows = [r for s in segments for r in s]
     first = rows[0]
+    Ks = sorted({r.K for r in rows})
+    if len(Ks) > 1:  # adaptive speculation: the replay would hand a one-K policy other rounds' accepted counts
+        raise ValueError(f"its rounds use several K ({', '.join(map(str, Ks))}: adaptive speculation), and the "
+                         "simulator replays one K per configuration")
     prompt = max(1, round(sum(s[0].context_len for s in segments) / len(segments)))
     per_seq = [sum(sum(r.emitted) for r in s) / s[0].batch_size for s in segments]
     output = max(2, round(sum(per_seq) / len(per_seq)) + 1)

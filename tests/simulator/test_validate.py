@@ -82,3 +82,23 @@ def test_fast_backup_time_leaves_out_the_build_that_outlasts_the_verify(tmp_path
     run = engine_run("ssd", 4, 2, 150, fanout=(2,) * 5, backup="random", p_hit=0.6, seed=16, **ssd)
     rows = validate(fitted, read_records(write_jsonl(tmp_path / "runs.jsonl", run)))
     assert all(r.within_tolerance for r in rows), [round(r.error, 3) for r in rows]
+
+
+def test_replaying_rounds_of_several_K_is_refused_with_a_reason():
+    """Adaptive speculation changes K round by round; a one-K replay of its accepted counts once crashed
+    `saguaro report` (IndexError: a round accepted more than the first round's K)."""
+    from simulator.records import parse_record
+    from simulator.validate import simulate_like
+
+    def record(K, accepted, ms):
+        return parse_record({"strategy": "sd", "round": 1, "batch_size": 1, "K": K, "context_len": 100,
+                             "accepted": [accepted], "emitted": [accepted + 1], "draft_ms": 5.0 * K,
+                             "verify_ms": ms, "round_ms": ms + 1, "draft_forwards": K})
+    rounds = [record(2, 2, 300.0), record(5, 5, 420.0), record(3, 1, 330.0), record(4, 0, 380.0)]
+    timing = fit_timing(rounds + [parse_record({"strategy": "ar", "round": 1, "batch_size": 1, "K": 0,
+                                                "context_len": 100, "accepted": [0], "emitted": [1],
+                                                "draft_ms": 0.0, "verify_ms": 250.0, "round_ms": 251.0,
+                                                "draft_forwards": 0})])
+    with pytest.raises(ValueError, match="several K"):
+        simulate_like(timing, [rounds])
+    assert simulate_like(timing, [[r for r in rounds if r.K == 2]]) > 0  # one K replays as before
