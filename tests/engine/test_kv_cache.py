@@ -4,7 +4,7 @@ import torch
 
 from engine.kv_cache import KVState
 from tests.engine.kv_alone import alone
-from tests.engine.tiny import tiny_lm
+from tests.engine.tiny import spy_on_sdpa, tiny_lm
 
 ATOL = 1e-5  # fp32 block shapes round differently; anything larger is a real bug
 
@@ -75,14 +75,7 @@ def test_a_one_token_step_without_holes_still_gives_attention_a_mask_and_the_sam
     every one-token step (batch 1 above all) takes the masked kernel, with the logits of the unmasked one."""
     model = tiny_lm(2)  # 4 query heads over 2 key/value heads: grouped, as Qwen2.5's
     assert model.config._attn_implementation == "sdpa"
-    calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append((kwargs.get("attn_mask") is None, kwargs.get("enable_gqa", False)))
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    calls = spy_on_sdpa(monkeypatch)
     state = KVState(model, 1, torch.device("cpu"))
     state.extend(torch.tensor([[1, 2, 3, 4, 5, 6]]), logits_to_keep=1)
     calls.clear()

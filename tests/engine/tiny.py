@@ -82,3 +82,16 @@ def argmax_verifier(draft_tokens, q, p, generator):
     rows = torch.arange(len(accepted))
     bonus = sample(p[rows, accepted], generator)
     return Verification(accepted=accepted, bonus=bonus)
+
+
+def spy_on_sdpa(monkeypatch) -> list[tuple[bool, bool]]:
+    """Record (no mask, enable_gqa) for every call of torch's SDPA from now on (the list fills as calls come)."""
+    calls: list[tuple[bool, bool]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is None, kwargs.get("enable_gqa", False)))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls

@@ -8,6 +8,7 @@ import torch
 from engine.kv_cache import KVState
 from engine.models import tiny_model
 from saguaro.calibration_rounds import TargetRounds, ragged
+from tests.engine.tiny import spy_on_sdpa
 
 IDS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4]
 
@@ -37,14 +38,7 @@ def test_every_one_token_step_gives_attention_a_mask_with_or_without_holes(targe
     """transformers drops an all-ones mask for a one-token forward and asks SDPA for enable_gqa (many times
     slower on CPU in bfloat16); KVState passes a 4-D mask, so equal rows, ragged rows and a single row all take
     the masked path, and the calibration's steps cost what the engine's do."""
-    calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append((kwargs.get("attn_mask") is None, kwargs.get("enable_gqa", False)))
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    calls = spy_on_sdpa(monkeypatch)
     base = prefilled(target, 10)
     for rows in (base.fork(torch.zeros(2, dtype=torch.long)), ragged(base, 2), base.fork(torch.zeros(1, dtype=torch.long))):
         calls.clear()
