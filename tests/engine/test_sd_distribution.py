@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from tests.engine.tiny import (  # noqa: F401 (V: tests/gpu/test_cuda_distribution.py imports it from here)
-    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+from tests.engine.tiny import (
+    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
 )
 
 # The 8-token target8 and its draft8: fixtures in conftest.py; V, STEPS, PROMPT and the helpers: tiny.py.

@@ -13,9 +13,8 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.test_sd_distribution import (FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p,
-                                               exact_distribution)
-from tests.engine.tiny import noisy_copy, tiny_lm
+from tests.engine.tiny import (FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution,
+                               noisy_copy, tiny_lm)
 from tests.gpu.devices import TARGET_DEVICE
 
 pytestmark = pytest.mark.cuda
