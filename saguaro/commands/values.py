@@ -26,7 +26,9 @@ def whole_or_auto(text: str | int, what: str) -> int | str:
 
 def numbers(text: str, kind: Callable[[str], T], what: str, separators: str = ",") -> list[T]:
     """One command-line word as numbers: '4' (list flags take one number a word) or the older one-word form
-    '4,3,2' (any of `separators` between them); otherwise ValueError "<what>, got <text>"."""
+    '4,3,2' (any of `separators` between them, never before the first); otherwise ValueError "<what>, got <text>"."""
+    if text.strip()[:1] in separators:  # '-1' is a negative number, not '1' after a separator
+        raise ValueError(f"{what}, got {text!r}")
     spaced = text
     for separator in separators:
         spaced = spaced.replace(separator, " ")

@@ -45,3 +45,18 @@ def test_argument_type_turns_the_readers_error_into_a_usage_error():
     assert parser.parse_args(["-K", "2", "auto"]).K == [2, "auto"]
     with pytest.raises(argparse.ArgumentTypeError, match=r"^K is a whole number or auto, got 'x'$"):
         argument_type(whole_or_auto, "K is a whole number or auto")("x")
+
+
+@pytest.mark.parametrize("text", ["-1", "-4-3", ",4"])
+def test_a_word_that_starts_with_a_separator_is_refused_not_read_as_the_numbers_after_it(text):
+    """`--fanout -1` once read as [1]: '-' is also the old form's separator, so the negative check never saw it."""
+    with pytest.raises(ValueError, match=f"got '{text}'"):
+        numbers(text, int, "a fan-out is integers", separators=",-")
+
+
+def test_bench_refuses_a_negative_fanout_with_exit_status_2(capsys):
+    from saguaro.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--systems", "ssd", "--fanout", "-1"])
+    assert exit_.value.code == 2 and "got '-1'" in capsys.readouterr().err
