@@ -13,7 +13,7 @@ def ragged(state, b: int):
     real batch's rows differ in length (prompts of different lengths, rows that accepted different counts), so
     the timed forwards have the shapes and masks of the engine's. (Equal rows once took a slower attention
     kernel: transformers drops an all-ones mask for a one-token forward and asks SDPA for enable_gqa, which on
-    CPU in bfloat16 is many times slower; engine.kv_cache now always passes a mask, so that no longer
+    CPU in bfloat16 is many times slower; engine.kv_cache now passes a mask on CPU, so that no longer
     differs.) A batch of one has no holes in the engine either (its roll-backs are trimmed), so it stays as it
     is."""
     import torch
