@@ -5,7 +5,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - target forward over `rows` new positions with `kv` cached tokens read: v0 + v_row·rows + v_kv·kv
   (verify: rows = batch·(K+1), kv = batch·context; AR decode: rows = batch);
 - draft forward: d0 + d_row·rows + d_kv·kv, fitted from SD drafting (K forwards of `batch` rows) and SSD
-  neural backups (K forwards of the missed rows);
+  neural backups (K forwards of the whole batch, hit rows masked);
+- the SSD neural backup: the same shape fitted on the backups alone when the records hold three or more
+  at two batch sizes and two contexts or more. The worker's masked pass over the batch is not SD's drafting:
+  in the default pair's calibration its per-row cost was 2.8 ms a forward against SD's 0.8, so a pooled fit
+  predicted the served backups at batch 5-8 15-20% too cheap;
 - SSD cache build, as SSD runs it (next to the verify): a glue forward of batch·(K+1) rows, then K tree
   steps of `branches` rows. In draft steps that is D = d(batch·(K+1), batch·context) + K·d(branches,
   batch·context), but each branch is a copy of its sequence's KV that its steps read, and the worker shares
@@ -18,6 +22,15 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - AR's one-token step: its own c0 + c_seq·batch + c_kv·kv when the records hold AR rounds at two or more
   batch sizes. One model for the (K+1)-row verify and the 1-row step predicted AR at batch 2 and 4 24% too
   slow: a step's fixed cost (reading the weights) is shared by the rows, the verify's per-row cost is not;
+- a one-row step runs other kernels than a multi-row one (on CPU the linears of a one-row bf16 forward take
+  the matrix-vector path, and the one-token attention at batch 1 the masked SDPA kernel), and it can be
+  dearer than a multi-row step: the calibration's AR step at 1 × 512 took 452 ms, at 4 × 512 422 ms, and at
+  batch 1 the context cost 0.15 ms a token against 0.02 at batch 4. A line in rows cannot bend that way, so
+  the step gets one-row terms, [batch = 1]·(u0 + u_kv·context), on top of the multi-row line: batch 1 is a
+  regime of its own rather than the line's first point. They are non-negative like the rest (a one-row step
+  cheaper than the line gets none) and used only when the AR rounds hold batch 1 and at least two other
+  batch sizes (else the line's intercept and per-row slope cannot be told from the one-row offset: the
+  former shape is fitted); u_kv only when batch 1 spans two contexts or more;
 - prefill: p0 + p_row·batch·tokens for the target and for the draft (`saguaro calibrate` times prefills at
   several lengths and batch sizes);
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
@@ -65,6 +78,7 @@ class FittedTiming:
 
     verify: Coef
     decode: Coef | None = None  # AR's one-token step, when the records hold AR rounds at two batch sizes
+    decode_one_row: tuple[float, float] | None = None  # (u0, u_kv): a batch-1 step's own terms (see above)
     draft: Coef | None = None
     prefill_target: tuple[float, float] | None = None
     prefill_draft: tuple[float, float] | None = None
@@ -73,6 +87,7 @@ class FittedTiming:
     link_latency_ms: float = 0.0
     ssd_verify_factor: float = 1.0  # the verify's slowdown while the SSD worker builds next to it
     build: Coef | None = None  # (s, e_row, e_kv): the cache build over its draft steps (see above)
+    backup: Coef | None = None  # the neural backup's own draft-forward coefficients (see above)
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
 
@@ -80,17 +95,21 @@ class FittedTiming:
         v0, v_row, v_kv = self.verify
         return v0 + v_row * rows + v_kv * kv
 
-    def _draft(self, rows: int, kv: int) -> float:
+    def _draft(self, rows: int, kv: int, coef: Coef | None = None) -> float:
         if self.draft is None:
             raise ValueError("these records hold no SD or SSD rounds, so the draft's time was not fitted: "
                              "add a calibration run of SD or SSD")
-        d0, d_row, d_kv = self.draft
+        d0, d_row, d_kv = coef or self.draft
         return d0 + d_row * rows + d_kv * kv
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         if tokens == 1 and self.decode is not None:
             c0, c_seq, c_kv = self.decode
-            return c0 + c_seq * batch + c_kv * batch * context
+            step = c0 + c_seq * batch + c_kv * batch * context
+            if batch == 1 and self.decode_one_row is not None:
+                u0, u_kv = self.decode_one_row
+                step += u0 + u_kv * context
+            return step
         return self._target(batch * tokens, batch * context)
 
     def for_strategy(self, strategy: Strategy) -> "FittedTiming":
@@ -112,7 +131,7 @@ class FittedTiming:
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
-            return self.draft_ms(rows, K, context)
+            return K * self._draft(rows, rows * context, self.backup)
         if backup.value not in self.fast_backup_ms:
             raise ValueError(f"no SSD rounds with the {backup.value} backup missed in the calibration records: "
                              f"its time is unknown (calibrate with that backup)")
@@ -155,6 +174,23 @@ def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[flo
     return X, y
 
 
+def _fit_steps(steps: list[RoundRecord]) -> tuple[Coef, tuple[float, float] | None, float]:
+    """AR's one-token step: (c0, c_seq, c_kv), the one-row terms (u0, u_kv) or None, and the relative RMS error.
+
+    The one-row terms only where the records can tell them from the line (see the module docstring)."""
+    one = [r for r in steps if r.batch_size == 1]
+    others = {r.batch_size for r in steps} - {1}
+    line = lambda r: [1.0, r.batch_size, r.batch_size * r.context_len]  # noqa: E731
+    if not one or len(others) < 2:
+        coef, error = _fit_linear([line(r) for r in steps], [r.verify_ms for r in steps])
+        return coef, None, error
+    with_kv = len({r.context_len for r in one}) >= 2
+    rows = [line(r) + [float(r.batch_size == 1)] + ([float(r.batch_size == 1) * r.context_len] if with_kv else [])
+            for r in steps]
+    coef, error = _fit_linear(rows, [r.verify_ms for r in steps])
+    return coef[:3], (coef[3], coef[4] if with_kv else 0.0), error
+
+
 def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     """Fit every part the records inform. ValueError if there is nothing to fit the verifier from."""
     decode = [r for r in records if r.is_decode]
@@ -167,10 +203,10 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     plain = alone if len(alone) >= 3 else decode
     verify, errors["verify"] = _fit_linear([design(r) for r in plain], [r.verify_ms for r in plain])
     counts["verify"] = len(plain)
-    decode_fit = None
+    decode_fit = one_row = None
     steps = [r for r in decode if r.strategy is Strategy.AR]
     if len(steps) >= 3 and len({r.batch_size for r in steps}) >= 2:
-        decode_fit, errors["decode"] = _fit_linear([design(r) for r in steps], [r.verify_ms for r in steps])
+        decode_fit, one_row, errors["decode"] = _fit_steps(steps)
         counts["decode"] = len(steps)
     ssd_verify_factor = 1.0
     busy = [r for r in decode if r.strategy is Strategy.SSD]
@@ -188,6 +224,16 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     if len(y) >= 3:
         draft, errors["draft"] = _fit_linear(X, y)
         counts["draft"] = len(y)
+    backups = [r for r in decode if r.strategy is Strategy.SSD and r.backup is Backup.NEURAL
+               and r.hit.count(False) and r.backup_time_ms]
+    if (len(backups) >= 3 and len({r.batch_size for r in backups}) >= 2
+            and len({r.context_len for r in backups}) >= 2):
+        backup_fit, errors["backup"] = _fit_linear(
+            [[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r in backups],
+            [r.backup_time_ms for r in backups])
+        counts["backup"] = len(backups)
+    else:
+        backup_fit = None
     if draft is not None and len(builds) >= 3:
         partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft)
         build, errors["build"] = _fit_linear(
@@ -228,7 +274,7 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
-        verify=verify, decode=decode_fit, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
+        verify=verify, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
         build=build, errors=errors, counts=counts,
     )

@@ -197,3 +197,88 @@ def test_one_token_steps_get_their_own_fit():
     assert fitted.verify_ms(2, 5, 100) == pytest.approx(verify(2, 4), rel=0.1)
     without = fit_timing([r for r in records if r.batch_size == 1 or r.strategy.value != "ar"])
     assert without.decode is None  # AR at one batch size only: the verify's model serves the step
+
+
+def _ar_step(b, c, ms):
+    return parse_record({"strategy": "ar", "round": 1, "batch_size": b, "K": 0, "context_len": c,
+                         "accepted": [0] * b, "emitted": [1] * b, "draft_ms": 0.0, "verify_ms": ms,
+                         "round_ms": ms, "draft_forwards": 0})
+
+
+LINE, ONE_ROW = (300.0, 10.0, 0.02), (45.0, 0.12)  # the multi-row step, and what a one-row step adds
+
+
+def _true_step(b, c):
+    c0, c_seq, c_kv = LINE
+    return c0 + c_seq * b + c_kv * b * c + ((ONE_ROW[0] + ONE_ROW[1] * c) if b == 1 else 0.0)
+
+
+def test_a_one_row_step_dearer_than_two_rows_is_fitted():
+    """On this CPU a one-row bf16 step can cost more than a multi-row one (1 × 512: 452 ms, 4 × 512: 422): the
+    line in rows cannot bend that way; the one-row terms can, within a few % with 3% noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    assert _true_step(1, 64) > _true_step(2, 64) and _true_step(1, 512) > _true_step(4, 512)
+    records = [_ar_step(b, c, _true_step(b, c) * (1 + 0.03 * rng.standard_normal()))
+               for b in (1, 2, 4) for c in (64, 512) for _ in range(3)]
+    fitted = fit_timing(records)
+    assert fitted.decode_one_row is not None
+    for b, c in ((1, 64), (1, 300), (1, 512), (2, 300), (3, 200), (4, 512)):  # (3, 200), (1, 300): not fitted on
+        assert fitted.verify_ms(b, 1, c) == pytest.approx(_true_step(b, c), rel=0.03)
+    # the former shape, a line in rows, is off by far more at batch 1 or 2
+    line = lambda b, c: fitted.decode[0] + fitted.decode[1] * b + fitted.decode[2] * b * c  # noqa: E731
+    exact = fit_timing([_ar_step(b, c, _true_step(b, c)) for b in (1, 2, 4) for c in (64, 512)])
+    assert exact.decode == pytest.approx(LINE, rel=1e-6) and exact.decode_one_row == pytest.approx(ONE_ROW, rel=1e-6)
+    assert line(1, 512) < 0.9 * _true_step(1, 512)  # the one-row terms are what carries batch 1
+
+
+def test_without_two_other_batch_sizes_the_step_keeps_the_line():
+    """Batch 1 and 4 alone cannot tell a one-row offset from the line's intercept and slope: the former shape."""
+    records = [_ar_step(b, c, _true_step(b, c)) for b in (1, 4) for c in (64, 512)]
+    fitted = fit_timing(records)
+    assert fitted.decode_one_row is None
+    assert fitted.verify_ms(1, 1, 64) == pytest.approx(fitted.decode[0] + fitted.decode[1] + 64 * fitted.decode[2])
+    # one context at batch 1: the offset, no context term of its own
+    one_context = fit_timing([_ar_step(1, 64, _true_step(1, 64))] * 2
+                             + [_ar_step(b, c, _true_step(b, c)) for b in (2, 4) for c in (64, 512)])
+    assert one_context.decode_one_row is not None and one_context.decode_one_row[1] == 0.0
+    assert one_context.verify_ms(1, 1, 64) == pytest.approx(_true_step(1, 64), rel=1e-6)
+
+
+def test_a_one_row_step_cheaper_than_the_line_gets_no_one_row_terms():
+    records = [_ar_step(b, c, 300.0 + 10.0 * b + 0.02 * b * c - (20.0 if b == 1 else 0.0))
+               for b in (1, 2, 4) for c in (64, 512)]
+    u0, u_kv = fit_timing(records).decode_one_row
+    assert u0 >= 0.0 and u_kv >= 0.0
+
+
+# -- the neural backup fitted apart from SD's drafting -------------------------------------------------------
+SD_DRAFT, BACKUP = (44.0, 0.8, 0.0106), (41.0, 2.8, 0.0098)  # per draft forward; the default pair's calibration
+
+
+def _draft_points():
+    out = []
+    for b in (1, 4):
+        for c in (64, 512):
+            step = lambda coef: 4 * (coef[0] + coef[1] * b + coef[2] * b * c)  # noqa: E731
+            for _ in range(3):
+                out.append(_point("sd", b, c, verify_ms=400.0, draft_ms=step(SD_DRAFT), round_ms=400.0 + step(SD_DRAFT)))
+            for _ in range(2):
+                out.append(_point("ssd", b, c, verify_ms=420.0, draft_ms=step(BACKUP), wait_ms=step(BACKUP),
+                                  backup_ms=step(BACKUP), hit=[False] * b, backup="neural", branches=8 * b,
+                                  fanout=[2, 2, 2, 1, 1], cache_build_ms=0.0))
+    return out
+
+
+def test_the_neural_backup_gets_its_own_fit():
+    """The worker's backup costs more per row than SD's drafting: a pooled fit under-predicts it at batch 8."""
+    fitted = fit_timing(_records(_draft_points()))
+    assert fitted.backup == pytest.approx(BACKUP, rel=1e-6)
+    want = lambda b, c: 4 * (BACKUP[0] + BACKUP[1] * b + BACKUP[2] * b * c)  # noqa: E731
+    assert fitted.backup_ms(Backup.NEURAL, 8, 4, 113) == pytest.approx(want(8, 113), rel=1e-6)
+    assert fitted.draft_ms(8, 4, 113) < 0.95 * want(8, 113)  # the pooled draft fit, SD's drafting mostly
+    # backups at one batch size cannot give a per-row cost: the pooled fit serves them, as before
+    one_batch = fit_timing(_records([r for r in _draft_points() if r["batch_size"] == 4 or r["strategy"] == "sd"]))
+    assert one_batch.backup is None
+    assert one_batch.backup_ms(Backup.NEURAL, 2, 4, 100) == pytest.approx(one_batch.draft_ms(2, 4, 100))
