@@ -6,6 +6,7 @@ import json
 import shlex
 from pathlib import Path
 
+from saguaro.analysis.gap import TARGET_SHARE, gap_rows, reading
 from saguaro.analysis.hits import hit_by_k, miss_vs_fanout, power_law_fits
 from saguaro.analysis.load import Run, load_run
 from saguaro.analysis.predict import ceiling_rows, predictions
@@ -22,6 +23,9 @@ HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_a
 PREDICTED = ["key", "measured", "simulated", "simulated_error", "closed_form", "closed_form_error", "alpha", "p_hit",
              "alpha_hit", "alpha_miss", "T_d_over_T_v", "T_p", "T_b", "T_ar_over_T_v"]
 CEILING = ["key", "sd_key", "measured_ssd_over_sd", "ceiling", "share", "T_sd", "E_hit", "E_sd", "hit_rate"]
+GAP = ["key", "share", "misses_tokens", "misses_backup", "start", "waits", "interference", "overhead", "rest", "p_hit",
+       f"p_hit_for_{round(TARGET_SHARE * 100)}", "E_miss_over_E_hit", "backup_ms", "start_ms", "link_ms",
+       "overrun_rounds", "T_p"]
 FITS = ["temperature", "r", "r_stderr", "scale", "n_points", "method", "note"]
 REPORT = "report.md"
 
@@ -179,6 +183,7 @@ def _bench_sections(data: ReportData, notes: list[str], out_dir: Path) -> list[s
                "verify time (measured while the draft worker runs), E_hit = tokens per SSD sequence-round that hit "
                "the cache, E_SD = tokens per SD round, all from this run's rounds. `share` = measured SSD/SD "
                "(decode tokens/s) over the ceiling.", "", _table(marked(ceilings), CEILING, n), ""]
+        md += _gap_section(data, ceilings, n)
     if data.power_law:
         md += ["## Power-law fit of the miss rate", "", format_table(data.power_law, FITS, markdown=True), ""]
     by_task, tasks = category_pivot(category_rows(data.runs))
@@ -191,3 +196,24 @@ def _bench_sections(data: ReportData, notes: list[str], out_dir: Path) -> list[s
     if errors:
         md += ["## Failed prompts", "", _table(errors, ["key", "prompt_id", "error"], n), ""]
     return md
+
+
+def _gap_section(data: ReportData, ceilings: list[dict], n: int) -> list[str]:
+    """Where each SSD variant loses against its ceiling (saguaro.analysis.gap), right under the ceiling table."""
+    gaps = gap_rows(data.runs, ceilings)
+    if not gaps:
+        return []
+    return ["### Where the share goes", "",
+            "Each factor is what one cause leaves of the ceiling (1 = no loss, below 1 a loss, above 1 a gain) and "
+            "the factors multiply to `share` exactly: `misses_tokens` = SSD's tokens per sequence-round over E_hit; "
+            "`misses_backup` = SSD's time outside the backup of missed rounds; `start` = outside each call's first "
+            "wait (the worker taking in the prompt); `waits` = outside the other waits for the worker (the link, "
+            "the cache build outlasting the previous verify); `interference` = SD's round at its own verify over at "
+            "SSD's, which the ceiling uses; `overhead` = the rest of each round (sampling, bookkeeping), SSD's "
+            "against SD's; `rest` = the cut at EOS or the length limit and the mean batch, SSD's against SD's. "
+            f"`p_hit_for_{round(TARGET_SHARE * 100)}`: the share of speculations from the cache (`p_hit` today) "
+            f"that would reach a {TARGET_SHARE:.0%} share with every other factor, E_miss/E_hit and "
+            "`backup_ms` per missed round as measured (- where none would); `start_ms`, `link_ms` (the median wait "
+            "in rounds whose cache fit in the previous verify), `overrun_rounds` (the share of rounds whose did not) "
+            "and `T_p` say where the waits come from.", "",
+            _table(marked(gaps), GAP, n), "", *(f"- {reading(g)}" for g in gaps), ""]
