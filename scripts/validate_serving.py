@@ -2,7 +2,12 @@
 TTFT and TPOT (p50, p99) with what the client measured.
 
 - the requests: each point's arrival times, prompt and output lengths as the client logged them
-  (`simulator.Replayed`), served by a batch of at most --max-num-seqs (the server's setting);
+  (`simulator.Replayed`), served by a batch of at most --max-num-seqs (the server's setting). A closed-loop
+  point (--concurrency N) is simulated as one: a request is sent when one finishes in the simulation, not at
+  the time it was sent in the measured run (replayed at those times, a prediction slower than the run made
+  the requests of a concurrency-1 point overlap, and each one slowed the next). At concurrency 1 each request
+  runs alone, one after the other, with its own lengths; above 1 a `ClosedLoop` of N with the point's
+  length ranges (drawn: an approximation);
 - timing: `fit_timing` on a `saguaro calibrate` run only (with its fast backups);
 - acceptance and hits: an SD bench run's records on the same prompts at the same temperature (the variant at
   batch 1 with the largest K: α per position and the empirical hit model), as in validate_ssd.py;
@@ -27,7 +32,7 @@ import numpy as np
 
 from saguaro.commands.simulate import fit_all
 from saguaro.runfolder import RunDir
-from simulator import PerPositionAcceptance, Policy, Replayed, SimConfig, simulate
+from simulator import ClosedLoop, Lengths, PerPositionAcceptance, Policy, Replayed, SimConfig, simulate
 from simulator.hits import from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
@@ -89,19 +94,52 @@ def served_policy(path: Path) -> Policy:
     return Policy("ssd", K=first.K, fanout=fanouts.pop(), backup=Backup(first.backup or "neural"))
 
 
+def closed_loop_concurrency(requests: list[dict]) -> int | None:
+    """N for a closed-loop point (its requests have no schedule: each was sent when one finished), else None."""
+    if any(r.get("scheduled_s") is not None for r in requests):
+        return None
+    n = requests[0].get("concurrency")
+    if n is None or int(n) < 1:
+        raise ValueError(f"point {requests[0].get('point')!r} has neither a schedule nor a concurrency: "
+                         "give a `saguaro bench --url` run's folder")
+    return int(n)
+
+
+def _stats(result) -> dict[str, float]:
+    return {f"{m}_{s}": getattr(result, f"{m}_ms")[s] for m in METRICS for s in STATS}
+
+
 def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_num_seqs: int,
             seeds: int) -> dict[str, float]:
-    t0 = requests[0]["arrival_s"]
-    workload = Replayed(tuple((r["arrival_s"] - t0) * 1e3 for r in requests),
-                        tuple(int(r["prompt_tokens"]) for r in requests),
-                        tuple(int(r["new_tokens"]) for r in requests), max_num_seqs)
+    concurrency = closed_loop_concurrency(requests)
+    prompts = tuple(int(r["prompt_tokens"]) for r in requests)
+    outputs = tuple(int(r["new_tokens"]) for r in requests)
+
+    def run(workload, seed: int, limit: int | None = None):
+        return simulate(SimConfig(policy=policy, timing=timing, acceptance=acceptance,
+                                  hits=hits if policy.strategy.value == "ssd" else None, workload=workload,
+                                  link=LinkSpec(latency_ms=timing.link_latency_ms), rounds=10**9,
+                                  requests=limit, seed=seed))
+
     runs = []
     for seed in range(seeds):
-        config = SimConfig(policy=policy, timing=timing, acceptance=acceptance,
-                           hits=hits if policy.strategy.value == "ssd" else None, workload=workload,
-                           link=LinkSpec(latency_ms=timing.link_latency_ms), rounds=10**9, seed=seed)
-        result = simulate(config)
-        runs.append({f"{m}_{s}": getattr(result, f"{m}_ms")[s] for m in METRICS for s in STATS})
+        if concurrency == 1:  # one request at a time: each alone in the server, with its own lengths
+            alone = [run(Replayed((0.0,), (p,), (o,), max_num_seqs), seed * len(requests) + i)
+                     for i, (p, o) in enumerate(zip(prompts, outputs))]
+            got = {}
+            for metric in METRICS:
+                values = [v for a in alone if np.isfinite(v := getattr(a, f"{metric}_ms")["p50"])]
+                stats = statistics(values, (50, 99))
+                got.update({f"{metric}_{s}": stats[s] for s in STATS})
+            runs.append(got)
+        elif concurrency is not None:
+            workload = ClosedLoop(min(concurrency, max_num_seqs), Lengths(min(prompts), max(prompts)),
+                                  Lengths(min(outputs), max(outputs)))
+            runs.append(_stats(run(workload, seed, limit=len(requests))))
+        else:
+            t0 = requests[0]["arrival_s"]
+            workload = Replayed(tuple((r["arrival_s"] - t0) * 1e3 for r in requests), prompts, outputs, max_num_seqs)
+            runs.append(_stats(run(workload, seed)))
     return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
 
 

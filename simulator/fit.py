@@ -21,7 +21,10 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   verify, the draft and the build at ~300 by 15-50%);
 - AR's one-token step: its own c0 + c_seq·batch + c_kv·kv when the records hold AR rounds at two or more
   batch sizes. One model for the (K+1)-row verify and the 1-row step predicted AR at batch 2 and 4 24% too
-  slow: a step's fixed cost (reading the weights) is shared by the rows, the verify's per-row cost is not;
+  slow: a step's fixed cost (reading the weights) is shared by the rows, the verify's per-row cost is not.
+  The verify is then fitted on the verifies alone (SD's, at two row counts or more): the steps pulled its
+  context term to a fifth of what the verifies show (the default pair's calibration: 0.020 against 0.111 ms
+  a cached token; the AR step at 4 × 512 costs 422 ms, the verify 822) and its error to 14% (4% without);
 - a one-row step runs other kernels than a multi-row one (on CPU the linears of a one-row bf16 forward take
   the matrix-vector path, and the one-token attention at batch 1 the masked SDPA kernel), and it can be
   dearer than a multi-row step: the calibration's AR step at 1 × 512 took 452 ms, at 4 × 512 422 ms, and at
@@ -199,15 +202,18 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         raise ValueError(f"need at least 3 decode rounds to fit timings, got {len(decode)}: record a longer run")
     errors, counts = {}, {}
     design = lambda r: [1.0, r.batch_size * (r.K + 1), r.batch_size * r.context_len]  # noqa: E731
-    alone = [r for r in decode if r.strategy is not Strategy.SSD]
-    plain = alone if len(alone) >= 3 else decode
-    verify, errors["verify"] = _fit_linear([design(r) for r in plain], [r.verify_ms for r in plain])
-    counts["verify"] = len(plain)
     decode_fit = one_row = None
     steps = [r for r in decode if r.strategy is Strategy.AR]
     if len(steps) >= 3 and len({r.batch_size for r in steps}) >= 2:
         decode_fit, one_row, errors["decode"] = _fit_steps(steps)
         counts["decode"] = len(steps)
+    alone = [r for r in decode if r.strategy is not Strategy.SSD]
+    verifies = [r for r in alone if r.strategy is not Strategy.AR]
+    if decode_fit is not None and len(verifies) >= 3 and len({r.batch_size * (r.K + 1) for r in verifies}) >= 2:
+        alone = verifies  # the AR step has its own fit: the one-token steps no longer bend the verify's
+    plain = alone if len(alone) >= 3 else decode
+    verify, errors["verify"] = _fit_linear([design(r) for r in plain], [r.verify_ms for r in plain])
+    counts["verify"] = len(plain)
     ssd_verify_factor = 1.0
     busy = [r for r in decode if r.strategy is Strategy.SSD]
     if plain is alone and busy:

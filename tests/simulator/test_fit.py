@@ -38,9 +38,12 @@ def test_noise_free_records_give_back_the_true_coefficients():
 
 def test_noisy_records_give_the_coefficients_within_a_few_percent():
     fitted = fit_timing(_calibration(noise=0.03))
-    v0, v_row, v_kv = fitted.verify
-    # the intercept and the per-row slope carry most of the time; the context slope is small and looser
-    assert (v0, v_row) == pytest.approx(TRUE["verify"][:2], rel=0.05)
+    # The verify is fitted on SD's verifies alone (3 and 10 rows; the AR steps have their own fit): its
+    # predictions at the verified shapes hold, and the intercept, which carries most of the time.
+    v0, v_row, v_kv = TRUE["verify"]
+    assert fitted.verify[0] == pytest.approx(v0, rel=0.05)
+    for b, K in ((1, 2), (2, 4), (2, 2)):
+        assert fitted.verify_ms(b, K + 1, 150) == pytest.approx(v0 + v_row * b * (K + 1) + v_kv * b * 150, rel=0.05)
     # The draft step is fitted on SD's drafts and the backups (batch 1-2), the build on its own: their
     # predictions at the measured shapes hold, though the split between intercept and slope is looser.
     d0, d_row, d_kv = TRUE["draft"]
@@ -282,3 +285,17 @@ def test_the_neural_backup_gets_its_own_fit():
     one_batch = fit_timing(_records([r for r in _draft_points() if r["batch_size"] == 4 or r["strategy"] == "sd"]))
     assert one_batch.backup is None
     assert one_batch.backup_ms(Backup.NEURAL, 2, 4, 100) == pytest.approx(one_batch.draft_ms(2, 4, 100))
+
+
+def test_with_its_own_step_fit_the_verify_is_fitted_on_verifies_alone():
+    """AR steps with a small context cost (the default pair: 4 × 512 422 ms, 4 × 64 383) no longer pull the
+    verify's context term down (its verify at 4 × 512: 822 ms, 4 × 64: 651)."""
+    records = [_point("ar", b, c, verify_ms=380.0 + 0.02 * b * c) for b in (1, 2, 4) for c in (64, 512)]
+    records += [_point("sd", b, c, verify_ms=V_TRUE[0] + V_TRUE[1] * 5 * b + V_TRUE[2] * b * c, draft_ms=100.0)
+                for b in (1, 4) for c in (64, 512)]
+    fitted = fit_timing(_records(records))
+    assert fitted.verify == pytest.approx(V_TRUE, rel=1e-6)
+    assert fitted.verify_ms(1, 1, 512) == pytest.approx(380.0 + 0.02 * 512, rel=1e-6)
+    # AR at one batch size: no step fit of its own, so its rows stay in the verify's, as before
+    single = fit_timing(_records([r for r in records if r["strategy"] == "sd" or r["batch_size"] == 4]))
+    assert single.decode is None and single.counts["verify"] == 6
