@@ -5,7 +5,7 @@ speeds: SSD with every round a cache hit lasting exactly one verify (E_hit token
 whose round is its drafting plus SSD's verify (E_SD tokens per D̄_SD + V̄). The measured ratio is Σ emitted /
 Σ round time of SSD's decode rounds over the same for SD's. So
 
-    measured / ceiling = misses_tokens · misses_backup · waits · interference · overhead · rest
+    measured / ceiling = misses_tokens · misses_backup · start · waits · interference · overhead · rest
 
 exactly (no residual), each factor 1 where there is no loss and < 1 where SSD loses (> 1: a gain):
 - misses_tokens = (p·E_hit + (1 − p)·E_miss) / E_hit: the tokens per sequence-round of SSD, cache hits and
@@ -14,9 +14,9 @@ exactly (no residual), each factor 1 where there is no loss and < 1 where SSD lo
   backup's own drafting on the critical path);
 - start = (T − B − S) / (T − B): S = the first decode round's wait of each generate call beyond its backup
   (the worker taking in the prompt and building its first cache);
-- waits = (T − B − S − W) / (T − B − S): W = the rest of the target's waits for the worker (Σ wait_ms − B − S),
-  in every later round, hit or miss: the link, and the cache build outlasting the verify (T_p > 1).
-  `link_ms` (the median wait beyond the backup in rounds whose cache was built within the previous verify)
+- waits = (T − B − S − W) / (T − B − S): W = the rest of the target's waits for the worker
+  (Σ wait_ms − B − S), in every later round, hit or miss: the link, and the cache build outlasting the
+  verify (T_p > 1); `link_ms` (the median wait beyond the backup in rounds whose cache was built within the previous verify)
   and `overrun_rounds` (the share of rounds whose cache build outlasted the previous verify) say which;
 - interference = (D̄_SD + V̄_SD) / (D̄_SD + V̄_SSD): the ceiling prices SD's round with SSD's verify (measured
   while the worker runs next to it) but the measured SD runs with its own; < 1 when the worker slows the
