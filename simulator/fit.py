@@ -34,8 +34,10 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   cheaper than the line gets none) and used only when the AR rounds hold batch 1 and at least two other
   batch sizes (else the line's intercept and per-row slope cannot be told from the one-row offset: the
   former shape is fitted); u_kv only when batch 1 spans two contexts or more;
-- prefill: p0 + p_row·batch·tokens for the target and for the draft (`saguaro calibrate` times prefills at
-  several lengths and batch sizes);
+- prefill: p0 + p_row·batch·tokens + p_att·batch·tokens² for the target and for the draft (`saguaro
+  calibrate` times prefills at several lengths and batch sizes). The last term is causal attention, quadratic
+  in each sequence's length: the default pair's target took 8119 ms for 1 × 512 tokens and 7427 for 4 × 128,
+  the same rows. It is fitted where three prefills or more tell it from the other two (else p_att = 0);
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
 - the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify;
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
@@ -85,6 +87,7 @@ class FittedTiming:
     draft: Coef | None = None
     prefill_target: tuple[float, float] | None = None
     prefill_draft: tuple[float, float] | None = None
+    prefill_attention: tuple[float, float] = (0.0, 0.0)  # p_att of the target's and the draft's prefill
     overhead: dict = field(default_factory=dict)  # strategy value -> ms per round
     fast_backup_ms: dict = field(default_factory=dict)  # backup value -> ms
     link_latency_ms: float = 0.0
@@ -144,13 +147,15 @@ class FittedTiming:
         if self.prefill_target is None:
             target_ms = self._target(batch * tokens, 0)
         else:
-            target_ms = self.prefill_target[0] + self.prefill_target[1] * batch * tokens
+            target_ms = (self.prefill_target[0] + self.prefill_target[1] * batch * tokens
+                         + self.prefill_attention[0] * batch * tokens**2)
         return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
 
     def draft_prefill_ms(self, batch: int, tokens: int) -> float:
         if self.prefill_draft is None:
             return 0.0
-        return self.prefill_draft[0] + self.prefill_draft[1] * batch * tokens
+        return (self.prefill_draft[0] + self.prefill_draft[1] * batch * tokens
+                + self.prefill_attention[1] * batch * tokens**2)
 
     def overhead_ms(self, strategy: Strategy) -> float:
         return self.overhead.get(strategy.value, 0.0)
@@ -192,6 +197,16 @@ def _fit_steps(steps: list[RoundRecord]) -> tuple[Coef, tuple[float, float] | No
             for r in steps]
     coef, error = _fit_linear(rows, [r.verify_ms for r in steps])
     return coef[:3], (coef[3], coef[4] if with_kv else 0.0), error
+
+
+def _fit_prefill(prefills: list[RoundRecord], ms: list[float]) -> tuple[tuple[float, float], float, float]:
+    """(p0, p_row), p_att and the relative RMS error; p_att only where the records can tell it (rank 3)."""
+    rows = [[1.0, r.batch_size * r.tokens, r.batch_size * r.tokens**2] for r in prefills]
+    if len(rows) >= 3 and np.linalg.matrix_rank(np.asarray(rows) / np.abs(rows).max(axis=0)) == 3:
+        coef, error = _fit_linear(rows, ms)
+        return coef[:2], coef[2], error
+    coef, error = _fit_linear([row[:2] for row in rows], ms)
+    return coef, 0.0, error
 
 
 def fit_timing(records: list[RoundRecord]) -> FittedTiming:
@@ -247,13 +262,13 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
               (r.K + 1) * r.branches * r.context_len] for r in builds], [r.cache_build_ms for r in builds])
         counts["build"] = len(builds)
     prefill_target = prefill_draft = None
+    attention = [0.0, 0.0]
     if len(prefill) >= 2:
-        prefill_target, errors["prefill_target"] = _fit_linear(
-            [[1.0, r.batch_size * r.tokens] for r in prefill], [r.verify_ms for r in prefill])
+        prefill_target, attention[0], errors["prefill_target"] = _fit_prefill(prefill, [r.verify_ms for r in prefill])
         with_draft = [r for r in prefill if r.draft_ms > 0]
         if len(with_draft) >= 2:
-            prefill_draft, errors["prefill_draft"] = _fit_linear(
-                [[1.0, r.batch_size * r.tokens] for r in with_draft], [r.draft_ms for r in with_draft])
+            prefill_draft, attention[1], errors["prefill_draft"] = _fit_prefill(
+                with_draft, [r.draft_ms for r in with_draft])
     overhead = {}
     for strategy in Strategy:
         rows = [r for r in decode if r.strategy is strategy]
@@ -280,7 +295,8 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
-        verify=verify, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft, prefill_target=prefill_target, prefill_draft=prefill_draft,
+        verify=verify, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft,
+        prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=tuple(attention),
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
         build=build, errors=errors, counts=counts,
     )

@@ -266,7 +266,8 @@ def _draft_points():
         for c in (64, 512):
             step = lambda coef: 4 * (coef[0] + coef[1] * b + coef[2] * b * c)  # noqa: E731
             for _ in range(3):
-                out.append(_point("sd", b, c, verify_ms=400.0, draft_ms=step(SD_DRAFT), round_ms=400.0 + step(SD_DRAFT)))
+                out.append(_point("sd", b, c, verify_ms=400.0, draft_ms=step(SD_DRAFT),
+                                  round_ms=400.0 + step(SD_DRAFT)))
             for _ in range(2):
                 out.append(_point("ssd", b, c, verify_ms=420.0, draft_ms=step(BACKUP), wait_ms=step(BACKUP),
                                   backup_ms=step(BACKUP), hit=[False] * b, backup="neural", branches=8 * b,
@@ -299,3 +300,27 @@ def test_with_its_own_step_fit_the_verify_is_fitted_on_verifies_alone():
     # AR at one batch size: no step fit of its own, so its rows stay in the verify's, as before
     single = fit_timing(_records([r for r in records if r["strategy"] == "sd" or r["batch_size"] == 4]))
     assert single.decode is None and single.counts["verify"] == 6
+
+
+def test_the_prefill_gets_its_quadratic_attention_term():
+    """1 × 512 tokens costs more than 4 × 128 (the default pair: 8119 against 7427 ms): causal attention grows
+    with each sequence's length squared, which a line in batch × tokens cannot tell apart."""
+    p0, p_row, p_att = 250.0, 13.5, 0.0035
+    true = lambda b, t: p0 + p_row * b * t + p_att * b * t * t  # noqa: E731
+
+    def prefill(b, t):
+        return {"strategy": "sd", "round": 0, "batch_size": b, "K": 0, "context_len": 0, "accepted": [0] * b,
+                "emitted": [1] * b, "draft_ms": 0.0, "verify_ms": true(b, t), "round_ms": true(b, t),
+                "draft_forwards": 0, "phase": "prefill", "tokens": t}
+
+    shapes = [(1, 64), (1, 288), (4, 64), (4, 128), (1, 512)]
+    decode = [_point("ar", b, 100, verify_ms=400.0) for b in (1, 2, 4)]
+    fitted = fit_timing(_records([prefill(b, t) for b, t in shapes] + decode))
+    assert fitted.prefill_target == pytest.approx((p0, p_row), rel=1e-6)
+    assert fitted.prefill_attention[0] == pytest.approx(p_att, rel=1e-6)
+    for b, t in ((1, 51), (1, 86), (7, 86), (2, 1024)):
+        assert fitted.prefill_ms(Strategy.SSD, b, t) == pytest.approx(true(b, t), rel=1e-6)
+    # two prefills cannot tell the attention from the line: the line alone, as before
+    two = fit_timing(_records([prefill(1, 64), prefill(1, 512)] + decode))
+    assert two.prefill_attention == (0.0, 0.0)
+    assert two.prefill_ms(Strategy.SSD, 1, 512) == pytest.approx(true(1, 512))
