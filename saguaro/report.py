@@ -23,9 +23,9 @@ HEADLINE = ["key", "prompts", "errors", "threads", "tokens_per_s", "speedup_vs_a
 PREDICTED = ["key", "measured", "simulated", "simulated_error", "closed_form", "closed_form_error", "alpha", "p_hit",
              "alpha_hit", "alpha_miss", "T_d_over_T_v", "T_p", "T_b", "T_ar_over_T_v"]
 CEILING = ["key", "sd_key", "measured_ssd_over_sd", "ceiling", "share", "T_sd", "E_hit", "E_sd", "hit_rate"]
-GAP = ["key", "share", "misses_tokens", "misses_backup", "start", "waits", "interference", "overhead", "rest", "p_hit",
-       f"p_hit_for_{round(TARGET_SHARE * 100)}", "E_miss_over_E_hit", "backup_ms", "start_ms", "link_ms",
-       "overrun_rounds", "T_p"]
+GAP = ["key", "share", "misses_tokens", "misses_backup", "start", "waits", "shapes", "interference", "overhead",
+       "rest", "p_hit", f"p_hit_for_{round(TARGET_SHARE * 100)}", "E_miss_over_E_hit", "backup_ms", "start_ms",
+       "link_ms", "overrun_rounds", "T_p"]
 FITS = ["temperature", "r", "r_stderr", "scale", "n_points", "method", "note"]
 REPORT = "report.md"
 
@@ -204,16 +204,18 @@ def _gap_section(data: ReportData, ceilings: list[dict], n: int) -> list[str]:
     if not gaps:
         return []
     return ["### Where the share goes", "",
-            "Each factor is what one cause leaves of the ceiling (1 = no loss, below 1 a loss, above 1 a gain) and "
-            "the factors multiply to `share` exactly: `misses_tokens` = SSD's tokens per sequence-round over E_hit; "
-            "`misses_backup` = SSD's time outside the backup of missed rounds; `start` = outside each call's first "
-            "wait (the worker taking in the prompt); `waits` = outside the other waits for the worker (the link, "
-            "the cache build outlasting the previous verify); `interference` = SD's round at its own verify over at "
-            "SSD's, which the ceiling uses; `overhead` = the rest of each round (sampling, bookkeeping), SSD's "
-            "against SD's; `rest` = the cut at EOS or the length limit and the mean batch, SSD's against SD's. "
+            "Read each factor as the part of the ceiling one cause leaves (1 = no loss, below 1 a loss, above 1 a "
+            "gain); they multiply to `share` exactly, so the smallest is where SSD loses most. "
+            "`misses_tokens`: SSD's tokens per sequence-round over E_hit; `misses_backup`: SSD's time outside the "
+            "backup of missed rounds; `start`: outside each call's first wait (the worker taking in the prompt); "
+            "`waits`: outside the other waits for the worker (the link, a cache build outlasting the previous "
+            "verify); `shapes`: SD's round at its own block lengths over at SSD's; `interference`: SD's round "
+            "with SD's verify over with SSD's, at the same block lengths (the worker running next to the verify); "
+            "`overhead`: the rest of each round (sampling, bookkeeping), SSD's against SD's; `rest`: the cut at EOS "
+            "or the length limit and the mean batch, SSD's against SD's. "
             f"`p_hit_for_{round(TARGET_SHARE * 100)}`: the share of speculations from the cache (`p_hit` today) "
-            f"that would reach a {TARGET_SHARE:.0%} share with every other factor, E_miss/E_hit and "
-            "`backup_ms` per missed round as measured (- where none would); `start_ms`, `link_ms` (the median wait "
-            "in rounds whose cache fit in the previous verify), `overrun_rounds` (the share of rounds whose did not) "
-            "and `T_p` say where the waits come from.", "",
+            f"that would give a {TARGET_SHARE:.0%} share with every other factor, E_miss/E_hit and `backup_ms` per "
+            "missed round as measured (- where none would); `start_ms`, `link_ms` (the median wait in rounds "
+            "whose cache was built within the previous verify), `overrun_rounds` (the share of rounds whose was "
+            "not) and `T_p` say where the waits come from.", "",
             _table(marked(gaps), GAP, n), "", *(f"- {reading(g)}" for g in gaps), ""]

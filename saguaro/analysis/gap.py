@@ -5,7 +5,8 @@ speeds: SSD with every round a cache hit lasting exactly one verify (E_hit token
 whose round is its drafting plus SSD's verify (E_SD tokens per D̄_SD + V̄). The measured ratio is Σ emitted /
 Σ round time of SSD's decode rounds over the same for SD's. So
 
-    measured / ceiling = misses_tokens · misses_backup · start · waits · interference · overhead · rest
+    measured / ceiling = misses_tokens · misses_backup · start · waits · shapes · interference · overhead
+                         · rest
 
 exactly (no residual), each factor 1 where there is no loss and < 1 where SSD loses (> 1: a gain):
 - misses_tokens = (p·E_hit + (1 − p)·E_miss) / E_hit: the tokens per sequence-round of SSD, cache hits and
@@ -16,11 +17,15 @@ exactly (no residual), each factor 1 where there is no loss and < 1 where SSD lo
   (the worker taking in the prompt and building its first cache);
 - waits = (T − B − S − W) / (T − B − S): W = the rest of the target's waits for the worker
   (Σ wait_ms − B − S), in every later round, hit or miss: the link, and the cache build outlasting the
-  verify (T_p > 1); `link_ms` (the median wait beyond the backup in rounds whose cache was built within the previous verify)
-  and `overrun_rounds` (the share of rounds whose cache build outlasted the previous verify) say which;
-- interference = (D̄_SD + V̄_SD) / (D̄_SD + V̄_SSD): the ceiling prices SD's round with SSD's verify (measured
-  while the worker runs next to it) but the measured SD runs with its own; < 1 when the worker slows the
-  verify;
+  verify (T_p > 1); `link_ms` (the median wait beyond the backup in rounds whose cache was built within the
+  previous verify) and `overrun_rounds` (the share of rounds whose cache build outlasted it) say which;
+- shapes · interference = (D̄_SD + V̄_SD) / (D̄_SD + V̄_SSD): the ceiling prices SD's round with SSD's verify
+  (measured while the worker runs next to it) but the measured SD runs with its own. Split at V̄_SD@SSD, SD's
+  verify at SSD's shapes (each SSD round's (K, b) priced at SD's mean verify of that shape; a shape SD never
+  ran is linear in K from SD's other shapes at that b, else priced at SSD's verify times SD/SSD over the
+  matched rounds): shapes = (D̄_SD + V̄_SD) / (D̄_SD + V̄_SD@SSD) (1 at a constant K shared by both; < 1 where
+  SSD verifies longer blocks), interference = (D̄_SD + V̄_SD@SSD) / (D̄_SD + V̄_SSD) (< 1 when the worker
+  slows the verify of the same shapes);
 - overhead = Σ V_SSD / (Σ V_SSD + O_SSD) · R̄_SD / (D̄_SD + V̄_SD): the part of each round outside verify,
   wait and drafting (sampling, bookkeeping; O_SSD = T − Σ V_SSD − Σ wait_ms), SSD's against SD's (the
   ceiling has no term for it);
@@ -34,6 +39,7 @@ all, scaled to pass through today's count); `p_hit_misses_alone` the same with t
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
 
@@ -41,7 +47,7 @@ from saguaro.analysis import rounds as R
 from saguaro.analysis.load import Run
 
 TARGET_SHARE = 0.9
-FACTORS = ("misses_tokens", "misses_backup", "start", "waits", "interference", "overhead", "rest")
+FACTORS = ("misses_tokens", "misses_backup", "start", "waits", "shapes", "interference", "overhead", "rest")
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,31 @@ def _waits(calls: list[list[dict]]) -> _Waits:
     return _Waits(B, missed, S, W, median(fits) if fits else None, overruns / later if later else None)
 
 
+def _verify_at_shapes(sd: list[dict], ssd: list[dict]) -> float:
+    """SD's mean verify (ms) at SSD's shapes: each SSD round priced at SD's mean verify of its (K, b)."""
+    by_shape: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for r in sd:
+        by_shape[(r["K"], r["batch_size"])].append(r["verify_ms"])
+    mean = {shape: sum(v) / len(v) for shape, v in by_shape.items()}
+    priced: list[float | None] = []
+    for r in ssd:
+        K, b = r["K"], r["batch_size"]
+        if (K, b) in mean:
+            priced.append(mean[(K, b)])
+            continue
+        line = sorted((k, v) for (k, bb), v in mean.items() if bb == b)
+        if len(line) >= 2:  # least squares on SD's shapes at this b, V = c0 + c1·K
+            ks, vs = [k for k, _ in line], [v for _, v in line]
+            k0, v0 = sum(ks) / len(ks), sum(vs) / len(vs)
+            slope = sum((k - k0) * (v - v0) for k, v in line) / sum((k - k0) ** 2 for k in ks)
+            priced.append(v0 + slope * (K - k0))
+        else:
+            priced.append(None)
+    matched = [(p, r["verify_ms"]) for p, r in zip(priced, ssd) if p is not None]
+    ratio = sum(p for p, _ in matched) / sum(v for _, v in matched) if matched else 1.0
+    return sum(p if p is not None else ratio * r["verify_ms"] for p, r in zip(priced, ssd)) / len(ssd)
+
+
 def _share_at(p: float, p_now: float, other: float, e_miss: float, base_ms: float, backup_ms: float,
               batch: float) -> float:
     """The share at hit rate p with the other factors, E_miss/E_hit and the cost of a missed round as today."""
@@ -153,6 +184,7 @@ def decompose(ssd_calls: R.Calls, sd_calls: R.Calls, target: float = TARGET_SHAR
     E_miss = sum(misses) / len(misses) if misses else None
     V_ssd, V_sd, D_sd = s.verify_ms / s.rounds, d.verify_ms / d.rounds, d.draft_ms / d.rounds
     T_sd = D_sd / V_ssd
+    V_sd_at_ssd = _verify_at_shapes(sd, ssd)
     ceiling = (1.0 + T_sd) * E_hit / E_sd
     measured = (s.emitted / s.round_ms) / (d.emitted / d.round_ms)
     w = _waits(ssd_by_call)
@@ -163,7 +195,8 @@ def decompose(ssd_calls: R.Calls, sd_calls: R.Calls, target: float = TARGET_SHAR
         "misses_backup": (T - B) / T,
         "start": (T - B - w.start_ms) / (T - B),
         "waits": (T - s.draft_ms) / (T - B - w.start_ms),
-        "interference": (D_sd + V_sd) / (D_sd + V_ssd),
+        "shapes": (D_sd + V_sd) / (D_sd + V_sd_at_ssd),
+        "interference": (D_sd + V_sd_at_ssd) / (D_sd + V_ssd),
         "overhead": s.verify_ms / (s.verify_ms + other_ssd) * (d.round_ms / d.rounds) / (D_sd + V_sd),
         "rest": (s.emitted / s.drafted) / (d.emitted / d.drafted)
         * (s.seq_rounds / s.rounds) / (d.seq_rounds / d.rounds),

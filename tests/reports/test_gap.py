@@ -20,8 +20,8 @@ def _ssd(accepted: int, verify: float, wait: float, hit: bool, backup: float = 0
 
 
 def _sd(accepted: int, emitted: int | None = None, draft: float = 60.0, verify: float = 200.0,
-        other: float = 10.0) -> dict:
-    return {"phase": "decode", "batch_size": 1, "K": 3, "accepted": [accepted],
+        other: float = 10.0, K: int = 3) -> dict:
+    return {"phase": "decode", "batch_size": 1, "K": K, "accepted": [accepted],
             "emitted": [accepted + 1 if emitted is None else emitted], "draft_ms": draft, "verify_ms": verify,
             "round_ms": draft + verify + other}
 
@@ -40,8 +40,9 @@ def _ssd_call(overrun: bool) -> list[dict]:
 
 
 def _sd_call() -> list[dict]:
-    """Five rounds accepting 2 of 3 (draft 60, verify 200, 10 ms of the rest); the last cut to 1 token."""
-    return [_sd(2), _sd(2), _sd(2), _sd(2), _sd(2, emitted=1)]
+    """Five rounds accepting 2 (draft 60, 10 ms of the rest): four of K = 3 (verify 200 ms), the last cut to 1
+    token, and one of K = 2 (verify 180 ms), a shape SSD never verifies."""
+    return [_sd(2), _sd(2), _sd(2, K=2, verify=180.0), _sd(2), _sd(2, emitted=1)]
 
 
 def test_each_factor_is_what_the_records_were_built_with_and_they_multiply_to_the_share():
@@ -54,13 +55,14 @@ def test_each_factor_is_what_the_records_were_built_with_and_they_multiply_to_th
         "misses_backup": (T - B) / T,
         "start": (T - B - S) / (T - B),
         "waits": (T - B - S - W) / (T - B - S),
+        "shapes": (60.0 + 196.0) / (60.0 + 200.0),  # SD's verify: 196 ms at its own K mix, 200 at SSD's K = 3
         "interference": (60.0 + 200.0) / (60.0 + 220.0),
-        "overhead": V / (V + O) * 270.0 / 260.0,
+        "overhead": V / (V + O) * 266.0 / 256.0,
         "rest": 1.0 / (26 / 30),  # SSD's tokens all kept; SD's 30 drafted, 26 emitted
     }
     assert {f: row[f] for f in FACTORS} == pytest.approx(expected)
     assert all(v != pytest.approx(1.0) for v in expected.values())  # dropping any factor breaks the product
-    measured = (32 / T) / (26 / 2700.0)
+    measured = (32 / T) / (26 / 2660.0)
     ceiling = (1 + 60.0 / 220.0) * 3 / 3
     assert row["measured_ssd_over_sd"] == pytest.approx(measured)
     assert row["ceiling"] == pytest.approx(ceiling)
@@ -140,3 +142,14 @@ def test_on_the_fixture_runs_each_ceiling_row_gets_its_factors_and_the_report_pr
     section = text.split("## SSD against its Cor. 9 ceiling", 1)[1].split("\n## ", 1)[0]
     assert "### Where the share goes" in section and "| misses_tokens | misses_backup | start | waits |" in section
     assert section.count("- `ssd ") == len(rows)
+
+
+def test_sds_verify_at_ssds_shapes_is_matched_by_k_then_linear_in_k_then_scaled():
+    from saguaro.analysis.gap import _verify_at_shapes
+
+    sd = [_sd(1, K=1, verify=100.0), _sd(1, K=2, verify=120.0), _sd(1, K=2, verify=124.0)]
+    assert _verify_at_shapes(sd, [_ssd(1, 150.0, 0.0, True) | {"K": 2}]) == pytest.approx(122.0)
+    assert _verify_at_shapes(sd, [_ssd(1, 150.0, 0.0, True) | {"K": 3}]) == pytest.approx(144.0)  # 100 + 22·2
+    # one SD shape only: an unmatched SSD round is priced at its own verify times SD/SSD of the matched ones
+    ssd = [_ssd(1, 150.0, 0.0, True) | {"K": 1}, _ssd(1, 300.0, 0.0, True) | {"K": 5}]
+    assert _verify_at_shapes([_sd(1, K=1, verify=100.0)], ssd) == pytest.approx((100.0 + 300.0 * 100 / 150) / 2)
