@@ -324,3 +324,14 @@ def test_the_prefill_gets_its_quadratic_attention_term():
     two = fit_timing(_records([prefill(1, 64), prefill(1, 512)] + decode))
     assert two.prefill_attention == (0.0, 0.0)
     assert two.prefill_ms(Strategy.SSD, 1, 512) == pytest.approx(true(1, 512))
+
+
+def test_one_stalled_repeat_does_not_pull_the_fit():
+    """A calibration repeats each shape: a stalled forward among its repeats (4 × 64: 383, 824, 374 ms on the
+    default pair) enters through the shape's median, and the error is what the model misses on the shapes."""
+    records = [_ar_step(b, c, _true_step(b, c)) for b in (1, 2, 4) for c in (64, 512) for _ in range(3)]
+    records[3 * 4 + 1] = _ar_step(4, 64, 2.2 * _true_step(4, 64))  # the second repeat of 4 × 64
+    assert records[3 * 4 + 1].batch_size == 4 and records[3 * 4 + 1].context_len == 64
+    fitted = fit_timing(records)
+    assert fitted.decode == pytest.approx(LINE, rel=1e-6) and fitted.decode_one_row == pytest.approx(ONE_ROW, rel=1e-6)
+    assert fitted.errors["decode"] < 1e-9
