@@ -4,7 +4,9 @@ one after it for the likely outcomes while the target verifies (docs/ssd.md §2)
 Per round: `respond(round)` looks every sequence up in the speculation cache (hit: the pre-drafted
 branch becomes that sequence's state) or runs the backup (miss), prefills the sequences that join (their
 first speculation comes from the backup), and returns the next speculation; `build_cache()` then runs the
-glue decode over that speculation and the K batched branch forwards. Sequences join and leave between
+glue decode over that speculation and the K batched branch forwards. When every row hit, the answer is the
+cached branches, and the draft's KV is rebuilt from them only after the answer has gone (at the start of
+`build_cache`): ~3 ms of forks and copies off the target's critical path on the default pair. Sequences join and leave between
 rounds (continuous batching); each has its own sampling settings and random stream. The same class runs in
 the target's process (tests) or in its own process (`serve`).
 
@@ -93,9 +95,11 @@ class DraftWorker:
         self.built_fanout = list(self.policy.schedule(True))
         self.last_backup: str | None = None
         self.last_backup_ms = 0.0
+        self._unsettled = None  # an all-hit answer's KV surgery, done after the answer went out (`_settle`)
 
     # -- one round ----------------------------------------------------------------------------
     def respond(self, msg: Round) -> Speculation:
+        self._settle()
         K, n_old = self.K, len(msg.accepted)
         if n_old != len(self.rows.seq_ids):
             raise ValueError(f"round for {n_old} rows, but the worker holds {len(self.rows.seq_ids)}")
@@ -123,23 +127,37 @@ class DraftWorker:
 
         alive = [b for b, a in enumerate(msg.alive) if a]
         hit_rows = [b for b in alive if found[b] is not None]
+        missed = [b for b in alive if found[b] is None]
         as_long = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
-        # Rows that go on: a hit takes its branch's state, a miss keeps its own; back in batch order.
-        parts = [self.state.fork(as_long([b for b in alive if found[b] is None]))]
-        if hit_rows:
-            parts.insert(0, self.cache.branches.state.fork(as_long([found[b] for b in hit_rows])))
-        order = {b: i for i, b in enumerate(hit_rows + [b for b in alive if found[b] is None])}
-        state = KVState.concat(parts)
-        state.select(as_long([order[b] for b in alive]))
+        old_state, branches = self.state, self.cache.branches
+
+        def settle() -> KVState:
+            # Rows that go on: a hit takes its branch's state, a miss keeps its own; back in batch order.
+            parts = [old_state.fork(as_long(missed))]
+            if hit_rows:
+                parts.insert(0, branches.state.fork(as_long([found[b] for b in hit_rows])))
+            order = {b: i for i, b in enumerate(hit_rows + missed)}
+            state = KVState.concat(parts)
+            state.select(as_long([order[b] for b in alive]))
+            return state
+
         rows = self.rows.keep(alive)
         bonus = [msg.bonus[b] for b in alive]
         hit_index = [found[b] for b in alive]
+        if missed or msg.joins:  # the backup and the joiners' prefill need the draft's state now
+            state = settle()
+            if msg.joins:
+                state = KVState.concat([state, self._prefill(msg.joins)])
+            self.state = state
+        else:
+            # Every row hit: the answer is the cached branches, so the draft's KV is rebuilt from them after the
+            # answer has gone out (`build_cache` settles it first), off the target's critical path.
+            self._unsettled = settle
         if msg.joins:
-            state = KVState.concat([state, self._prefill(msg.joins)])
             rows = rows + self._join_rows(msg.joins)
             bonus += [j.pending for j in msg.joins]
             hit_index += [None] * len(msg.joins)
-        self.state, self.rows = state, rows
+        self.rows = rows
         self.V = msg.V
         self.K, self.branch_K = msg.K, msg.K_next
         return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, msg.round, ranks)
@@ -236,9 +254,15 @@ class DraftWorker:
         return tuple(f + 1 for f in self.policy.schedule(after_hit, K)[:K])
 
     # -- while the target verifies ------------------------------------------------------------
+    def _settle(self) -> None:
+        """Rebuild the draft's KV from the hit branches, if the last answer left that for later."""
+        if self._unsettled is not None:
+            self.state, self._unsettled = self._unsettled(), None
+
     def build_cache(self) -> None:
         """Glue decode over the current speculation, then pre-draft every guessed outcome."""
         t0 = time.perf_counter()
+        self._settle()
         K, n, cur = self.K, len(self.rows.seq_ids), self.current
         if n == 0 or cur is None:
             self.row_fanout, self.cache, self.build_ms = [], SpeculationCache([], None), 0.0
