@@ -250,8 +250,12 @@ def reading(row: dict, target: float = TARGET_SHARE) -> str:
     worst = min((f for f in FACTORS if not f.startswith("misses")), key=lambda f: row[f])
     line = (f"{key}: no hit rate reaches {target:.0%}: with every speculation a hit the other factors cap the "
             f"share at {row['share_at_all_hits']:.2f} (the largest loss: {worst} {row[worst]:.2f})")
+    if row["E_miss"] is None:
+        return line + "; there are no misses."
+    line += f"; the misses leave {row['misses_tokens'] * row['misses_backup']:.2f}"
     alone = row.get("p_hit_misses_alone")
     if alone is not None and alone > row["p_hit"]:
-        line += (f"; were they all 1, {target:.0%} would need a cache hit rate of {alone:.2f} (today "
-                 f"{row['p_hit']:.2f}) at today's miss cost ({row['backup_ms']:.0f} ms of backup per missed round)")
+        line += (f", and with the other factors at 1 a {target:.0%} share would need a cache hit rate of "
+                 f"{alone:.2f} (today {row['p_hit']:.2f}) at today's {row['backup_ms']:.0f} ms of backup per "
+                 "missed round")
     return line + "."

@@ -91,6 +91,9 @@ def test_no_hit_rate_reaches_90_percent_when_the_other_factors_cap_it_and_the_li
     line = reading({**row, "key": "ssd"})
     assert "no hit rate reaches 90%" in line and f"{row['share_at_all_hits']:.2f}" in line
     assert "largest loss: start" in line  # 200 ms of start in 6 short rounds: the largest loss here
+    assert f"the misses leave {row['misses_tokens'] * row['misses_backup']:.2f}" in line
+    hits_only = decompose([[r for r in _ssd_call(False) if r["hit"][0]]], [[_sd(2)] * 5])
+    assert reading({**hits_only, "key": "ssd"}).endswith("there are no misses.")
 
 
 def test_with_no_misses_the_miss_factors_are_one_and_no_hit_rate_is_asked():
