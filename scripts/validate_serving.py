@@ -118,7 +118,7 @@ def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_
     def run(workload, seed: int, limit: int | None = None):
         return simulate(SimConfig(policy=policy, timing=timing, acceptance=acceptance,
                                   hits=hits if policy.strategy.value == "ssd" else None, workload=workload,
-                                  link=LinkSpec(latency_ms=timing.link_latency_ms), rounds=10**9,
+                                  link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)), rounds=10**9,
                                   requests=limit, seed=seed))
 
     runs = []
