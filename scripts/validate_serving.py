@@ -36,7 +36,7 @@ from simulator import ClosedLoop, Lengths, PerPositionAcceptance, Policy, Replay
 from simulator.hits import from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
-from theory.glossary import Backup
+from theory.glossary import Backup, Strategy
 from theory.latency import statistics
 
 METRICS = ("ttft", "tpot")
@@ -143,6 +143,45 @@ def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_
     return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
 
 
+def term_table(timing, records) -> list[str]:
+    """Markdown rows: per batch size, the served rounds' verify, cache build, neural backup and round against
+    what the fit predicts for the same shapes. The round as the per-row policy runs it: max(verify, the build
+    that was looked up) + the backup if a row missed."""
+    ssd = timing.for_strategy(Strategy.SSD)
+    by_batch: dict[int, list] = defaultdict(list)
+    for r in records:
+        if r.is_decode and r.strategy is Strategy.SSD:
+            by_batch[r.batch_size].append(r)
+
+    def cell(pairs: list[tuple[float, float]]) -> str:
+        if not pairs:
+            return "-"
+        m, q = np.median([a for a, _ in pairs]), np.median([b for _, b in pairs])
+        return f"{m:.0f} / {q:.0f} ({q / m - 1:+.0%})"
+
+    out = ["| batch | rounds | verify | cache build | neural backup | round (built rounds) |",
+           "|---|---|---|---|---|---|"]
+    for b, rows in sorted(by_batch.items()):
+        verify = lambda r: ssd.verify_ms(b, r.K + 1, r.context_len)  # noqa: E731
+        build = lambda r: ssd.cache_build_ms(b, r.K, r.branches, r.context_len)  # noqa: E731
+        backup = lambda r: ssd.backup_ms(Backup.NEURAL, b, r.K, r.context_len)  # noqa: E731
+        built = [r for r in rows if r.cache_build_ms]
+        missed = [r for r in rows if r.backup is Backup.NEURAL and r.backup_time_ms and not all(r.hit)]
+        rounds = [(r.round_ms, max(verify(r), build(r)) + (backup(r) if not all(r.hit) else 0.0)) for r in built]
+        out.append(f"| {b} | {len(rows)} | {cell([(r.verify_ms, verify(r)) for r in rows])} | "
+                   f"{cell([(r.cache_build_ms, build(r)) for r in built])} | "
+                   f"{cell([(r.backup_time_ms, backup(r)) for r in missed])} | {cell(rounds)} |")
+    shapes: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for r in records:
+        if not r.is_decode:
+            shapes[(r.batch_size, r.tokens)].append(r.verify_ms)
+    out += ["", "| prefill: batch × tokens (prefills) | measured (median) | predicted |", "|---|---|---|"]
+    for (b, n), ms in sorted(shapes.items()):
+        m, want = float(np.median(ms)), ssd.prefill_ms(Strategy.SSD, b, n)
+        out.append(f"| {b} × {n} ({len(ms)}) | {m:.0f} | {want:.0f} ({want / m - 1:+.0%}) |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("client_runs", type=Path, nargs="+", help="saguaro bench --url run folders")
@@ -153,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--json", type=Path)
+    p.add_argument("--terms", action="store_true",
+                   help="also compare the server's rounds, term by term, with the fit (median per batch size)")
     args = p.parse_args(argv)
     timing = fit_all([str(args.calibration)])
     hits = from_records(reference_sd(args.sd_run, args.temperature))
@@ -176,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
           f"median |error| {np.median(errors):.1%}; policy {policy.strategy.value} K={policy.K}"
           + (f" F={'-'.join(map(str, policy.fanout))} {policy.backup.value}" if policy.fanout else "")
           + f"; ssd_verify_factor {timing.ssd_verify_factor:.3f}")
+    if args.terms:
+        print("\nThe server's rounds against the fit, median per batch size (ms, measured / predicted):\n")
+        print("\n".join(term_table(timing, read_records(args.server_rounds))))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "policy": str(policy)}, indent=1) + "\n")
     return 0
