@@ -146,7 +146,19 @@ def check_gguf(path: Path) -> None:
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantise a GGUF file into a plain float32 transformers folder (weights + tokenizer)."""
+    """Dequantise a GGUF file into a plain float32 transformers folder (weights + tokenizer).
+
+    The GGUF's metadata is parsed once (engine/gguf_metadata.py): check_gguf and transformers' config,
+    tokenizer and weight loaders would each parse it again (~18 s a parse for Qwen2.5's vocabulary).
+    """
+    from engine import gguf_metadata
+
+    with gguf_metadata.read_once(gguf):
+        _convert_float32(gguf, out)
+
+
+def _convert_float32(gguf: Path, out: Path) -> None:
+    """convert_gguf's work, each reader parsing the file on its own (tests compare the two)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -121,47 +121,6 @@ def test_float_tensors_dequantised_in_slabs_equal_the_whole_dequantisation(qtype
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
 
 
-def test_metadata_read_once_shares_one_parse_and_puts_everything_back():
-    import gguf
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
-    path = smoke_gguf()
-    before = (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint)
-    with lowbit_cache._metadata_read_once(path) as reader:
-        assert gguf.GGUFReader(path) is reader and gguf.GGUFReader(str(path)) is reader
-        first = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)
-        first["config"]["edited"] = True  # a caller's edit must not reach the next caller
-        second = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=False)
-        assert "edited" not in second["config"]
-        plain = before[0](path)
-        assert [t.name for t in reader.tensors] == [t.name for t in plain.tensors]
-        assert all(np.array_equal(a.data, b.data) for a, b in zip(reader.tensors[:3], plain.tensors[:3]))
-        assert list(reader.fields) == list(plain.fields)
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == before
-
-
-def test_plain_reader_parses_every_field_part_for_part_as_gguf_does():
-    """Its own walk of array fields (the vocabulary, merges, token types) gives GGUFReader's very fields."""
-    from gguf import GGUFReader, GGUFValueType
-
-    path = smoke_gguf()
-    theirs, ours = GGUFReader(path), lowbit_cache._plain_reader_class()(path)
-    assert list(theirs.fields) == list(ours.fields)
-    arrays = set()
-    for key, field in theirs.fields.items():
-        mine = ours.fields[key]
-        assert (mine.offset, mine.name, mine.data, mine.types) == (field.offset, field.name, field.data, field.types)
-        assert len(mine.parts) == len(field.parts), key
-        for a, b in zip(field.parts, mine.parts):
-            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
-        assert mine.contents() == field.contents(), key
-        if field.types[0] == GGUFValueType.ARRAY:
-            arrays.add(field.types[1])
-    assert {GGUFValueType.STRING, GGUFValueType.INT32} <= arrays  # both fast paths were exercised
-    assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == \
-        [(t.name, t.tensor_type, t.data_offset) for t in theirs.tensors]
-
-
 def test_from_quantized_int8_multiplies_by_the_given_codes():
     q = torch.randint(-127, 128, (16, 32), dtype=torch.int8)
     scales = torch.rand(16) / 100
