@@ -6,6 +6,10 @@ its time is the round record's verify_ms; at batch > 1 the rows differ in length
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.strategies.ar import FixedDraft
 
 
 def ragged(state, b: int):
@@ -24,43 +28,13 @@ def ragged(state, b: int):
     return rows
 
 
-class _Fixed:
-    """A proposer (engine.strategies.base.Proposer) whose speculation is always the same tokens `x` [b, K],
-    drawn from a point mass: the verify costs what it costs for any q, and the rounds stay reproducible."""
-
-    name = "sd"
-
-    def __init__(self, x, V: int):
-        import torch
-
-        self.x, self.K = x, x.shape[1]
-        self.q = torch.zeros(*x.shape, V).scatter_(-1, x[..., None], 1.0)  # [b, K, V]
-
-    def propose(self, rows):
-        from engine.strategies.base import Proposal
-
-        return Proposal(self.x, self.q, draft_ms=0.0, draft_forwards=0)
-
-    def admit(self, seqs) -> None:
-        pass
-
-    def retire(self, keep) -> None:
-        pass
-
-    def observe(self, result, verify_ms: float) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class TargetRounds:
     """The target's side of the timings, run by the engine's own decode loop (engine.decode_loop): each timed
     step is one `DecodeLoop.step()` over greedy requests whose cache is a copy of the calibration's prompt
     (`ragged`, at the point's context), and its time is the round record's `verify_ms`, exactly what a
     run's rounds file shows: the AR step with the AR proposer (engine.strategies.ar), the verify of K
-    tokens with a proposer of fixed tokens. After each round the cache rolls back to where it was (exact),
-    so no point is prefilled again."""
+    tokens with a proposer of fixed tokens (FixedDraft, beside it). After each round the cache rolls back to
+    where it was (exact), so no point is prefilled again."""
 
     def __init__(self, target, ids: list[int], K: int):
         import torch
@@ -75,7 +49,7 @@ class TargetRounds:
         self.ar = NoDraft(self.V, self.device)
         self.loop = DecodeLoop(target, self.ar, pad_id=0, device=self.device, scheduler=SchedulerConfig())
         self.loop.records = []
-        self.sd: _Fixed | None = None
+        self.sd: FixedDraft | None = None
 
     def batch(self, base, b: int) -> None:
         """The running batch: b requests at `base`'s context (`ragged`), each with its next token pending."""
@@ -83,6 +57,7 @@ class TargetRounds:
 
         from engine.sampling_params import SamplingParams
         from engine.sequence import Sequence
+        from engine.strategies.ar import FixedDraft
 
         loop, c = self.loop, int(base.lengths.max())
         params = SamplingParams(temperature=0.0, stop_on_eos=False, max_new_tokens=10**9)
@@ -96,7 +71,7 @@ class TargetRounds:
         loop.state = ragged(base, b)
         loop.pending = torch.full((b,), self.ids[c], dtype=torch.long)
         x = torch.tensor(self.ids[c + 1 : c + 1 + self.K], dtype=torch.long).repeat(b, 1)  # [b, K]
-        self.sd = _Fixed(x, self.V)
+        self.sd = FixedDraft(x, self.V)
 
     def step(self, T: int) -> tuple[float, float]:
         """One round (T = 1: AR; T = K+1: the verify of K drafted tokens) and the perf_counter times (start,

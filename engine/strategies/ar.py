@@ -1,4 +1,7 @@
-"""Autoregressive decoding: no draft. Verifying an empty speculation samples one token from the target."""
+"""Autoregressive decoding: no draft. Verifying an empty speculation samples one token from the target.
+
+FixedDraft is NoDraft with a speculation of fixed tokens: what `saguaro calibrate` times a verify with.
+"""
 
 from __future__ import annotations
 
@@ -34,3 +37,18 @@ class NoDraft:
 
     def close(self) -> None:
         pass
+
+
+class FixedDraft(NoDraft):
+    """A proposer whose speculation is always the same tokens `x` [b, K], drawn from a point mass: the verify
+    costs what it costs for any q, and the rounds stay reproducible (saguaro.calibration_rounds)."""
+
+    name = "sd"
+
+    def __init__(self, x: torch.Tensor, vocab_size: int):
+        super().__init__(vocab_size, x.device)
+        self.x, self.K = x, x.shape[1]
+        self.q = torch.zeros(*x.shape, vocab_size, device=x.device).scatter_(-1, x[..., None], 1.0)  # [b, K, V]
+
+    def propose(self, rows: RowSampling) -> Proposal:
+        return Proposal(self.x, self.q, draft_ms=0.0, draft_forwards=0)

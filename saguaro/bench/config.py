@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from saguaro.commands.values import AUTO  # -K auto: adaptive K (SD and SSD), K_min..AUTO_K_MAX each round
 from saguaro.prompts import PROMPT_ORDERS
 from theory import integer_fanout, uniform_fanout
 from theory.glossary import Backup
@@ -23,7 +24,6 @@ SCHEDULES = ("uniform", "geometric")
 BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
 DTYPES = ("float32", "bfloat16", "float16")
 ORDERS = ("interleaved", "grouped")
-AUTO = "auto"  # -K auto: adaptive K (SD and SSD), K_min..AUTO_K_MAX chosen each round
 AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/reports/test_cli_defaults.py checks they agree)
 
 
