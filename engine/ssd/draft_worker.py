@@ -19,7 +19,9 @@ Adaptive K (docs/ssd.md §2, engine.strategies.lookahead): each round asks for a
 `Round.K` and says how long the cache's branches are to be (`Round.K_next`, the length the target will ask
 for next round). K here is the length of the current speculation; the branches are `branch_K` long. A
 cached branch is a hit only if it has exactly the asked length (any other length is a miss), so a hit's
-tokens and q are the ones drafted for that very length.
+tokens and q are the ones drafted for that very length. When no row hits and the backup is the neural draft,
+the speculation is `Round.K_miss` long instead (the target's SD-optimal length for a round drafted on its
+critical path), and the next cache is built over that shorter speculation.
 """
 
 from __future__ import annotations
@@ -105,9 +107,10 @@ class DraftWorker:
             raise ValueError(f"round for {n_old} rows, but the worker holds {len(self.rows.seq_ids)}")
         if n_old and msg.K_last != K:
             raise ValueError(f"round for a speculation of length {msg.K_last}, but the last one had {K}")
-        if not (1 <= msg.K <= self.spec.K and 1 <= msg.K_next <= self.spec.K):
-            raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next}: both must lie in 1..{self.spec.K}")
-        if msg.K != self.spec.K or msg.K_next != self.spec.K:
+        if not (1 <= msg.K <= self.spec.K and 1 <= msg.K_next <= self.spec.K and 1 <= msg.K_miss <= msg.K):
+            raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next}, K_miss={msg.K_miss}: K and K_next must "
+                             f"lie in 1..{self.spec.K}, K_miss in 1..K")
+        if msg.K != self.spec.K or msg.K_next != self.spec.K or msg.K_miss != msg.K:
             if not self.spec.adaptive:
                 raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next} but K is fixed at {self.spec.K}")
         same_length = msg.K == self.cache_K  # a cached branch of another length is a miss
@@ -160,6 +163,8 @@ class DraftWorker:
         self.rows = rows
         self.V = msg.V
         self.K, self.branch_K = msg.K, msg.K_next
+        if hit_index and all(i is None for i in hit_index) and self.policy.backup(len(hit_index)) is Backup.NEURAL:
+            self.K = msg.K_miss  # every row drafts on the critical path, as in SD: SD's length (Round.K_miss)
         return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, msg.round, ranks)
 
     def _outcome_ranks(self, msg: Round) -> list[int]:

@@ -75,11 +75,16 @@ class Round:
     # that K, so a cached branch always has the asked length). Both are fixed from past rounds only.
     K_last: int | None = None
     K_next: int | None = None
+    # Adaptive K: the length the worker may answer with instead of K when no row hits and its backup is the
+    # neural draft (that round costs K draft forwards on the critical path, as in SD, so SD's best length
+    # applies; None: K). Fixed from past rounds too: whether a row hits depends on verified outcomes only.
+    K_miss: int | None = None
     kind: Kind = field(default=Kind.ROUND, init=False)
 
     def __post_init__(self) -> None:
         self.K_last = self.K if self.K_last is None else self.K_last
         self.K_next = self.K if self.K_next is None else self.K_next
+        self.K_miss = self.K if self.K_miss is None else self.K_miss
 
 
 @dataclass
@@ -119,7 +124,7 @@ def encode(msg: Message) -> list[Tensor]:
     if isinstance(msg, Round):
         B, J = len(msg.accepted), len(msg.joins)
         j = msg.joins
-        ints = (msg.accepted + msg.bonus + [int(a) for a in msg.alive] + [msg.K_last, msg.K_next, J]
+        ints = (msg.accepted + msg.bonus + [int(a) for a in msg.alive] + [msg.K_last, msg.K_next, msg.K_miss, J]
                 + [x.seq_id for x in j]
                 + [len(x.prompt) for x in j] + [x.pending for x in j] + [x.top_k for x in j] + [x.seed for x in j]
                 + [t for x in j for t in x.prompt])
@@ -176,17 +181,18 @@ def _tokens_ok(values: list[int], V: int) -> bool:
 
 
 def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_: int) -> Round:
-    if len(ints) < 3 * B + 3:
+    if len(ints) < 3 * B + 4:
         raise MalformedMessage("ROUND payload too short")
     accepted, bonus, alive = ints[:B], ints[B : 2 * B], ints[2 * B : 3 * B]
-    K_last, K_next, J = ints[3 * B : 3 * B + 3]
-    if J < 0 or len(ints) < 3 * B + 3 + 5 * J or len(floats) != 1 + 2 * J:
+    K_last, K_next, K_miss, J = ints[3 * B : 3 * B + 4]
+    if J < 0 or len(ints) < 3 * B + 4 + 5 * J or len(floats) != 1 + 2 * J:
         raise MalformedMessage("ROUND joins do not match the payload")
-    if K < 1 or K_last < 1 or K_next < 1:
-        raise MalformedMessage(f"ROUND lengths K={K}, K_last={K_last}, K_next={K_next} must be >= 1")
+    if K < 1 or K_last < 1 or K_next < 1 or not 1 <= K_miss <= K:
+        raise MalformedMessage(f"ROUND lengths K={K}, K_last={K_last}, K_next={K_next}, K_miss={K_miss}: each must "
+                               f"be >= 1, and K_miss <= K")
     if not all(0 <= k <= K_last for k in accepted) or not _tokens_ok(bonus, V) or not set(alive) <= {0, 1}:
         raise MalformedMessage("ROUND outcome values out of range")
-    at = 3 * B + 3
+    at = 3 * B + 4
     seq_ids, lengths, pending, top_k, seeds = (ints[at + i * J : at + (i + 1) * J] for i in range(5))
     flat = ints[at + 5 * J :]
     if min(lengths, default=1) < 1 or sum(lengths) != len(flat) or not _tokens_ok(flat + pending, V):
@@ -197,15 +203,18 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
         prompt = flat[offset : offset + lengths[i]]
         offset += lengths[i]
         joins.append(Join(seq_ids[i], prompt, pending[i], temps[i], top_k[i], top_p[i], seeds[i]))
-    return Round(round_, accepted, bonus, [bool(a) for a in alive], floats[0], joins, K, V, K_last, K_next)
+    return Round(round_, accepted, bonus, [bool(a) for a in alive], floats[0], joins, K, V, K_last, K_next, K_miss)
 
 
-def decode(tensors: list[Tensor], expect_K: int | None = None, expect_V: int | None = None) -> Message:
-    """Rebuild a message from its tensors, checking layout and values (raises MalformedMessage)."""
+def decode(tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
+           ) -> Message:
+    """Rebuild a message from its tensors, checking layout and values (raises MalformedMessage). `expect_K`:
+    the length, or the lengths, the message may have (None: any)."""
     kind, B, K, V, n_ints, n_floats, round_ = check_header(tensors[0])
     if kind is Kind.STOP:
         return Stop()
-    if (expect_K is not None and K != expect_K) or (expect_V is not None and V != expect_V):
+    allowed = (expect_K,) if isinstance(expect_K, int) else expect_K
+    if (allowed is not None and K not in allowed) or (expect_V is not None and V != expect_V):
         raise MalformedMessage(f"message has K={K}, V={V}; expected K={expect_K}, V={expect_V}")
     ints, floats = tensors[1].tolist(), tensors[2].tolist()
     if len(ints) != n_ints or len(floats) != n_floats:

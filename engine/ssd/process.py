@@ -281,7 +281,7 @@ class ProcessChannel:
         timeout_s = self.deadline_s if msg.round else max(self.deadline_s, self.start_deadline_s)
         self.in_step = False
         self.endpoint.send(msg, timeout_s)
-        reply = self.endpoint.recv(timeout_s, expect_K=msg.K, expect_V=msg.V)
+        reply = self.endpoint.recv(timeout_s, expect_K=(msg.K, msg.K_miss), expect_V=msg.V)
         self.in_step = True
         if not isinstance(reply, Speculation):
             raise DraftUnavailable(f"the draft worker answered {type(reply).__name__}, not a speculation")

@@ -128,7 +128,8 @@ class Endpoint:
                                    f"{_reason(err)}") from None
         return buf.cpu()
 
-    def recv(self, timeout_s: float, expect_K: int | None = None, expect_V: int | None = None) -> Message:
+    def recv(self, timeout_s: float, expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
+             ) -> Message:
         header = self._recv_one((HEADER_LEN,), torch.long, timeout_s)
         try:
             shapes = payload_shapes(header)

@@ -12,7 +12,10 @@ pre-draft its cache branches at, K_next, and the next request asks for exactly t
 working. K_next is chosen when a request is sent, from the rounds verified before it (running α per row,
 verify time per block width, the backup's time per drafted token and the hit rate: SSDLookahead), so the
 length of every verified speculation is fixed from past rounds only and the round is verified exactly as
-one of that length chosen in advance (docs/ssd.md §1): the output distribution does not change.
+one of that length chosen in advance (docs/ssd.md §1): the output distribution does not change. Each request
+also offers K_miss, the length for a round in which no row hits and the neural backup drafts them all: such a
+round is an SD round, so it takes SD's best length (often shorter than SSD's, whose draft time is discounted by
+the hit rate). Whether a row hits depends on outcomes already verified, so that choice is from the past too.
 
 If the worker dies, hangs past its deadline or sends a malformed message, `propose` raises; the loop
 then asks `fallback()` for the proposer that replaces this one for good (synchronous SD with the draft in
@@ -40,6 +43,7 @@ from engine.strategies.base import Proposal, Proposer
 from engine.strategies.lookahead import SSDLookahead
 from engine.strategies.sd import InProcessDraft, draft_seed
 from engine.verifier import Verification
+from theory.adaptive import best_K
 
 from engine.ssd.process import ModelRecipe
 
@@ -103,7 +107,8 @@ class DraftWorkerProposer:
         # the rounds verified so far (both from the past only).
         K = self.lookahead.choose() if self.K_next is None else self.K_next
         K_next = self.lookahead.choose()
-        msg = Round(self.exchanges, accepted, bonus, alive, self.verify_ms, joins, K, self.V, self.K, K_next)
+        K_miss = self._miss_length(K)
+        msg = Round(self.exchanges, accepted, bonus, alive, self.verify_ms, joins, K, self.V, self.K, K_next, K_miss)
         t0 = time.perf_counter()
         if self.channel is None:
             raise DraftUnavailable("the draft worker is not running")
@@ -113,6 +118,8 @@ class DraftWorkerProposer:
             spec = self.channel.exchange(msg)
             wait_ms = ms_since(t0)
             B = len(self.rows)
+            if spec.tokens.shape == (B, K_miss) and K_miss != K and not any(spec.hits):
+                K = K_miss  # no row hit and the neural backup drafted: the shorter length the worker was offered
             if spec.tokens.shape != (B, K) or tuple(spec.q.shape) != (B, K, self.V):
                 raise MalformedMessage(f"speculation for {tuple(spec.tokens.shape)} tokens, expected ({B}, "
                                        f"{K}) over V={self.V}")
@@ -132,6 +139,16 @@ class DraftWorkerProposer:
             backup_ms=spec.backup_ms, fanout=spec.fanout, previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,
         )
+
+    def _miss_length(self, K: int) -> int:
+        """Adaptive K: the length for a round in which no row hits and the neural backup drafts every row. That
+        round is an SD round (K draft forwards, then the verify), so SD's best length applies: the drafted
+        token's cost in full, not discounted by the hit rate as K's is (from past rounds only, as K is)."""
+        if not self.spec.adaptive or not self.rows:
+            return K
+        la = self.lookahead
+        alphas = la.alphas() if len(la.accepted) else 0.5
+        return min(K, best_K(alphas, la._draft(), la._verify(), K_max=self.spec.K, K_min=self.spec.K_min))
 
     def _restart(self) -> None:
         """Replace a worker whose message stream is out of step; only when no row goes on (all rows join)."""

@@ -140,3 +140,29 @@ def test_a_worker_refuses_lengths_outside_the_spec(target):
     fixed = DraftWorker(target, SpeculativeConfig(K=3), 0, torch.device("cpu"))
     with pytest.raises(ValueError, match="fixed"):
         fixed.respond(Round(0, [], [], [], 0.0, [Join(1, [1, 2], 3, 0.0, 0, 1.0, 5)], K=3, V=32, K_next=2))
+
+
+def test_the_round_carries_the_miss_length_and_it_is_checked():
+    sent = Round(3, [1], [9], [True], 12.5, [], K=3, V=50, K_last=3, K_next=2, K_miss=1)
+    assert decode(encode(sent)).K_miss == 1
+    assert Round(0, [], [], [], 0.0, [], K=3, V=50).K_miss == 3  # default: K
+    tensors = encode(Round(3, [1], [9], [True], 1.0, [], K=2, V=50, K_last=2, K_next=2))
+    tensors[1][3 + 2] = 3  # K_miss = 3 > K = 2
+    with pytest.raises(MalformedMessage, match="K_miss"):
+        decode(tensors)
+
+
+@pytest.mark.parametrize("backup, length", [("neural", 1), ("random", 3)])
+def test_a_round_where_every_row_misses_is_drafted_at_the_miss_length_by_the_neural_backup_only(target, backup,
+                                                                                                length):
+    from engine.ssd.draft_worker import DraftWorker
+
+    worker = DraftWorker(target, SpeculativeConfig(K=3, adaptive=True, backup=backup), 0, torch.device("cpu"))
+    joins = [Join(1, [1, 2], 3, 0.0, 0, 1.0, 5), Join(2, [4, 5, 6], 7, 0.0, 0, 1.0, 6)]
+    reply = worker.respond(Round(0, [], [], [], 0.0, joins, K=3, V=50, K_next=3, K_miss=1))
+    assert tuple(reply.tokens.shape) == (2, length) and tuple(reply.q.shape) == (2, length, 50)
+    worker.build_cache()  # the cache is built over the speculation actually sent
+    assert worker.K == length and worker.current.tokens.shape == (2, length)
+    fixed = DraftWorker(target, SpeculativeConfig(K=3), 0, torch.device("cpu"))
+    with pytest.raises(ValueError, match="fixed"):
+        fixed.respond(Round(0, [], [], [], 0.0, joins, K=3, V=50, K_miss=1))

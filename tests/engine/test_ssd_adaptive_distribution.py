@@ -29,6 +29,12 @@ SCHEDULE = (3, 1, 2)  # the K asked for, in turn
 def cycling_K(monkeypatch):
     turns = itertools.cycle(SCHEDULE)
     monkeypatch.setattr("engine.strategies.lookahead.SSDLookahead.choose", lambda self: next(turns))
+    # The length offered for a round where no row hits: K itself here (the schedule alone decides), or 1 in the
+    # test of that path (set `miss_length[0]`).
+    miss_length = [None]
+    monkeypatch.setattr("engine.strategies.ssd.DraftWorkerProposer._miss_length",
+                        lambda self, K: K if miss_length[0] is None else min(K, miss_length[0]))
+    return miss_length
 
 
 def run(target, draft, params: SamplingParams, **spec):
@@ -51,7 +57,22 @@ def test_ssd_with_a_changing_K_matches_the_target_distribution(target8, draft8, 
     assert chi_square_p(counts, exact_distribution(target8, params)) > FALSE_ALARM
 
 
-def test_negative_control_biased_verifier_is_detected_under_a_changing_K(target8, draft8, cycling_K, monkeypatch):
+def test_a_round_where_no_row_hits_may_draft_fewer_tokens_and_still_matches(target8, draft8, cycling_K):
+    """A round where every row misses (here the first, all joiners) is drafted by the neural backup at the
+    shorter length the target offered (Round.K_miss), then its cache is built over that shorter speculation."""
+    cycling_K[0] = 1
+    params = SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=11, temperature=1.0)
+    counts, rounds = run(target8, draft8, params, schedule="given", fanout=(3, 3, 3, 3))
+    first = rounds[0]
+    assert SCHEDULE[0] > 1 and not any(first.hit) and first.K == 1  # asked for 3, drafted the miss length
+    assert np.mean([h for r in rounds[1:] for h in r.hit]) > 0.15  # then caches built over it were used
+    assert chi_square_p(counts, exact_distribution(target8, params)) > FALSE_ALARM
+
+
+@pytest.mark.parametrize("miss_length", [None, 1], ids=["K", "shorter on a miss"])
+def test_negative_control_biased_verifier_is_detected_under_a_changing_K(target8, draft8, cycling_K, monkeypatch,
+                                                                         miss_length):
+    cycling_K[0] = miss_length
     monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
     counts, _ = run(target8, draft8, params, schedule="given", fanout=(3, 3, 3, 3))
