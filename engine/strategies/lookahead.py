@@ -10,9 +10,12 @@ times); a width not yet seen is read off a straight line through the seen ones. 
 round (one target forward verifies every row): the K that maximises the batch's expected tokens per unit
 time, Σ_b E(α_b, K) / (K·T_d + T_v(K + 1)).
 
-Everything here (the pooled counts included: they hold verified rounds only) is known before the round's draft starts, so the choice cannot bias the verifier
-(docs/ssd.md §1: SD is exact for any proposal fixed before verification). With measured times the choice,
-hence the seeded outputs, vary from run to run; `SpeculativeConfig.draft_cost` fixes T_d / T_v instead.
+Everything here (the pooled counts included: they hold verified rounds only) is known before the round's
+draft starts, so the choice cannot bias the verifier (docs/ssd.md §1: SD is exact for any proposal fixed
+before verification). With measured times the choice, hence the seeded outputs at T > 0, vary from run to
+run; `SpeculativeConfig.draft_cost` fixes T_d / T_v instead. As K depends on the rows a request shares its
+rounds with, it now depends as well on the requests the engine served before it (their pooled acceptance):
+a seeded request's tokens at T > 0 repeat given the same engine history, and its distribution never changes.
 """
 
 from __future__ import annotations
