@@ -119,6 +119,7 @@ class DecodeLoop:
     def _prefill(self, seqs: list[Sequence]) -> list[Chunk]:
         """Prefill the joining prompts as one batch and sample each one's first token."""
         t0 = time.perf_counter()
+        self.proposer.prefetch(seqs)  # SSD: the worker prefills the draft side meanwhile
         state = KVState(self.target, len(seqs), self.device)
         tokens, valid = right_aligned([s.prompt_ids for s in seqs], self.pad_id, self.device)
         logits = state.extend(tokens, valid, logits_to_keep=1)[:, -1]  # [J, V]

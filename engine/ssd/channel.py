@@ -10,7 +10,7 @@ import torch
 
 from engine.config import SpeculativeConfig
 from engine.ssd.draft_worker import DraftWorker
-from engine.ssd.messages import Round, Speculation
+from engine.ssd.messages import Prefill, Round, Speculation
 
 
 class InProcessChannel:
@@ -21,6 +21,9 @@ class InProcessChannel:
 
     def wait_ready(self) -> None:
         """The worker is built with the channel: always ready."""
+
+    def prefetch(self, msg: Prefill) -> None:
+        self.worker.prefill_ahead(msg)
 
     def exchange(self, msg: Round) -> Speculation:
         reply = self.worker.respond(msg)

@@ -38,7 +38,7 @@ from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
-from engine.ssd.messages import Join, Round, Source, Speculation
+from engine.ssd.messages import Join, Prefill, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
 from engine.ssd.sparse import RANK_DEPTH, SparseQ, TopLogits
 from engine.ssd.speculation_cache import SpeculationCache, guesses
@@ -98,6 +98,7 @@ class DraftWorker:
         self.last_backup: str | None = None
         self.last_backup_ms = 0.0
         self._unsettled = None  # an all-hit answer's KV surgery, done after the answer went out (`_settle`)
+        self.prefilled: tuple[list[int], list[list[int]], KVState] | None = None  # from a Prefill: ids, prompts, KV
 
     # -- one round ----------------------------------------------------------------------------
     def respond(self, msg: Round) -> Speculation:
@@ -156,6 +157,7 @@ class DraftWorker:
             # Every row hit: the answer is the cached branches, so the draft's KV is rebuilt from them after the
             # answer has gone out (`build_cache` settles it first), off the target's critical path.
             self._unsettled = settle
+        self.prefilled = None  # announced prompts that did not join (they finished at their first token)
         if msg.joins:
             rows = rows + self._join_rows(msg.joins)
             bonus += [j.pending for j in msg.joins]
@@ -178,10 +180,27 @@ class DraftWorker:
         ranking = TopLogits(self.glue_ranking.ids[torch.arange(n), k], self.glue_ranking.V)  # [n, M] at k+1
         return ranking.ranks(torch.tensor(msg.bonus, dtype=torch.long), x[torch.arange(n), k])
 
+    def prefill_ahead(self, msg: Prefill) -> None:
+        """Prefill prompts the target is prefilling now, for the Round that brings them as joins."""
+        self.prefilled = (msg.seq_ids, msg.prompts, self._prefill_prompts(msg.prompts))
+
     def _prefill(self, joins: list[Join]) -> KVState:
-        """The joiners' prompts through the draft (their first token is the tail, fed by the backup)."""
-        state = KVState(self.model, len(joins), self.device)
-        tokens, valid = right_aligned([j.prompt for j in joins], self.pad_id, self.device)
+        """The joiners' prompts through the draft (their first token is the tail, fed by the backup): taken from
+        the Prefill that announced them when it holds every one of them with the same prompt."""
+        ahead, self.prefilled = self.prefilled, None
+        if ahead is not None:
+            ids, prompts, state = ahead
+            at = {seq_id: i for i, seq_id in enumerate(ids)}
+            rows = [at.get(j.seq_id) for j in joins]
+            if all(r is not None and prompts[r] == j.prompt for r, j in zip(rows, joins)):
+                if rows != list(range(len(ids))):  # some announced prompts finished at their first token
+                    state.select(torch.tensor(rows, dtype=torch.long, device=self.device))
+                return state
+        return self._prefill_prompts([j.prompt for j in joins])
+
+    def _prefill_prompts(self, prompts: list[list[int]]) -> KVState:
+        state = KVState(self.model, len(prompts), self.device)
+        tokens, valid = right_aligned(prompts, self.pad_id, self.device)
         state.extend(tokens, valid, logits_to_keep=1)
         return state
 

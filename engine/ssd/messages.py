@@ -1,6 +1,7 @@
 """The per-round messages between the target and the draft worker, and their fixed tensor layout.
 
-Only small things cross (docs/ssd.md §2): a sequence's prompt once, when it joins the batch, then per round
+Only small things cross (docs/ssd.md §2): a sequence's prompt once, when it joins the batch (or just before: a
+PREFILL message while the target prefills it), then per round
 the outcome (k, t*) of each sequence from the target, and from the draft the hit flags, the next K tokens per sequence and the q they
 were drawn from (the verifier needs that q). No KV cache crosses.
 
@@ -32,6 +33,7 @@ class Kind(IntEnum):
     ROUND = 1  # target -> draft: outcomes (k, t*) of the last speculation, who leaves, who joins
     SPECULATION = 3  # draft -> target: next K tokens per sequence and their q
     STOP = 4  # target -> draft: shut down
+    PREFILL = 5  # target -> draft, no answer: prompts about to join, to prefill while the target prefills them
 
 
 class Source(IntEnum):
@@ -110,7 +112,18 @@ class Stop:
     kind: Kind = field(default=Kind.STOP, init=False)
 
 
-Message = Round | Speculation | Stop
+@dataclass
+class Prefill:
+    """Prompts the target is about to prefill; the worker prefills their draft side meanwhile and keeps it for the
+    Round that brings them as joins (a prompt that never joins is dropped with the next Round). No answer."""
+
+    seq_ids: list[int]
+    prompts: list[list[int]]
+    V: int
+    kind: Kind = field(default=Kind.PREFILL, init=False)
+
+
+Message = Round | Speculation | Stop | Prefill
 
 
 def _header(kind: Kind, B: int, K: int, V: int, n_ints: int, n_floats: int, round_: int, S: int = 0) -> Tensor:
@@ -121,6 +134,10 @@ def encode(msg: Message) -> list[Tensor]:
     """The tensors to send, in order; the first is always the header [HEADER_LEN] int64."""
     if isinstance(msg, Stop):
         return [_header(Kind.STOP, 0, 0, 0, 0, 0, 0)]
+    if isinstance(msg, Prefill):
+        ints = msg.seq_ids + [len(p) for p in msg.prompts] + [t for p in msg.prompts for t in p]
+        return [_header(Kind.PREFILL, len(msg.seq_ids), 0, msg.V, len(ints), 0, 0),
+                torch.tensor(ints, dtype=torch.long)]
     if isinstance(msg, Round):
         B, J = len(msg.accepted), len(msg.joins)
         j = msg.joins
@@ -167,6 +184,8 @@ def payload_shapes(header: Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
     kind, B, K, V, n_ints, n_floats, _ = check_header(header)
     if kind is Kind.STOP:
         return []
+    if kind is Kind.PREFILL:
+        return [((n_ints,), torch.long)]
     shapes = [((n_ints,), torch.long), ((n_floats,), torch.float64)]
     S = int(header[-1])
     if kind is Kind.SPECULATION and S:
@@ -178,6 +197,19 @@ def payload_shapes(header: Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
 
 def _tokens_ok(values: list[int], V: int) -> bool:
     return all(0 <= t < V for t in values)
+
+
+def _prefill(ints: list[int], J: int, V: int, n_ints: int) -> Prefill:
+    if len(ints) != n_ints or n_ints < 2 * J:
+        raise MalformedMessage("PREFILL payload has the wrong length")
+    seq_ids, lengths, flat = ints[:J], ints[J : 2 * J], ints[2 * J :]
+    if min(lengths, default=1) < 1 or sum(lengths) != len(flat) or not _tokens_ok(flat, V):
+        raise MalformedMessage("PREFILL prompts are inconsistent")
+    prompts, at = [], 0
+    for n in lengths:
+        prompts.append(flat[at : at + n])
+        at += n
+    return Prefill(seq_ids, prompts, V)
 
 
 def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_: int) -> Round:
@@ -213,6 +245,8 @@ def decode(tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None,
     kind, B, K, V, n_ints, n_floats, round_ = check_header(tensors[0])
     if kind is Kind.STOP:
         return Stop()
+    if kind is Kind.PREFILL:
+        return _prefill(tensors[1].tolist(), B, V, n_ints)
     allowed = (expect_K,) if isinstance(expect_K, int) else expect_K
     if (allowed is not None and K not in allowed) or (expect_V is not None and V != expect_V):
         raise MalformedMessage(f"message has K={K}, V={V}; expected K={expect_K}, V={expect_V}")

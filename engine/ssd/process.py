@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from engine.config import DraftPlacement, SpeculativeConfig, StartFault, WorkerFaults
 from engine.ssd.lifetime import (WorkerExit, die_with_parent, explain_exit, ignore_sigint, refuse_unguarded_main,
                                  silence_stderr, spawn_with_sigint_blocked)
-from engine.ssd.messages import Round, Speculation, Stop
+from engine.ssd.messages import Prefill, Round, Speculation, Stop
 from engine.ssd.transport import (DRAFT_RANK, DraftUnavailable, Endpoint, check_port_free, host_store,
                                   parse_init_method)
 
@@ -179,6 +179,9 @@ def serve(ws: WorkerSpec) -> None:
             msg = endpoint.recv(IDLE_S, expect_K=None if ws.spec.adaptive else ws.spec.K)
             if isinstance(msg, Stop):
                 return
+            if isinstance(msg, Prefill):
+                worker.prefill_ahead(msg)  # no answer: the next Round brings them as joins
+                continue
             if isinstance(msg, Round):
                 if msg.round == faults.exit_at_round:
                     os._exit(WorkerExit.FAULT_INJECTED)
@@ -231,6 +234,7 @@ class ProcessChannel:
         self.endpoint: Endpoint | None = None
         self.ready = False  # the worker has built its model
         self.in_step = True  # False while an exchange is under way: a stream broken off mid-way is out of step
+        self.fault: DraftUnavailable | None = None  # a Prefill that could not be sent, for the next exchange to raise
         self.address = address
         self.started = time.monotonic()
         if placement.external:
@@ -271,10 +275,27 @@ class ProcessChannel:
             self.ready = True
             log.info("draft worker ready in %.1f s", time.monotonic() - self.started)
 
+    def prefetch(self, msg: Prefill) -> None:
+        """Announce prompts about to join, so the worker prefills them while the target does. Skipped while the
+        worker is still loading its model (the send would wait for it) or between the two halves of an exchange;
+        a link that fails here is reported by the next exchange."""
+        if self.endpoint is None or self.endpoint.broken or not self.in_step or self.fault is not None:
+            return
+        if not self.ready:
+            if not self.store.check([READY_KEY]):
+                return
+            self.ready = True
+        try:
+            self.endpoint.send(msg, self.deadline_s)
+        except DraftUnavailable as err:
+            self.fault = err  # the stream may hold half a message: the next exchange reports the fault
+
     def exchange(self, msg: Round) -> Speculation:
         self.wait_ready()
         if self.endpoint is None or (self.process is not None and not self.process.is_alive()):
             raise DraftUnavailable("the draft worker is not running")
+        if self.fault is not None:
+            raise self.fault
         if not self.in_step:
             raise DraftUnavailable("an earlier exchange with the draft worker broke off mid-way")
         # The first answer also prefills the batch; a long prefill is fine until the start deadline.

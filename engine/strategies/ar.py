@@ -21,6 +21,9 @@ class NoDraft:
         self.vocab_size = vocab_size
         self.device = device
 
+    def prefetch(self, seqs: list[Sequence]) -> None:
+        pass
+
     def admit(self, seqs: list[Sequence]) -> None:
         pass
 

@@ -45,6 +45,9 @@ class Proposer(Protocol):
     def admit(self, seqs: list[Sequence]) -> None:
         """Rows joining at the end of the batch; each one's newest output token is not yet verified-fed."""
 
+    def prefetch(self, seqs: list[Sequence]) -> None:
+        """Prompts the target is about to prefill (they join with `admit` after, unless they finish at once)."""
+
     def retire(self, keep: list[int]) -> None:
         """Only these rows (indices into the current batch, increasing) go on."""
 

@@ -59,6 +59,9 @@ class InProcessDraft:
         self.ranks: list[int | None] = []  # per row of the last round: its bonus's rank (None: not yet known)
         self.late: list[int | None] = []  # per row: where its all-accepted outcome's rank goes in `ranks`
 
+    def prefetch(self, seqs: list[Sequence]) -> None:
+        pass
+
     def admit(self, seqs: list[Sequence]) -> None:
         state = KVState(self.draft, len(seqs), self.device)
         tokens, valid = right_aligned([s.prompt_ids + s.output_ids[:-1] for s in seqs], self.pad_id, self.device)

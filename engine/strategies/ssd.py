@@ -36,7 +36,7 @@ from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
 from engine.ssd.lifetime import sigint_deferred
-from engine.ssd.messages import Join, MalformedMessage, Round, Source
+from engine.ssd.messages import Join, MalformedMessage, Prefill, Round, Source
 from engine.ssd.transport import DraftUnavailable
 from engine.strategies.ar import NoDraft
 from engine.strategies.base import Proposal, Proposer
@@ -87,6 +87,13 @@ class DraftWorkerProposer:
             self.rows.append(Join(s.seq_id, s.prompt_ids + s.output_ids[:-1], s.output_ids[-1], float(p.temperature),
                                   p.top_k or 0, p.top_p or 1.0, draft_seed(s.seed)))
         self.lookahead.admit(len(seqs))
+
+    def prefetch(self, seqs: list[Sequence]) -> None:
+        """Prompts the target prefills now: the worker prefills their draft side meanwhile (off the critical path;
+        the next request brings them as joins, checked against what was prefilled)."""
+        if self.channel is not None and seqs:
+            prompts = [s.prompt_ids + s.output_ids[:-1] for s in seqs]
+            self.channel.prefetch(Prefill([s.seq_id for s in seqs], prompts, self.V))
 
     def retire(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
@@ -147,7 +154,7 @@ class DraftWorkerProposer:
         if not self.spec.adaptive or not self.rows:
             return K
         la = self.lookahead
-        alphas = la.alphas() if len(la.accepted) else 0.5
+        alphas = la.alphas() if len(la.accepted) else la.joining_alpha()
         return min(K, best_K(alphas, la._draft(), la._verify(), K_max=self.spec.K, K_min=self.spec.K_min))
 
     def _restart(self) -> None:
