@@ -124,6 +124,15 @@ class SSDLookahead(Lookahead):
         share = miss_share(self.p_hit, max(rows, 1))
         return best_K(alphas, self._draft() * share, self._verify(), K_max=spec.K, K_min=spec.K_min)
 
+    def choose_miss(self) -> int:
+        """K for a round in which no row hits and the neural backup drafts every row: an SD round, so SD's
+        choice, with the draft's time in full (not discounted by the hit rate as in `choose`)."""
+        spec = self.spec
+        if not spec.adaptive:
+            return spec.K
+        alphas = self.alphas() if len(self.accepted) else self.joining_alpha()
+        return best_K(alphas, self._draft(), self._verify(), K_max=spec.K, K_min=spec.K_min)
+
     def _draft(self) -> float:
         if self.spec.draft_cost is not None:
             return self.spec.draft_cost

@@ -43,7 +43,6 @@ from engine.strategies.base import Proposal, Proposer
 from engine.strategies.lookahead import SSDLookahead
 from engine.strategies.sd import InProcessDraft, draft_seed
 from engine.verifier import Verification
-from theory.adaptive import best_K
 
 from engine.ssd.process import ModelRecipe
 
@@ -153,9 +152,7 @@ class DraftWorkerProposer:
         token's cost in full, not discounted by the hit rate as K's is (from past rounds only, as K is)."""
         if not self.spec.adaptive or not self.rows:
             return K
-        la = self.lookahead
-        alphas = la.alphas() if len(la.accepted) else la.joining_alpha()
-        return min(K, best_K(alphas, la._draft(), la._verify(), K_max=self.spec.K, K_min=self.spec.K_min))
+        return min(K, self.lookahead.choose_miss())
 
     def _restart(self) -> None:
         """Replace a worker whose message stream is out of step; only when no row goes on (all rows join)."""

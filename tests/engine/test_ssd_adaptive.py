@@ -166,3 +166,19 @@ def test_a_round_where_every_row_misses_is_drafted_at_the_miss_length_by_the_neu
     fixed = DraftWorker(target, SpeculativeConfig(K=3), 0, torch.device("cpu"))
     with pytest.raises(ValueError, match="fixed"):
         fixed.respond(Round(0, [], [], [], 0.0, joins, K=3, V=50, K_miss=1))
+
+
+def test_the_miss_length_is_sds_choice_with_the_drafts_time_in_full():
+    from engine.strategies.lookahead import SSDLookahead
+
+    lookahead = SSDLookahead(SpeculativeConfig(K=6, adaptive=True))
+    lookahead.admit(1)
+    for _ in range(4):  # α about ½; the verify costs 75 ms at width 2, 5 ms more per token
+        lookahead.observe([1], 2, 80.0)
+        lookahead.observe([0], 1, 75.0)
+    lookahead.answered([True] * 8, 2, 40.0)  # the neural backup: 20 ms per drafted token
+    lookahead.answered([True] * 8, 2, None)
+    assert lookahead.p_hit > 0.8 and 0.3 < float(lookahead.alphas()[0]) < 0.7
+    # With most rounds hitting, the draft's time is discounted and SSD speculates longer than SD would.
+    assert lookahead.choose() > lookahead.choose_miss() >= 1
+    assert SSDLookahead(SpeculativeConfig(K=4)).choose_miss() == 4  # fixed K: K
