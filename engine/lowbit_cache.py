@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine import cache_lock, gguf_metadata, model_cache, provision
+from engine import cache_lock, model_cache, provision
 from engine.quantize import (
     INT4_OFFSET,
     Scheme,
@@ -335,7 +335,7 @@ def convert(gguf: Path, out: Path, scheme: str = "int4", group_size: int = 32, *
     Streams tensor by tensor: at most one tensor is dequantised at a time, and at most SHARD_BYTES of
     output wait in memory.
     """
-    with gguf_metadata.read_once(gguf):
+    with provision.read_once_checked(gguf):
         return _convert(gguf, out, scheme, group_size, progress)
 
 

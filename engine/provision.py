@@ -17,7 +17,7 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,12 +133,19 @@ def check_gguf(path: Path) -> None:
     """Refuse a file that is not a complete GGUF (wrong magic, truncated, damaged tensor table)."""
     from gguf import GGUFReader
 
+    with _refused_if_damaged(path):
+        GGUFReader(path)  # parses the header and maps every tensor: a short file fails here
+
+
+@contextlib.contextmanager
+def _refused_if_damaged(path: Path) -> Iterator[None]:
+    """Parsing `path` within: a file that is not a complete GGUF raises ProvisioningError saying so."""
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ProvisioningError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
     try:
-        GGUFReader(path)  # parses the header and maps every tensor: a short file fails here
+        yield
     except (ValueError, IndexError, KeyError, OSError) as err:
         raise ProvisioningError(
             f"{path} is truncated or damaged ({err}); copy or download the .gguf file again"
@@ -151,10 +158,20 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     The GGUF's metadata is parsed once (engine/gguf_metadata.py): check_gguf and transformers' config,
     tokenizer and weight loaders would each parse it again (~18 s a parse for Qwen2.5's vocabulary).
     """
+    with read_once_checked(gguf):
+        _convert_float32(gguf, out)
+
+
+@contextlib.contextmanager
+def read_once_checked(gguf: Path) -> Iterator[None]:
+    """gguf_metadata.read_once, with a file that is not a complete GGUF refused as check_gguf refuses it (the
+    one parse happens as it starts)."""
     from engine import gguf_metadata
 
-    with gguf_metadata.read_once(gguf):
-        _convert_float32(gguf, out)
+    with contextlib.ExitStack() as stack:
+        with _refused_if_damaged(gguf):
+            stack.enter_context(gguf_metadata.read_once(gguf))
+        yield
 
 
 def _convert_float32(gguf: Path, out: Path) -> None:

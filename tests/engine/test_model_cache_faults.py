@@ -280,6 +280,19 @@ def test_a_truncated_or_foreign_gguf_is_refused_before_conversion(tmp_path, cut,
     assert_one_line_error(status, err, str(path))
 
 
+@pytest.mark.parametrize("cut", [1000, "not_gguf"])
+def test_the_low_bit_build_refuses_a_truncated_or_foreign_gguf_as_conversion_does(tmp_path, cut):
+    from engine import lowbit_cache
+
+    path = tmp_path / "model.gguf"
+    data = write_gguf(path)
+    path.write_bytes(b"\0" * 64 if cut == "not_gguf" else data[:-cut])
+    message = "not a GGUF file" if cut == "not_gguf" else "truncated or damaged"
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ProvisioningError, match=message):
+        lowbit_cache.convert(path, tmp_path / "out")
+
+
 def test_a_complete_gguf_passes_the_check(tmp_path):
     path = tmp_path / "model.gguf"
     write_gguf(path)
