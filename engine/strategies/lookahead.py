@@ -77,13 +77,7 @@ class Lookahead:
         return best_K(self.alphas(), draft, verify, K_max=spec.K, K_min=spec.K_min)
 
     def _verify_ms(self, width: int) -> float:
-        if width in self.verify_ms:
-            return self.verify_ms[width]
-        widths, times = zip(*sorted(self.verify_ms.items()))
-        if len(widths) == 1:
-            return times[0]
-        slope, intercept = np.polyfit(widths, times, 1)
-        return max(float(slope * width + intercept), min(times))  # a line fitted on noise may dip below 0
+        return _read_off(self.verify_ms, width)
 
     def drafted(self, forwards: int, ms: float) -> None:
         if forwards:
@@ -99,17 +93,34 @@ def _mean(old: float | None, new: float) -> float:
     return new if old is None else TIMING_DECAY * old + (1 - TIMING_DECAY) * new
 
 
+def _read_off(table: dict[int, float], x: int) -> float:
+    """A measured time at x, or read off a straight line through the measured ones."""
+    if x in table:
+        return table[x]
+    xs, times = zip(*sorted(table.items()))
+    if len(xs) == 1:
+        return times[0]
+    slope, intercept = np.polyfit(xs, times, 1)
+    return max(float(slope * x + intercept), min(times))  # a line fitted on noise may dip below 0
+
+
 class SSDLookahead(Lookahead):
     """Adaptive K for SSD (engine.strategies.ssd): as for SD, with the draft's time counted only on the rounds
     that miss the cache (theory.adaptive.miss_share). The draft's time per token is the neural backup's
     (its time over the K it drafted, as the worker reports it), the hit rate a forgotten mean of the rows'
     lookups. All of it comes from rounds already answered or verified, so the K chosen is fixed before the
     round it is for is drafted or verified.
+
+    A round's target-side time is its verify or, when longer, the worker's build of the cache it looks up (a
+    hit waits for the build to end): branches K long cost K draft steps of every branch, and past a point they
+    outlast the verify (measured, int4 target on HumanEval: K = 6 built in 488 ms against a 398 ms verify,
+    where K = 3 built inside its verify). The build's time per branch length is measured like the verify's.
     """
 
     def __init__(self, spec: SpeculativeConfig):
         super().__init__(spec)
         self.hits, self.lookups = 0.0, 0.0  # forgotten counts
+        self.build_ms: dict[int, float] = {}  # branch length -> mean time of the worker's cache build
 
     @property
     def p_hit(self) -> float:
@@ -143,13 +154,22 @@ class SSDLookahead(Lookahead):
     def _verify(self):
         if self.spec.draft_cost is not None or self.draft_ms is None or not self.verify_ms:
             return 1.0
-        return self._verify_ms
+        return self._round_ms
 
-    def answered(self, hits: list[bool], K: int, neural_backup_ms: float | None) -> None:
+    def _round_ms(self, width: int) -> float:
+        """The verify of `width` tokens, or the build of branches width − 1 long when that takes longer."""
+        verify = self._verify_ms(width)
+        return max(verify, _read_off(self.build_ms, width - 1)) if self.build_ms else verify
+
+    def answered(self, hits: list[bool], K: int, neural_backup_ms: float | None, build_ms: float | None = None,
+                 built_K: int | None = None) -> None:
         """The worker's answer: the hit flag of each row that looked its outcome up, the length K of the
-        speculation, and the neural backup's time when it drafted some rows (None otherwise)."""
+        speculation, the neural backup's time when it drafted some rows (None otherwise), and the time of the
+        build of the cache it looked up, whose branches were `built_K` long."""
         if hits:
             self.hits = DECAY * self.hits + sum(hits)
             self.lookups = DECAY * self.lookups + len(hits)
         if neural_backup_ms is not None and K:
             self.drafted(K, neural_backup_ms)
+        if build_ms and built_K:
+            self.build_ms[built_K] = _mean(self.build_ms.get(built_K), build_ms)

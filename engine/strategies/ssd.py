@@ -124,6 +124,7 @@ class DraftWorkerProposer:
             spec = self.channel.exchange(msg)
             wait_ms = ms_since(t0)
             B = len(self.rows)
+            asked = K  # the length of the cache's branches that were looked up
             if spec.tokens.shape == (B, K_miss) and K_miss != K and not any(spec.hits):
                 K = K_miss  # no row hit and the neural backup drafted: the shorter length the worker was offered
             if spec.tokens.shape != (B, K) or tuple(spec.q.shape) != (B, K, self.V):
@@ -135,7 +136,8 @@ class DraftWorkerProposer:
             self.accepted = self.bonus = None
             self.K, self.K_next = K, K_next
             self.lookahead.answered(spec.hits[: sum(alive)], K, spec.backup_ms if spec.source and any(
-                s is Source.NEURAL for s in spec.source) else None)
+                s is Source.NEURAL for s in spec.source) else None, spec.cache_build_ms if any(alive) else None,
+                asked)
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
         return Proposal(
             # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)

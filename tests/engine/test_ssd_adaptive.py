@@ -182,3 +182,24 @@ def test_the_miss_length_is_sds_choice_with_the_drafts_time_in_full():
     # With most rounds hitting, the draft's time is discounted and SSD speculates longer than SD would.
     assert lookahead.choose() > lookahead.choose_miss() >= 1
     assert SSDLookahead(SpeculativeConfig(K=4)).choose_miss() == 4  # fixed K: K
+
+
+def test_ssd_does_not_choose_branches_whose_build_outlasts_the_verify():
+    from engine.strategies.lookahead import SSDLookahead
+
+    def lookahead(builds: dict[int, float]) -> SSDLookahead:
+        la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True))
+        la.admit(1)
+        for _ in range(6):  # α near 1, and a verify that barely grows with the block (memory-bound)
+            la.observe([3], 3, 200.0)
+            la.observe([5], 5, 210.0)
+            la.answered([True], 3, 60.0)  # 20 ms per drafted token; every row hit
+            for K, ms in builds.items():
+                la.answered([True], 3, None, ms, K)
+        return la
+
+    assert lookahead({}).choose() == 8  # nothing known about the builds: the longest
+    # the build grows 60 ms per branch token: branches of 3 fit inside the verify, of 8 do not
+    slow = lookahead({3: 180.0, 5: 300.0})
+    assert slow.choose() < 8
+    assert slow._round_ms(9) == pytest.approx(480.0)  # read off the builds' line, past the verify's 220
