@@ -18,9 +18,6 @@ accepted is a truncated geometric observation: k acceptances, plus one rejection
 plain ratio gives (one all-accepted round would say α = 1 and jump to K_max; with no rejections the ratio
 is undefined); forgetting (`DECAY` per round, an effective memory of about 1 / (1 − DECAY) = 10 rounds)
 lets K follow an acceptance that drifts within a sequence (code vs. prose, a topic change).
-
-A row that joins a running engine does not start from the prior but from what the engine has seen
-(`joining_counts`, from the `pooled_counts` of every row's rounds): see `joining_counts` for why and how much.
 """
 
 from __future__ import annotations
@@ -36,8 +33,6 @@ from theory.speedup import expected_tokens
 PRIOR_ACCEPTED = 1.0  # Beta prior a₀: pseudo-acceptances
 PRIOR_REJECTED = 1.0  # Beta prior b₀: pseudo-rejections
 DECAY = 0.9  # weight of the past counts after each new round
-POOL_DECAY = 0.98  # weight of the pooled (every row's) past counts after each round: a memory of ~50 rounds
-JOIN_OBSERVATIONS = 12.0  # most pseudo-observations a joining row's counts start with (~3-4 rounds at K = 3)
 
 
 def acceptance_estimate(
@@ -68,62 +63,6 @@ def updated_counts(
         raise ValueError(f"k (accepted this round) must lie in 0..K = 0..{K}, got {k}")
     decay = float(as_probability(decay, "decay", " (weight the past counts keep per round)"))
     return decay * accepted + k, decay * rejected + (k < K)
-
-
-def pooled_counts(
-    accepted: float, rejected: float, k: npt.ArrayLike, K: int, decay: float = POOL_DECAY
-) -> tuple[float, float]:
-    """The engine-wide counts after one more round in which row b accepted k_b of K: the rows' acceptances
-    and rejections (as `updated_counts` counts them) summed, added to the pooled counts forgotten by `decay`.
-
-    The pool spans every request so far, so it forgets more slowly than one row's counts (POOL_DECAY against
-    DECAY): it estimates the workload's acceptance, not the current sequence's.
-    """
-    accepted = float(as_nonnegative(accepted, "accepted", " (pooled acceptances, possibly decayed)"))
-    rejected = float(as_nonnegative(rejected, "rejected", " (pooled rejections, possibly decayed)"))
-    decay = float(as_probability(decay, "decay", " (weight the pooled past counts keep per round)"))
-    new_accepted, new_rejected = updated_counts(0.0, 0.0, k, K, decay=1.0)  # per row: k, and k < K
-    return decay * accepted + float(np.sum(new_accepted)), decay * rejected + float(np.sum(new_rejected))
-
-
-def joining_counts(
-    pooled_accepted: float,
-    pooled_rejected: float,
-    observations: float = JOIN_OBSERVATIONS,
-    prior_accepted: float = PRIOR_ACCEPTED,
-    prior_rejected: float = PRIOR_REJECTED,
-) -> tuple[float, float]:
-    """The counts a row starts with when it joins: the pooled posterior mean of α carried by at most
-    `observations` pseudo-observations.
-
-    Why: with the fixed prior (mean ½) every new request spends its first rounds at short K while its α climbs
-    (measured: int4 target on HumanEval, α ≈ 0.95, 125 of 295 rounds of K = "auto" ran at K ≤ 2, and it ended
-    slower than a constant K = 3). The requests an engine serves mostly come from one workload, so before a
-    row has rounds of its own the best guess of its α is the pooled posterior over every row's rounds (an
-    empirical-Bayes prior). Rows still differ (a prose request after code ones), so that guess is worth only a
-    bounded number n = min(pooled evidence, `observations`) of pseudo-observations: a round adds up to K of
-    the row's own and the start is forgotten by DECAY per round, so the row's own rounds take over within a few
-    rounds, and a row unlike the pool falls to its own K within as few.
-
-    How: the counts (a, r), a + r = n, are chosen so that the row's posterior mean (a₀ + a) / (a₀ + b₀ + n)
-    is the pooled mean m. The pooled posterior already holds the prior once; n pseudo-observations at the rate
-    m on top of the prior would count it twice and pull the start back toward ½. With n observations the
-    reachable means are a₀ / (a₀ + b₀ + n) .. (a₀ + n) / (a₀ + b₀ + n) (⊆ the pool's own range, as n never
-    exceeds the pool's evidence), so a mean beyond them is clipped to the nearest (n = 12: 1/14 .. 13/14).
-    With no pooled evidence (the first request) n = 0: the prior itself.
-
-    Exactness: the pool holds only verified rounds, so the start, hence the row's K, is fixed before the row's
-    first draft (docs/ssd.md §1).
-    """
-    pooled_accepted = float(as_nonnegative(pooled_accepted, "pooled_accepted", " (pooled acceptances)"))
-    pooled_rejected = float(as_nonnegative(pooled_rejected, "pooled_rejected", " (pooled rejections)"))
-    observations = float(as_nonnegative(observations, "observations", " (most pseudo-observations to start with)"))
-    a0 = float(as_positive(prior_accepted, "prior_accepted"))
-    b0 = float(as_positive(prior_rejected, "prior_rejected"))
-    n = min(pooled_accepted + pooled_rejected, observations)
-    m = float(acceptance_estimate(pooled_accepted, pooled_rejected, a0, b0))
-    accepted = min(max(m * (a0 + b0 + n) - a0, 0.0), n)
-    return accepted, n - accepted
 
 
 def round_rate(

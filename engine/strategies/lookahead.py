@@ -1,21 +1,15 @@
 """How many tokens SD drafts next round: adaptive K from the past only (theory.adaptive).
 
 Per row: forgotten acceptance counts (a round with k of K accepted adds k acceptances and, if k < K, one
-rejection), whose Beta posterior mean is the row's α. Pooled: the same counts summed over every row's rounds
-(every request so far), forgotten more slowly; a row that joins starts from the pooled α worth a few
-pseudo-observations (theory.adaptive.joining_counts), so it does not re-learn from the prior what the engine
-already knows; the very first request starts at the prior. Per proposer: an exponentially weighted mean of the
+rejection), whose Beta posterior mean is the row's α. Per proposer: an exponentially weighted mean of the
 draft's time per forward, and of the verify's time per block width K + 1 (from the loop's measured verify
 times); a width not yet seen is read off a straight line through the seen ones. The batch shares one K per
 round (one target forward verifies every row): the K that maximises the batch's expected tokens per unit
 time, Σ_b E(α_b, K) / (K·T_d + T_v(K + 1)).
 
-Everything here (the pooled counts included: they hold verified rounds only) is known before the round's
-draft starts, so the choice cannot bias the verifier (docs/ssd.md §1: SD is exact for any proposal fixed
-before verification). With measured times the choice, hence the seeded outputs at T > 0, vary from run to
-run; `SpeculativeConfig.draft_cost` fixes T_d / T_v instead. As K depends on the rows a request shares its
-rounds with, it now depends as well on the requests the engine served before it (their pooled acceptance):
-a seeded request's tokens at T > 0 repeat given the same engine history, and its distribution never changes.
+Everything here is known before the round's draft starts, so the choice cannot bias the verifier
+(docs/ssd.md §1: SD is exact for any proposal fixed before verification). With measured times the choice,
+hence the seeded outputs, vary from run to run; `SpeculativeConfig.draft_cost` fixes T_d / T_v instead.
 """
 
 from __future__ import annotations
@@ -23,15 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.config import SpeculativeConfig
-from theory.adaptive import (
-    DECAY,
-    acceptance_estimate,
-    best_K,
-    joining_counts,
-    miss_share,
-    pooled_counts,
-    updated_counts,
-)
+from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, updated_counts
 
 TIMING_DECAY = 0.8  # weight of the past in the timing means
 UNMEASURED_DRAFT_COST = 0.1  # T_d / T_v assumed before both times have been measured once
@@ -42,15 +28,12 @@ class Lookahead:
         self.spec = spec
         self.accepted = np.zeros(0)  # [B] forgotten acceptances per row
         self.rejected = np.zeros(0)  # [B] forgotten rejections per row
-        self.pooled = (0.0, 0.0)  # forgotten (acceptances, rejections) over every row's rounds so far
         self.draft_ms: float | None = None  # per draft forward
         self.verify_ms: dict[int, float] = {}  # block width K + 1 -> mean verify time
 
     def admit(self, n: int) -> None:
-        """n rows join: each starts from the pooled counts (the prior before any round has been verified)."""
-        accepted, rejected = joining_counts(*self.pooled)
-        self.accepted = np.append(self.accepted, np.full(n, accepted))
-        self.rejected = np.append(self.rejected, np.full(n, rejected))
+        self.accepted = np.append(self.accepted, np.zeros(n))
+        self.rejected = np.append(self.rejected, np.zeros(n))
 
     def retire(self, keep: list[int]) -> None:
         self.accepted, self.rejected = self.accepted[keep], self.rejected[keep]
@@ -58,10 +41,6 @@ class Lookahead:
     def alphas(self) -> np.ndarray:
         """[B] each row's running α."""
         return np.atleast_1d(acceptance_estimate(self.accepted, self.rejected))
-
-    def joining_alpha(self) -> float:
-        """The α a row that joins now starts with."""
-        return float(acceptance_estimate(*joining_counts(*self.pooled)))
 
     def choose(self) -> int:
         """K for the next round: the spec's K unless adaptive."""
@@ -85,7 +64,6 @@ class Lookahead:
 
     def observe(self, accepted: list[int], K: int, verify_ms: float) -> None:
         self.accepted, self.rejected = updated_counts(self.accepted, self.rejected, accepted, K)
-        self.pooled = pooled_counts(*self.pooled, accepted, K)
         self.verify_ms[K + 1] = _mean(self.verify_ms.get(K + 1), verify_ms)
 
 
@@ -131,7 +109,7 @@ class SSDLookahead(Lookahead):
         if not spec.adaptive:
             return spec.K
         rows = len(self.accepted)
-        alphas = self.alphas() if rows else self.joining_alpha()  # no row yet: the α a joining row would have
+        alphas = self.alphas() if rows else 0.5  # no row yet (the first request): the prior α
         share = miss_share(self.p_hit, max(rows, 1))
         return best_K(alphas, self._draft() * share, self._verify(), K_max=spec.K, K_min=spec.K_min)
 
@@ -141,7 +119,7 @@ class SSDLookahead(Lookahead):
         spec = self.spec
         if not spec.adaptive:
             return spec.K
-        alphas = self.alphas() if len(self.accepted) else self.joining_alpha()
+        alphas = self.alphas() if len(self.accepted) else 0.5  # no row yet: the prior α
         return best_K(alphas, self._draft(), self._verify(), K_max=spec.K, K_min=spec.K_min)
 
     def _draft(self) -> float:

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from theory import acceptance_estimate, best_K, expected_tokens, heuristic_K, round_rate, updated_counts
-from theory.adaptive import DECAY, JOIN_OBSERVATIONS, POOL_DECAY, joining_counts, pooled_counts
 
 alphas = st.floats(0.0, 1.0)
 costs = st.floats(0.0, 2.0)
@@ -79,44 +78,3 @@ def test_heuristic_schedule_grows_by_two_and_shrinks_by_one():
     assert heuristic_K(4, True) == 6
     assert heuristic_K(4, False) == 3
     assert heuristic_K(1, False) == 1
-
-
-def test_a_joining_row_starts_at_the_prior_when_nothing_is_pooled():
-    assert joining_counts(0.0, 0.0) == (0.0, 0.0)
-    assert acceptance_estimate(*joining_counts(0.0, 0.0)) == 0.5
-
-
-@settings(max_examples=200, deadline=None)
-@given(accepted=st.floats(0.0, 500.0), rejected=st.floats(0.0, 500.0), observations=st.floats(0.0, 50.0))
-def test_a_joining_row_starts_at_the_pooled_mean_worth_a_bounded_number_of_observations(
-        accepted, rejected, observations):
-    a, r = joining_counts(accepted, rejected, observations)
-    n = min(accepted + rejected, observations)
-    assert a >= 0 and r >= 0 and a + r == pytest.approx(n)
-    pooled, joined = acceptance_estimate(accepted, rejected), acceptance_estimate(a, r)
-    lowest, highest = 1 / (2 + n), (1 + n) / (2 + n)  # what n observations can say under the prior
-    assert joined == pytest.approx(min(max(pooled, lowest), highest))
-
-
-def test_a_joining_row_is_clipped_to_what_its_observations_can_say():
-    a, r = joining_counts(990.0, 10.0, observations=JOIN_OBSERVATIONS)  # pooled α ≈ 0.99
-    assert (a, r) == (JOIN_OBSERVATIONS, 0.0)
-    assert acceptance_estimate(a, r) == pytest.approx((1 + JOIN_OBSERVATIONS) / (2 + JOIN_OBSERVATIONS))
-    with pytest.raises(ValueError, match="observations"):
-        joining_counts(1.0, 1.0, observations=-1.0)
-    with pytest.raises(ValueError, match="pooled_accepted"):
-        joining_counts(-1.0, 1.0)
-
-
-def test_pooled_counts_sum_the_rows_and_forget_more_slowly_than_a_rows():
-    assert pooled_counts(0.0, 0.0, [3, 1, 0], 3) == (4.0, 2.0)  # 3 + 1 + 0 accepted; two rows rejected
-    assert pooled_counts(10.0, 5.0, [2], 2, decay=0.5) == (7.0, 2.5)
-    assert POOL_DECAY > DECAY
-    accepted, rejected = 100.0, 0.0
-    for _ in range(300):  # nothing accepted for 300 rounds: the old acceptances are forgotten
-        accepted, rejected = pooled_counts(accepted, rejected, [0], 4)
-    assert accepted < 1.0 and acceptance_estimate(accepted, rejected) < 0.05
-    with pytest.raises(ValueError, match="0..K"):
-        pooled_counts(0.0, 0.0, [5], 4)
-    with pytest.raises(ValueError, match="decay"):
-        pooled_counts(0.0, 0.0, [1], 4, decay=1.5)
