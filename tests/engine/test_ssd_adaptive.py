@@ -203,3 +203,16 @@ def test_ssd_does_not_choose_branches_whose_build_outlasts_the_verify():
     slow = lookahead({3: 180.0, 5: 300.0})
     assert slow.choose() < 8
     assert slow._round_ms(9) == pytest.approx(480.0)  # read off the builds' line, past the verify's 220
+
+
+def test_one_measured_build_length_is_scaled_not_read_flat():
+    from engine.strategies.lookahead import SSDLookahead
+
+    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True))
+    la.admit(1)
+    for _ in range(6):  # a verify that barely grows (memory-bound) and one slow build at branch length 3
+        la.observe([1], 3, 500.0)
+        la.observe([2], 2, 495.0)
+        la.answered([True], 3, 60.0, 800.0, 3)
+    assert la._round_ms(9) == pytest.approx(800.0 * 9 / 4)  # branches of 8: (8 + 1) / (3 + 1) of the build at 3
+    assert la.choose() < 8  # with the build read flat, every K would cost the same and K = 8 would win
