@@ -239,14 +239,17 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
         target_ms = (time.perf_counter() - t0) * 1e3
         return state, target_ms, _ms(worker.recv())[0]
 
-    prefill(K + 1, keep=False)  # warm-up: the first forwards of a process are slow, not recorded
-    for b, n in prefill_points(contexts, args.batch):  # the longest at batch 1 last: it is kept as the base
+    points = prefill_points(contexts, args.batch)
+    # Warm-up at the first timed point's own shape: the first forwards of a process are slow, and a warm-up at
+    # K + 1 tokens left the first timed prefill ~29% dear (stop 22), bending the prefill fit's intercept.
+    prefill(points[0][1], keep=False, b=points[0][0])
+    for b, n in points:  # the longest at batch 1 last: it is kept as the base
         state, target_ms, draft_ms = prefill(n, keep=(b, n) == (1, max(contexts)), b=b)
         if (b, n) == (1, max(contexts)):
             base = state
         records.append(_prefill_record(b, n, target_ms, draft_ms))
         summary["prefill_ms"][f"{b}x{n}"] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
-    say(f"prefilled at {len(prefill_points(contexts, args.batch))} lengths and batch sizes (target and draft)")
+    say(f"prefilled at {len(points)} lengths and batch sizes (target and draft)")
     rounds = TargetRounds(target, ids, K)
     timed = rounds.step  # one round of the engine's decode loop: T = 1 the AR step, T = K+1 the verify
 
@@ -320,6 +323,9 @@ def fit_summary(path: Path) -> dict:
     r = lambda x: round(float(x), 5)  # noqa: E731
     ssd = f.for_strategy("ssd")
     return {"verify": [r(c) for c in f.verify], "decode": [r(c) for c in f.decode] if f.decode else None,
+            "decode_one_row": [r(c) for c in f.decode_one_row] if f.decode_one_row else None,
+            "backup": [r(c) for c in f.backup] if f.backup else None,
+            "prefill_attention": [r(c) for c in f.prefill_attention],
             "prefill_target": [r(c) for c in f.prefill_target] if f.prefill_target else None,
             "prefill_draft": [r(c) for c in f.prefill_draft] if f.prefill_draft else None,
             "draft": [r(c) for c in f.draft] if f.draft else None,

@@ -62,6 +62,7 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     fit = summary["fit"]  # the fit of these records and its predictions at batch 4, context 300
     assert len(fit["verify"]) == 3 and len(fit["build"]) == 3 and fit["ssd_verify_factor"] > 0
     assert all(ms > 0 for ms in fit["at_b4_c300_K4_ms"].values())
+    assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "backup"} <= set(fit)  # every fitted term
 
 
 def test_the_records_fit_and_simulate(calibrated):
