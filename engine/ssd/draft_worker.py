@@ -6,9 +6,9 @@ branch becomes that sequence's state) or runs the backup (miss), prefills the se
 first speculation comes from the backup), and returns the next speculation; `build_cache()` then runs the
 glue decode over that speculation and the K batched branch forwards. When every row hit, the answer is the
 cached branches, and the draft's KV is rebuilt from them only after the answer has gone (at the start of
-`build_cache`): ~3 ms of forks and copies off the target's critical path on the default pair. Sequences join and leave between
-rounds (continuous batching); each has its own sampling settings and random stream. The same class runs in
-the target's process (tests) or in its own process (`serve`).
+`build_cache`): ~3 ms of forks and copies off the target's critical path on the default pair. Sequences
+join and leave between rounds (continuous batching); each has its own sampling settings and random stream.
+The same class runs in the target's process (tests) or in its own process (`serve`).
 
 Draft KV bookkeeping per row, between `respond` and `build_cache`: the cache holds the committed tokens
 except `tail` (not yet fed): after a hit [y_K] (the branch fed t*, y_1..y_{K−1}); after the neural

@@ -83,7 +83,7 @@ class DraftWorkerProposer:
     def admit(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             p = s.params
-            self.rows.append(Join(s.seq_id, s.prompt_ids + s.output_ids[:-1], s.output_ids[-1], float(p.temperature),
+            self.rows.append(Join(s.seq_id, _draft_prompt(s), s.output_ids[-1], float(p.temperature),
                                   p.top_k or 0, p.top_p or 1.0, draft_seed(s.seed)))
         self.lookahead.admit(len(seqs))
 
@@ -91,8 +91,7 @@ class DraftWorkerProposer:
         """Prompts the target prefills now: the worker prefills their draft side meanwhile (off the critical path;
         the next request brings them as joins, checked against what was prefilled)."""
         if self.channel is not None and seqs:
-            prompts = [s.prompt_ids + s.output_ids[:-1] for s in seqs]
-            self.channel.prefetch(Prefill([s.seq_id for s in seqs], prompts, self.V))
+            self.channel.prefetch(Prefill([s.seq_id for s in seqs], [_draft_prompt(s) for s in seqs], self.V))
 
     def retire(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
@@ -188,6 +187,12 @@ class DraftWorkerProposer:
             if threads is not None:  # the draft's core(s) are free again: the target (or its SD fallback) takes them
                 torch.set_num_threads(threads)
             self.channel = None
+
+
+def _draft_prompt(seq: Sequence) -> list[int]:
+    """What the worker prefills for a joining sequence: every token but its newest (the backup feeds that one).
+    A Prefill and the Join after it must agree on it exactly, or the worker prefills again."""
+    return seq.prompt_ids + seq.output_ids[:-1]
 
 
 def open_channel(draft, given, config, spec: SpeculativeConfig, pad_id: int, device: torch.device

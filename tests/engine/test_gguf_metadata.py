@@ -10,14 +10,7 @@ import numpy as np
 import pytest
 
 from engine import gguf_metadata, provision
-
-
-def smoke_gguf():
-    try:
-        return provision.locate_parts(provision.PACKAGED[provision.SMOKE_MODEL])[0]
-    except provision.MissingPackageError:
-        pytest.skip(f"{provision.SMOKE_MODEL}'s data wheel is not installed "
-                    f"({provision.PACKAGED[provision.SMOKE_MODEL].install_command})")
+from tests.engine.test_lowbit_cache import smoke_gguf
 
 
 @pytest.fixture
