@@ -165,9 +165,11 @@ class DraftWorker:
         self.rows = rows
         self.V = msg.V
         self.K, self.branch_K = msg.K, msg.K_next
-        if hit_index and all(i is None for i in hit_index) and self.policy.backup(len(hit_index)) is Backup.NEURAL:
+        # The round's one backup decision: it sets the length of an all-miss round and drafts the misses.
+        backup = self.policy.backup(len(hit_index)) if None in hit_index else None
+        if backup is Backup.NEURAL and all(i is None for i in hit_index):
             self.K = msg.K_miss  # every row drafts on the critical path, as in SD: SD's length (Round.K_miss)
-        return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, msg.round, ranks)
+        return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, backup, msg.round, ranks)
 
     def _outcome_ranks(self, msg: Round) -> list[int]:
         """Each row's rank of its verified bonus among the guesses the last cache could make (every row,
@@ -210,9 +212,10 @@ class DraftWorker:
         generators = [torch.Generator(device=self.device).manual_seed(j.seed) for j in joins]
         return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, generators)
 
-    def _next_speculation(self, bonus: Tensor, hit_index: list[int | None], round_: int,
+    def _next_speculation(self, bonus: Tensor, hit_index: list[int | None], backup: Backup | None, round_: int,
                           ranks: list[int]) -> Speculation:
-        """Assemble the next speculation: cached branches for the hit rows, the backup for the rest."""
+        """Assemble the next speculation: cached branches for the hit rows, `backup` (the round's choice; None
+        when every row hit) for the rest."""
         K, V, n = self.K, self.V, len(self.rows.seq_ids)
         hit = [i is not None for i in hit_index]
         hits = [b for b in range(n) if hit[b]]
@@ -228,7 +231,6 @@ class DraftWorker:
             qs.append(branches.q.rows(i))
             rankings.append(branches.ranking.rows(i))
             known[hits] = True
-        backup = self.policy.backup(max(n, 1)) if miss else None
         t0 = time.perf_counter()
         if miss:
             if backup is Backup.NEURAL:
