@@ -12,7 +12,9 @@ TTFT and TPOT (p50, p99) with what the client measured.
 - acceptance and hits: an SD bench run's records on the same prompts at the same temperature (the variant at
   batch 1 with the largest K: α per position and the empirical hit model), as in validate_ssd.py;
 - the served strategy's settings (K, fan-out, backup) from the server's own round records (--server-rounds);
-  nothing else is read from them.
+  nothing else is read from them;
+- SSD's joiners: the worker prefills their draft side while the target prefills them (the engine's Prefill
+  message); --no-prefill-overlap for servers before it (stop 21's records: it reproduces stop 22's table).
 Each point is simulated with --seeds seeds (acceptance and hits are drawn) and the median of each statistic is
 the prediction; with few requests per point a p99 is close to the slowest request.
 
@@ -110,7 +112,7 @@ def _stats(result) -> dict[str, float]:
 
 
 def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_num_seqs: int,
-            seeds: int) -> dict[str, float]:
+            seeds: int, prefill_overlap: bool = True) -> dict[str, float]:
     concurrency = closed_loop_concurrency(requests)
     prompts = tuple(int(r["prompt_tokens"]) for r in requests)
     outputs = tuple(int(r["new_tokens"]) for r in requests)
@@ -119,7 +121,7 @@ def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_
         return simulate(SimConfig(policy=policy, timing=timing, acceptance=acceptance,
                                   hits=hits if policy.strategy.value == "ssd" else None, workload=workload,
                                   link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)), rounds=10**9,
-                                  requests=limit, seed=seed))
+                                  requests=limit, seed=seed, prefill_overlap=prefill_overlap))
 
     runs = []
     for seed in range(seeds):
@@ -192,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--json", type=Path)
+    p.add_argument("--no-prefill-overlap", dest="prefill_overlap", action="store_false",
+                   help="the server predates SSD's Prefill message (its worker prefilled joiners after the target)")
     p.add_argument("--terms", action="store_true",
                    help="also compare the server's rounds, term by term, with the fit (median per batch size)")
     args = p.parse_args(argv)
@@ -203,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.client_runs:
         for point, requests in client_points(run).items():
             got = measured(requests)
-            want = predict(timing, policy, acceptance, hits, requests, args.max_num_seqs, args.seeds)
+            want = predict(timing, policy, acceptance, hits, requests, args.max_num_seqs, args.seeds,
+                           args.prefill_overlap)
             rows.append({"run": run.name, "point": point, "requests": len(requests), "measured": got,
                          "predicted": want, "error": {k: want[k] / got[k] - 1 for k in got}})
     cols = [f"{m}_{s}" for m in METRICS for s in STATS]

@@ -1,7 +1,9 @@
 """The link between the target and the draft: a one-way channel with latency and bandwidth.
 
 As in SimPy's "cable" example, the sender puts a message on the cable and carries on; the cable holds it
-for `latency + bytes / bandwidth` and then delivers it to the receiver's channel. The example runs one
+for `latency + bytes / bandwidth` and then delivers it to the receiver's channel. Messages sent back to back
+(SSD's Prefill, then the round after it) queue for the bandwidth only: the latency is the trip, not a
+turn on the wire, so both arrive `latency` after they have been put on it. The example runs one
 small process per message (a timeout, then a put); here that process is reduced to its timeout, whose
 callback delivers: the same events in time, at half the cost of a simulated round. With no delay the
 message goes straight to the receiver's channel.
@@ -67,8 +69,8 @@ class LinkSpec:
 class Link:
     """One direction of the cable. `send(message, nbytes)` never blocks; `receive()` is a channel get event.
 
-    Messages cross one at a time (FIFO): a message waits for the one before it to leave the wire, then
-    takes `latency + bytes / bandwidth`.
+    Messages go on the wire one at a time (FIFO): a message waits for the one before it to be put on, takes
+    `bytes / bandwidth` to be put on, and arrives `latency` later.
     """
 
     def __init__(self, env: simpy.Environment, spec: LinkSpec, name: str, spans: list | None = None) -> None:
@@ -78,7 +80,7 @@ class Link:
         self.inbox = Channel(env)  # delivered messages, read by the receiver
         self.busy_ms = 0.0
         self._spans = spans
-        self._free_at_ms = 0.0  # when the wire has finished with the last message
+        self._free_at_ms = 0.0  # when the last message has been put on the wire
 
     def send(self, message: Any, nbytes: float) -> None:
         if self.spec.instant:
@@ -86,8 +88,9 @@ class Link:
             return
         env = self.env
         start_ms = max(env.now, self._free_at_ms)
-        self._free_at_ms = start_ms + self.spec.delay_ms(nbytes)
-        env.timeout(self._free_at_ms - env.now, (message, start_ms)).callbacks.append(self._deliver)
+        arrive_ms = start_ms + self.spec.delay_ms(nbytes)
+        self._free_at_ms = arrive_ms - self.spec.latency_ms
+        env.timeout(arrive_ms - env.now, (message, start_ms)).callbacks.append(self._deliver)
 
     def _deliver(self, carried: simpy.events.Timeout) -> None:
         message, start_ms = carried.value

@@ -2,7 +2,9 @@
 
 Messages between target and draft go over two `Link`s: the target sends the verified batch (the outcome,
 each sequence carrying its accepted k), the draft answers with the next speculation (each sequence
-carrying where it came from: cache or backup). A round is one target forward.
+carrying where it came from: cache or backup). A round is one target forward. In SSD the target also
+announces the prompts it is about to prefill (`PrefillAhead`, the engine's Prefill message), so that the
+worker prefills their draft side meanwhile; it sends no answer.
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ from simulator.draws import Draws
 from simulator.link import Link
 from simulator.metrics import Recorder
 from simulator.timing import TimingModel
-from simulator.workload import RequestSource
+from simulator.workload import Request, RequestSource
+
+PROMPT_TOKEN_BYTES = 8  # the engine sends a Prefill's prompts as int64 ids (engine/ssd/messages.py)
+
+
+class PrefillAhead:
+    """The target prefills these requests now: the SSD worker prefills their draft side meanwhile."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.requests = requests
 
 
 class Testbed:
@@ -26,13 +39,14 @@ class Testbed:
                  budget: int, budget_backup: int, miss_policy: MissPolicy, timing: TimingModel, draws: Draws,
                  batch: Batch, recorder: Recorder, to_draft: Link, to_target: Link,
                  spec_bytes_per_seq: float, outcome_bytes_per_seq: float, max_rounds: int,
-                 max_requests: int | None) -> None:
+                 max_requests: int | None, prefill_ahead: bool = False) -> None:
         self.env, self.strategy, self.K, self.backup = env, strategy, K, backup
         self.budget, self.budget_backup, self.miss_policy = budget, budget_backup, miss_policy
         self.timing, self.draws, self.batch, self.rec = timing, draws, batch, recorder
         self.to_draft, self.to_target = to_draft, to_target
         self.spec_bytes, self.outcome_bytes = spec_bytes_per_seq, outcome_bytes_per_seq
         self.max_rounds, self.max_requests = max_rounds, max_requests
+        self.prefill_ahead = prefill_ahead  # SSD: announce each prefill to the worker (the engine's Prefill)
         self.overhead_ms = timing.overhead_ms(strategy)
         self.done = env.event()
         self._last_round_end_ms = 0.0
@@ -57,6 +71,8 @@ def admit(env: simpy.Environment, bed: Testbed):
         rec.target["idle"] += env.now - idle_from_ms
     requests = batch.take_waiting()
     start_ms = env.now
+    if bed.prefill_ahead:  # engine/decode_loop.py `_prefill`: the Prefill goes out before the target's forward
+        bed.to_draft.send(PrefillAhead(requests), PROMPT_TOKEN_BYTES * sum(r.prompt_len for r in requests))
     prefill_ms = bed.timing.prefill_ms(bed.strategy, len(requests), max(r.prompt_len for r in requests))
     yield env.timeout(prefill_ms)
     rec.target["prefill"] += prefill_ms
@@ -156,17 +172,46 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
       missed rows share one backup; a round takes max(T_v, T_build) + [any miss]·T_backup.
     - WHOLE_BATCH (the reference engine): a miss in any row abandons what is left of the build and the
       backup drafts every row, so none keeps its hit; such a round takes T_v + T_backup.
+
+    Joiners' prompts go through the draft before their first speculation. With the engine's Prefill message
+    (`bed.prefill_ahead`) the worker reads it when it is done with the message before, so after the build
+    that runs at that time (engine/ssd/process.py `serve` handles one message at a time), and prefills while
+    the target does; the round that brings the joiners then pays only their backup. Without it (engines
+    before the message) the worker prefills them when that round arrives, then drafts their backup.
     """
     timing, rec, draws, K, backup = bed.timing, bed.rec, bed.draws, bed.K, bed.backup
     draft, tracing = rec.draft, rec.spans is not None
     send, receive, cache_build_ms = bed.to_target.send, bed.to_draft.receive, timing.cache_build_ms
     whole_batch = bed.miss_policy is MissPolicy.WHOLE_BATCH
     building, build_start_ms, build_end_ms = None, 0.0, 0.0
+    prefilled: set[int] = set()  # ids of the requests of the last Prefill, whose draft side is ready
+
+    def draft_prefill(requests: list[Request]):
+        start_ms = env.now
+        prefill_ms = timing.draft_prefill_ms(len(requests), max(r.prompt_len for r in requests))
+        yield env.timeout(prefill_ms)
+        draft["prefill"] += prefill_ms
+        if tracing:
+            rec.span("draft", "prefill", start_ms, env.now)
+
     while True:
-        seqs = yield receive()
+        message = yield receive()
+        if isinstance(message, PrefillAhead):
+            if building is not None:  # read once the build is done, as the engine's worker reads messages
+                if env.now < build_end_ms:
+                    yield building
+                draft["cache_build"] += build_end_ms - build_start_ms
+                if tracing:
+                    rec.span("draft", "cache_build", build_start_ms, build_end_ms)
+                building = None
+            yield from draft_prefill(message.requests)
+            prefilled = {id(r) for r in message.requests}  # a later Prefill replaces it, as in the engine
+            continue
+        seqs = message
         arrived_ms = env.now
         n = len(seqs)
-        joiners = [s.request.prompt_len for s in seqs if s.accepted is None]
+        joiners = [s.request for s in seqs if s.accepted is None and id(s.request) not in prefilled]
+        prefilled = set()  # announced prompts that did not join are dropped with this round
         missed = cache_lookup(seqs, draws, rec)
         rec.batch_lookups += 1
         if missed == 0:
@@ -187,13 +232,8 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
                 seq.from_cache = False
             missed = n
         context = bed.batch.context
-        if joiners:  # the joiners' prompts through the draft, before their backup (the target prefilled alone)
-            start_ms = env.now
-            prefill_ms = timing.draft_prefill_ms(len(joiners), max(joiners))
-            yield env.timeout(prefill_ms)
-            draft["prefill"] += prefill_ms
-            if tracing:
-                rec.span("draft", "prefill", start_ms, env.now)
+        if joiners:  # not prefilled ahead: the joiners' prompts through the draft now, before their backup
+            yield from draft_prefill(joiners)
         if missed:
             start_ms = env.now
             # the engine's neural backup drafts the whole batch in one pass (hit rows masked, engine/ssd/

@@ -85,7 +85,10 @@ def uniform_fanout(K: int, F: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class SimConfig:
     """Everything one simulation needs. `draft_probs_bytes`: bytes of q sent per drafted token (the verifier
-    needs q at temperature > 0: vocab × 2 in bf16; 0 when greedy)."""
+    needs q at temperature > 0: vocab × 2 in bf16; 0 when greedy). `prefill_overlap` (SSD): the target
+    announces each prefill to the draft worker, which prefills the joiners' draft side meanwhile, as the
+    engine does since its Prefill message; False: the worker prefills them only when the round that brings
+    them arrives, before their backup (engines before that message: records up to stop 21)."""
 
     policy: Policy
     timing: TimingModel
@@ -99,6 +102,7 @@ class SimConfig:
     rounds: int = 10_000
     requests: int | None = None
     seed: int = 0
+    prefill_overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -156,6 +160,7 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
         outcome_bytes_per_seq=OUTCOME_BYTES, max_rounds=config.rounds,
         # a replayed run ends with its last request
         max_requests=config.requests or (wl.requests if isinstance(wl, Replayed) else None),
+        prefill_ahead=config.prefill_overlap and p.strategy is Strategy.SSD,
     )
     if closed:
         for _ in range(wl.concurrency):

@@ -82,6 +82,7 @@ class Scenario:
     rounds: int = 5_000
     requests: int | None = None
     seed: int = 0
+    prefill_overlap: bool = True  # SSD's worker prefills joiners while the target does (SimConfig)
 
     def __post_init__(self) -> None:
         if self.fanout_rule not in FANOUT_RULES:
@@ -137,6 +138,7 @@ class Scenario:
             hits=hits if strategy is Strategy.SSD else None, workload=workload, link=self.link,
             draft_probs_bytes=self.draft_probs_bytes, target_devices=self.target_devices,
             draft_devices=self.draft_devices, rounds=self.rounds, requests=self.requests, seed=self.seed,
+            prefill_overlap=self.prefill_overlap,
         )
 
 

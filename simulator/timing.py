@@ -9,9 +9,10 @@ Every model answers the same questions, in milliseconds:
 - `backup_ms(backup, rows, K, context)`: SSD's backup on a cache miss; the neural one drafts `rows` = the whole batch (hit rows masked, as the engine does), a fast one the missed rows;
 - `prefill_ms(strategy, batch, tokens)`: joining prompts on the target's critical path (the draft's prefill
   runs in series with the target's in SD, colocated; in SSD the target prefills alone);
-- `draft_prefill_ms(batch, tokens)`: the joiners' prompts through the draft. SSD's worker runs it when the
-  round after their join reaches it, before their backup (engine/ssd/draft_worker.py), so a joiner's first
-  speculation waits for it;
+- `draft_prefill_ms(batch, tokens)`: the joiners' prompts through the draft. SSD's worker runs it while the
+  target prefills them (the engine's Prefill message; after the build it may still be running), or, in
+  engines before that message (`SimConfig.prefill_overlap = False`), when the round after their join reaches
+  it, before their backup (engine/ssd/draft_worker.py);
 - `overhead_ms(strategy)`: per-round time outside the forwards (sampling, bookkeeping) of a real engine.
 """
 
@@ -48,7 +49,8 @@ class ConstantTiming:
 
     Fields follow the glossary: `t_verify_ms` = T_v, `t_decode_ms` = T_ar (None: same as T_v),
     `t_draft_ms` = T_d (one draft step), `t_build_ms` = T_p (None: (K+1)·T_d, the glue forward and K tree
-    steps), `t_backup_ms` = T_b of the neural backup (None: K·T_d, as SD drafts).
+    steps), `t_backup_ms` = T_b of the neural backup (None: K·T_d, as SD drafts). `t_prefill_ms` is the
+    target's prefill, `t_draft_prefill_ms` the draft's (free by default, as in the closed forms).
     """
 
     t_verify_ms: float = 1.0
@@ -59,11 +61,13 @@ class ConstantTiming:
     t_random_backup_ms: float = 0.0
     t_lookup_backup_ms: float = 0.0
     t_prefill_ms: float = 0.0
+    t_draft_prefill_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.t_verify_ms > 0:
             raise ValueError(f"t_verify_ms must be > 0 milliseconds; got {self.t_verify_ms!r}")
-        _nonnegative(self, "t_draft_ms", "t_random_backup_ms", "t_lookup_backup_ms", "t_prefill_ms")
+        _nonnegative(self, "t_draft_ms", "t_random_backup_ms", "t_lookup_backup_ms", "t_prefill_ms",
+                     "t_draft_prefill_ms")
         for name in ("t_decode_ms", "t_build_ms", "t_backup_ms"):
             if getattr(self, name) is not None:
                 _nonnegative(self, name)
@@ -85,10 +89,10 @@ class ConstantTiming:
         return self.t_random_backup_ms if backup is Backup.RANDOM else self.t_lookup_backup_ms
 
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
-        return self.t_prefill_ms
+        return self.t_prefill_ms + self.t_draft_prefill_ms if strategy is Strategy.SD else self.t_prefill_ms
 
     def draft_prefill_ms(self, batch: int, tokens: int) -> float:
-        return 0.0
+        return self.t_draft_prefill_ms
 
     def overhead_ms(self, strategy: Strategy) -> float:
         return 0.0

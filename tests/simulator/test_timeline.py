@@ -73,6 +73,7 @@ def ssd_config():
 def test_ssd_overlaps_build_with_verify_and_pays_backup_on_miss(ssd_config):
     timeline, result = _timeline(ssd_config)  # per-row, the default: the build always runs to its end
     assert timeline == [
+        ("link_to_draft", "transfer", 0.0, 0.5),  # the Prefill (prefill and draft prefill take no time here)
         ("link_to_draft", "transfer", 0.0, 0.5),  # the first outcome: the new sequence
         ("target", "wait_draft", 0.0, 4.0),
         ("draft", "backup", 0.5, 3.5),  # no cache yet: a miss
@@ -221,18 +222,13 @@ def test_the_neural_backup_drafts_the_whole_batch_a_fast_one_the_missed_rows(mon
     assert timing.rows == [(backup, 2), (backup, third_round_rows)]  # round 1: both new; round 3: row 1 missed
 
 
-class _DraftPrefill(ConstantTiming):
-    """Constant timings whose draft prefill takes 2 ms (ConstantTiming's is free, as in the closed forms)."""
-
-    def draft_prefill_ms(self, batch, tokens):
-        return 2.0
-
-
-def test_ssd_joiner_waits_for_its_draft_prefill_before_the_backup(ssd_config):
-    # the engine's SSD target prefills alone; the worker prefills the joiner's draft side when the first
-    # round's outcome reaches it, then drafts the backup (engine/ssd/draft_worker.py)
-    config = replace(ssd_config, timing=_DraftPrefill(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0,
-                                                      t_prefill_ms=5.0), rounds=1)
+def test_ssd_joiner_without_prefill_overlap_waits_for_its_draft_prefill_before_the_backup(ssd_config):
+    # engines before the Prefill message (prefill_overlap False): the target prefills alone; the worker
+    # prefills the joiner's draft side when the first round's outcome reaches it, then drafts the backup.
+    # tests/simulator/test_join_timeline.py has the overlapped timeline.
+    timing = ConstantTiming(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0, t_prefill_ms=5.0,
+                            t_draft_prefill_ms=2.0)
+    config = replace(ssd_config, timing=timing, rounds=1, prefill_overlap=False)
     timeline, _ = _timeline(config)
     assert timeline[:6] == [
         ("target", "prefill", 0.0, 5.0),
