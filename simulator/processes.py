@@ -80,12 +80,21 @@ def admit(env: simpy.Environment, bed: Testbed):
     batch.start(requests)
 
 
+def admit_once(env: simpy.Environment, bed: Testbed):
+    """Called when `batch.can_admit`: one prefill between rounds, as in the engine's loop (engine/decode_loop.py
+    `step`: after a prefill the next step runs a round before it admits again), so requests that arrive during
+    a prefill wait for the round; when nothing runs, prefill until something does (waiting for requests)."""
+    yield from admit(env, bed)
+    while not bed.batch.seqs:  # every joiner finished at its first token
+        yield from admit(env, bed)
+
+
 def ar_decoder(env: simpy.Environment, bed: Testbed):
     """Autoregressive decoding: one target forward per token per sequence."""
     batch, rec, timing, overhead_ms = bed.batch, bed.rec, bed.timing, bed.overhead_ms
     while True:
-        while batch.can_admit:
-            yield from admit(env, bed)
+        if batch.can_admit:
+            yield from admit_once(env, bed)
         seqs = batch.seqs
         start_ms = env.now
         forward_ms = timing.verify_ms(len(seqs), 1, batch.context)
@@ -104,8 +113,8 @@ def verifier(env: simpy.Environment, bed: Testbed):
     tokens, overhead_ms, target = bed.K + 1, bed.overhead_ms, rec.target
     send, receive, timeout = bed.to_draft.send, bed.to_target.receive, env.timeout
     while True:
-        while batch.can_admit:
-            yield from admit(env, bed)
+        if batch.can_admit:
+            yield from admit_once(env, bed)
         seqs = batch.seqs
         n = len(seqs)
         sent_ms = env.now
@@ -211,7 +220,8 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
         arrived_ms = env.now
         n = len(seqs)
         joiners = [s.request for s in seqs if s.accepted is None and id(s.request) not in prefilled]
-        prefilled = set()  # announced prompts that did not join are dropped with this round
+        if prefilled:
+            prefilled = set()  # announced prompts that did not join are dropped with this round
         missed = cache_lookup(seqs, draws, rec)
         rec.batch_lookups += 1
         if missed == 0:

@@ -163,3 +163,20 @@ def test_back_to_back_messages_queue_for_the_bandwidth_not_the_latency():
     link.send("round", 1000)
     env.run()
     assert arrived == [("prefill", 3.0), ("round", 5.0)]
+
+
+def test_a_request_that_arrives_during_a_prefill_waits_for_the_next_round(monkeypatch):
+    # the engine prefills at most once between rounds (engine/decode_loop.py `step`): B, arriving at 5 during
+    # A's prefill (0-10), is prefilled after round 1, not straight after A's prefill
+    monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True], [True, True]]))
+    timing = ConstantTiming(t_verify_ms=4.0, t_build_ms=8.0, t_backup_ms=2.0, t_prefill_ms=10.0)
+    config = SimConfig(Policy("ssd", K=2, fanout=(1, 1, 1)), timing, IidAcceptance(0.5), hits=ConstantHit(0.5),
+                       workload=Replayed((0.0, 5.0), (16, 16), (100, 100), max_batch=2), rounds=2)
+    timeline, result = _timeline(config)
+    assert [s for s in timeline if s[0] == "target" and s[1] != "wait_draft"] == [
+        ("target", "prefill", 0.0, 10.0),
+        ("target", "verify", 12.0, 16.0),  # A alone, after its backup (10-12)
+        ("target", "prefill", 16.0, 26.0),  # B: TTFT 21
+        ("target", "verify", 28.0, 32.0),  # after the backup of both rows (26-28)
+    ]
+    assert result.ttft_ms["mean"] == pytest.approx((10.0 + 21.0) / 2)
