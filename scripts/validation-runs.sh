@@ -20,7 +20,8 @@ for part in "${parts[@]}"; do
     case "$part" in
     calibrate)
         stamp calibrate
-        "$bin/saguaro" calibrate --draft-int8 --out "$out/calibration.jsonl" ;;
+        # batch 8: the served runs batch up to --max-num-seqs 8, whose builds (8 x budget branches) must be timed
+        "$bin/saguaro" calibrate --draft-int8 --batch 1 4 8 --out "$out/calibration.jsonl" ;;
     serve)  # the served prompts' SD reference (α and hits), then SSD served at four rates and concurrency 1
         stamp "SD reference on the served prompts"
         "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \
@@ -37,8 +38,8 @@ for part in "${parts[@]}"; do
         "$bin/saguaro" bench --systems ar sd ssd -K 4 --budget 8 --schedule uniform --backup neural \
             --batch 2 --temperature 0 "${engine[@]}" --name b2 ;;
     k)
-        stamp "K 2 3 5 at batch 1"
-        "$bin/saguaro" bench --systems sd ssd -K 2 3 5 --budget 8 --schedule geometric --backup neural \
+        stamp "AR, and K 2 3 5 at batch 1"
+        "$bin/saguaro" bench --systems ar sd ssd -K 2 3 5 --budget 8 16 --schedule geometric --backup neural \
             --temperature 0 "${engine[@]}" --name k235 ;;
     t07)
         stamp "T 0.7 at batch 1"
