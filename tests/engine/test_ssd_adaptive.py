@@ -2,6 +2,8 @@
 process), K follows α, the cache is pre-drafted at the length the next round asks for (so hits go on while K
 changes), the budget "auto" is sized for the branches' length, and the wire carries both lengths."""
 
+import copy
+
 import pytest
 import torch
 
@@ -198,7 +200,7 @@ def test_ssd_does_not_choose_branches_whose_build_outlasts_the_verify():
                 la.answered([True], 3, None, ms, K)
         return la
 
-    assert lookahead({}).choose() == 8  # nothing known about the builds: the longest
+    assert lookahead({}).choose() == 6  # nothing known about the builds: one past the longest K verified (5)
     # the build grows 60 ms per branch token: branches of 3 fit inside the verify, of 8 do not
     slow = lookahead({3: 180.0, 5: 300.0})
     assert slow.choose() < 8
@@ -216,3 +218,29 @@ def test_one_measured_build_length_is_scaled_not_read_flat():
         la.answered([True], 3, 60.0, 800.0, 3)
     assert la._round_ms(9) == pytest.approx(800.0 * 9 / 4)  # branches of 8: (8 + 1) / (3 + 1) of the build at 3
     assert la.choose() < 8  # with the build read flat, every K would cost the same and K = 8 would win
+
+
+def test_k_climbs_one_step_past_what_was_measured():
+    """HumanEval, int4 target: a run went from K = 1 straight to 8 before any build was timed, and stayed (its
+    builds grow faster than their length). K now goes at most one past the longest build timed."""
+    from engine.strategies.lookahead import SSDLookahead
+
+    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True))
+    la.admit(1)
+    for _ in range(6):  # α near 1, a verify that barely grows, every row hit: longer looks better and better
+        la.observe([1], 1, 257.0)
+    assert la.choose() == 2  # no build timed yet: one past the K verified
+    fast, slow = copy.deepcopy(la), copy.deepcopy(la)
+    climbed = []
+    for K in range(1, 9):  # builds of 30 ms per branch step: every length fits inside the verify
+        fast.answered([True], K, 30.0, 30.0 * K, K)
+        climbed.append(fast.choose())
+    assert climbed == [2, 3, 4, 5, 6, 7, 8, 8]  # a step at a time, each one past a measured length
+    for K in range(1, 4):  # 100 ms per step: from K = 3 on the build outlasts the 257 ms verify
+        slow.answered([True], K, 30.0, 100.0 * K, K)
+    assert slow.choose() <= 3
+    fixed = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, draft_cost=0.01))
+    fixed.admit(1)
+    for _ in range(6):
+        fixed.observe([1], 1, 257.0)
+    assert fixed.choose() == 8  # fixed times: nothing is extrapolated, every K is open
