@@ -1,15 +1,17 @@
 """The per-round messages between the target and the draft worker, and their fixed tensor layout.
 
 Only small things cross (docs/ssd.md §2): a sequence's prompt once, when it joins the batch (or just before: a
-PREFILL message while the target prefills it), then per round
-the outcome (k, t*) of each sequence from the target, and from the draft the hit flags, the next K tokens per sequence and the q they
-were drawn from (the verifier needs that q). No KV cache crosses.
+PREFILL message while the target prefills it), then per round the outcome (k, t*) of each sequence from the
+target, and from the draft the hit flags, the next K tokens per sequence and the q they were drawn from (the
+verifier needs that q). No KV cache crosses.
 
 Wire layout: an int64 header `[kind, B, K, V, n_ints, n_floats, round, S]`, then an int64 payload of
 `n_ints` values and a float64 payload of `n_floats` values, then (speculations only) q: as its support,
 ids int64 `[B, K, S]` and values float32 `[B, K, S]` when S > 0 (one id per position at temperature 0, at
-most k with top-k: engine.ssd.sparse.SparseQ), else dense float32 `[B, K, V]`. The target rebuilds the dense
-q bit-exactly for the verifier. `decode` checks everything it can and raises `MalformedMessage` otherwise.
+most k with top-k: engine.ssd.sparse.SparseQ), else dense float32 `[B, K, V]`. The transport packs these
+into one or two transfers (engine.ssd.transport). The strategy rebuilds the dense q bit-exactly for the
+verifier, once; `decode` checks q on the form it crossed in, and everything else it can, and raises
+`MalformedMessage` otherwise.
 """
 
 from __future__ import annotations
@@ -238,6 +240,24 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
     return Round(round_, accepted, bonus, [bool(a) for a in alive], floats[0], joins, K, V, K_last, K_next, K_miss)
 
 
+def _check_q(q: SparseQ, tokens: Tensor) -> None:
+    """q [B, K, V] is a distribution that gives each drawn token mass, checked on the form it crossed in: a dense
+    [B, K, V] mask per check cost ~8 ms a round at B = 4, V = 151936 on one core (issue 12). The support's values
+    are scattered-added into zeros by SparseQ.dense, so its row sums and its mass at a token are those of q."""
+    values = q.values  # [B, K, S] or [B, K, V]
+    if not values.numel():
+        return
+    # amin is NaN where any value is (a NaN fails `>= 0`); with every value >= 0, an inf makes its row sum inf
+    if not float(values.amin()) >= 0 or not torch.allclose(values.sum(-1), torch.ones(values.shape[:-1]), atol=1e-3):
+        raise MalformedMessage("SPECULATION q is not a probability distribution")
+    if q.ids is None:
+        mass = values.gather(-1, tokens[..., None])[..., 0] > 0  # [B, K]
+    else:
+        mass = ((q.ids == tokens[..., None]) & (values > 0)).any(-1)  # [B, K]: values >= 0, so any > 0 is mass
+    if not bool(mass.all()):
+        raise MalformedMessage("SPECULATION has a token its own q gives probability 0")
+
+
 def decode(tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
            ) -> Message:
     """Rebuild a message from its tensors, checking layout and values (raises MalformedMessage). `expect_K`:
@@ -264,6 +284,8 @@ def decode(tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None,
     except ValueError:
         raise MalformedMessage("SPECULATION has an unknown source") from None
     tokens = torch.tensor(ints[B : B + B * K], dtype=torch.long).reshape(B, K)
+    if not _tokens_ok(tokens.reshape(-1).tolist(), V):
+        raise MalformedMessage("SPECULATION tokens out of range")
     if S:
         ids, values = tensors[3], tensors[4]
         if ids.shape != (B, K, S) or values.shape != (B, K, S) or ids.dtype != torch.long:
@@ -273,14 +295,9 @@ def decode(tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None,
         sparse = SparseQ(V, ids, values)
     else:
         sparse = SparseQ(V, None, tensors[3])
-    q = sparse.dense()
-    if q.shape != (B, K, V) or not _tokens_ok(tokens.reshape(-1).tolist(), V):
-        raise MalformedMessage("SPECULATION tokens or q have the wrong shape or range")
-    if B and (not bool(torch.isfinite(q).all()) or bool((q < 0).any())
-              or not torch.allclose(q.sum(-1), torch.ones(B, K), atol=1e-3)):
-        raise MalformedMessage("SPECULATION q is not a probability distribution")
-    if B and not bool((q.gather(-1, tokens[..., None]) > 0).all()):
-        raise MalformedMessage("SPECULATION has a token its own q gives probability 0")
+    if sparse.values.shape != (B, K, S or V) or sparse.values.dtype != torch.float32:
+        raise MalformedMessage("SPECULATION q has the wrong shape or type")
+    _check_q(sparse, tokens)
     at = B + B * K
     branches, R = ints[at], ints[at + 1]
     if R < 0 or n_ints < at + 2 + R or min(ints[at + 2 : at + 2 + R], default=0) < -1:

@@ -235,6 +235,7 @@ class ProcessChannel:
         self.ready = False  # the worker has built its model
         self.in_step = True  # False while an exchange is under way: a stream broken off mid-way is out of step
         self.fault: DraftUnavailable | None = None  # a Prefill that could not be sent, for the next exchange to raise
+        self.posting: threading.Thread | None = None  # the last Prefill's send, under way while the worker builds
         self.address = address
         self.started = time.monotonic()
         if placement.external:
@@ -276,24 +277,46 @@ class ProcessChannel:
             log.info("draft worker ready in %.1f s", time.monotonic() - self.started)
 
     def prefetch(self, msg: Prefill) -> None:
-        """Announce prompts about to join, so the worker prefills them while the target does. Skipped while the
-        worker is still loading its model (the send would wait for it) or between the two halves of an exchange;
-        a link that fails here is reported by the next exchange."""
+        """Announce prompts about to join, so the worker prefills them while the target does. Sent from a thread:
+        a gloo send completes only once the worker posts its receive, which it does between rounds, so sent here
+        it held the target until the worker's cache build ended. The next exchange (or close) waits for that
+        thread before its own message, so the stream keeps its order; several Prefills go one after another.
+        Skipped while the worker is still loading its model or between the two halves of an exchange; a link
+        that fails here is reported by the next exchange."""
         if self.endpoint is None or self.endpoint.broken or not self.in_step or self.fault is not None:
             return
         if not self.ready:
             if not self.store.check([READY_KEY]):
                 return
             self.ready = True
-        try:
-            self.endpoint.send(msg, self.deadline_s)
-        except DraftUnavailable as err:
-            self.fault = err  # the stream may hold half a message: the next exchange reports the fault
+        endpoint, before = self.endpoint, self.posting
+
+        def send() -> None:
+            if before is not None:
+                before.join()
+            if self.fault is None:
+                try:
+                    endpoint.send(msg, self.deadline_s)
+                except DraftUnavailable as err:
+                    self.fault = err  # the stream may hold half a message: the next exchange reports the fault
+
+        self.posting = threading.Thread(target=send, name="saguaro-prefill", daemon=True)
+        self.posting.start()
+
+    def _posted(self, timeout_s: float | None = None) -> bool:
+        """Wait for the Prefills under way (each send has its own deadline); False if one still is."""
+        if self.posting is not None:
+            self.posting.join(timeout_s)
+            if self.posting.is_alive():
+                return False
+            self.posting = None
+        return True
 
     def exchange(self, msg: Round) -> Speculation:
         self.wait_ready()
         if self.endpoint is None or (self.process is not None and not self.process.is_alive()):
             raise DraftUnavailable("the draft worker is not running")
+        self._posted()  # the worker takes a Prefill after its build, before it can take this Round
         if self.fault is not None:
             raise self.fault
         if not self.in_step:
@@ -311,7 +334,7 @@ class ProcessChannel:
     def close(self) -> None:
         """Stop the worker and reap it; safe to call twice and after a fault."""
         # STOP only on a stream in step; a worker still loading its model is not waited for.
-        orderly = self.endpoint is not None and not self.endpoint.broken and self.in_step
+        orderly = self._posted(2.0) and self.endpoint is not None and not self.endpoint.broken and self.in_step
         if orderly and (self.process is None or self.process.is_alive()):
             try:
                 self.endpoint.send(Stop(), 2.0)
@@ -325,6 +348,8 @@ class ProcessChannel:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join()
+        if not self._posted(2.0):  # a Prefill still waits on a worker now gone: its send fails, the link is closed
+            log.info("a Prefill to the draft worker is still under way at close")
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None

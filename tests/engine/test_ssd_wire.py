@@ -1,0 +1,162 @@
+"""The SSD link's framing (a message in at most two transfers) and the checks on q in the form it crossed in."""
+
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.ssd.messages import (Join, MalformedMessage, Prefill, Round, Source, Speculation, Stop, decode,
+                                 encode)
+from engine.ssd.sparse import SparseQ
+from engine.ssd.transport import (FRAME_BYTES, TARGET_RANK, Endpoint, from_frame, host_store, rest_bytes,
+                                  to_wire, unpack)
+
+V = 50
+TIMEOUT_S = 30.0
+
+
+def _speculation(B: int, S: int, seed: int = 0) -> Speculation:
+    """B rows, K = 3, q with S support entries per position (S = 0: dense)."""
+    g = torch.Generator().manual_seed(seed)
+    K = 3
+    if S:
+        ids = torch.stack([torch.randperm(V, generator=g)[:S] for _ in range(B * K)]).reshape(B, K, S)
+        values = torch.rand(B, K, S, generator=g) + 1e-3
+        q = SparseQ(V, ids, values / values.sum(-1, keepdim=True))
+        tokens = ids[..., 0]
+    else:
+        dense = torch.rand(B, K, V, generator=g) + 1e-3
+        q = SparseQ(V, None, dense / dense.sum(-1, keepdim=True))
+        tokens = torch.randint(0, V, (B, K), generator=g)
+    return Speculation(4, [Source.HIT, Source.NEURAL][:B] + [Source.LOOKUP] * max(0, B - 2), tokens, q, 1.5,
+                       2.5, 9, [3, 2, 1, 1], list(range(B)))
+
+
+def _messages() -> list:
+    join = Join(7, list(range(1, 40)), 4, 0.7, 5, 0.9, 2**62)
+    return [Stop(), Prefill([4, 9], [[1, 2, 3], [7]], V),
+            Round(3, [1, 2], [9, 9], [True, False], 12.5, [join], K=2, V=V),
+            Round(5, [0], [1], [True], 1.0, [Join(8, [3] * 5000, 1, 0.0, 0, 1.0, 0)], K=3, V=V),
+            _speculation(2, 1), _speculation(4, 7), _speculation(3, 0), _speculation(0, 0)]
+
+
+def _through_wire(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+    wire = to_wire(tensors)
+    assert all(t.dtype == torch.uint8 and t.dim() == 1 for t in wire) and wire[0].numel() == FRAME_BYTES
+    got, rest = from_frame(wire[0].clone())
+    if rest:
+        assert len(wire) == 2 and wire[1].numel() == rest_bytes(rest)
+        got += unpack(wire[1].clone(), rest)
+    else:
+        assert len(wire) == 1
+    return got, len(wire)
+
+
+@pytest.mark.parametrize("msg", _messages(), ids=lambda m: type(m).__name__)
+def test_every_message_crosses_in_at_most_two_transfers_bit_for_bit(msg):
+    sent = encode(msg)
+    got, transfers = _through_wire(sent)
+    assert [(t.dtype, t.shape) for t in got] == [(t.dtype, t.shape) for t in sent]
+    assert all(torch.equal(a, b) for a, b in zip(got, sent))
+    back = decode(got)
+    if isinstance(msg, Speculation):
+        assert torch.equal(back.q.dense(), msg.q.dense()) and torch.equal(back.tokens, msg.tokens)
+        assert (back.source, back.ranks, back.fanout, back.backup_ms) == (msg.source, msg.ranks, msg.fanout, 1.5)
+    else:
+        assert back == msg
+    size = sum(-(-t.numel() * t.element_size() // 8) * 8 for t in sent)
+    assert transfers == (1 if size <= FRAME_BYTES else 2)
+
+
+def test_a_top_k_answer_at_the_real_vocabulary_crosses_in_one_transfer():
+    B, K, S, vocab = 4, 8, 50, 151936
+    ids = torch.arange(B * K * S).reshape(B, K, S)
+    q = SparseQ(vocab, ids, torch.full((B, K, S), 1 / S))
+    msg = Speculation(2, [Source.HIT] * B, ids[..., 0], q, 1.0, 1.0, 9, [3, 2, 1, 1, 1, 1, 1, 1, 1], [0] * B)
+    assert len(to_wire(encode(msg))) == 1
+    dense = Speculation(2, [Source.NEURAL], ids[:1, :, 0], SparseQ(vocab, None, q.dense()[:1]), 1.0, 1.0, 0, [], [0])
+    wire = to_wire(encode(dense))
+    assert len(wire) == 2 and wire[1].numel() == K * vocab * 4
+    assert wire[1].data_ptr() == dense.q.values.data_ptr()  # the dense q alone goes as it is, not copied
+
+
+def test_a_frame_whose_header_is_not_one_is_refused():
+    frame = to_wire(encode(Stop()))[0]
+    frame[:8] = torch.tensor([99], dtype=torch.long).view(torch.uint8)
+    with pytest.raises(MalformedMessage, match="unknown message kind 99"):
+        from_frame(frame)
+
+
+def _dense_check(q: torch.Tensor, tokens: torch.Tensor) -> bool:
+    """The check decode made before issue 12, on the dense q: the reference the sparse checks must agree with."""
+    B, K = tokens.shape
+    return not B or (bool(torch.isfinite(q).all()) and not bool((q < 0).any())
+                     and torch.allclose(q.sum(-1), torch.ones(B, K), atol=1e-3)
+                     and bool((q.gather(-1, tokens[..., None]) > 0).all()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([0, 1, 4]), st.sampled_from(["none", "nan", "inf", "-inf", "negative",
+       "mass", "zero at token", "token off support", "padding at token"]))
+def test_q_is_checked_on_its_support_as_strictly_as_dense(seed, S, fault):
+    msg = _speculation(2, S, seed)
+    g = torch.Generator().manual_seed(seed)
+    values = msg.q.values.clone()
+    ids = None if msg.q.ids is None else msg.q.ids.clone()
+    tokens = msg.tokens.clone()
+    b, k = int(torch.randint(0, 2, (1,), generator=g)), int(torch.randint(0, 3, (1,), generator=g))
+    at = tokens[b, k] if ids is None else 0  # the entry of row (b, k) a fault hits: its token's
+    bad = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "negative": -0.25, "mass": 0.0}
+    if fault in bad:
+        values[b, k, at] = bad[fault]
+    elif fault == "zero at token":
+        values[b, k] = torch.where(torch.arange(values.shape[-1]) == at, 0.0, values[b, k])
+        values[b, k] /= values[b, k].sum()
+    elif fault == "token off support" and ids is not None:
+        tokens[b, k] = next(t for t in range(V) if t not in ids[b, k].tolist())
+    elif fault == "padding at token" and ids is not None and S > 1:  # a zero entry naming the token, as cat's padding
+        values[b, k, 0], values[b, k, 1] = 0.0, values[b, k, 0] + values[b, k, 1]
+    q = SparseQ(V, ids, values)
+    bad_msg = Speculation(msg.round, msg.source, tokens, q, 0.0, 0.0, 1, [], [])
+    if _dense_check(q.dense(), tokens):
+        assert torch.equal(decode(encode(bad_msg), 3, V).q.dense(), q.dense())
+    else:
+        with pytest.raises(MalformedMessage, match="not a probability distribution|probability 0"):
+            decode(encode(bad_msg), 3, V)
+
+
+def test_dense_q_of_the_wrong_shape_is_refused():
+    tensors = encode(_speculation(2, 0))
+    tensors[3] = tensors[3][..., :-1]
+    with pytest.raises(MalformedMessage, match="q has the wrong shape"):
+        decode(tensors)
+
+
+def test_messages_cross_a_real_gloo_link_and_back():
+    store, address = host_store("tcp://127.0.0.1:0", TIMEOUT_S)
+    sent = _messages()
+    errors: list[BaseException] = []
+
+    def echo():
+        try:
+            peer = Endpoint.connect(address, torch.device("cpu"), TIMEOUT_S)
+            for _ in sent:
+                peer.send(peer.recv(TIMEOUT_S), TIMEOUT_S)
+            peer.close()
+        except BaseException as err:  # noqa: BLE001  reported by the test below
+            errors.append(err)
+
+    child = threading.Thread(target=echo, daemon=True)
+    child.start()
+    target = Endpoint(store, TARGET_RANK, "127.0.0.1", torch.device("cpu"), TIMEOUT_S)
+    try:
+        for msg in sent:
+            target.send(msg, TIMEOUT_S)
+            back = target.recv(TIMEOUT_S)
+            assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg)))
+    finally:
+        child.join(TIMEOUT_S)
+        target.close()
+    assert not errors
