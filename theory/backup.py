@@ -70,10 +70,18 @@ def best_backup(
     return np.argmax(backup_speedups(p_hit, E_hit, T_p, options, b, miss_policy), axis=0)
 
 
+WIN_MARGIN = 1e-12  # "beats" means by more than this share: closer than that, two speedups tie in floating point
+
+
+def fast_beats_neural(speeds: FloatArray) -> npt.NDArray[np.bool_]:
+    """Where the fast backup's speedup (row 1 of `backup_speedups`) beats the neural one's (row 0) by more than
+    rounding: at a tie (u = 1 exactly, or u a few ulps from 0) the two evaluate apart by ~1e-16 either way."""
+    return speeds[1] > speeds[0] * (1.0 + WIN_MARGIN)
+
+
 def _fast_wins(p_hit: float, E_hit: float, T_p: float, neural: BackupOption, fast: BackupOption, b: int,
                miss_policy: MissPolicy) -> bool:
-    speeds = backup_speedups(p_hit, E_hit, T_p, [neural, fast], b, miss_policy)
-    return bool(speeds[1] > speeds[0])
+    return bool(fast_beats_neural(backup_speedups(p_hit, E_hit, T_p, [neural, fast], b, miss_policy)))
 
 
 def _fast_wins_line(p: float, E_hit: float, M: float, neural: BackupOption, fast: BackupOption,
@@ -135,10 +143,12 @@ def critical_batch_size(
     # Evaluate b = 1 directly rather than through g, so that near-ties agree with `backup_speedups`.
     if wins(1):
         b_star: int | None = 1
-    elif p in (0.0, 1.0) or g1 <= 0 or g0 + g1 <= 0:  # u is constant, or g stays ≤ 0 for all u < 1
+    elif p in (0.0, 1.0):  # u is constant
         b_star = None
-    else:
-        b_star = math.floor(math.log(1.0 + g0 / g1) / math.log(p)) + 1
+    elif g0 + (1.0 - p) * g1 > 0 or (g1 > 0 and g0 + g1 > 0):
+        # The line says fast wins at b = 1 (yet the speedups, evaluated at u = 1 − p_hit a few ulps from 0
+        # when p_hit is next to 1, still tie: found by Hypothesis), or from u* = −g0 / g1 on.
+        b_star = 1 if g0 + (1.0 - p) * g1 > 0 else math.floor(math.log(1.0 + g0 / g1) / math.log(p)) + 1
         if b_max is not None and b_star > b_max + 1:
             return None
         if b_star < 2**52:  # beyond that an off-by-one is below float resolution anyway
@@ -152,6 +162,8 @@ def critical_batch_size(
                 b_star += 1
                 if b_star > last:
                     return None
+    else:  # g stays ≤ 0 for every u < 1
+        b_star = None
     if b_star is not None and b_max is not None and b_star > b_max:
         return None
     return b_star
