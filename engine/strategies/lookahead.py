@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.config import SpeculativeConfig
+from engine.ssd.policy import MIN_BUDGET_PER_OUTCOME
 from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, updated_counts
 
 TIMING_DECAY = 0.8  # weight of the past in the timing means
@@ -53,7 +54,18 @@ class Lookahead:
             draft, verify = UNMEASURED_DRAFT_COST, 1.0
         else:
             draft, verify = self.draft_ms, self._verify_ms
-        return best_K(self.alphas(), draft, verify, K_max=spec.K, K_min=spec.K_min)
+        return best_K(self.alphas(), draft, verify, K_max=self._K_max(), K_min=spec.K_min)
+
+    def _K_max(self) -> int:
+        """The longest K worth considering: one past the longest K verified, so K climbs a step at a time and
+        each block width is timed before the next (past the widths measured the verify is read off a line, flat
+        from one width, while on a CPU it grows with the block). With fixed times (`draft_cost`) nothing is
+        measured and every K up to the spec's is open."""
+        spec = self.spec
+        if spec.draft_cost is not None:
+            return spec.K
+        known = max((width - 1 for width in self.verify_ms), default=spec.K_min)
+        return max(spec.K_min, min(spec.K, known + 1))
 
     def _verify_ms(self, width: int) -> float:
         return _read_off(self.verify_ms, width)
@@ -92,13 +104,30 @@ class SSDLookahead(Lookahead):
     A round's target-side time is its verify or, when longer, the worker's build of the cache it looks up (a
     hit waits for the build to end): branches K long cost K draft steps of every branch, and past a point they
     outlast the verify (measured, int4 target on HumanEval: K = 6 built in 488 ms against a 398 ms verify,
-    where K = 3 built inside its verify). The build's time per branch length is measured like the verify's.
+    where K = 3 built inside its verify).
+
+    The build is modelled by what it does: a glue forward, then K forwards over its n branches, each forward a
+    fixed part (one draft forward, as the neural backup times it) plus a part per branch,
+
+        T_build(K, n) = (K + 1)·T_d + K·n·t_branch,
+
+    with t_branch a forgotten mean over the builds answered. The branches a K needs: with budget "auto" the
+    fewest the worker will build, one guess per outcome (K + 1 a row; above that it sizes the budget to fit in
+    the verify, so the round costs max(T_v, T_build at that floor)); with a fixed budget, the branches per row
+    measured (a budget B is B guesses a row at any K). Keyed by length alone, as before, the build times went
+    stale as budget "auto" resized the cache, and a line through them missed the K·(K + 1) growth: a HumanEval
+    run (int4 target) kept K = 4 at 348 ms rounds where K = 3 ran 233 ms ones. Without the branch count or a
+    draft forward's time, the times per length are used as before.
     """
 
     def __init__(self, spec: SpeculativeConfig):
         super().__init__(spec)
         self.hits, self.lookups = 0.0, 0.0  # forgotten counts
         self.build_ms: dict[int, float] = {}  # branch length -> mean time of the worker's cache build
+        # Forgotten means over the builds with a branch count: time, draft forwards (K + 1) and branch steps (K·n);
+        # the model being linear in both, t_branch follows from the means and the draft forward's time now.
+        self.builds: tuple[float, float, float] | None = None
+        self.branches_per_row: float | None = None  # mean branches a row in the builds (a fixed budget's B)
 
     @property
     def p_hit(self) -> float:
@@ -153,19 +182,28 @@ class SSDLookahead(Lookahead):
         return max(verify, self._build_ms(width - 1)) if self.build_ms else verify
 
     def _build_ms(self, K: int) -> float:
-        """The build of branches K long: measured, read off the line through two lengths or more, or from one
-        length scaled by K + 1 (a glue forward and K branch steps). A flat read-off from one length made every K
-        cost the same and kept a run at K = 8 (T = 0.7, Spec-Bench: 2.5 against SD's 6.7 tokens/s)."""
+        """The build of branches K long: (K + 1)·T_d + K·n·t_branch for the branches n it needs (class
+        docstring); before a build's branches and a draft forward have both been timed, the build measured at
+        length K, read off the line through two lengths or more, or one length scaled by K + 1 (a glue forward
+        and K branch steps). A flat read-off from one length made every K cost the same and kept a run at K = 8
+        (T = 0.7, Spec-Bench: 2.5 against SD's 6.7 tokens/s)."""
+        if self.builds is not None:
+            rows = max(len(self.accepted), 1)
+            if self.spec.budget == "auto" or self.branches_per_row is None:
+                per_row = MIN_BUDGET_PER_OUTCOME * (K + 1)
+            else:
+                per_row = self.branches_per_row
+            return (K + 1) * self._forward_ms() + K * rows * per_row * self.branch_ms
         if K in self.build_ms or len(self.build_ms) > 1:
             return _read_off(self.build_ms, K)
         (known, ms), = self.build_ms.items()
         return ms * (K + 1) / (known + 1)
 
     def answered(self, hits: list[bool], K: int, neural_backup_ms: float | None, build_ms: float | None = None,
-                 built_K: int | None = None) -> None:
+                 built_K: int | None = None, branches: int | None = None) -> None:
         """The worker's answer: the hit flag of each row that looked its outcome up, the length K of the
         speculation, the neural backup's time when it drafted some rows (None otherwise), and the time of the
-        build of the cache it looked up, whose branches were `built_K` long."""
+        build of the cache it looked up, whose `branches` (over those rows) were `built_K` long."""
         if hits:
             self.hits = DECAY * self.hits + sum(hits)
             self.lookups = DECAY * self.lookups + len(hits)
@@ -173,3 +211,18 @@ class SSDLookahead(Lookahead):
             self.drafted(K, neural_backup_ms)
         if build_ms and built_K:
             self.build_ms[built_K] = _mean(self.build_ms.get(built_K), build_ms)
+            if branches and hits:
+                new = (build_ms, built_K + 1.0, float(built_K * branches))
+                self.builds = new if self.builds is None else tuple(map(_mean, self.builds, new))
+                self.branches_per_row = _mean(self.branches_per_row, branches / len(hits))
+
+    def _forward_ms(self) -> float:
+        """T_d in the build model: the neural backup's time per token; before the backup has drafted, 0 (all of
+        the build is put on its branches, which overrates its growth with K and errs towards shorter K)."""
+        return self.draft_ms or 0.0
+
+    @property
+    def branch_ms(self) -> float:
+        """t_branch: a build's time per branch per step, past its draft forwards."""
+        ms, forwards, branch_steps = self.builds
+        return max(ms - forwards * self._forward_ms(), 0.0) / branch_steps

@@ -136,7 +136,7 @@ class DraftWorkerProposer:
             self.K, self.K_next = K, K_next
             self.lookahead.answered(spec.hits[: sum(alive)], K, spec.backup_ms if spec.source and any(
                 s is Source.NEURAL for s in spec.source) else None, spec.cache_build_ms if any(alive) else None,
-                asked)
+                asked, spec.branches)
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
         return Proposal(
             # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)

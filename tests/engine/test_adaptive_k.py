@@ -4,6 +4,7 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import AUTO_K_MAX, EngineConfig
+from engine.strategies.lookahead import Lookahead
 from tests.engine.tiny import noisy_copy, tiny_lm
 
 # Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.
@@ -77,3 +78,21 @@ def test_settings_are_checked():
         SpeculativeConfig(draft_cost=-1.0)
     with pytest.raises(ValueError, match="sd only"):
         EngineConfig(target="t", draft="d", strategy="ssd", speculative=SpeculativeConfig(K=4, confidence_stop=0.5))
+
+
+def test_sd_K_climbs_one_step_past_the_widths_verified():
+    """A verify timed at one width is read flat at every other, so K = 8 looked as cheap as K = 1; on a CPU a
+    block of 9 costs ~3× one of 2 (int4 target, one core). K now goes one past the longest K verified."""
+    la = Lookahead(SpeculativeConfig(K=8, adaptive=True))
+    la.admit(1)
+    la.drafted(1, 30.0)
+    for _ in range(6):  # α near 1
+        la.observe([1], 1, 150.0)
+    assert la.choose() == 2
+    la.observe([2], 2, 170.0)
+    assert la.choose() == 3
+    fixed = Lookahead(SpeculativeConfig(K=8, adaptive=True, draft_cost=0.01))
+    fixed.admit(1)
+    for _ in range(6):
+        fixed.observe([1], 1, 150.0)
+    assert fixed.choose() == 8  # fixed times: every K is open

@@ -244,3 +244,37 @@ def test_k_climbs_one_step_past_what_was_measured():
     for _ in range(6):
         fixed.observe([1], 1, 257.0)
     assert fixed.choose() == 8  # fixed times: nothing is extrapolated, every K is open
+
+
+def test_the_build_is_modelled_by_its_branches_so_a_length_timed_at_a_larger_budget_does_not_look_slow():
+    """HumanEval, int4 target, budget auto: builds keyed by length alone went stale as the budget resized the
+    cache, and a run kept K = 4 (348 ms rounds) where K = 3 ran 233 ms ones. The build is now (K + 1) draft
+    forwards plus K steps of its branches, and budget auto's K needs at least K + 1 branches a row."""
+    def lookahead(with_branches: bool) -> SSDLookahead:
+        la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
+        la.admit(1)
+        for _ in range(8):  # α near 1; the verify grows with the block (int4 target, one core)
+            la.observe([3], 3, 203.0)
+            la.observe([4], 4, 245.0)
+        la.answered([False], 3, 135.0)  # a miss: the neural backup drafts 3 tokens, 45 ms a draft forward
+        # Early, budget auto had 12 branches (each 7 ms a step): 4·45 + 3·12·7 = 432 ms at length 3.
+        la.answered([True], 3, None, 432.0, 3, 12 if with_branches else None)
+        for _ in range(12):  # since, at length 4 and the floor of 5 branches: 5·45 + 4·5·7 = 365 ms
+            la.answered([True], 4, None, 365.0, 4, 5 if with_branches else None)
+        return la
+
+    la = lookahead(True)
+    assert la.branch_ms == pytest.approx(7.0)
+    assert la._round_ms(4) == pytest.approx(max(203.0, 4 * 45 + 3 * 4 * 7.0))  # K = 3 at its floor: 264 ms
+    assert la._round_ms(5) == pytest.approx(365.0)
+    assert la.choose() == 3  # 3.94 tokens in 264 ms against 4.90 in 365
+    assert lookahead(False).choose() >= 4  # negative control: by length, K = 3's stale 432 ms makes K = 3 look slow
+
+
+def test_a_fixed_budget_keeps_its_branches_per_row_at_every_K():
+    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget=8))
+    la.admit(2)
+    la.answered([False, False], 3, 120.0)  # 40 ms a draft forward
+    la.answered([True, True], 3, None, 4 * 40 + 3 * 16 * 5.0, 3, 16)  # two rows of 8 branches, 5 ms a step
+    assert la.branches_per_row == pytest.approx(8.0)
+    assert la._build_ms(6) == pytest.approx(7 * 40 + 6 * 16 * 5.0)
