@@ -18,9 +18,10 @@ import numpy as np
 
 from engine.config import SpeculativeConfig
 from engine.ssd.policy import MIN_BUDGET_PER_OUTCOME
-from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, updated_counts
+from theory.adaptive import acceptance_estimate, best_K, miss_share, updated_counts
 
 TIMING_DECAY = 0.8  # weight of the past in the timing means
+HIT_DECAY = 0.9  # weight of the past hit counts per answer (an effective memory of about 10 rounds)
 UNMEASURED_DRAFT_COST = 0.1  # T_d / T_v assumed before both times have been measured once
 
 
@@ -205,8 +206,8 @@ class SSDLookahead(Lookahead):
         speculation, the neural backup's time when it drafted some rows (None otherwise), and the time of the
         build of the cache it looked up, whose `branches` (over those rows) were `built_K` long."""
         if hits:
-            self.hits = DECAY * self.hits + sum(hits)
-            self.lookups = DECAY * self.lookups + len(hits)
+            self.hits = HIT_DECAY * self.hits + sum(hits)
+            self.lookups = HIT_DECAY * self.lookups + len(hits)
         if neural_backup_ms is not None and K:
             self.drafted(K, neural_backup_ms)
         if build_ms and built_K:
