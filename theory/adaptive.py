@@ -14,14 +14,14 @@ distribution unchanged; so does stopping the draft early on the draft's own prob
 
 α estimate: a Beta(a₀, b₀) posterior mean over exponentially forgotten counts. A round with k of K
 accepted is a truncated geometric observation: k acceptances, plus one rejection when k < K. The prior
-(`PRIOR_ACCEPTED`, `PRIOR_REJECTED` = 1, 1: mean ½) keeps the first rounds away from the extremes the
-plain ratio gives (one all-accepted round would say α = 1 and jump to K_max; with no rejections the ratio
-is undefined); forgetting lets K follow an acceptance that drifts within a sequence (code vs. prose, a topic
+(`PRIOR_ACCEPTED`, `PRIOR_REJECTED` = ½, ½: mean ½, the weight of one observation) keeps the first rounds
+away from the extremes the plain ratio gives (with no rejections the ratio says α = 1; with none at all it is
+undefined); forgetting lets K follow an acceptance that drifts within a sequence (code vs. prose, a topic
 change). The past is forgotten per observation (`DECAY` per accepted or rejected draft token: an effective
-memory of about 1 / (1 − DECAY) ≈ 33 of them), not per round: forgotten per round, a run at K = 1 kept about
-10 observations against K = 4's 40, so the prior held its α down (at most 11/12 for a draft that is always
-right) and short K looked best because K was short (HumanEval, int4 target: SD and SSD with K = "auto" ran
-K = 1 in ~90% of their rounds, 9% and 3% slower than K = 3 fixed).
+memory of about 1 / (1 − DECAY) = 50 of them), not per round: forgotten per round (0.9), a run at K = 1 kept
+about 10 observations against K = 4's 40, so the prior (then 1, 1) held its α down (at most 11/12 for a
+draft that is always right) and short K looked best because K was short (HumanEval, int4 target: SD and SSD
+with K = "auto" ran K = 1 in ~90% of their rounds, 9% and 3% slower than K = 3 fixed).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import numpy.typing as npt
 from theory._checks import as_int, as_nonnegative, as_positive, as_probability
 from theory.speedup import expected_tokens
 
-PRIOR_ACCEPTED = 1.0  # Beta prior a₀: pseudo-acceptances
-PRIOR_REJECTED = 1.0  # Beta prior b₀: pseudo-rejections
-DECAY = 0.97  # weight of the past counts after each new observation (an accepted or a rejected draft token)
+PRIOR_ACCEPTED = 0.5  # Beta prior a₀: pseudo-acceptances
+PRIOR_REJECTED = 0.5  # Beta prior b₀: pseudo-rejections
+DECAY = 0.98  # weight of the past counts after each new observation (an accepted or a rejected draft token)
 
 
 def acceptance_estimate(

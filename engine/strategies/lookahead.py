@@ -18,10 +18,11 @@ import numpy as np
 
 from engine.config import SpeculativeConfig
 from engine.ssd.policy import MIN_BUDGET_PER_OUTCOME
-from theory.adaptive import acceptance_estimate, best_K, miss_share, updated_counts
+from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, updated_counts
 
 TIMING_DECAY = 0.8  # weight of the past in the timing means
 HIT_DECAY = 0.9  # weight of the past hit counts per answer (an effective memory of about 10 rounds)
+WARM_START = 16.0  # observations' worth of the pooled α a new row starts with
 UNMEASURED_DRAFT_COST = 0.1  # T_d / T_v assumed before both times have been measured once
 
 
@@ -32,10 +33,18 @@ class Lookahead:
         self.rejected = np.zeros(0)  # [B] forgotten rejections per row
         self.draft_ms: float | None = None  # per draft forward
         self.verify_ms: dict[int, float] = {}  # block width K + 1 -> mean verify time
+        self.pooled: tuple[float, float] | None = None  # every row's acceptances and rejections, forgotten alike
 
     def admit(self, n: int) -> None:
-        self.accepted = np.append(self.accepted, np.zeros(n))
-        self.rejected = np.append(self.rejected, np.zeros(n))
+        """New rows start from the α of the rows before them (`pooled`), worth WARM_START observations, rather
+        than from the prior's ½: from ½ a request spent its first ~10 rounds at K = 1 while its α was learnt."""
+        if self.pooled is None:
+            start = (0.0, 0.0)
+        else:
+            alpha = float(acceptance_estimate(*self.pooled))
+            start = (alpha * WARM_START, (1.0 - alpha) * WARM_START)
+        self.accepted = np.append(self.accepted, np.full(n, start[0]))
+        self.rejected = np.append(self.rejected, np.full(n, start[1]))
 
     def retire(self, keep: list[int]) -> None:
         self.accepted, self.rejected = self.accepted[keep], self.rejected[keep]
@@ -77,6 +86,10 @@ class Lookahead:
 
     def observe(self, accepted: list[int], K: int, verify_ms: float) -> None:
         self.accepted, self.rejected = updated_counts(self.accepted, self.rejected, accepted, K)
+        ok, rejected = float(np.sum(accepted)), float(np.sum(np.asarray(accepted) < K))
+        old = self.pooled or (0.0, 0.0)
+        kept = DECAY ** (ok + rejected)
+        self.pooled = (kept * old[0] + ok, kept * old[1] + rejected)
         self.verify_ms[K + 1] = _mean(self.verify_ms.get(K + 1), verify_ms)
 
 

@@ -96,3 +96,23 @@ def test_sd_K_climbs_one_step_past_the_widths_verified():
     for _ in range(6):
         fixed.observe([1], 1, 150.0)
     assert fixed.choose() == 8  # fixed times: every K is open
+
+
+def test_a_new_row_starts_from_the_alpha_of_the_rows_before_it():
+    """From the prior's ½, each HumanEval request spent its first ~10 rounds at K = 1 while its α was learnt."""
+    la = Lookahead(SpeculativeConfig(K=8, adaptive=True))
+    la.admit(1)
+    for _ in range(40):  # a draft that is always right
+        la.observe([3], 3, 100.0)
+    la.retire([])
+    la.admit(2)
+    pooled = (0.5 + la.pooled[0]) / (1.0 + la.pooled[0] + la.pooled[1])  # the prior (½, ½) on every row seen
+    assert la.alphas() == pytest.approx([(0.5 + 16 * pooled) / (1 + 16)] * 2)
+    fresh = Lookahead(SpeculativeConfig(K=8, adaptive=True))
+    fresh.admit(2)
+    assert fresh.alphas().tolist() == [0.5, 0.5]  # negative control: nothing seen, the prior
+    assert (la.alphas() > 0.9).all()
+    la.drafted(1, 10.0)
+    fresh.drafted(1, 10.0)
+    fresh.verify_ms = dict(la.verify_ms)
+    assert la.choose() > fresh.choose()
