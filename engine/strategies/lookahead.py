@@ -15,6 +15,7 @@ hence the seeded outputs, vary from run to run; `SpeculativeConfig.draft_cost` f
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import nnls
 
 from engine.config import SpeculativeConfig
 from engine.ssd.policy import MIN_BUDGET_PER_OUTCOME
@@ -121,27 +122,31 @@ class SSDLookahead(Lookahead):
     where K = 3 built inside its verify).
 
     The build is modelled by what it does: a glue forward, then K forwards over its n branches, each forward a
-    fixed part (one draft forward, as the neural backup times it) plus a part per branch,
+    fixed part plus a part per branch,
 
-        T_build(K, n) = (K + 1)·T_d + K·n·t_branch,
+        T_build(K, n) = (K + 1)·t_forward + K·n·t_branch,
 
-    with t_branch a forgotten mean over the builds answered. The branches a K needs: with budget "auto" the
-    fewest the worker will build, one guess per outcome (K + 1 a row; above that it sizes the budget to fit in
-    the verify, so the round costs max(T_v, T_build at that floor)); with a fixed budget, the branches per row
-    measured (a budget B is B guesses a row at any K). Keyed by length alone, as before, the build times went
-    stale as budget "auto" resized the cache, and a line through them missed the K·(K + 1) growth: a HumanEval
-    run (int4 target) kept K = 4 at 348 ms rounds where K = 3 ran 233 ms ones. Without the branch count or a
-    draft forward's time, the times per length are used as before.
+    the two fitted (non-negative least squares) through one point per branch length built: that length's
+    forgotten mean time and branch count. With one length only, t_branch = 0 (every forward costs the same):
+    that rates a longer K high, and the climb (`_K_max`) then measures it, which gives the second point. The
+    branches a K needs: with budget "auto" the fewest the worker will build, one guess per outcome (K + 1 a
+    row; above that it sizes the budget to fit in the verify, so the round costs max(T_v, T_build at that
+    floor)); with a fixed budget, the branches per row measured (a budget B is B guesses a row at any K).
+
+    Keyed by length alone, the build times went stale as budget "auto" resized the cache, and a line through
+    them missed the growth with branches: a HumanEval run (int4 target) kept K = 4 at 348 ms rounds where K = 3
+    ran 233 ms ones. With t_forward taken as the neural backup's time per token (~30 ms, where a build's
+    forward costs ~40 with its glue and bookkeeping), K = 2 looked slower than it is and runs stayed at K = 1.
+    Builds answered without a branch count are read by length, as before.
     """
 
     def __init__(self, spec: SpeculativeConfig):
         super().__init__(spec)
         self.hits, self.lookups = 0.0, 0.0  # forgotten counts
         self.build_ms: dict[int, float] = {}  # branch length -> mean time of the worker's cache build
-        # Forgotten means over the builds with a branch count: time, draft forwards (K + 1) and branch steps (K·n);
-        # the model being linear in both, t_branch follows from the means and the draft forward's time now.
-        self.builds: tuple[float, float, float] | None = None
+        self.build_branches: dict[int, float] = {}  # branch length -> mean branches of those builds
         self.branches_per_row: float | None = None  # mean branches a row in the builds (a fixed budget's B)
+        self._build_fit: tuple[float, float] | None = None  # (t_forward, t_branch), refitted on each build
 
     @property
     def p_hit(self) -> float:
@@ -196,18 +201,17 @@ class SSDLookahead(Lookahead):
         return max(verify, self._build_ms(width - 1)) if self.build_ms else verify
 
     def _build_ms(self, K: int) -> float:
-        """The build of branches K long: (K + 1)·T_d + K·n·t_branch for the branches n it needs (class
-        docstring); before a build's branches and a draft forward have both been timed, the build measured at
-        length K, read off the line through two lengths or more, or one length scaled by K + 1 (a glue forward
-        and K branch steps). A flat read-off from one length made every K cost the same and kept a run at K = 8
-        (T = 0.7, Spec-Bench: 2.5 against SD's 6.7 tokens/s)."""
-        if self.builds is not None:
+        """The build of branches K long: (K + 1)·t_forward + K·n·t_branch for the branches n it needs (class
+        docstring). Builds answered without their branch count: the build measured at length K, read off the
+        line through two lengths or more, or one length scaled by K + 1 (a glue forward and K branch steps)."""
+        if self._build_fit is not None:
+            t_forward, t_branch = self._build_fit
             rows = max(len(self.accepted), 1)
             if self.spec.budget == "auto" or self.branches_per_row is None:
                 per_row = MIN_BUDGET_PER_OUTCOME * (K + 1)
             else:
                 per_row = self.branches_per_row
-            return (K + 1) * self._forward_ms() + K * rows * per_row * self.branch_ms
+            return (K + 1) * t_forward + K * rows * per_row * t_branch
         if K in self.build_ms or len(self.build_ms) > 1:
             return _read_off(self.build_ms, K)
         (known, ms), = self.build_ms.items()
@@ -226,17 +230,18 @@ class SSDLookahead(Lookahead):
         if build_ms and built_K:
             self.build_ms[built_K] = _mean(self.build_ms.get(built_K), build_ms)
             if branches and hits:
-                new = (build_ms, built_K + 1.0, float(built_K * branches))
-                self.builds = new if self.builds is None else tuple(map(_mean, self.builds, new))
+                self.build_branches[built_K] = _mean(self.build_branches.get(built_K), float(branches))
                 self.branches_per_row = _mean(self.branches_per_row, branches / len(hits))
+                self._build_fit = build_fit(self.build_ms, self.build_branches)
 
-    def _forward_ms(self) -> float:
-        """T_d in the build model: the neural backup's time per token; before the backup has drafted, 0 (all of
-        the build is put on its branches, which overrates its growth with K and errs towards shorter K)."""
-        return self.draft_ms or 0.0
 
-    @property
-    def branch_ms(self) -> float:
-        """t_branch: a build's time per branch per step, past its draft forwards."""
-        ms, forwards, branch_steps = self.builds
-        return max(ms - forwards * self._forward_ms(), 0.0) / branch_steps
+def build_fit(build_ms: dict[int, float], branches: dict[int, float]) -> tuple[float, float]:
+    """(t_forward, t_branch) ≥ 0 fitted to T(L) = (L + 1)·t_forward + L·n_L·t_branch through one point per branch
+    length L timed with its branch count n_L; from one length, t_branch = 0."""
+    lengths = [L for L in branches if L in build_ms]
+    if len(lengths) == 1:
+        (L,) = lengths
+        return build_ms[L] / (L + 1), 0.0
+    design = np.array([[L + 1.0, L * branches[L]] for L in lengths])
+    (t_forward, t_branch), _ = nnls(design, np.array([build_ms[L] for L in lengths]))
+    return float(t_forward), float(t_branch)

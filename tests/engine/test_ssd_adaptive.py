@@ -256,15 +256,16 @@ def test_the_build_is_modelled_by_its_branches_so_a_length_timed_at_a_larger_bud
         for _ in range(8):  # α near 1; the verify grows with the block (int4 target, one core)
             la.observe([3], 3, 203.0)
             la.observe([4], 4, 245.0)
-        la.answered([False], 3, 135.0)  # a miss: the neural backup drafts 3 tokens, 45 ms a draft forward
-        # Early, budget auto had 12 branches (each 7 ms a step): 4·45 + 3·12·7 = 432 ms at length 3.
+        la.answered([False], 3, 90.0)  # a miss: the neural backup drafts 3 tokens, 30 ms each
+        # A build's forward costs 45 ms and each branch 7 ms a step. Early, budget auto had 12 branches:
+        # 4·45 + 3·12·7 = 432 ms at length 3.
         la.answered([True], 3, None, 432.0, 3, 12 if with_branches else None)
         for _ in range(12):  # since, at length 4 and the floor of 5 branches: 5·45 + 4·5·7 = 365 ms
             la.answered([True], 4, None, 365.0, 4, 5 if with_branches else None)
         return la
 
     la = lookahead(True)
-    assert la.branch_ms == pytest.approx(7.0)
+    assert la._build_fit == pytest.approx((45.0, 7.0))  # not the backup's 30 ms a token
     assert la._round_ms(4) == pytest.approx(max(203.0, 4 * 45 + 3 * 4 * 7.0))  # K = 3 at its floor: 264 ms
     assert la._round_ms(5) == pytest.approx(365.0)
     assert la.choose() == 3  # 3.94 tokens in 264 ms against 4.90 in 365
@@ -274,7 +275,15 @@ def test_the_build_is_modelled_by_its_branches_so_a_length_timed_at_a_larger_bud
 def test_a_fixed_budget_keeps_its_branches_per_row_at_every_K():
     la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget=8))
     la.admit(2)
-    la.answered([False, False], 3, 120.0)  # 40 ms a draft forward
-    la.answered([True, True], 3, None, 4 * 40 + 3 * 16 * 5.0, 3, 16)  # two rows of 8 branches, 5 ms a step
+    for L in (3, 5):  # two rows of 8 branches; 40 ms a forward, 5 ms a branch step
+        la.answered([True, True], L, None, (L + 1) * 40 + L * 16 * 5.0, L, 16)
     assert la.branches_per_row == pytest.approx(8.0)
     assert la._build_ms(6) == pytest.approx(7 * 40 + 6 * 16 * 5.0)
+
+
+def test_one_build_length_with_branches_puts_it_all_on_the_forwards_and_the_climb_measures_the_next():
+    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
+    la.admit(1)
+    la.answered([True], 1, None, 80.0, 1, 2)
+    assert la._build_fit == (40.0, 0.0)
+    assert la._build_ms(2) == pytest.approx(120.0) and la._K_max() == 2
