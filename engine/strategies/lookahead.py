@@ -24,6 +24,7 @@ from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, upda
 TIMING_DECAY = 0.8  # weight of the past in the timing means
 HIT_DECAY = 0.9  # weight of the past hit counts per answer (an effective memory of about 10 rounds)
 WARM_START = 16.0  # observations' worth of the pooled α a new row starts with
+REFRESH_BUILDS = 20  # a neighbouring length's build time older than this many builds is measured again
 UNMEASURED_DRAFT_COST = 0.1  # T_d / T_v assumed before both times have been measured once
 
 
@@ -128,8 +129,10 @@ class SSDLookahead(Lookahead):
 
     the two fitted (non-negative least squares) through one point per branch length built: that length's
     forgotten mean time and branch count. With one length only, t_branch = 0 (every forward costs the same):
-    that rates a longer K high, and the climb (`_K_max`) then measures it, which gives the second point. The
-    branches a K needs: with budget "auto" the fewest the worker will build, one guess per outcome (K + 1 a
+    that rates a longer K high, and the climb (`_K_max`) then measures it, which gives the second point. A
+    length already built keeps its own measured time, moved by t_branch to the branches it needs now: the
+    measured builds are not linear in K (int4 HumanEval, one row at the floor: 87, 115 and 214 ms at lengths
+    1, 2, 3), and a line through them rated K = 2 at 155 ms and kept a run at K = 1. The branches a K needs: with budget "auto" the fewest the worker will build, one guess per outcome (K + 1 a
     row; above that it sizes the budget to fit in the verify, so the round costs max(T_v, T_build at that
     floor)); with a fixed budget, the branches per row measured (a budget B is B guesses a row at any K).
 
@@ -147,6 +150,9 @@ class SSDLookahead(Lookahead):
         self.build_branches: dict[int, float] = {}  # branch length -> mean branches of those builds
         self.branches_per_row: float | None = None  # mean branches a row in the builds (a fixed budget's B)
         self._build_fit: tuple[float, float] | None = None  # (t_forward, t_branch), refitted on each build
+        self.n_builds = 0  # builds timed so far
+        self.built_at: dict[int, int] = {}  # branch length -> n_builds when it was last timed
+        self.asked_at: dict[int, int] = {}  # branch length -> n_builds when `_refreshed` last asked for it
 
     @property
     def p_hit(self) -> float:
@@ -159,7 +165,24 @@ class SSDLookahead(Lookahead):
         rows = len(self.accepted)
         alphas = self.alphas() if rows else 0.5  # no row yet (the first request): the prior α
         share = miss_share(self.p_hit, max(rows, 1))
-        return best_K(alphas, self._draft() * share, self._verify(), K_max=self._K_max(), K_min=spec.K_min)
+        K = best_K(alphas, self._draft() * share, self._verify(), K_max=self._K_max(), K_min=spec.K_min)
+        return self._refreshed(K)
+
+    def _refreshed(self, K: int) -> int:
+        """K, or once every REFRESH_BUILDS builds a neighbour of K whose build was last timed longer ago than that,
+        so that its time is measured again (afresh: `answered` drops a time that old). A length timed once in a
+        slow moment is otherwise never chosen, hence never timed, again: a HumanEval run (int4 target) timed K = 2's build at 172 ms early on, ran K = 1 from
+        then on, and never saw that K = 2 now built in 115 (its rounds 23% faster per token than K = 1's)."""
+        if self.spec.draft_cost is not None:
+            return K
+        K_max = self._K_max()
+        stale = [k for k in (K - 1, K + 1) if self.spec.K_min <= k <= K_max and k in self.built_at
+                 and self.n_builds - max(self.built_at[k], self.asked_at.get(k, 0)) > REFRESH_BUILDS]
+        if not stale:
+            return K
+        k = min(stale, key=self.built_at.get)
+        self.asked_at[k] = self.n_builds  # asked for once; its build answers within a round or two
+        return k
 
     def choose_miss(self) -> int:
         """K for a round in which no row hits and the neural backup drafts every row: an SD round, so SD's
@@ -211,6 +234,8 @@ class SSDLookahead(Lookahead):
                 per_row = MIN_BUDGET_PER_OUTCOME * (K + 1)
             else:
                 per_row = self.branches_per_row
+            if K in self.build_branches:  # measured at this length: its time, moved to the branches needed now
+                return max(self.build_ms[K] + K * (rows * per_row - self.build_branches[K]) * t_branch, 0.0)
             return (K + 1) * t_forward + K * rows * per_row * t_branch
         if K in self.build_ms or len(self.build_ms) > 1:
             return _read_off(self.build_ms, K)
@@ -228,7 +253,12 @@ class SSDLookahead(Lookahead):
         if neural_backup_ms is not None and K:
             self.drafted(K, neural_backup_ms)
         if build_ms and built_K:
+            if self.n_builds - self.built_at.get(built_K, self.n_builds) > REFRESH_BUILDS:  # an old time: restart
+                self.build_ms.pop(built_K)
+                self.build_branches.pop(built_K, None)
             self.build_ms[built_K] = _mean(self.build_ms.get(built_K), build_ms)
+            self.n_builds += 1
+            self.built_at[built_K] = self.n_builds
             if branches and hits:
                 self.build_branches[built_K] = _mean(self.build_branches.get(built_K), float(branches))
                 self.branches_per_row = _mean(self.branches_per_row, branches / len(hits))

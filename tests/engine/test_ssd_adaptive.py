@@ -287,3 +287,45 @@ def test_one_build_length_with_branches_puts_it_all_on_the_forwards_and_the_clim
     la.answered([True], 1, None, 80.0, 1, 2)
     assert la._build_fit == (40.0, 0.0)
     assert la._build_ms(2) == pytest.approx(120.0) and la._K_max() == 2
+
+
+def test_a_length_already_built_keeps_its_measured_time():
+    """HumanEval, int4 target, one row at the floor: builds of 87, 115 and 214 ms at lengths 1, 2, 3 (not linear
+    in K; K = 2 ran 125 ms rounds for 2.9 tokens against K = 1's 102 ms for 2.0)."""
+    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
+    la.admit(1)
+    la.answered([False], 2, 68.0)  # a miss: the neural backup's 34 ms a token
+    for _ in range(30):  # α near 1
+        for K, verify in ((1, 97.0), (2, 114.5), (3, 123.0)):
+            la.observe([K], K, verify)
+        for K, ms, branches in ((1, 86.7, 3), (2, 114.8, 3), (3, 214.4, 4)):
+            la.answered([True], K, None, ms, K, branches)
+    assert la._round_ms(3) == pytest.approx(114.8)  # K = 2's own time (its 3 branches are its floor)
+    assert la._round_ms(2) == pytest.approx(97.0)  # K = 1's verify: its build, moved to 2 branches, fits inside
+    assert la.choose() == 2
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_a_length_timed_in_a_slow_moment_is_timed_again(refresh, monkeypatch):
+    """A HumanEval run timed K = 2's build at 172 ms early on and then ran K = 1 for good, never seeing that
+    K = 2 now built in 115. A neighbour timed longer ago than REFRESH_BUILDS builds is tried once more."""
+    import engine.strategies.lookahead as lookahead
+
+    if not refresh:  # negative control
+        monkeypatch.setattr(lookahead, "REFRESH_BUILDS", 10**9)
+    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
+    la.admit(1)
+    la.answered([False], 2, 68.0)  # a miss: the neural backup's 34 ms a token
+    for _ in range(8):
+        la.observe([2], 2, 114.5)
+        la.answered([True], 2, None, 172.0, 2, 3)  # a slow moment
+    Ks = []
+    for _ in range(60):
+        K = la.choose()
+        Ks.append(K)
+        la.observe([K], K, {1: 97.0, 2: 114.5, 3: 123.0}[K])
+        la.answered([True], K, None, {1: 86.7, 2: 114.8, 3: 214.4}[K], K, K + 1)
+    if refresh:
+        assert Ks[0] == 1 and Ks[-10:] == [2] * 10  # K = 2 tried again, found quick, and kept
+    else:
+        assert set(Ks) == {1}
