@@ -24,7 +24,7 @@ from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, upda
 TIMING_DECAY = 0.8  # weight of the past in the timing means
 HIT_DECAY = 0.9  # weight of the past hit counts per answer (an effective memory of about 10 rounds)
 WARM_START = 16.0  # observations' worth of the pooled α a new row starts with
-REFRESH_BUILDS = 20  # a neighbouring length's build time older than this many builds is measured again
+REFRESH = 20  # a neighbouring K whose time is older than this many rounds (SSD: builds) is measured again
 UNMEASURED_DRAFT_COST = 0.1  # T_d / T_v assumed before both times have been measured once
 
 
@@ -36,6 +36,9 @@ class Lookahead:
         self.draft_ms: float | None = None  # per draft forward
         self.verify_ms: dict[int, float] = {}  # block width K + 1 -> mean verify time
         self.pooled: tuple[float, float] | None = None  # every row's acceptances and rejections, forgotten alike
+        self.n_verified = 0  # rounds verified so far
+        self.verified_at: dict[int, int] = {}  # K -> n_verified when a round of K was last verified
+        self.asked_at: dict[int, int] = {}  # K -> the count (`_stamps`) when `_refreshed` last asked for it
 
     def admit(self, n: int) -> None:
         """New rows start from the α of the rows before them (`pooled`), worth WARM_START observations, rather
@@ -66,7 +69,29 @@ class Lookahead:
             draft, verify = UNMEASURED_DRAFT_COST, 1.0
         else:
             draft, verify = self.draft_ms, self._verify_ms
-        return best_K(self.alphas(), draft, verify, K_max=self._K_max(), K_min=spec.K_min)
+        return self._refreshed(best_K(self.alphas(), draft, verify, K_max=self._K_max(), K_min=spec.K_min))
+
+    def _stamps(self) -> tuple[dict[int, int], int]:
+        """When each K's time was last measured, and the count now (SD: its verify, counted in rounds)."""
+        return self.verified_at, self.n_verified
+
+    def _refreshed(self, K: int) -> int:
+        """K, or once every REFRESH neighbour of K whose time was last measured longer ago than that, so that it
+        is measured again (afresh: a time that old is dropped when it comes in). A K timed in a slow moment is
+        otherwise never chosen, hence never timed, again: a HumanEval run (int4 target) timed SSD's K = 2 build
+        at 172 ms early on, ran K = 1 from then on, and never saw K = 2 build in 115 (its rounds 23% faster per
+        token than K = 1's); an SD run kept K = 2 on a stale 128 ms verify of width 4 (it was 108 by then)."""
+        if self.spec.draft_cost is not None:
+            return K
+        stamps, now = self._stamps()
+        K_max = self._K_max()
+        stale = [k for k in (K - 1, K + 1) if self.spec.K_min <= k <= K_max and k in stamps
+                 and now - max(stamps[k], self.asked_at.get(k, 0)) > REFRESH]
+        if not stale:
+            return K
+        k = min(stale, key=stamps.get)
+        self.asked_at[k] = now  # asked for once; its time comes in within a round or two
+        return k
 
     def _K_max(self) -> int:
         """The longest K worth considering: one past the longest K verified, so K climbs a step at a time and
@@ -87,6 +112,10 @@ class Lookahead:
             self.draft_ms = _mean(self.draft_ms, ms / forwards)
 
     def observe(self, accepted: list[int], K: int, verify_ms: float) -> None:
+        if self.n_verified - self.verified_at.get(K, self.n_verified) > REFRESH:  # an old time: start afresh
+            self.verify_ms.pop(K + 1, None)
+        self.n_verified += 1
+        self.verified_at[K] = self.n_verified
         self.accepted, self.rejected = updated_counts(self.accepted, self.rejected, accepted, K)
         ok, rejected = float(np.sum(accepted)), float(np.sum(np.asarray(accepted) < K))
         old = self.pooled or (0.0, 0.0)
@@ -152,7 +181,6 @@ class SSDLookahead(Lookahead):
         self._build_fit: tuple[float, float] | None = None  # (t_forward, t_branch), refitted on each build
         self.n_builds = 0  # builds timed so far
         self.built_at: dict[int, int] = {}  # branch length -> n_builds when it was last timed
-        self.asked_at: dict[int, int] = {}  # branch length -> n_builds when `_refreshed` last asked for it
 
     @property
     def p_hit(self) -> float:
@@ -168,21 +196,9 @@ class SSDLookahead(Lookahead):
         K = best_K(alphas, self._draft() * share, self._verify(), K_max=self._K_max(), K_min=spec.K_min)
         return self._refreshed(K)
 
-    def _refreshed(self, K: int) -> int:
-        """K, or once every REFRESH_BUILDS builds a neighbour of K whose build was last timed longer ago than that,
-        so that its time is measured again (afresh: `answered` drops a time that old). A length timed once in a
-        slow moment is otherwise never chosen, hence never timed, again: a HumanEval run (int4 target) timed K = 2's build at 172 ms early on, ran K = 1 from
-        then on, and never saw that K = 2 now built in 115 (its rounds 23% faster per token than K = 1's)."""
-        if self.spec.draft_cost is not None:
-            return K
-        K_max = self._K_max()
-        stale = [k for k in (K - 1, K + 1) if self.spec.K_min <= k <= K_max and k in self.built_at
-                 and self.n_builds - max(self.built_at[k], self.asked_at.get(k, 0)) > REFRESH_BUILDS]
-        if not stale:
-            return K
-        k = min(stale, key=self.built_at.get)
-        self.asked_at[k] = self.n_builds  # asked for once; its build answers within a round or two
-        return k
+    def _stamps(self) -> tuple[dict[int, int], int]:
+        """SSD's time is its build's (rounds past the verify are the build's): counted in builds."""
+        return self.built_at, self.n_builds
 
     def choose_miss(self) -> int:
         """K for a round in which no row hits and the neural backup drafts every row: an SD round, so SD's
@@ -253,7 +269,7 @@ class SSDLookahead(Lookahead):
         if neural_backup_ms is not None and K:
             self.drafted(K, neural_backup_ms)
         if build_ms and built_K:
-            if self.n_builds - self.built_at.get(built_K, self.n_builds) > REFRESH_BUILDS:  # an old time: restart
+            if self.n_builds - self.built_at.get(built_K, self.n_builds) > REFRESH:  # an old time: restart
                 self.build_ms.pop(built_K)
                 self.build_branches.pop(built_K, None)
             self.build_ms[built_K] = _mean(self.build_ms.get(built_K), build_ms)

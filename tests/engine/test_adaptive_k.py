@@ -116,3 +116,29 @@ def test_a_new_row_starts_from_the_alpha_of_the_rows_before_it():
     fresh.drafted(1, 10.0)
     fresh.verify_ms = dict(la.verify_ms)
     assert la.choose() > fresh.choose()
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_a_width_verified_in_a_slow_moment_is_verified_again(refresh, monkeypatch):
+    """An SD HumanEval run (int4 target) timed width 4 at 128 ms early on and kept K = 2 on it, when K = 3 then
+    verified in 108 and ran 5% more tokens a second. A neighbouring K whose verify is older than REFRESH rounds
+    is tried once more."""
+    import engine.strategies.lookahead as lookahead
+
+    if not refresh:  # negative control
+        monkeypatch.setattr(lookahead, "REFRESH", 10**9)
+    la = Lookahead(SpeculativeConfig(K=8, adaptive=True))
+    la.admit(1)
+    la.drafted(1, 32.6)
+    for K, ms in ((2, 96.4), (3, 128.0)):  # a slow moment for K = 3
+        for _ in range(4):
+            la.observe([K], K, ms)
+    Ks = []
+    for _ in range(80):
+        K = la.choose()
+        Ks.append(K)
+        la.observe([K], K, {2: 96.4, 3: 108.0, 4: 160.0}[K])
+    if refresh:
+        assert Ks[0] == 2 and Ks[-20:].count(3) >= 17  # K = 3 tried again, found quicker, and kept
+    else:
+        assert set(Ks) == {2}

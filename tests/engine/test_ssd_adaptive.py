@@ -308,11 +308,11 @@ def test_a_length_already_built_keeps_its_measured_time():
 @pytest.mark.parametrize("refresh", [True, False])
 def test_a_length_timed_in_a_slow_moment_is_timed_again(refresh, monkeypatch):
     """A HumanEval run timed K = 2's build at 172 ms early on and then ran K = 1 for good, never seeing that
-    K = 2 now built in 115. A neighbour timed longer ago than REFRESH_BUILDS builds is tried once more."""
+    K = 2 now built in 115. A neighbour timed longer ago than REFRESH builds is tried once more."""
     import engine.strategies.lookahead as lookahead
 
     if not refresh:  # negative control
-        monkeypatch.setattr(lookahead, "REFRESH_BUILDS", 10**9)
+        monkeypatch.setattr(lookahead, "REFRESH", 10**9)
     la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
     la.admit(1)
     la.answered([False], 2, 68.0)  # a miss: the neural backup's 34 ms a token
