@@ -25,6 +25,7 @@ TIMING_DECAY = 0.8  # weight of the past in the timing means
 HIT_DECAY = 0.9  # weight of the past hit counts per answer (an effective memory of about 10 rounds)
 WARM_START = 16.0  # observations' worth of the pooled α a new row starts with
 REFRESH = 20  # a neighbouring K whose time is older than this many rounds (SSD: builds) is measured again
+PROBE = 2  # rounds such a K is run for
 UNMEASURED_DRAFT_COST = 0.1  # T_d / T_v assumed before both times have been measured once
 
 
@@ -39,6 +40,7 @@ class Lookahead:
         self.n_verified = 0  # rounds verified so far
         self.verified_at: dict[int, int] = {}  # K -> n_verified when a round of K was last verified
         self.asked_at: dict[int, int] = {}  # K -> the count (`_stamps`) when `_refreshed` last asked for it
+        self.probe: tuple[int, int] | None = None  # (K, rounds left) of a refresh under way
 
     def admit(self, n: int) -> None:
         """New rows start from the α of the rows before them (`pooled`), worth WARM_START observations, rather
@@ -83,6 +85,10 @@ class Lookahead:
         token than K = 1's); an SD run kept K = 2 on a stale 128 ms verify of width 4 (it was 108 by then)."""
         if self.spec.draft_cost is not None:
             return K
+        if self.probe is not None:  # a probe lasts PROBE rounds: SSD's first build at a new length is not timed
+            k, left = self.probe
+            self.probe = (k, left - 1) if left > 1 else None
+            return k
         stamps, now = self._stamps()
         K_max = self._K_max()
         stale = [k for k in (K - 1, K + 1) if self.spec.K_min <= k <= K_max and k in stamps
@@ -90,7 +96,8 @@ class Lookahead:
         if not stale:
             return K
         k = min(stale, key=stamps.get)
-        self.asked_at[k] = now  # asked for once; its time comes in within a round or two
+        self.asked_at[k] = now
+        self.probe = (k, PROBE - 1) if PROBE > 1 else None
         return k
 
     def _K_max(self) -> int:
@@ -183,6 +190,7 @@ class SSDLookahead(Lookahead):
         self._build_fit: tuple[float, float] | None = None  # (t_forward, t_branch), refitted on each build
         self.n_builds = 0  # builds timed so far
         self.built_at: dict[int, int] = {}  # branch length -> n_builds when it was last timed
+        self.last_built: int | None = None  # the branch length of the last build answered
 
     @property
     def p_hit(self) -> float:
@@ -270,6 +278,12 @@ class SSDLookahead(Lookahead):
             self.lookups = HIT_DECAY * self.lookups + len(hits)
         if neural_backup_ms is not None and K:
             self.drafted(K, neural_backup_ms)
+        switched, self.last_built = built_K != self.last_built, built_K
+        if build_ms and built_K and switched and built_K in self.build_ms:
+            # The first build at a length the cache switches to is sized by budget "auto" for the old length (a
+            # K = 3 build right after K = 4 ran long and sent a run back to K = 4): only a length not timed yet
+            # (the climb needs one time) takes it.
+            return
         if build_ms and built_K:
             if self.n_builds - self.built_at.get(built_K, self.n_builds) > REFRESH:  # an old time: restart
                 self.build_ms.pop(built_K)

@@ -139,6 +139,6 @@ def test_a_width_verified_in_a_slow_moment_is_verified_again(refresh, monkeypatc
         Ks.append(K)
         la.observe([K], K, {2: 96.4, 3: 108.0, 4: 160.0}[K])
     if refresh:
-        assert Ks[0] == 2 and Ks[-20:].count(3) >= 17  # K = 3 tried again, found quicker, and kept
+        assert Ks[0] == 2 and Ks[-20:].count(3) >= 16  # K = 3 tried again, found quicker, and kept
     else:
         assert set(Ks) == {2}

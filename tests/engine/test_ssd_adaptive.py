@@ -339,3 +339,14 @@ def test_a_length_timed_in_a_slow_moment_is_timed_again(refresh, monkeypatch):
         assert Ks[0] == 1 and Ks[-10:] == [2] * 10  # K = 2 tried again, found quick, and kept
     else:
         assert set(Ks) == {1}
+
+
+def test_the_first_build_after_a_switch_of_length_is_not_timed():
+    """Budget auto sizes the first build at a new length for the old one: a K = 3 build right after K = 4 ran
+    long and sent a run back to K = 4."""
+    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
+    la.admit(1)
+    for L, ms in ((3, 264.0), (3, 264.0), (4, 365.0), (4, 365.0), (3, 400.0), (3, 264.0)):
+        la.answered([True], L, None, ms, L, L + 1)
+    assert la.build_ms[3] == pytest.approx(264.0)  # the 400 ms switch build is left out
+    assert la.build_ms[4] == pytest.approx(365.0)  # a length's first build ever is timed (the climb needs it)
