@@ -166,11 +166,12 @@ class SSDLookahead(Lookahead):
     the two fitted (non-negative least squares) through one point per branch length built: that length's
     forgotten mean time and branch count. With one length only, t_branch = 0 (every forward costs the same):
     that rates a longer K high, and the climb (`_K_max`) then measures it, which gives the second point. The
-    fit is for lengths not built yet: a length built keeps its own measured time, and `_refreshed` times it
-    again when that grows old. The measured builds are not linear in K (int4 HumanEval, one row at the floor:
-    87, 115 and 214 ms at lengths 1, 2, 3), the fit through so few points is loose (t_branch came out 12-25 ms
-    where one more row costs the int8 draft ~2 ms a forward), and moving a measured time by it to the floor's
-    branches rated K = 2 at 150 ms against its 116-128 and kept a run at K = 1. The branches a K needs: with budget "auto" the fewest the worker will build, one guess per outcome (K + 1 a
+    fit prices lengths not built yet. A length built keeps its own measured time, moved by t_branch to the
+    branches it needs now (budget "auto" shrinks a cache sized for a longer K over several rounds, and taken as
+    measured those builds kept a run at K = 4: 250 ms rounds for 4.7 tokens, against K = 3's 183 for 3.9), and
+    `_refreshed` times it again when that time grows old. The measured builds are not linear in K (int4
+    HumanEval, one row at the floor: 87, 115 and 214 ms at lengths 1, 2, 3), and the fit through so few points
+    is loose (t_branch 12-25 ms, where one more row costs the int8 draft ~2 ms a forward). The branches a K needs: with budget "auto" the fewest the worker will build, one guess per outcome (K + 1 a
     row; above that it sizes the budget to fit in the verify, so the round costs max(T_v, T_build at that
     floor)); with a fixed budget, the branches per row measured (a budget B is B guesses a row at any K).
 
@@ -260,8 +261,8 @@ class SSDLookahead(Lookahead):
                 per_row = MIN_BUDGET_PER_OUTCOME * (K + 1)
             else:
                 per_row = self.branches_per_row
-            if K in self.build_ms:  # measured at this length (and measured again when it grows old: `_refreshed`)
-                return self.build_ms[K]
+            if K in self.build_branches:  # measured at this length: its time, moved to the branches needed now
+                return max(self.build_ms[K] + K * (rows * per_row - self.build_branches[K]) * t_branch, 0.0)
             return (K + 1) * t_forward + K * rows * per_row * t_branch
         if K in self.build_ms or len(self.build_ms) > 1:
             return _read_off(self.build_ms, K)
