@@ -9,8 +9,9 @@ Every receive has a deadline; a timeout, a dead peer or a broken link raise Draf
 A message (messages.encode's header and parts) crosses in at most two transfers, most in one: each gloo
 transfer waits for the receiver to post it and the sender to answer, and a speculation used to take five
 (issue 12). The first is a frame of FRAME_BYTES bytes: the header, then the leading parts that fit in it;
-the second, only when some part did not fit, that part and every one after it, back to back. Each part starts at a multiple of 8 bytes,
-so the receiver reads the parts as views of the bytes it got, with the layout the header implies.
+the second, only when some part did not fit, that part and every one after it, back to back. Each part
+starts at a multiple of 8 bytes, so the receiver reads the parts as views of the bytes it got, with the layout
+the header implies.
 """
 
 from __future__ import annotations

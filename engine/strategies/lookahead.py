@@ -171,8 +171,10 @@ class SSDLookahead(Lookahead):
     measured those builds kept a run at K = 4: 250 ms rounds for 4.7 tokens, against K = 3's 183 for 3.9), and
     `_refreshed` times it again when that time grows old. The measured builds are not linear in K (int4
     HumanEval, one row at the floor: 87, 115 and 214 ms at lengths 1, 2, 3), and the fit through so few points
-    is loose (t_branch 12-25 ms, where one more row costs the int8 draft ~2 ms a forward). The branches a K needs: with budget "auto" the fewest the worker will build, one guess per outcome (K + 1 a
-    row; above that it sizes the budget to fit in the verify, so the round costs max(T_v, T_build at that
+    is loose (t_branch 12-25 ms, where one more row costs the int8 draft ~2 ms a forward).
+
+    The branches a K needs: with budget "auto" the fewest the worker will build, one guess per outcome (K + 1
+    a row; above that it sizes the budget to fit in the verify, so the round costs max(T_v, T_build at that
     floor)); with a fixed budget, the branches per row measured (a budget B is B guesses a row at any K).
 
     Keyed by length alone and never timed again, the build times went stale as budget "auto" resized the cache,

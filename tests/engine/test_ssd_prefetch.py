@@ -3,8 +3,9 @@
 Over gloo a send completes only once the peer has posted the matching receive, and the worker receives only
 between its rounds, so a Prefill sent with a blocking send held the target until the worker's build ended.
 The channel sends it from a thread instead and waits for that thread at the next exchange, so the Round
-still follows it on the stream (the worker reads the Prefill first). These tests start a worker process whose draft sleeps
-in every forward, so that its build lasts well past the moment the target announces new prompts."""
+still follows it on the stream (the worker reads the Prefill first). These tests start a worker process whose
+draft sleeps in every forward, so that its build lasts well past the moment the target announces new
+prompts."""
 
 import multiprocessing
 import time
