@@ -66,10 +66,18 @@ def updated_counts(
     k = as_int(k, "k", minimum=0)
     if np.any(k > K):
         raise ValueError(f"k (accepted this round) must lie in 0..K = 0..{K}, got {k}")
+    return with_observations(accepted, rejected, k, (k < K).astype(np.float64), decay)
+
+
+def with_observations(
+    accepted: npt.ArrayLike, rejected: npt.ArrayLike, new_accepted: npt.ArrayLike, new_rejected: npt.ArrayLike,
+    decay: float = DECAY,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The counts after `new_accepted` acceptances and `new_rejected` rejections more, the old counts forgotten by
+    `decay` per new observation (per row, or pooled over rows: engine.strategies.lookahead)."""
     decay = float(as_probability(decay, "decay", " (weight the past counts keep per observation)"))
-    rejected_now = (k < K).astype(np.float64)
-    kept = decay ** (k + rejected_now)
-    return kept * accepted + k, kept * rejected + rejected_now
+    kept = decay ** (np.asarray(new_accepted, dtype=np.float64) + new_rejected)
+    return kept * np.asarray(accepted) + new_accepted, kept * np.asarray(rejected) + new_rejected
 
 
 def round_rate(

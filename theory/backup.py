@@ -121,8 +121,10 @@ def critical_batch_size(
       N_f·D_n − N_n·D_f = u·[E_hit·(T_n − T_f) − M·(E_n − E_f)] + u²·(a_n·c_f − a_f·c_n), and
       dividing by u > 0 gives g0 = E_hit·(T_n − T_f) − M·(E_n − E_f), g1 = a_n·c_f − a_f·c_n.
 
-    As b grows u rises from 1 − p_hit towards 1.
-    - g(1 − p_hit) > 0: the fast backup already wins at b = 1.
+    As b grows u rises from 1 − p_hit towards 1. "Wins" is by more than WIN_MARGIN, evaluated on the speedups
+    themselves, so the b these give is then settled by evaluating them.
+    - g(1 − p_hit) > 0: the fast backup already wins at b = 1 (or, where the speedups still tie in floating
+      point at u a few ulps from 0, at the first b where they part).
     - otherwise, g1 ≤ 0: it never wins (g does not rise with u).
     - otherwise it wins once u > u* = −g0 / g1, i.e. p_hit^b < 1 − u*; never if u* ≥ 1, else
       b* = ⌊ln(1 − u*) / ln p_hit⌋ + 1.
@@ -145,10 +147,10 @@ def critical_batch_size(
         b_star: int | None = 1
     elif p in (0.0, 1.0):  # u is constant
         b_star = None
-    elif g0 + (1.0 - p) * g1 > 0 or (g1 > 0 and g0 + g1 > 0):
+    elif (line_wins_at_1 := g0 + (1.0 - p) * g1 > 0) or (g1 > 0 and g0 + g1 > 0):
         # The line says fast wins at b = 1 (yet the speedups, evaluated at u = 1 − p_hit a few ulps from 0
         # when p_hit is next to 1, still tie: found by Hypothesis), or from u* = −g0 / g1 on.
-        b_star = 1 if g0 + (1.0 - p) * g1 > 0 else math.floor(math.log(1.0 + g0 / g1) / math.log(p)) + 1
+        b_star = 1 if line_wins_at_1 else math.floor(math.log(1.0 + g0 / g1) / math.log(p)) + 1
         if b_max is not None and b_star > b_max + 1:
             return None
         if b_star < 2**52:  # beyond that an off-by-one is below float resolution anyway

@@ -19,7 +19,7 @@ from scipy.optimize import nnls
 
 from engine.config import SpeculativeConfig
 from engine.ssd.policy import MIN_BUDGET_PER_OUTCOME
-from theory.adaptive import DECAY, acceptance_estimate, best_K, miss_share, updated_counts
+from theory.adaptive import acceptance_estimate, best_K, miss_share, updated_counts, with_observations
 
 TIMING_DECAY = 0.8  # weight of the past in the timing means
 HIT_DECAY = 0.9  # weight of the past hit counts per answer (an effective memory of about 10 rounds)
@@ -124,10 +124,8 @@ class Lookahead:
         self.n_verified += 1
         self.verified_at[K] = self.n_verified
         self.accepted, self.rejected = updated_counts(self.accepted, self.rejected, accepted, K)
-        ok, rejected = float(np.sum(accepted)), float(np.sum(np.asarray(accepted) < K))
-        old = self.pooled or (0.0, 0.0)
-        kept = DECAY ** (ok + rejected)
-        self.pooled = (kept * old[0] + ok, kept * old[1] + rejected)
+        pooled = with_observations(*(self.pooled or (0.0, 0.0)), np.sum(accepted), np.sum(np.asarray(accepted) < K))
+        self.pooled = (float(pooled[0]), float(pooled[1]))
         self.verify_ms[K + 1] = _mean(self.verify_ms.get(K + 1), verify_ms)
 
 
