@@ -44,6 +44,9 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
         add("pair, hardware", "none: the timing model below stands for them", "--timing / --fit")
         if isinstance(timing, FittedTiming):
             add("timing", "fitted to engine records", f"measured: {' '.join(args.fit)}")
+            if timing.levels:
+                add("timing level", f"target ×{timing.levels['target']:.3f}, draft ×{timing.levels['draft']:.3f} "
+                    f"({timing.levels['rounds']} SD rounds)", f"measured: {' '.join(args.level)}")
         else:
             add("timing", f"constant: T_v {timing.t_verify_ms:g} ms, T_d {timing.t_draft_ms:g} ms",
                 "--t-verify-ms, --t-draft-ms (given or defaults)")

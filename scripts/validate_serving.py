@@ -193,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, required=True, help="the server's --max-num-seqs")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--no-level", action="store_true",
+                   help="the calibration's level as it is (default: leveled to the SD run's rounds)")
     p.add_argument("--json", type=Path)
     p.add_argument("--no-prefill-overlap", dest="prefill_overlap", action="store_false",
                    help="the server predates SSD's Prefill message (its worker prefilled joiners after the target)")
@@ -200,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="also compare the server's rounds, term by term, with the fit (median per batch size)")
     args = p.parse_args(argv)
     timing = fit_all([str(args.calibration)])
-    hits = from_records(reference_sd(args.sd_run, args.temperature))
+    sd_rows = reference_sd(args.sd_run, args.temperature)
+    if not args.no_level:
+        timing = timing.leveled(sd_rows)
+        print(f"level from {args.sd_run.name}: target ×{timing.levels['target']:.3f}, draft "
+              f"×{timing.levels['draft']:.3f}", file=sys.stderr)
+    hits = from_records(sd_rows)
     acceptance = PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"]))
     policy = served_policy(args.server_rounds)
     rows = []
@@ -226,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nThe server's rounds against the fit, median per batch size (ms, measured / predicted):\n")
         print("\n".join(term_table(timing, read_records(args.server_rounds))))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "policy": str(policy)}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"rows": rows, "policy": str(policy), "levels": timing.levels}, indent=1)
+                             + "\n")
     return 0
 
 

@@ -2,8 +2,10 @@
 configuration of a `saguaro bench` run (AR, SD, SSD at each K / budget / backup) and compare with what it
 measured.
 
-- timing: `fit_timing` on the calibration records only (its own prompt, SD and SSD rounds: the verify alone,
-  the worker's interference, branch decode cost, backup time);
+- timing: `fit_timing` on the calibration records (its own prompt, SD and SSD rounds: the verify alone,
+  the worker's interference, branch decode cost, backup time), leveled per temperature to the reference SD
+  run's rounds (`FittedTiming.leveled`: the run's verify and draft over the fit's set the level of the target's
+  and the draft's forwards; --no-level: the calibration's level as it is);
 - acceptance and hits: one reference SD variant's records per temperature (α per position, and the
   empirical hit model from where each bonus stood among the draft's guesses): the SD variant at batch 1
   with the largest K among the runs given, so that its positions cover every K predicted;
@@ -26,12 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, SimConfig, fit_timing, simulate
+from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, Scenario, SimConfig, fit_timing, simulate
 from saguaro.commands.simulate import fit_all
 from saguaro.runfolder import RunDir
 from simulator.hits import _draft_sourced, from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
+from simulator.scenario import AUTO, AUTO_K_MAX
 from simulator.workload import Lengths
 from theory.glossary import Backup
 
@@ -64,13 +67,42 @@ def measured_tokens_per_s(rows: list) -> float:
     return sum(sum(r.emitted) for r in rows) / sum(r.round_ms for r in rows) * 1e3
 
 
-def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, seed: int) -> float:
+def is_auto(settings: dict) -> bool:
+    """K "auto" (the bench's adaptive variants) or SSD's budget "auto": the simulator settles them."""
+    return bool(settings.get("adaptive")) or settings.get("budget") == "auto"
+
+
+def predict_auto(timing, settings: dict, acceptance, hits, prompt: int, output: int, batch: int, rounds: int,
+                 seed: int) -> tuple[float, str]:
+    """A K / budget "auto" variant: settled as the engine would (simulator.scenario.Scenario.resolve); α per
+    position beyond the reference's K is its last measured rate."""
+    if isinstance(acceptance, PerPositionAcceptance) and len(acceptance.alphas) < AUTO_K_MAX:
+        pad = (acceptance.alphas[-1],) * (AUTO_K_MAX - len(acceptance.alphas))
+        acceptance = replace(acceptance, alphas=acceptance.alphas + pad)
+    strategy = settings["system"]
+    scenario = Scenario(timing=timing, acceptance=acceptance, hits=hits, prompt_len=Lengths(prompt),
+                        output_len=Lengths(output), rounds=rounds, seed=seed,
+                        fanout_rule="uniform" if settings.get("schedule") == "uniform" else "geometric")
+    point = {"strategy": strategy, "K": AUTO if settings.get("adaptive") else settings["K"],
+             "budget": settings.get("budget") if strategy == "ssd" else 0,
+             "backup": Backup(settings.get("backup") or "neural"), "batch": batch, "C": 1.0}
+    point, chosen = scenario.resolve(point)
+    return simulate(scenario.config(**point)).decode_tokens_per_s, chosen or ""
+
+
+def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, seed: int, say: bool = True) -> float:
     first = rows[0]
     starts = [r for i, r in enumerate(rows) if i == 0 or r.context_len < rows[i - 1].context_len]
     prompt = max(1, round(float(np.mean([r.context_len for r in starts]))))
     calls = len(starts)
     output = max(2, round(sum(sum(r.emitted) for r in rows) / (calls * first.batch_size)) + 1)
     strategy = settings["system"]
+    if is_auto(settings):
+        tokens_per_s, chosen = predict_auto(timing, settings, acceptance, hits, prompt, output, first.batch_size,
+                                            rounds, seed)
+        if say:
+            print(f"  {label(settings, rows)}: {chosen}", file=sys.stderr)
+        return tokens_per_s
     backup = Backup(settings.get("backup") or "neural")
     policy = Policy(strategy, K=settings.get("K") or 0, fanout=first.fanout if strategy == "ssd" else None,
                     backup=backup)
@@ -84,9 +116,13 @@ def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, s
 def label(settings: dict, rows: list) -> str:
     s = settings
     parts = [s["system"], f"T={s['temperature']:g}", f"b={rows[0].batch_size}"]
-    if s.get("K"):
+    if s.get("adaptive"):
+        parts.append("K=auto")
+    elif s.get("K"):
         parts.append(f"K={s['K']}")
-    if s["system"] == "ssd":
+    if s["system"] == "ssd" and s.get("budget") == "auto":
+        parts += [f"B=auto {s.get('schedule') or 'uniform'}", s.get("backup") or "neural"]
+    elif s["system"] == "ssd":
         fanout = rows[0].fanout
         parts += [f"{s.get('schedule') or 'uniform'} B={sum(fanout)} F={'-'.join(map(str, fanout))}",
                   s.get("backup") or "neural"]
@@ -99,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration", type=Path, required=True)
     p.add_argument("--rounds", type=int, default=4000, help="simulated rounds per configuration")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-level", action="store_true",
+                   help="the calibration's level as it is (default: leveled to each temperature's SD reference)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     timing = fit_all([str(args.calibration)])  # with the fast backups from its .summary.json
@@ -108,31 +146,35 @@ def main(argv: list[str] | None = None) -> int:
     # which it cannot see)
     reference: dict[float, tuple[str, dict, list]] = {}
     for key, (s, rows) in found.items():
-        if s["system"] == "sd" and rows[0].batch_size == 1:
+        if s["system"] == "sd" and rows[0].batch_size == 1 and not s.get("adaptive"):  # one K: one rank table
             best = reference.get(s["temperature"])
             if best is None or s["K"] > best[1]["K"]:
                 reference[s["temperature"]] = (key, s, rows)
     if not reference:
         print("error: the runs have no SD variant at batch 1 to take α and hits from", file=sys.stderr)
         return 2
-    from_sd = {}
+    from_sd, levels = {}, {}
     for temperature, (key, s, rows) in reference.items():
         hits = from_records(rows)
+        own = timing if args.no_level else timing.leveled(rows)
+        levels[temperature] = own.levels
         from_sd[temperature] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
-                                replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms))
+                                replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms), own)
+        level = (f"; level: target ×{own.levels['target']:.3f}, draft ×{own.levels['draft']:.3f}" if own.levels
+                 else "")
         print(f"T = {temperature:g}: α per position and hits from {key} "
-              f"(α {', '.join(f'{a:.3f}' for a in hits.meta['alpha'])})", file=sys.stderr)
+              f"(α {', '.join(f'{a:.3f}' for a in hits.meta['alpha'])}){level}", file=sys.stderr)
     table = []
     for key, (settings, rows) in found.items():
         if settings["temperature"] not in from_sd:
             continue
-        hits, acceptance, old_timing = from_sd[settings["temperature"]]
+        hits, acceptance, old_timing, own_timing = from_sd[settings["temperature"]]
         measured = measured_tokens_per_s(rows)
         own = settings.get("backup") == "lookup"
         if own:
             acceptance = replace(acceptance, alpha_lookup=lookup_alpha(rows))
-        predicted = predict(timing, settings, rows, acceptance, hits, args.rounds, args.seed)
-        old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed)
+        predicted = predict(own_timing, settings, rows, acceptance, hits, args.rounds, args.seed)
+        old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed, say=False)
         table.append({"configuration": label(settings, rows) + (" (own lookup α)" if own else ""), "run": settings["run"],
                       "reference": key == reference[settings["temperature"]][0], "rounds": len(rows), "measured": round(measured, 3),
                       "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
@@ -152,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
           f"link {timing.link_latency_ms:.2f} ms, fit errors {json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}")
     if args.json:
         args.json.write_text(json.dumps({"rows": table, "ssd_verify_factor": timing.ssd_verify_factor,
-                                         "fit_errors": timing.errors}, indent=1) + "\n")
+                                         "fit_errors": timing.errors,
+                                         "levels": {f"{t:g}": v for t, v in levels.items()}}, indent=1) + "\n")
     return 0
 
 

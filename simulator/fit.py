@@ -40,6 +40,13 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   the same rows. It is fitted where three prefills or more tell it from the other two (else p_att = 0);
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
 - the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify;
+- the level: a calibration's forwards run in short bursts, and a long run's rounds on the same machine
+  can cost more (the default pair at K 5: the calibration's fit put the verify at 283 ms and the SD draft at
+  156, a bench's SD rounds minutes later at 317 and 178, and SD's tokens/s was predicted 15% high).
+  `FittedTiming.leveled` takes an SD run's rounds (the run a planner has anyway: α and hits come from it) and
+  scales the target's forwards by the median of its verifies over the fit and the draft's forwards (draft,
+  backup, build, prefill) by the same ratio of its drafts: the calibration keeps the shapes (rows, context,
+  branches, interference), the run sets the level;
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
   memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
   any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
@@ -106,6 +113,30 @@ class FittedTiming:
     backup: Coef | None = None  # the neural backup's own draft-forward coefficients (see above)
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
+    levels: dict = field(default_factory=dict)  # "target", "draft": the scales `leveled` applied, "rounds"
+
+    def leveled(self, records: list[RoundRecord]) -> "FittedTiming":
+        """This fit at the level of an SD run's rounds: the target's forwards scaled by the median of the
+        run's verify over this fit's, the draft's by the median of its drafts over this fit's (module
+        docstring). ValueError without three SD decode rounds or without a fitted draft."""
+        rounds = [r for r in records if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
+        if len(rounds) < 3:
+            raise ValueError(f"leveling needs an SD run's decode rounds (3 or more with a draft time), got "
+                             f"{len(rounds)}: give the records of a saguaro bench SD run")
+        if self.draft is None:
+            raise ValueError("this fit has no draft time to level: fit it on a calibration (saguaro calibrate)")
+        target = float(np.median([r.verify_ms / self.verify_ms(r.batch_size, r.K + 1, r.context_len)
+                                  for r in rounds]))
+        draft = float(np.median([r.draft_ms / self.draft_ms(r.batch_size, r.K, r.context_len) for r in rounds]))
+        scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731
+        build = None if self.build is None else (self.build[0], self.build[1] * draft, self.build[2] * draft)
+        return replace(
+            self, verify=scaled(self.verify, target), decode=scaled(self.decode, target),
+            decode_one_row=scaled(self.decode_one_row, target), prefill_target=scaled(self.prefill_target, target),
+            draft=scaled(self.draft, draft), backup=scaled(self.backup, draft), build=build,
+            prefill_draft=scaled(self.prefill_draft, draft),
+            prefill_attention=(self.prefill_attention[0] * target, self.prefill_attention[1] * draft),
+            levels={"target": target, "draft": draft, "rounds": len(rounds)})
 
     def _target(self, rows: int, kv: int) -> float:
         v0, v_row, v_kv = self.verify

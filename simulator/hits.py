@@ -249,6 +249,15 @@ def measured(workload: str = "spec_bench", temperature: float = 0.0, C: float = 
     return EmpiricalHit.from_dict(best["model"], source=where)
 
 
+def _tail_split(model: EmpiricalHit, weights: np.ndarray, B: int) -> tuple[int, ...]:
+    """More budget than KEPT guesses per outcome: every outcome is in its concave tail; split ∝ P(k)^(1/(1+r))."""
+    share = weights ** (1.0 / (1.0 + model.tail_r))
+    real = B * share / share.sum()
+    out = np.floor(real).astype(int)
+    out[np.argsort(-(real - out))[: B - int(out.sum())]] += 1
+    return tuple(int(x) for x in out)
+
+
 def best_schedule(model: EmpiricalHit, alpha: float, K: int, B: int) -> tuple[int, ...]:
     """The integer schedule F_0..F_K (Σ = B) with the highest `model.hit_rate(alpha, F)`: an exact dynamic
     programme over outcomes and budget (the measured gains need not be concave, so no greedy).
@@ -260,6 +269,8 @@ def best_schedule(model: EmpiricalHit, alpha: float, K: int, B: int) -> tuple[in
         raise ValueError(f"K and B must be >= 0; got K={K}, B={B}")
     weights = outcome_probabilities(alpha, K)  # [K+1]
     cap = min(B, KEPT)
+    if B > cap * (K + 1):
+        return _tail_split(model, weights, B)  # no schedule within KEPT per outcome spends B: skip the programme
     F = np.arange(cap + 1)
     gain = np.stack([weights[k] * (1.0 - model.miss(k, K, F)) for k in range(K + 1)])  # [K+1, cap+1]
     # best[c]: best total of outcomes k..K with budget c (each outcome at most `cap`)
@@ -276,13 +287,8 @@ def best_schedule(model: EmpiricalHit, alpha: float, K: int, B: int) -> tuple[in
             i = int(np.argmax(totals))
             here[c], choice[k, c] = totals[i], f[i]
         best = here
-    if B > cap * (K + 1) or not np.isfinite(best[B]):
-        # more budget than KEPT guesses per outcome: every outcome is in its concave tail; split ∝ P(k)^(1/(1+r))
-        share = weights ** (1.0 / (1.0 + model.tail_r))
-        real = B * share / share.sum()
-        out = np.floor(real).astype(int)
-        out[np.argsort(-(real - out))[: B - int(out.sum())]] += 1
-        return tuple(int(x) for x in out)
+    if not np.isfinite(best[B]):
+        return _tail_split(model, weights, B)
     out, left = [], B
     for k in range(K + 1):
         out.append(int(choice[k, left]))

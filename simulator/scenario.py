@@ -3,6 +3,15 @@
 `Scenario.config(strategy, K, budget, backup, batch, C)` builds one `SimConfig`; `sweep` runs a grid.
 The fan-out schedule for a budget B comes from theory: Thm 12's exact integer optimum for the power-law
 miss model ("geometric", the default) or the reference engine's even spread ("uniform").
+
+K and the budget may be "auto", as the engine's are (`Scenario.resolve` settles them before a point is built):
+- budget "auto": the engine sizes SSD's cache so that its build takes about `BUILD_SHARE` of one verify, at
+  least one guess per outcome. Here: the largest B from K + 1 up whose build (batch·B branches, at the
+  workload's mean context) the timing model puts within that share of SSD's verify;
+- K "auto": the engine picks, round by round, the K with the most tokens per unit time from the running α
+  and the timings it measured. With α and the timings holding still that settles on one K, so here each K in
+  1..`AUTO_K_MAX` (with its own auto budget) is simulated and the fastest in decode tokens/s is kept. The
+  engine's transients (its first rounds, the probes of a neighbouring K) are not modelled.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ from simulator.timing import TimingModel
 from simulator.workload import ClosedLoop, Lengths, OpenLoop
 
 FANOUT_RULES = ("geometric", "uniform")
+AUTO = "auto"  # K or budget chosen as the engine's K="auto" / budget="auto" would (module docstring)
+AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX: the largest K the engine's K="auto" may choose
+BUILD_SHARE = 0.9  # engine.ssd.policy: budget "auto" aims the cache build at this share of one verify
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,55 @@ class Scenario:
             return best_schedule(hits, alpha, K, budget)
         return tuple(int(f) for f in integer_fanout(alpha, hits.r, K, budget, hits.scale))
 
+    def mean_context(self) -> int:
+        """The context a decode round sees on average: the prompt and half the output (128 when endless)."""
+        output = self.output_len.mean if self.output_len is not None else 256.0
+        return max(1, round(self.prompt_len.mean + output / 2))
+
+    def auto_budget(self, K: int, batch: int = 1) -> int:
+        """Budget "auto" at this K and batch (module docstring): at least K + 1, at most 64·(K + 1)."""
+        context = self.mean_context()
+        timing = self.timing.for_strategy(Strategy.SSD) if hasattr(self.timing, "for_strategy") else self.timing
+        share = BUILD_SHARE * timing.verify_ms(batch, K + 1, context)
+        floor, cap = K + 1, 64 * (K + 1)
+        fits = lambda B: self.timing.cache_build_ms(batch, K, batch * B, context) <= share  # noqa: E731
+        if not fits(floor + 1):
+            return floor
+        low, high = floor + 1, cap  # fits(low); the build grows with B, so bisect for the last B that fits
+        if fits(high):
+            return high
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        return low
+
+    def resolve(self, point: dict) -> tuple[dict, str | None]:
+        """The point with K and budget "auto" settled (module docstring), and a line saying what was chosen
+        (None when nothing was "auto")."""
+        strategy = Strategy(point["strategy"])
+        K, budget = point["K"], point.get("budget", 0)
+        if strategy is Strategy.AR or (K != AUTO and budget != AUTO):
+            return point, None
+
+        def at(k: int) -> dict:
+            chosen = {**point, "K": k}
+            if strategy is Strategy.SSD and budget == AUTO:
+                chosen["budget"] = self.auto_budget(k, point["batch"])
+            return chosen
+
+        if K != AUTO:
+            chosen = at(K)
+            return chosen, f"{strategy.value} K {K} batch {point['batch']}: budget auto -> {chosen['budget']}"
+        closed = replace(self, rate_per_s=None)  # the engine chooses K from its rounds, not from the arrivals
+        candidates = [at(k) for k in range(1, AUTO_K_MAX + 1)]
+        speeds = [simulate(closed.config(**c)).decode_tokens_per_s for c in candidates]
+        best = int(np.argmax(speeds))
+        chosen = candidates[best]
+        tried = ", ".join(f"{c['K']}: {v:.3g}" for c, v in zip(candidates, speeds))
+        budget_note = f", budget auto -> {chosen['budget']}" if budget == AUTO and strategy is Strategy.SSD else ""
+        return chosen, (f"{strategy.value} batch {point['batch']}: K auto -> {chosen['K']}{budget_note} "
+                        f"(decode tokens/s by K: {tried})")
+
     def config(self, strategy: Strategy, K: int = 4, budget: int = 12, backup: Backup = Backup.NEURAL,
                batch: int = 1, C: float = 1.0) -> SimConfig:
         strategy = Strategy(strategy)
@@ -144,11 +205,12 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Grid:
-    """The values swept; AR ignores K, budget, backup and C, SD ignores budget and backup."""
+    """The values swept; AR ignores K, budget, backup and C, SD ignores budget and backup. K and budget may
+    hold "auto" (`Scenario.resolve`)."""
 
     strategies: tuple[Strategy, ...] = (Strategy.SSD,)
-    K: tuple[int, ...] = (4,)
-    budget: tuple[int, ...] = (12,)
+    K: tuple[int | str, ...] = (4,)
+    budget: tuple[int | str, ...] = (12,)
     backup: tuple[Backup, ...] = (Backup.NEURAL,)
     batch: tuple[int, ...] = (1,)
     C: tuple[float, ...] = (1.0,)
@@ -169,12 +231,13 @@ class Grid:
         return out
 
 
-def sweep(scenario: Scenario, grid: Grid, progress: Callable[[int, int], None] | None = None
-          ) -> list[tuple[dict, SimResult]]:
-    """Simulate every point of the grid (same seed: common random numbers across points). `progress(done,
-    total)` is called after each point."""
+def sweep(scenario: Scenario, grid: Grid, progress: Callable[[int, int], None] | None = None,
+          points: list[dict] | None = None) -> list[tuple[dict, SimResult]]:
+    """Simulate every point of the grid, or the `points` given (already resolved), with the same seed: common
+    random numbers across points. `progress(done, total)` is called after each point."""
     results = []
-    points = grid.points()
+    if points is None:
+        points = [scenario.resolve(point)[0] for point in grid.points()]
     for point in points:
         config = scenario.config(**point)
         result = simulate(config)

@@ -66,17 +66,31 @@ def best_backup(
     b: npt.ArrayLike,
     miss_policy: MissPolicy | str = MissPolicy.PER_ROW,
 ) -> IntArray:
-    """Index into `options` of the backup with the highest Cor. 16 speedup at each b (ties: first listed)."""
-    return np.argmax(backup_speedups(p_hit, E_hit, T_p, options, b, miss_policy), axis=0)
+    """Index into `options` of the backup with the highest Cor. 16 speedup at each b. An option displaces the
+    best listed before it only if it beats it by more than WIN_MARGIN (ties, rounding's included, go to the
+    first listed), so with [neural, fast] this picks fast exactly where `critical_batch_size` says it wins."""
+    speeds = backup_speedups(p_hit, E_hit, T_p, options, b, miss_policy)
+    best = np.zeros(speeds.shape[1:], dtype=np.int64)
+    top = speeds[0]
+    for i in range(1, len(options)):
+        wins = beats(speeds[i], top)
+        best = np.where(wins, i, best)
+        top = np.where(wins, speeds[i], top)
+    return best
 
 
 WIN_MARGIN = 1e-12  # "beats" means by more than this share: closer than that, two speedups tie in floating point
 
 
+def beats(speed: FloatArray, other: FloatArray) -> npt.NDArray[np.bool_]:
+    """Where `speed` beats `other` by more than rounding: at a tie (u = 1 exactly, or u a few ulps from 0) two
+    speedups evaluate apart by ~1e-16 either way."""
+    return np.asarray(speed > other * (1.0 + WIN_MARGIN))
+
+
 def fast_beats_neural(speeds: FloatArray) -> npt.NDArray[np.bool_]:
-    """Where the fast backup's speedup (row 1 of `backup_speedups`) beats the neural one's (row 0) by more than
-    rounding: at a tie (u = 1 exactly, or u a few ulps from 0) the two evaluate apart by ~1e-16 either way."""
-    return speeds[1] > speeds[0] * (1.0 + WIN_MARGIN)
+    """Where the fast backup's speedup (row 1 of `backup_speedups`) beats the neural one's (row 0)."""
+    return beats(speeds[1], speeds[0])
 
 
 def _fast_wins(p_hit: float, E_hit: float, T_p: float, neural: BackupOption, fast: BackupOption, b: int,

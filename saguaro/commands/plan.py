@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 
-from saguaro.commands.simulate import Progress, _write_json, add_scenario_flags, help_formatter, scenario_inputs, table
+from saguaro.commands.simulate import (Progress, _write_json, add_scenario_flags, help_formatter, int_or_auto,
+                                      scenario_inputs, table)
 
 METRICS = ("ttft", "tpot", "itl", "e2el")  # theory.latency.METRICS (not imported here: the CLI starts light)
 SETTINGS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C"]
@@ -47,8 +48,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("candidates (space-separated lists)")
     g.add_argument("--strategy", nargs="+", default=["ar", "sd", "ssd"], choices=["ar", "sd", "ssd"],
                    help="strategies")
-    g.add_argument("-K", "--K", dest="K", type=int, nargs="+", default=[2, 4, 6], help="draft tokens per round")
-    g.add_argument("--budget", type=int, nargs="+", default=[6, 12, 24], help="SSD fan-out budgets B = Σ F_k")
+    g.add_argument("-K", "--K", dest="K", type=int_or_auto, nargs="+", default=[2, 4, 6],
+                   help="draft tokens per round (auto: the fastest K in 1..8, as the engine's K auto settles)")
+    g.add_argument("--budget", type=int_or_auto, nargs="+", default=[6, 12, 24],
+                   help="SSD fan-out budgets B = Σ F_k (auto: the engine's rule, the build within 90%% of a verify)")
     g.add_argument("--backup", nargs="+", default=["neural", "random"], choices=["neural", "random", "lookup"],
                    help="SSD backups")
     g.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="max batch per replica")

@@ -181,6 +181,9 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--fit", metavar="RECORDS", nargs="+",
                    help="fit the timing model from the engine's per-round JSONL records (several files: one fit; "
                         "add saguaro calibrate's records for SSD's interference, branch cost and backup time)")
+    g.add_argument("--level", metavar="RECORDS", nargs="+",
+                   help="with --fit: scale the fitted target and draft forwards to the level of an SD run's rounds "
+                        "(saguaro bench records; the calibration keeps the shapes, the run sets the level)")
     g.add_argument("--t-verify-ms", type=float, default=10.0, help="constant timing: T_v")
     g.add_argument("--t-draft-ms", type=float, default=1.0, help="constant timing: one draft step T_d")
     g.add_argument("--t-build-ms", type=float, help="constant timing: cache build T_p (default (K+1)·T_d)")
@@ -231,8 +234,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=help_formatter())
     g = p.add_argument_group("configuration (several values, space-separated: a sweep)")
     g.add_argument("--strategy", nargs="+", default=["ssd"], choices=["ar", "sd", "ssd"], help="strategies")
-    g.add_argument("-K", "--K", dest="K", type=int, nargs="+", default=[4], help="draft tokens per round")
-    g.add_argument("--budget", type=int, nargs="+", default=[12], help="SSD fan-out budget B = Σ F_k")
+    g.add_argument("-K", "--K", dest="K", type=int_or_auto, nargs="+", default=[4],
+                   help="draft tokens per round; auto: the fastest K in 1..8, as the engine's K auto settles")
+    g.add_argument("--budget", type=int_or_auto, nargs="+", default=[12],
+                   help="SSD fan-out budget B = Σ F_k; auto: the engine's rule (the build within 90%% of a verify)")
     g.add_argument("--fanout", type=_floats, nargs="+", metavar="F",
                    help="explicit SSD schedule F_0 ... F_K, space-separated (one K, instead of --budget)")
     g.add_argument("--backup", nargs="+", default=["neural"], choices=["neural", "random", "lookup"],
@@ -250,6 +255,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="with --fit: predict each run in these records and compare with its measured tokens/s")
     g.add_argument("--benchmark", action="store_true", help="measure simulated rounds per second of wall time")
     return p
+
+
+def int_or_auto(text: str) -> int | str:
+    """-K / --budget values: a whole number or "auto" (simulator.scenario.Scenario.resolve)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {text!r}") from None
 
 
 def _lengths(text: str):
@@ -294,13 +309,21 @@ def fit_all(paths: list[str]):
     return replace(fitted, fast_backup_ms=fast)
 
 
+def fitted_from_args(args: argparse.Namespace):
+    """--fit's timing, leveled to --level's SD rounds when given (simulator.fit.FittedTiming.leveled)."""
+    if getattr(args, "level", None) and not args.fit:
+        raise ValueError("--level scales a fitted timing: give --fit CALIBRATION.jsonl with it")
+    fitted = fit_all(args.fit)
+    return fitted.leveled(read_all(args.level)) if getattr(args, "level", None) else fitted
+
+
 def timing_from_args(args: argparse.Namespace):
     """(timing model, target devices, draft hardware or None, fitted model or None)."""
     from simulator import ConstantTiming, Deployment, RooflineTiming, fit_timing, read_records
     from simulator.presets import PAIRS, hardware_preset, model_preset
 
-    if args.fit:
-        fitted = fit_all(args.fit)
+    if args.fit or getattr(args, "level", None):
+        fitted = fitted_from_args(args)
         return fitted, 1, None, fitted
     if args.timing == "constant":
         timing = ConstantTiming(t_verify_ms=args.t_verify_ms, t_draft_ms=args.t_draft_ms,
@@ -397,6 +420,8 @@ def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
     elif isinstance(timing, FittedTiming):
         out["pair"] = out["hardware"] = "those of the fitted records"
         out["timing"] = {"source": "fitted to engine records", "records": list(args.fit)}
+        if timing.levels:
+            out["timing"]["leveled"] = {"records": list(args.level), **timing.levels}
     else:
         out["pair"] = out["hardware"] = "none: constant timing stands for them"
         out["timing"] = {"source": "constant", "t_verify_ms": timing.t_verify_ms, "t_draft_ms": timing.t_draft_ms,
@@ -480,7 +505,7 @@ def _validate(args: argparse.Namespace) -> int:
 
     if not args.fit:
         raise ValueError("--validate needs --fit CALIBRATION.jsonl: the timings are fitted on a separate run")
-    fitted = fit_all(args.fit)
+    fitted = fitted_from_args(args)
     rows = []
     for path in args.validate:
         for row in validate(fitted, read_records(path)):
@@ -490,7 +515,7 @@ def _validate(args: argparse.Namespace) -> int:
                          "simulated": row.simulated_tokens_per_s, "error_%": 100 * row.error,
                          "ok": row.within_tolerance})
     passed = sum(r["ok"] for r in rows)
-    fit = {"verify": fitted.verify, "draft": fitted.draft, "overhead_ms": fitted.overhead,
+    fit = {"verify": fitted.verify, "draft": fitted.draft, "levels": fitted.levels, "overhead_ms": fitted.overhead,
            "link_latency_ms": fitted.link_latency_ms, "relative_rms_error": fitted.errors}
     if args.json:
         inputs = {"fit": list(args.fit), "validate": list(args.validate), "tolerance": TOLERANCE,
@@ -540,7 +565,12 @@ def run(args: argparse.Namespace) -> int:
         return _validate(args)
     scenario = scenario_from_args(args, args.rate)
     grid = _grid(args)
-    points = grid.points()
+    points = []
+    for point in grid.points():
+        point, chosen = scenario.resolve(point)  # K / budget "auto": settled as the engine would
+        points.append(point)
+        if chosen and args.json != "-":
+            print(f"auto: {chosen}", file=sys.stderr)
     feasibility.check(*(scenario.config(**p) for p in points))  # cannot run as asked: one line, exit 2
     if args.benchmark:
         configs = [scenario.config(**p) for p in points]
@@ -578,7 +608,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         progress = Progress("simulate", args)
         try:
-            swept = sweep(scenario, grid, progress=progress)  # in the order of points
+            swept = sweep(scenario, grid, progress=progress, points=points)  # in the order of points
         finally:
             progress.close()
         results = [feasibility.honest(scenario.config(**p), r)[0] for p, (_, r) in zip(points, swept)]

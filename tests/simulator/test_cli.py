@@ -156,6 +156,31 @@ def test_fit_and_validate_from_records(tmp_path, capsys):
     assert "2/2 configurations within 10%" in capsys.readouterr().out
 
 
+def _slower(run: list[dict], factor: float) -> list[dict]:
+    """The same rounds with every forward `factor` times dearer (a machine running slower than its calibration)."""
+    return [dict(r, verify_ms=r["verify_ms"] * factor, draft_ms=r["draft_ms"] * factor,
+                 round_ms=r["round_ms"] + (factor - 1) * (r["verify_ms"] + r["draft_ms"])) for r in run]
+
+
+def test_level_sets_the_fit_to_an_sd_runs_level(tmp_path, capsys):
+    """A run 25% slower than its calibration: predicted ~25% fast as it is, within 10% once --level takes the
+    level from an SD run of that machine (the negative control is the same call without --level)."""
+    calibration = write_jsonl(tmp_path / "cal.jsonl", engine_run("sd", 2, 1, 60), engine_run("sd", 4, 2, 60, seed=1),
+                              engine_run("ar", 0, 2, 40, seed=2))
+    sd_run = write_jsonl(tmp_path / "sd.jsonl", _slower(engine_run("sd", 3, 1, 80, seed=3), 1.25))
+    runs = write_jsonl(tmp_path / "runs.jsonl", _slower(engine_run("sd", 4, 1, 80, seed=5), 1.25))
+    out = tmp_path / "out.json"
+    assert main(["simulate", "--fit", str(calibration), "--validate", str(runs), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["validation"][0]["error_%"] > 15
+    capsys.readouterr()
+    assert main(["simulate", "--fit", str(calibration), "--level", str(sd_run), "--validate", str(runs),
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert abs(result["validation"][0]["error_%"]) < 10
+    assert result["fit"]["levels"]["target"] == pytest.approx(1.25, rel=0.02)
+    assert result["fit"]["levels"]["draft"] == pytest.approx(1.25, rel=0.02)
+
+
 def test_plan_prints_the_best_configuration(capsys):
     argv = ["plan", "--rate", "2", "--target-ms", "60", "--timing", "constant", "--strategy", "ar", "sd",
             "--K", "4", "--batch", "1", "4", "--rounds", "400", "--check-requests", "60"]
@@ -169,6 +194,7 @@ def test_plan_prints_the_best_configuration(capsys):
     ["simulate", "--hardware", "tpu"],
     ["simulate", "--validate", "runs.jsonl"],
     ["simulate", "--fit", "/nonexistent/records.jsonl"],
+    ["simulate", "--level", "sd-run.jsonl"],
     ["simulate", "--C", "0.5"],
     ["simulate", "--strategy", "ar", "sd", "--trace", "t.json"],
     ["simulate", "--K", "0", "--strategy", "sd"],

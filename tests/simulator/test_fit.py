@@ -335,3 +335,51 @@ def test_one_stalled_repeat_does_not_pull_the_fit():
     fitted = fit_timing(records)
     assert fitted.decode == pytest.approx(LINE, rel=1e-6) and fitted.decode_one_row == pytest.approx(ONE_ROW, rel=1e-6)
     assert fitted.errors["decode"] < 1e-9
+
+
+# -- the level: a calibration's shapes, an SD run's level --------------------------------------------------
+def _sd_run(target=1.0, draft=1.0, K=5, contexts=(180, 240, 300)):
+    """An SD run's decode rounds at batch 1 whose forwards cost `target` / `draft` times the true ones."""
+    v0, v_row, v_kv = V_TRUE
+    d0, d_row, d_kv = D_TRUE
+    return _records([_point("sd", 1, c, K=K, verify_ms=target * (v0 + v_row * (K + 1) + v_kv * c),
+                            draft_ms=draft * K * (d0 + d_row + d_kv * c)) for c in contexts for _ in range(2)])
+
+
+def test_leveling_scales_the_target_and_the_draft_to_the_sd_runs_rounds():
+    calib = fit_timing(_spanning([64, 512], interference=1.1))
+    leveled = calib.leveled(_sd_run(target=1.12, draft=1.14))
+    assert leveled.levels["target"] == pytest.approx(1.12) and leveled.levels["draft"] == pytest.approx(1.14)
+    assert leveled.levels["rounds"] == 6
+    # every target forward (verify, step, prefill) by the target's level, every draft forward by the draft's
+    assert leveled.verify_ms(4, 5, 300) == pytest.approx(1.12 * calib.verify_ms(4, 5, 300))
+    assert leveled.verify_ms(2, 1, 300) == pytest.approx(1.12 * calib.verify_ms(2, 1, 300))
+    assert leveled.prefill_ms(Strategy.AR, 1, 200) == pytest.approx(1.12 * calib.prefill_ms(Strategy.AR, 1, 200))
+    assert leveled.draft_ms(1, 3, 300) == pytest.approx(1.14 * calib.draft_ms(1, 3, 300))
+    assert leveled.cache_build_ms(4, 4, 64, 300) == pytest.approx(1.14 * calib.cache_build_ms(4, 4, 64, 300))
+    assert leveled.backup_ms(Backup.NEURAL, 2, 4, 300) == pytest.approx(
+        1.14 * calib.backup_ms(Backup.NEURAL, 2, 4, 300))
+    # the shapes stay the calibration's: interference, link, fast backups
+    assert leveled.ssd_verify_factor == calib.ssd_verify_factor == pytest.approx(1.1)
+    assert leveled.fast_backup_ms == calib.fast_backup_ms and leveled.link_latency_ms == calib.link_latency_ms
+
+
+def test_an_sd_run_at_the_calibrations_level_changes_nothing():
+    """The negative control: rounds that cost what the fit says leave every prediction as it was."""
+    calib = fit_timing(_spanning([64, 512]))
+    leveled = calib.leveled(_sd_run())
+    assert leveled.levels["target"] == pytest.approx(1.0) and leveled.levels["draft"] == pytest.approx(1.0)
+    for b, K, N, c in ((1, 5, 8, 240), (4, 4, 64, 300)):
+        assert leveled.cache_build_ms(b, K, N, c) == pytest.approx(calib.cache_build_ms(b, K, N, c))
+        assert leveled.verify_ms(b, K + 1, c) == pytest.approx(calib.verify_ms(b, K + 1, c))
+
+
+def test_leveling_needs_sd_rounds_and_a_fitted_draft():
+    calib = fit_timing(_spanning([64, 512]))
+    with pytest.raises(ValueError, match="SD run's decode rounds"):
+        calib.leveled(_sd_run(contexts=(200,)))  # 2 rounds
+    with pytest.raises(ValueError, match="SD run's decode rounds"):
+        calib.leveled([r for r in _spanning([64]) if r.strategy is not Strategy.SD])
+    ar_only = fit_timing(_records(engine_run("ar", 0, 1, 60, seed=1), engine_run("ar", 0, 4, 60, seed=2)))
+    with pytest.raises(ValueError, match="no draft time"):
+        ar_only.leveled(_sd_run())

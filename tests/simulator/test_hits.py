@@ -9,7 +9,7 @@ import pytest
 from simulator.acceptance import PowerLawHit
 from simulator.hits import KEPT, EmpiricalHit, RankCounts, alpha_per_position, from_records, measured
 from simulator.records import parse_record
-from theory.fanout import expected_hit_probability
+from theory.fanout import expected_hit_probability, outcome_probabilities
 
 K = 3
 
@@ -102,6 +102,18 @@ def test_the_best_schedule_is_the_best_of_all_schedules():
         schedules = [f for f in itertools.product(range(B + 1), repeat=K + 1) if sum(f) == B]
         assert sum(chosen) == B
         assert model.hit_rate(alpha, chosen) == pytest.approx(max(model.hit_rate(alpha, f) for f in schedules))
+
+
+def test_a_budget_beyond_the_counted_ranks_is_split_in_the_power_laws_tail():
+    """B = 10^6: no outcome can take it within KEPT counted ranks, so the schedule is the tail's proportional
+    split, made without running the programme over a million budgets."""
+    from simulator.hits import best_schedule
+
+    model = from_records(synthetic_records(np.random.default_rng(3), 1500, r=0.7, scale=0.8))
+    F = np.array(best_schedule(model, 0.8, K, 10**6))
+    assert F.sum() == 10**6 and F.min() > KEPT
+    share = outcome_probabilities(0.8, K) ** (1 / (1 + model.tail_r))
+    assert np.all(np.abs(F - 10**6 * share / share.sum()) < 1)
 
 
 def test_theory_simulate_and_plan_share_one_default_hit_model(capsys):

@@ -89,6 +89,53 @@ def test_closed_form_b_star_matches_brute_force(p_hit, E_hit, T_p, E_neural, T_n
     assert critical_batch_size(p_hit, E_hit, T_p, neural, fast, b_max=512, miss_policy=policy) == want
 
 
+@FAST
+@given(
+    p_hit=st.floats(0.0, 1.0),
+    E_hit=st.floats(1.0, 8.0),
+    T_p=st.floats(0.0, 3.0),
+    E_neural=st.floats(1.0, 8.0),
+    T_neural=st.floats(0.0, 2.0),
+    E_fast=st.floats(1.0, 8.0),
+    T_fast=st.floats(0.0, 2.0),
+    policy=st.sampled_from(list(MissPolicy)),
+)
+@example(1 - 2**-53, 1.0, 0.0, 1.0, 1.0, 2.0, 0.0, MissPolicy.WHOLE_BATCH)  # a tie that rounding splits
+@example(0.5, 3.0, 0.0, 2.0, 0.0, 3.0, 0.5, MissPolicy.WHOLE_BATCH)
+def test_best_backup_picks_fast_exactly_from_b_star_on(p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast,
+                                                       policy) -> None:
+    """The choice the engine makes (best_backup) and the b* the docs quote agree at every b, ties included."""
+    neural = BackupOption(Backup.NEURAL, E_neural, T_neural)
+    fast = BackupOption(Backup.LOOKUP, E_fast, T_fast)
+    b = np.arange(1, 129)
+    chosen = best_backup(p_hit, E_hit, T_p, [neural, fast], b, policy)
+    speeds = backup_speedups(p_hit, E_hit, T_p, [neural, fast], b, policy)
+    assert np.array_equal(chosen == 1, fast_beats_neural(speeds))
+    b_star = critical_batch_size(p_hit, E_hit, T_p, neural, fast, b_max=128, miss_policy=policy)
+    if b_star is not None:
+        assert chosen[b_star - 1] == 1 and not chosen[: b_star - 1].any()
+    else:
+        assert not chosen.any()
+
+
+def test_a_rounding_tie_goes_to_the_first_listed() -> None:
+    """The negative control: a plain argmax hands this tie (u = 1 exactly, T_p = 0, whole-batch) to the fast
+    backup by ~1e-16; best_backup keeps the neural one, as critical_batch_size does."""
+    neural = BackupOption(Backup.NEURAL, 1.0, 1.0)
+    fast = BackupOption(Backup.LOOKUP, 2.0, 0.0)
+    args = (1 - 2**-53, 1.0, 0.0, [neural, fast], np.array([1, 2]), MissPolicy.WHOLE_BATCH)
+    speeds = backup_speedups(*args)
+    assert np.argmax(speeds, axis=0).tolist() != best_backup(*args).tolist()
+    assert best_backup(*args).tolist() == [0, 0]
+    assert critical_batch_size(*args[:3], neural, fast, b_max=2, miss_policy=MissPolicy.WHOLE_BATCH) is None
+
+
+def test_three_options_each_must_beat_the_best_before_it() -> None:
+    lookup = BackupOption(Backup.LOOKUP, E_miss=1.0, T_b=0.0)  # RANDOM's twin: ties it everywhere
+    b = np.array([1, 8])
+    assert best_backup(0.9, E_SD, 1.0, [NEURAL, RANDOM, lookup], b).tolist() == [0, 1]
+
+
 def test_bad_backup_input_raises_value_error() -> None:
     with pytest.raises(ValueError, match="E_miss of the random backup must be > 0"):
         BackupOption(Backup.RANDOM, E_miss=0.0, T_b=0.0)
