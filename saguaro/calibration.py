@@ -97,28 +97,21 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
                     times.append((t0, time.perf_counter()))
                     state.rollback(torch.full((b,), K, dtype=torch.long))
                 conn.send(times)
-            elif cmd == "busy":  # (batch, branches per row, n): build until "stop", reporting each build
-                b, per_row, _ = a
+            elif cmd == "build":  # (batch, branches per row): one cache build, timed; says when it starts
+                b, per_row = a
                 depth = max(RANK_DEPTH, per_row + 1)
                 N = b * per_row
                 params = RowSampling([greedy] * N)
-                times: list = []
-                conn.send(("started", time.perf_counter()))
-                while True:
-                    state = rows_of(b)  # [.., x_1..x_K] are the prompt's last K tokens
-                    row = torch.arange(b).repeat_interleave(per_row)
-                    k = torch.randint(0, K + 1, (N,), generator=pick)
-                    t = torch.randint(0, V, (N,), generator=pick)
-                    t0 = time.perf_counter()
-                    glue = state.extend(feed(b)).float()  # the glue forward after a hit: one tail token per row
-                    TopLogits.of(glue[:, -1], depth)
-                    decode_branches(state, row, k, t, K, (per_row + 1,) * K, 1.0, params, [gen] * N, depth)
-                    times.append((t0, time.perf_counter()))
-                    conn.send(("built", len(times)))
-                    if conn.poll():  # the target asks to stop once it has seen n_min builds
-                        conn.recv()
-                        break
-                conn.send(times)
+                state = rows_of(b)  # [.., x_1..x_K] are the prompt's last K tokens
+                row = torch.arange(b).repeat_interleave(per_row)
+                k = torch.randint(0, K + 1, (N,), generator=pick)
+                t = torch.randint(0, V, (N,), generator=pick)
+                t0 = time.perf_counter()
+                conn.send(("started", t0))
+                glue = state.extend(feed(b)).float()  # the glue forward after a hit: one tail token per row
+                TopLogits.of(glue[:, -1], depth)
+                decode_branches(state, row, k, t, K, (per_row + 1,) * K, 1.0, params, [gen] * N, depth)
+                conn.send([(t0, time.perf_counter())])
 
 
 class _Worker:
@@ -207,6 +200,12 @@ def _fanout(K: int, per_row: int) -> list[int]:
     return [per_row // (K + 1) + (i < per_row % (K + 1)) for i in range(K + 1)]
 
 
+def verify_widths(K: int) -> list[int]:
+    """Block widths (K+1 for a round of K) timed at batch 1: 2, 3, K + 1 and 2K, so the verify's fit sees
+    how the cost bends at a few rows (simulator.fit: the knee)."""
+    return sorted({2, 3, K + 1, 2 * K})
+
+
 def prefill_points(contexts: list[int], batches: list[int]) -> list[tuple[int, int]]:
     """(batch, tokens) of the timed prefills: batch 1 at the shortest, middle and longest context, and each
     larger batch at the shortest and twice it (within the longest), so that the fit sees rows come from both
@@ -250,7 +249,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
         records.append(_prefill_record(b, n, target_ms, draft_ms))
         summary["prefill_ms"][f"{b}x{n}"] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
     say(f"prefilled at {len(points)} lengths and batch sizes (target and draft)")
-    rounds = TargetRounds(target, ids, K)
+    rounds = TargetRounds(target, ids, K, widths=verify_widths(K))
     timed = rounds.step  # one round of the engine's decode loop: T = 1 the AR step, T = K+1 the verify
 
     for c in contexts:
@@ -269,37 +268,34 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
             backup = _ms(worker.ask("backup", b, max(1, reps - 1)))
             records += [_record("ar", K, b, c, t) for t in ar]
             records += [_record("sd", K, b, c, v, d) for v, d in zip(alone, sd)]
+            if b == 1:  # the verify at other widths: at batch 1 it is not a line in the rows (simulator.fit)
+                for w in verify_widths(K):
+                    if w != K + 1:
+                        records += [_record("sd", w - 1, b, c, t) for t in _ms([timed(w) for _ in range(reps)])]
             summary["ar_ms"][key], summary["verify_ms"][key] = med(ar), med(alone)
             summary["sd_draft_ms"][key], summary["backup_ms"][key] = med(sd), med(backup)
             busy_all: list[float] = []
+            ratios: list[float] = []
             for B in args.budget:
-                worker.conn.send(("busy", b, B, 2))
-                worker.recv()  # the worker has started building
-                busy: list[tuple[float, float]] = []
-                built = 0
-                while len(busy) < reps or built < 2:  # each verify runs next to a build
-                    busy.append(timed(K + 1))
-                    while worker.conn.poll():
-                        built = worker.recv()[1]
-                worker.conn.send(("stop",))  # it stops after the build under way; verify next to it meanwhile
-                pairs = None
-                while pairs is None:
-                    while pairs is None and worker.conn.poll():
-                        message = worker.recv()
-                        pairs = None if isinstance(message, tuple) else message  # a tuple: ("built", n)
-                    if pairs is None:
-                        busy.append(timed(K + 1))
-                builds = _ms(pairs)
-                busy = [v for v in busy if v[1] <= pairs[-1][1]] or busy  # a verify that ran on alone: left out
-                verify = _ms(busy)
-                busy_all += verify
-                # as many records as builds or --repeats, so a point with long builds (many verifies meanwhile)
-                # does not outweigh the others; a build is never recorded twice
-                n = max(reps, len(builds))
                 hits = dict(hit=[True] * b, branches=b * B, backup=None, wait_ms=0.0, fanout=_fanout(K, B))
-                records += [_record("ssd", K, b, c, verify[i % len(verify)],
-                                    cache_build_ms=round(builds[i], 3) if i < len(builds) else 0.0, **hits)
-                            for i in range(n)]
+                builds = []
+                for _ in range(reps):  # pairs taken in turn: the verify alone, then next to one build
+                    single = _ms([timed(K + 1)])[0]
+                    worker.conn.send(("build", b, B))
+                    worker.recv()  # ("started", t): the build is under way
+                    busy: list[tuple[float, float]] = []
+                    pair = None
+                    while pair is None:
+                        busy.append(timed(K + 1))
+                        if worker.conn.poll():
+                            pair = worker.recv()
+                    inside = [v for v in busy if v[1] <= pair[0][1]] or busy[:1]  # ended before the build did
+                    verify = statistics.median(_ms(inside))
+                    builds += _ms(pair)
+                    busy_all.append(verify)
+                    ratios.append(verify / single)
+                    records.append(_record("sd", K, b, c, single))  # the verify alone, taken between the builds
+                    records.append(_record("ssd", K, b, c, verify, cache_build_ms=round(builds[-1], 3), **hits))
                 summary["cache_build_ms"][f"{key}x{b * B}"] = med(builds)
             # the backup's own time: an SSD round whose every row missed (the worker drafts the whole batch)
             B0 = args.budget[0]
@@ -307,7 +303,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
             records += [_record("ssd", K, b, c, busy_all[i % len(busy_all)], t, wait_ms=round(t, 3),
                                 backup_ms=round(t, 3), **miss) for i, t in enumerate(backup)]
             summary["verify_busy_ms"][key] = med(busy_all)
-            summary["interference"][key] = round(statistics.median(busy_all) / statistics.median(alone), 3)
+            summary["interference"][key] = round(statistics.median(ratios), 3)  # of pairs a few seconds apart
             say(f"context {c}, batch {b}: verify {med(alone)} ms alone, {med(busy_all)} ms next to the builds")
     factors = list(summary["interference"].values())
     summary["interference_factor"] = round(statistics.median(factors), 3)
@@ -322,7 +318,8 @@ def fit_summary(path: Path) -> dict:
     f = fit_timing(read_records(path))
     r = lambda x: round(float(x), 5)  # noqa: E731
     ssd = f.for_strategy("ssd")
-    return {"verify": [r(c) for c in f.verify], "decode": [r(c) for c in f.decode] if f.decode else None,
+    return {"verify": [r(c) for c in f.verify], "verify_knee": [r(c) for c in f.verify_knee] if f.verify_knee else None,
+            "decode": [r(c) for c in f.decode] if f.decode else None,
             "decode_one_row": [r(c) for c in f.decode_one_row] if f.decode_one_row else None,
             "backup": [r(c) for c in f.backup] if f.backup else None,
             "prefill_attention": [r(c) for c in f.prefill_attention],

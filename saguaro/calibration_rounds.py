@@ -36,7 +36,7 @@ class TargetRounds:
     tokens with a proposer of fixed tokens (FixedDraft, beside it). After each round the cache rolls back to
     where it was (exact), so no point is prefilled again."""
 
-    def __init__(self, target, ids: list[int], K: int):
+    def __init__(self, target, ids: list[int], K: int, widths: list[int] | None = None):
         import torch
 
         from engine.decode_loop import DecodeLoop
@@ -44,12 +44,13 @@ class TargetRounds:
         from engine.strategies.ar import NoDraft
 
         self.ids, self.K = ids, K
+        self.widths = sorted(set(widths or []) | {K + 1})  # block widths a verify may be timed at
         self.V = int(target.get_output_embeddings().out_features)
         self.device = torch.device("cpu")
         self.ar = NoDraft(self.V, self.device)
         self.loop = DecodeLoop(target, self.ar, pad_id=0, device=self.device, scheduler=SchedulerConfig())
         self.loop.records = []
-        self.sd: FixedDraft | None = None
+        self.sd: dict[int, FixedDraft] = {}  # width -> the proposer of its fixed tokens
 
     def batch(self, base, b: int) -> None:
         """The running batch: b requests at `base`'s context (`ragged`), each with its next token pending."""
@@ -70,17 +71,21 @@ class TargetRounds:
             loop.running.append(seq)
         loop.state = ragged(base, b)
         loop.pending = torch.full((b,), self.ids[c], dtype=torch.long)
-        x = torch.tensor(self.ids[c + 1 : c + 1 + self.K], dtype=torch.long).repeat(b, 1)  # [b, K]
-        self.sd = FixedDraft(x, self.V)
+        longest = max(self.widths) - 1
+        if c + 1 + longest > len(self.ids):
+            raise ValueError(f"the calibration prompt has {len(self.ids)} tokens: too few for a block of {longest} "
+                             f"drafted tokens at context {c}")
+        x = torch.tensor(self.ids[c + 1 : c + 1 + longest], dtype=torch.long).repeat(b, 1)  # [b, widest K]
+        self.sd = {w: FixedDraft(x[:, : w - 1].contiguous(), self.V) for w in self.widths}
 
     def step(self, T: int) -> tuple[float, float]:
-        """One round (T = 1: AR; T = K+1: the verify of K drafted tokens) and the perf_counter times (start,
-        end) of its verify as the record times it (the forward, the warp, the rejection sampling, the roll-back):
-        end is taken as the round returns, start verify_ms before it."""
-        if T not in (1, self.K + 1):
-            raise ValueError(f"a timed round feeds 1 (AR) or K+1 = {self.K + 1} tokens per row, not {T}")
+        """One round (T = 1: AR; T = K'+1, one of `widths`: the verify of K' drafted tokens) and the perf_counter
+        times (start, end) of its verify as the record times it (the forward, the warp, the rejection sampling,
+        the roll-back): end is taken as the round returns, start verify_ms before it."""
+        if T != 1 and T not in self.widths:
+            raise ValueError(f"a timed round feeds 1 (AR) or one of {self.widths} tokens per row, not {T}")
         loop = self.loop
-        loop.proposer = self.ar if T == 1 else self.sd
+        loop.proposer = self.ar if T == 1 else self.sd[T]
         before = loop.state.lengths.clone()
         loop.records.clear()
         loop.step()

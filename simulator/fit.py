@@ -34,6 +34,12 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   cheaper than the line gets none) and used only when the AR rounds hold batch 1 and at least two other
   batch sizes (else the line's intercept and per-row slope cannot be told from the one-row offset: the
   former shape is fitted); u_kv only when batch 1 spans two contexts or more;
+- the verify's knee: at a few rows the target's forward is not a line in the rows. The default pair's bf16
+  verify at batch 1 took 249, 268 and 278 ms for 3, 4 and 6 rows, where the line through 5 rows (batch 1)
+  and 20 (batch 4) said 231, 249 and 283, so SD at K 2 and 3 was predicted 8-12% fast. When the verifies
+  span four row counts or more (`saguaro calibrate` times widths 2, 3, K + 1 and 2K at batch 1), the fit
+  also tries a knee at each inner row count R, v0 + v_below·min(rows, R) + v_row·max(rows − R, 0) + v_kv·kv,
+  and keeps the best knee if it cuts the relative error by at least a tenth (`verify_knee` = (R, v_below));
 - prefill: p0 + p_row·batch·tokens + p_att·batch·tokens² for the target and for the draft (`saguaro
   calibrate` times prefills at several lengths and batch sizes). The last term is causal attention, quadratic
   in each sequence's length: the default pair's target took 8119 ms for 1 × 512 tokens and 7427 for 4 × 128,
@@ -46,7 +52,10 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   `FittedTiming.leveled` takes an SD run's rounds (the run a planner has anyway: α and hits come from it) and
   scales the target's forwards by the median of its verifies over the fit and the draft's forwards (draft,
   backup, build, prefill) by the same ratio of its drafts: the calibration keeps the shapes (rows, context,
-  branches, interference), the run sets the level;
+  branches, interference), the run sets the level. A ratio within `LEVEL_DEAD_BAND` of 1 is left unapplied:
+  that close, it is as likely the fit's shape at the run's K as the machine (a run at the calibration's level
+  measured 0.97 and 0.96 against its SD K 5 rounds, and applied, that moved its SD K 2 and SSD predictions
+  4% further off);
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
   memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
   any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
@@ -114,11 +123,14 @@ class FittedTiming:
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
     levels: dict = field(default_factory=dict)  # "target", "draft": the scales `leveled` applied, "rounds"
+    verify_knee: tuple[float, float] | None = None  # (R, v_below): rows up to R cost v_below each (see above)
 
-    def leveled(self, records: list[RoundRecord]) -> "FittedTiming":
+    def leveled(self, records: list[RoundRecord], dead_band: float | None = None) -> "FittedTiming":
         """This fit at the level of an SD run's rounds: the target's forwards scaled by the median of the
-        run's verify over this fit's, the draft's by the median of its drafts over this fit's (module
-        docstring). ValueError without three SD decode rounds or without a fitted draft."""
+        run's verify over this fit's, the draft's by the median of its drafts over this fit's, each unless within
+        `dead_band` (default LEVEL_DEAD_BAND) of 1 (module docstring). `levels` holds the scales applied and the
+        ratios measured. ValueError without three SD decode rounds or without a fitted draft."""
+        band = LEVEL_DEAD_BAND if dead_band is None else dead_band
         rounds = [r for r in records if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
         if len(rounds) < 3:
             raise ValueError(f"leveling needs an SD run's decode rounds (3 or more with a draft time), got "
@@ -128,19 +140,21 @@ class FittedTiming:
         target = float(np.median([r.verify_ms / self.verify_ms(r.batch_size, r.K + 1, r.context_len)
                                   for r in rounds]))
         draft = float(np.median([r.draft_ms / self.draft_ms(r.batch_size, r.K, r.context_len) for r in rounds]))
+        measured = {"target": target, "draft": draft}
+        target, draft = (1.0 if abs(x - 1.0) <= band else x for x in (target, draft))
         scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731
         build = None if self.build is None else (self.build[0], self.build[1] * draft, self.build[2] * draft)
+        knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * target)
         return replace(
-            self, verify=scaled(self.verify, target), decode=scaled(self.decode, target),
+            self, verify=scaled(self.verify, target), verify_knee=knee, decode=scaled(self.decode, target),
             decode_one_row=scaled(self.decode_one_row, target), prefill_target=scaled(self.prefill_target, target),
             draft=scaled(self.draft, draft), backup=scaled(self.backup, draft), build=build,
             prefill_draft=scaled(self.prefill_draft, draft),
             prefill_attention=(self.prefill_attention[0] * target, self.prefill_attention[1] * draft),
-            levels={"target": target, "draft": draft, "rounds": len(rounds)})
+            levels={"target": target, "draft": draft, "measured": measured, "rounds": len(rounds)})
 
     def _target(self, rows: int, kv: int) -> float:
-        v0, v_row, v_kv = self.verify
-        return v0 + v_row * rows + v_kv * kv
+        return _verify_time(self.verify, self.verify_knee, rows, kv)
 
     def _draft(self, rows: int, kv: int, coef: Coef | None = None) -> float:
         if self.draft is None:
@@ -164,7 +178,8 @@ class FittedTiming:
         if Strategy(strategy) is not Strategy.SSD or self.ssd_verify_factor == 1.0:
             return self
         f = self.ssd_verify_factor
-        return replace(self, verify=tuple(c * f for c in self.verify), ssd_verify_factor=1.0)
+        knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * f)
+        return replace(self, verify=tuple(c * f for c in self.verify), verify_knee=knee, ssd_verify_factor=1.0)
 
     def draft_ms(self, batch: int, K: int, context: int) -> float:
         return K * self._draft(batch, batch * context)
@@ -200,6 +215,34 @@ class FittedTiming:
 
     def overhead_ms(self, strategy: Strategy) -> float:
         return self.overhead.get(strategy.value, 0.0)
+
+
+def _verify_time(verify: Coef, knee: tuple[float, float] | None, rows: float, kv: float) -> float:
+    v0, v_row, v_kv = verify
+    if knee is None:
+        return v0 + v_row * rows + v_kv * kv
+    R, v_below = knee
+    return v0 + v_below * min(rows, R) + v_row * max(rows - R, 0.0) + v_kv * kv
+
+
+LEVEL_DEAD_BAND = 0.05  # `leveled` leaves a ratio this close to 1 unapplied
+KNEE_GAIN = 0.1  # a knee is kept only if it cuts the verify fit's relative error by at least this share
+
+
+def _fit_verify(records: list[RoundRecord]) -> tuple[Coef, tuple[float, float] | None, float]:
+    """(v0, v_row, v_kv), the knee (R, v_below) or None, and the relative RMS error (module docstring)."""
+    X = [[1.0, float(r.batch_size * (r.K + 1)), float(r.batch_size * r.context_len)] for r in records]
+    y = [r.verify_ms for r in records]
+    line, error = _fit_linear(X, y)
+    best: tuple[Coef, tuple[float, float] | None, float] = (line, None, error)
+    counts = sorted({x[1] for x in X})
+    if len(counts) < 4:
+        return best
+    for R in counts[1:-1]:
+        coef, err = _fit_linear([[1.0, min(x[1], R), max(x[1] - R, 0.0), x[2]] for x in X], y)
+        if err < best[2] and err <= error * (1 - KNEE_GAIN):
+            best = ((coef[0], coef[2], coef[3]), (R, coef[1]), err)
+    return best
 
 
 def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
@@ -257,7 +300,6 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     if len(decode) < 3:
         raise ValueError(f"need at least 3 decode rounds to fit timings, got {len(decode)}: record a longer run")
     errors, counts = {}, {}
-    design = lambda r: [1.0, r.batch_size * (r.K + 1), r.batch_size * r.context_len]  # noqa: E731
     decode_fit = one_row = None
     steps = [r for r in decode if r.strategy is Strategy.AR]
     if len(steps) >= 3 and len({r.batch_size for r in steps}) >= 2:
@@ -268,13 +310,15 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     if decode_fit is not None and len(verifies) >= 3 and len({r.batch_size * (r.K + 1) for r in verifies}) >= 2:
         alone = verifies  # the AR step has its own fit: the one-token steps no longer bend the verify's
     plain = alone if len(alone) >= 3 else decode
-    verify, errors["verify"] = _fit_linear([design(r) for r in plain], [r.verify_ms for r in plain])
+    verify, knee, errors["verify"] = _fit_verify(plain)
     counts["verify"] = len(plain)
     ssd_verify_factor = 1.0
     busy = [r for r in decode if r.strategy is Strategy.SSD]
     if plain is alone and busy:
-        v = np.asarray(verify)
-        ssd_verify_factor = float(np.median([r.verify_ms / max(float(np.dot(v, design(r))), 1e-9) for r in busy]))
+        def alone_ms(r: RoundRecord) -> float:
+            return _verify_time(verify, knee, r.batch_size * (r.K + 1), r.batch_size * r.context_len)
+
+        ssd_verify_factor = float(np.median([r.verify_ms / max(alone_ms(r), 1e-9) for r in busy]))
         counts["ssd_verify"] = len(busy)
     draft = build = None
     X, y = _draft_rows(decode)
@@ -336,7 +380,7 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
-        verify=verify, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft,
+        verify=verify, verify_knee=knee, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft,
         prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=tuple(attention),
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
         build=build, errors=errors, counts=counts,

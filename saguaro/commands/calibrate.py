@@ -107,10 +107,10 @@ def run(args) -> int:
                 raise ValueError("the target has no tokenizer: give --prompt-ids")
             ids = llm.tokenizer.encode(args.prompt, add_special_tokens=False)
         longest = max(args.context)
-        if llm.max_context is not None and longest + args.K + 1 > llm.max_context:
-            raise ValueError(f"--context {longest} + K+1 exceeds the target's context window ({llm.max_context} "
+        if llm.max_context is not None and longest + 2 * args.K + 1 > llm.max_context:
+            raise ValueError(f"--context {longest} + 2K+1 exceeds the target's context window ({llm.max_context} "
                              f"tokens): give smaller --context values")
-        ids = long_prompt(ids, longest + args.K + 1)  # the tail feeds the timed forwards
+        ids = long_prompt(ids, longest + 2 * args.K + 1)  # the tail feeds the timed forwards (up to 2K wide)
         vocab = int(target.get_output_embeddings().out_features)
         worker = start_worker(recipe, args.draft_threads, ids, args.K)
         try:

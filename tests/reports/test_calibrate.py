@@ -37,9 +37,15 @@ def test_every_context_and_batch_is_timed(calibrated):
             at = [r for r in decode if (r.batch_size, r.context_len) == (b, c)]
             assert sum(r.strategy.value == "ar" for r in at) == 2  # --repeats
             sd = [r for r in at if r.strategy.value == "sd"]
-            assert len(sd) == 2 and all(r.draft_ms > 0 and r.verify_ms > 0 for r in sd)
+            drafted = [r for r in sd if r.draft_ms > 0]
+            assert len(drafted) == 2 and all(r.verify_ms > 0 and r.K == 2 for r in drafted)
+            # the verify alone, taken in turn with each build (2 budgets × 2 repeats), and at batch 1 the other
+            # widths (2 and 2K = 4, K + 1 = 3 being the rest): every one timed, none with a draft
+            alone = sorted(r.K for r in sd if r.draft_ms == 0)
+            assert alone == ([1, 1] + [2] * 4 + [3, 3] if b == 1 else [2] * 4)
+            assert all(r.verify_ms > 0 for r in sd)
             builds = [r for r in at if r.strategy.value == "ssd" and r.cache_build_ms]
-            assert {r.branches for r in builds} == {2 * b, 3 * b}  # batch · budget
+            assert sorted(r.branches for r in builds) == [2 * b, 2 * b, 3 * b, 3 * b]  # batch · budget, 2 repeats
             assert all(r.verify_ms > 0 for r in builds)
             backups = [r for r in at if r.strategy.value == "ssd" and not any(r.hit)]
             assert backups and all(r.backup_ms > 0 and r.backup_time_ms == r.backup_ms for r in backups)

@@ -46,10 +46,10 @@ def test_every_one_token_step_gives_attention_a_mask_with_or_without_holes(targe
         assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)
 
 
-@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("T", [1, 2, 3, 5])
 def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(target, T):
     K, c, b = 2, 12, 3
-    rounds = TargetRounds(target, IDS, K)
+    rounds = TargetRounds(target, IDS, K, widths=[2, 5])
     rounds.batch(prefilled(target, c), b)
     state = rounds.loop.state
     mask, lengths, keys = state.mask.clone(), state.lengths.clone(), state.cache.layers[0].keys.clone()
@@ -67,7 +67,9 @@ def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(ta
 
 
 def test_a_round_of_another_width_is_refused(target):
-    rounds = TargetRounds(target, IDS, 2)
+    rounds = TargetRounds(target, IDS, 2, widths=[4])
     rounds.batch(prefilled(target, 8), 2)
-    with pytest.raises(ValueError, match="1 \\(AR\\) or K\\+1 = 3"):
+    with pytest.raises(ValueError, match="1 \\(AR\\) or one of \\[3, 4\\]"):
         rounds.step(2)
+    with pytest.raises(ValueError, match="too few for a block of 3 drafted tokens"):
+        rounds.batch(prefilled(target, len(IDS) - 3), 1)

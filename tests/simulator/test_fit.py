@@ -1,5 +1,7 @@
 """The fitted timing model recovers known coefficients from synthetic engine records."""
 
+from dataclasses import replace
+
 import pytest
 
 from simulator import fit_timing
@@ -374,6 +376,17 @@ def test_an_sd_run_at_the_calibrations_level_changes_nothing():
         assert leveled.verify_ms(b, K + 1, c) == pytest.approx(calib.verify_ms(b, K + 1, c))
 
 
+def test_a_level_within_the_dead_band_is_measured_but_not_applied():
+    calib = fit_timing(_spanning([64, 512]))
+    near = calib.leveled(_sd_run(target=1.03, draft=0.96))
+    assert near.levels["measured"] == pytest.approx({"target": 1.03, "draft": 0.96})
+    assert near.levels["target"] == near.levels["draft"] == 1.0
+    assert near.verify_ms(1, 6, 240) == calib.verify_ms(1, 6, 240)
+    exact = calib.leveled(_sd_run(target=1.03, draft=0.96), dead_band=0.0)
+    assert exact.verify_ms(1, 6, 240) == pytest.approx(1.03 * calib.verify_ms(1, 6, 240))
+    assert exact.draft_ms(1, 5, 240) == pytest.approx(0.96 * calib.draft_ms(1, 5, 240))
+
+
 def test_leveling_needs_sd_rounds_and_a_fitted_draft():
     calib = fit_timing(_spanning([64, 512]))
     with pytest.raises(ValueError, match="SD run's decode rounds"):
@@ -383,3 +396,36 @@ def test_leveling_needs_sd_rounds_and_a_fitted_draft():
     ar_only = fit_timing(_records(engine_run("ar", 0, 1, 60, seed=1), engine_run("ar", 0, 4, 60, seed=2)))
     with pytest.raises(ValueError, match="no draft time"):
         ar_only.leveled(_sd_run())
+
+
+# -- the verify's knee: a few rows are not on the line through many ----------------------------------------
+def _verifies(time_of, widths=(2, 3, 5, 8), batches=(4, 8), K=4, contexts=(64, 512)):
+    """Verifies alone: batch 1 at several widths, the larger batches at K + 1, as `saguaro calibrate` times them."""
+    out = []
+    for c in contexts:
+        shapes = [(1, w) for w in widths] + [(b, K + 1) for b in batches]
+        for b, w in shapes:
+            out += [_point("sd", b, c, K=w - 1, verify_ms=time_of(b * w, b * c))] * 2
+    return _records(out)
+
+
+def test_a_verify_that_bends_at_a_few_rows_gets_its_knee():
+    knee = lambda rows, kv: 200 + 5 * min(rows, 8) + 17 * max(rows - 8, 0) + 0.01 * kv  # noqa: E731
+    fitted = fit_timing(_verifies(knee))
+    assert fitted.verify_knee == pytest.approx((8, 5.0)) and fitted.verify == pytest.approx((200, 17, 0.01))
+    for b, w, c in ((1, 3, 240), (1, 6, 240), (4, 5, 300), (2, 4, 100)):
+        assert fitted.verify_ms(b, w, c) == pytest.approx(knee(b * w, b * c))
+    # the line it replaces misses the few-row verifies by far more
+    line = fit_timing(_verifies(knee, widths=(5,)))
+    assert line.verify_knee is None
+    assert line.verify_ms(1, 3, 240) < 0.95 * knee(3, 240)
+    # leveling and the worker's interference scale the knee's rows too
+    assert fitted.for_strategy(Strategy.SSD).verify_ms(1, 3, 240) == pytest.approx(knee(3, 240))  # factor 1
+    slower = replace(fitted, ssd_verify_factor=1.1).for_strategy(Strategy.SSD)
+    assert slower.verify_ms(1, 3, 240) == pytest.approx(1.1 * knee(3, 240))
+
+
+def test_a_straight_verify_keeps_its_line():
+    """The negative control: verifies on a line get no knee (none cuts the error by a tenth)."""
+    fitted = fit_timing(_verifies(lambda rows, kv: 180 + 17 * rows + 0.01 * kv))
+    assert fitted.verify_knee is None and fitted.verify == pytest.approx((180, 17, 0.01))
