@@ -134,7 +134,7 @@ class Scenario:
         return tuple(int(f) for f in integer_fanout(alpha, hits.r, K, budget, hits.scale))
 
     def mean_context(self) -> int:
-        """The context a decode round sees on average: the prompt and half the output (128 when endless)."""
+        """The context a decode round sees on average: the prompt and half the output (of 256 when endless)."""
         output = self.output_len.mean if self.output_len is not None else 256.0
         return max(1, round(self.prompt_len.mean + output / 2))
 
@@ -172,6 +172,9 @@ class Scenario:
         if K != AUTO:
             chosen = at(K)
             return chosen, f"{strategy.value} K {K} batch {point['batch']}: budget auto -> {chosen['budget']}"
+        if isinstance(self.acceptance, Replay):
+            raise ValueError("K auto simulates every K, and replayed records hold one: give an acceptance model "
+                             "(--alpha, --alpha-per-position or --calibrate) instead of --replay")
         closed = replace(self, rate_per_s=None)  # the engine chooses K from its rounds, not from the arrivals
         candidates = [at(k) for k in range(1, AUTO_K_MAX + 1)]
         speeds = [simulate(closed.config(**c)).decode_tokens_per_s for c in candidates]

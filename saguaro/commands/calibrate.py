@@ -9,16 +9,19 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
 
 - the target's AR step (one token per row) and verify (K+1 tokens per row), alone, each one round of the
   engine's own decode loop (its AR proposer, and one proposing fixed tokens) timed as its round records
-  time them (verify_ms: the forward, the warp, the rejection sampling and the roll-back). At batch > 1
+  time them (verify_ms: the forward, the warp, the rejection sampling and the roll-back); at batch 1 also
+  the verify of blocks 2, 3 and 2K wide, where its cost bends (the fit's knee). At batch > 1
   every row but the first is one token shorter, as the rows of a real batch differ in length: rows
   without a hole take another attention path in transformers, much slower on CPU in bfloat16 (the
   draft's rows below get the same);
 - the draft's SD proposal (K steps over the batch) and its neural backup (the worker's K-step draft over
   the missed rows), alone, as SD and SSD run them while the target waits;
-- for each --budget B: the worker builds SSD's cache again and again (the glue forward, then the K-step
-  branch decode of batch·B branches, each branch a copy of its sequence's KV) while the target verifies
-  next to it: the verify's slowdown (the interference factor of this placement, about 1 for separate GPUs)
-  and the build's cost against branches and context, both as they are when SSD runs.
+- for each --budget B, --repeats times in turn: the verify alone, then one build of SSD's cache (the glue
+  forward, then the K-step branch decode of batch·B branches, each branch a copy of its sequence's KV) with
+  the target verifying next to it. Each pair's busy verify over its lone one is the verify's slowdown (the
+  interference factor of this placement, about 1 for separate GPUs): taken seconds apart, the two see the
+  machine alike, where blocks minutes apart gave factors from 0.75 to 1.20 on one 2-core VM. The builds
+  give their cost against branches and context, as they are when SSD runs.
 
 The records go to --out (JSONL, the engine's round-record schema, one record per timed forward or pair):
 pass them to `saguaro simulate --fit` (alone, or with an SD run's records). Their accepted counts are not

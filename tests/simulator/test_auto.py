@@ -1,6 +1,7 @@
 """K and budget "auto" in the simulator: settled as the engine's adaptive K and budget rule would settle them."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -98,3 +99,14 @@ def test_cli_refuses_a_k_that_is_neither_a_number_nor_auto(capsys):
         main(["simulate", "-K", "some"])
     assert exit_info.value.code == 2
     assert "expected a whole number or auto" in capsys.readouterr().err
+
+
+def test_k_auto_refuses_replayed_records():
+    from simulator import Replay
+    from simulator.records import parse_record
+    from tests.simulator.synthetic import engine_run
+
+    records = tuple(parse_record(r, "synthetic") for r in engine_run("sd", 3, 1, 20))
+    scenario = replace(_sd(0.8, 10.0), acceptance=Replay(records))
+    with pytest.raises(ValueError, match="replayed records hold one"):
+        scenario.resolve(_point())
