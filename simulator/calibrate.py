@@ -55,8 +55,10 @@ def _lookups(records: list[RoundRecord]) -> dict[int, list[int]]:
         both_ssd = before.strategy is after.strategy is Strategy.SSD and before.is_decode and after.is_decode
         if not (same_run and both_ssd):
             continue
+        if len(after.fanout) != before.K + 1:  # adaptive K: not a cache built for `before`'s outcomes
+            continue
         for k, hit in zip(before.accepted, after.hit):
-            F = before.fanout[k]
+            F = after.fanout[k]  # the schedule `before`'s outcome was looked up with (simulator.records)
             counts[F][0] += 1
             counts[F][1] += not hit
     return dict(counts)

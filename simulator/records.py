@@ -8,6 +8,10 @@ outcome, null where unknown; simulator.hits), SSD ones outcome_hit, and every de
 Unknown keys are ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming
 file and line.
 
+An SSD round's `fanout` is the schedule F_0..F_K' of the cache its `hit` was looked up in: the cache built
+for the previous round's outcomes, so K' is that round's K. At a fixed K it has K+1 entries; under adaptive
+K (K "auto") K' may differ from the round's own K.
+
 `backup` may be null (every sequence hit, no backup ran) or name several kinds joined by commas
 ("neural,random": a batch whose misses were served by different backups), as the engine writes it.
 An SSD round's `draft_ms` is the target's wait for the worker; the backup's own drafting time is
@@ -177,8 +181,9 @@ def _ssd_fields(obj: dict, batch: int, K: int, where: str) -> dict:
     if not isinstance(hit, list) or len(hit) != batch or not all(isinstance(h, bool) for h in hit):
         raise ValueError(f"{where}: an SSD round needs 'hit', a list of {batch} booleans, got {hit!r}")
     fanout = obj.get("fanout")
-    if not isinstance(fanout, list) or len(fanout) != K + 1:
-        raise ValueError(f"{where}: an SSD round needs 'fanout', a list of K+1 = {K + 1} integers, got {fanout!r}")
+    if not isinstance(fanout, list) or len(fanout) < 2:
+        raise ValueError(f"{where}: an SSD round needs 'fanout', the looked-up cache's F_0..F_K' (K + 1 integers at "
+                         f"a fixed K), got {fanout!r}")
     if not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in fanout):
         raise ValueError(f"{where}: 'fanout' must hold non-negative integers, got {fanout!r}")
     name = obj.get("backup")

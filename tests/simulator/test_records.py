@@ -48,9 +48,16 @@ def test_bad_sd_fields_are_named(change, message):
         parse_record({**SD_ROUND, **change}, "runs.jsonl:7")
 
 
+def test_under_adaptive_k_the_looked_up_caches_schedule_may_have_another_length():
+    """The engine's K "auto": this round verified K = 4, its hit was looked up in a cache built for a round of
+    K = 2 (three outcomes)."""
+    assert parse_record({**SSD_ROUND, "fanout": [4, 2, 2]}).fanout == (4, 2, 2)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"hit": [True]}, "'hit', a list of 2 booleans"),
-    ({"fanout": [3, 3]}, "'fanout', a list of K\\+1 = 5 integers"),
+    ({"fanout": [3]}, "'fanout', the looked-up cache's F_0..F_K'"),
+    ({"fanout": None}, "'fanout', the looked-up cache's F_0..F_K'"),
     ({"backup": "auto"}, "not auto"),
     ({"backup": "magic"}, "names neural, random or lookup"),
     ({"backup": None}, "must name the backup that served them"),
