@@ -15,6 +15,16 @@ FAST = settings(deadline=None, max_examples=160)
 E_SD = 3.3616  # E(0.8, 4)
 NEURAL = BackupOption(Backup.NEURAL, E_miss=E_SD, T_b=0.3)
 RANDOM = BackupOption(Backup.RANDOM, E_miss=1.0, T_b=0.0)
+CASES = dict(  # a round's measured quantities and the two backups' yields and times, over their ranges
+    p_hit=st.floats(0.0, 1.0),
+    E_hit=st.floats(1.0, 8.0),
+    T_p=st.floats(0.0, 3.0),
+    E_neural=st.floats(1.0, 8.0),
+    T_neural=st.floats(0.0, 2.0),
+    E_fast=st.floats(1.0, 8.0),
+    T_fast=st.floats(0.0, 2.0),
+    policy=st.sampled_from(list(MissPolicy)),
+)
 
 
 def brute_force_b_star(p_hit, E_hit, T_p, neural, fast, b_max, miss_policy) -> int | None:
@@ -66,16 +76,7 @@ def test_b_star_edge_cases() -> None:
 
 
 @FAST
-@given(
-    p_hit=st.floats(0.0, 1.0),
-    E_hit=st.floats(1.0, 8.0),
-    T_p=st.floats(0.0, 3.0),
-    E_neural=st.floats(1.0, 8.0),
-    T_neural=st.floats(0.0, 2.0),
-    E_fast=st.floats(1.0, 8.0),
-    T_fast=st.floats(0.0, 2.0),
-    policy=st.sampled_from(list(MissPolicy)),
-)
+@given(**CASES)
 # Found by Hypothesis: p_hit one ulp below 1, where the line says fast always wins but the speedups tie in
 # floating point (the formula gave b* < 0 and an error); and a tie at u = 1 exactly, which rounding made a win.
 @example(1 - 2**-53, 1.0, 0.0, 1.0, 1.0, 2.0, 0.0, MissPolicy.WHOLE_BATCH)
@@ -90,16 +91,7 @@ def test_closed_form_b_star_matches_brute_force(p_hit, E_hit, T_p, E_neural, T_n
 
 
 @FAST
-@given(
-    p_hit=st.floats(0.0, 1.0),
-    E_hit=st.floats(1.0, 8.0),
-    T_p=st.floats(0.0, 3.0),
-    E_neural=st.floats(1.0, 8.0),
-    T_neural=st.floats(0.0, 2.0),
-    E_fast=st.floats(1.0, 8.0),
-    T_fast=st.floats(0.0, 2.0),
-    policy=st.sampled_from(list(MissPolicy)),
-)
+@given(**CASES)
 @example(1 - 2**-53, 1.0, 0.0, 1.0, 1.0, 2.0, 0.0, MissPolicy.WHOLE_BATCH)  # a tie that rounding splits
 @example(0.5, 3.0, 0.0, 2.0, 0.0, 3.0, 0.5, MissPolicy.WHOLE_BATCH)
 def test_best_backup_picks_fast_exactly_from_b_star_on(p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast,
