@@ -54,8 +54,8 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   backup, build, prefill) by the same ratio of its drafts: the calibration keeps the shapes (rows, context,
   branches, interference), the run sets the level. A ratio within `LEVEL_DEAD_BAND` of 1 is left unapplied:
   that close, it is as likely the fit's shape at the run's K as the machine (a run at the calibration's level
-  measured 0.97 and 0.96 against its SD K 5 rounds, and applied, that moved its SD K 2 and SSD predictions
-  4% further off);
+  measured 0.97 and 0.96 against its SD K 5 rounds, and applied, that moved five of its six SSD predictions
+  4-5 points further off);
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
   memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
   any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
@@ -122,7 +122,7 @@ class FittedTiming:
     backup: Coef | None = None  # the neural backup's own draft-forward coefficients (see above)
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
-    levels: dict = field(default_factory=dict)  # "target", "draft": the scales `leveled` applied, "rounds"
+    levels: dict = field(default_factory=dict)  # `leveled`: "target", "draft" applied, "measured", "rounds"
     verify_knee: tuple[float, float] | None = None  # (R, v_below): rows up to R cost v_below each (see above)
 
     def leveled(self, records: list[RoundRecord], dead_band: float | None = None) -> "FittedTiming":

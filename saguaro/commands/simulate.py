@@ -183,7 +183,8 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
                         "add saguaro calibrate's records for SSD's interference, branch cost and backup time)")
     g.add_argument("--level", metavar="RECORDS", nargs="+",
                    help="with --fit: scale the fitted target and draft forwards to the level of an SD run's rounds "
-                        "(saguaro bench records; the calibration keeps the shapes, the run sets the level)")
+                        "(saguaro bench records; the calibration keeps the shapes, the run sets the level; a ratio "
+                        "within 5%% of 1 is left at 1)")
     g.add_argument("--t-verify-ms", type=float, default=10.0, help="constant timing: T_v")
     g.add_argument("--t-draft-ms", type=float, default=1.0, help="constant timing: one draft step T_d")
     g.add_argument("--t-build-ms", type=float, help="constant timing: cache build T_p (default (K+1)·T_d)")
