@@ -45,10 +45,7 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
         if isinstance(timing, FittedTiming):
             add("timing", "fitted to engine records", f"measured: {' '.join(args.fit)}")
             if timing.levels:
-                measured = timing.levels["measured"]
-                add("timing level", f"target ×{timing.levels['target']:.3f}, draft ×{timing.levels['draft']:.3f} "
-                    f"applied (measured ×{measured['target']:.3f}, ×{measured['draft']:.3f} over "
-                    f"{timing.levels['rounds']} SD rounds; within 5% of 1 left at 1)", f"measured: {' '.join(args.level)}")
+                add("timing level", timing.level_text(), f"measured: {' '.join(args.level)}")
         else:
             add("timing", f"constant: T_v {timing.t_verify_ms:g} ms, T_d {timing.t_draft_ms:g} ms",
                 "--t-verify-ms, --t-draft-ms (given or defaults)")

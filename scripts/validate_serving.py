@@ -205,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     sd_rows = reference_sd(args.sd_run, args.temperature)
     if not args.no_level:
         timing = timing.leveled(sd_rows)
-        ratio = timing.levels["measured"]
-        print(f"level from {args.sd_run.name}: applied target ×{timing.levels['target']:.3f}, draft "
-              f"×{timing.levels['draft']:.3f} (measured ×{ratio['target']:.3f}, ×{ratio['draft']:.3f})",
-              file=sys.stderr)
+        print(f"level from {args.sd_run.name}: {timing.level_text()}", file=sys.stderr)
     hits = from_records(sd_rows)
     acceptance = PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"]))
     policy = served_policy(args.server_rounds)

@@ -160,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         levels[temperature] = own.levels
         from_sd[temperature] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
                                 replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms), own)
-        level = "" if not own.levels else (
-            f"; level applied: target ×{own.levels['target']:.3f}, draft ×{own.levels['draft']:.3f} (measured "
-            f"×{own.levels['measured']['target']:.3f}, ×{own.levels['measured']['draft']:.3f})")
+        level = f"; level: {own.level_text()}" if own.levels else ""
         print(f"T = {temperature:g}: α per position and hits from {key} "
               f"(α {', '.join(f'{a:.3f}' for a in hits.meta['alpha'])}){level}", file=sys.stderr)
     table = []

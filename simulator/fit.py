@@ -78,6 +78,7 @@ from theory.glossary import Backup, Strategy
 from simulator.records import RoundRecord
 
 Coef = tuple[float, float, float]
+LEVEL_DEAD_BAND = 0.05  # `leveled` leaves a ratio this close to 1 unapplied
 
 
 def _fit_linear(rows: list[list[float]], y: list[float]) -> tuple[tuple[float, ...], float]:
@@ -125,12 +126,11 @@ class FittedTiming:
     levels: dict = field(default_factory=dict)  # `leveled`: "target", "draft" applied, "measured", "rounds"
     verify_knee: tuple[float, float] | None = None  # (R, v_below): rows up to R cost v_below each (see above)
 
-    def leveled(self, records: list[RoundRecord], dead_band: float | None = None) -> "FittedTiming":
+    def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> "FittedTiming":
         """This fit at the level of an SD run's rounds: the target's forwards scaled by the median of the
         run's verify over this fit's, the draft's by the median of its drafts over this fit's, each unless within
-        `dead_band` (default LEVEL_DEAD_BAND) of 1 (module docstring). `levels` holds the scales applied and the
-        ratios measured. ValueError without three SD decode rounds or without a fitted draft."""
-        band = LEVEL_DEAD_BAND if dead_band is None else dead_band
+        `dead_band` of 1 (module docstring). `levels` holds the scales applied and the ratios measured.
+        ValueError without three SD decode rounds or without a fitted draft."""
         rounds = [r for r in records if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
         if len(rounds) < 3:
             raise ValueError(f"leveling needs an SD run's decode rounds (3 or more with a draft time), got "
@@ -141,7 +141,7 @@ class FittedTiming:
                                   for r in rounds]))
         draft = float(np.median([r.draft_ms / self.draft_ms(r.batch_size, r.K, r.context_len) for r in rounds]))
         measured = {"target": target, "draft": draft}
-        target, draft = (1.0 if abs(x - 1.0) <= band else x for x in (target, draft))
+        target, draft = (1.0 if abs(x - 1.0) <= dead_band else x for x in (target, draft))
         scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731
         build = None if self.build is None else (self.build[0], self.build[1] * draft, self.build[2] * draft)
         knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * target)
@@ -152,6 +152,15 @@ class FittedTiming:
             prefill_draft=scaled(self.prefill_draft, draft),
             prefill_attention=(self.prefill_attention[0] * target, self.prefill_attention[1] * draft),
             levels={"target": target, "draft": draft, "measured": measured, "rounds": len(rounds)})
+
+    def level_text(self) -> str:
+        """What `leveled` applied and measured, in one line for a report ("" when not leveled)."""
+        if not self.levels:
+            return ""
+        applied, measured = self.levels, self.levels["measured"]
+        return (f"target ×{applied['target']:.3f}, draft ×{applied['draft']:.3f} applied (measured "
+                f"×{measured['target']:.3f}, ×{measured['draft']:.3f} over {applied['rounds']} SD rounds; within "
+                f"{LEVEL_DEAD_BAND:.0%} of 1 left at 1)")
 
     def _target(self, rows: int, kv: int) -> float:
         return _verify_time(self.verify, self.verify_knee, rows, kv)
@@ -225,7 +234,6 @@ def _verify_time(verify: Coef, knee: tuple[float, float] | None, rows: float, kv
     return v0 + v_below * min(rows, R) + v_row * max(rows - R, 0.0) + v_kv * kv
 
 
-LEVEL_DEAD_BAND = 0.05  # `leveled` leaves a ratio this close to 1 unapplied
 KNEE_GAIN = 0.1  # a knee is kept only if it cuts the verify fit's relative error by at least this share
 
 

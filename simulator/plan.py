@@ -161,7 +161,7 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
         raise ValueError("planning needs finite output lengths (requests must finish)")
     closed = replace(scenario, rate_per_s=None, requests=None)
     feasible, rejected, infeasible = [], [], []
-    points = [closed.resolve(p)[0] for p in grid.points()]  # K / budget "auto" settled as the engine would
+    points = grid.points()
     steps = len(points) + check_top
 
     def step(done: int) -> None:
@@ -170,6 +170,7 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
 
     for i, point in enumerate(points):
         step(i)
+        point = closed.resolve(point)[0]  # K / budget "auto" settled as the engine would (inside the step's progress)
         config = closed.config(**point)
         found = problems(config)
         if found:

@@ -312,10 +312,10 @@ def fit_all(paths: list[str]):
 
 def fitted_from_args(args: argparse.Namespace):
     """--fit's timing, leveled to --level's SD rounds when given (simulator.fit.FittedTiming.leveled)."""
-    if getattr(args, "level", None) and not args.fit:
+    if args.level and not args.fit:
         raise ValueError("--level scales a fitted timing: give --fit CALIBRATION.jsonl with it")
     fitted = fit_all(args.fit)
-    return fitted.leveled(read_all(args.level)) if getattr(args, "level", None) else fitted
+    return fitted.leveled(read_all(args.level)) if args.level else fitted
 
 
 def timing_from_args(args: argparse.Namespace):
@@ -323,7 +323,7 @@ def timing_from_args(args: argparse.Namespace):
     from simulator import ConstantTiming, Deployment, RooflineTiming, fit_timing, read_records
     from simulator.presets import PAIRS, hardware_preset, model_preset
 
-    if args.fit or getattr(args, "level", None):
+    if args.fit or args.level:
         fitted = fitted_from_args(args)
         return fitted, 1, None, fitted
     if args.timing == "constant":
@@ -567,12 +567,20 @@ def run(args: argparse.Namespace) -> int:
         return _validate(args)
     scenario = scenario_from_args(args, args.rate)
     grid = _grid(args)
-    points = []
-    for point in grid.points():
-        point, chosen = scenario.resolve(point)  # K / budget "auto": settled as the engine would
-        points.append(point)
-        if chosen and args.json != "-":
-            print(f"auto: {chosen}", file=sys.stderr)
+    points, chosen_lines = [], []
+    progress = Progress("simulate: settling K / budget auto", args)
+    try:
+        given = grid.points()
+        for point in given:  # K / budget "auto": settled as the engine would (a simulation per K)
+            point, chosen = scenario.resolve(point)
+            points.append(point)
+            chosen_lines += [chosen] if chosen else []
+            progress(len(points), len(given))
+    finally:
+        progress.close()
+    if args.json != "-":
+        for line in chosen_lines:
+            print(f"auto: {line}", file=sys.stderr)
     feasibility.check(*(scenario.config(**p) for p in points))  # cannot run as asked: one line, exit 2
     if args.benchmark:
         configs = [scenario.config(**p) for p in points]

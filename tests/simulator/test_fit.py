@@ -382,6 +382,8 @@ def test_a_level_within_the_dead_band_is_measured_but_not_applied():
     assert near.levels["measured"] == pytest.approx({"target": 1.03, "draft": 0.96})
     assert near.levels["target"] == near.levels["draft"] == 1.0
     assert near.verify_ms(1, 6, 240) == calib.verify_ms(1, 6, 240)
+    assert near.level_text().startswith("target ×1.000, draft ×1.000 applied (measured ×1.030, ×0.960 over 6 SD")
+    assert calib.level_text() == ""
     exact = calib.leveled(_sd_run(target=1.03, draft=0.96), dead_band=0.0)
     assert exact.verify_ms(1, 6, 240) == pytest.approx(1.03 * calib.verify_ms(1, 6, 240))
     assert exact.draft_ms(1, 5, 240) == pytest.approx(0.96 * calib.draft_ms(1, 5, 240))
