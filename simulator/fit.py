@@ -5,7 +5,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - target forward over `rows` new positions with `kv` cached tokens read: v0 + v_row·rows + v_kv·kv
   (verify: rows = batch·(K+1), kv = batch·context; AR decode: rows = batch);
 - draft forward: d0 + d_row·rows + d_kv·kv, fitted from SD drafting (K forwards of `batch` rows) and SSD
-  neural backups (K forwards of the whole batch, hit rows masked);
+  neural backups (K forwards of the whole batch, hit rows masked). SD's first forward feeds two tokens a row
+  after a round in which some row accepted all K (x_K, which the draft had not fed, and the bonus), so it has
+  2·batch rows then (`sd_first_widths`): at batch 4, K 4 that step took 64 ms against 41 for the other
+  three, and nearly every round has such a row; counting it as one-row-wide predicted batch 4's SD drafts
+  ~14% cheap;
 - the SSD neural backup: the same shape fitted on the backups alone when the records hold three or more
   at two batch sizes and two contexts or more. The worker's masked pass over the batch is not SD's drafting:
   in the default pair's calibration its per-row cost was 2.8 ms a forward against SD's 0.8, so a pooled fit
@@ -131,7 +135,9 @@ class FittedTiming:
         run's verify over this fit's, the draft's by the median of its drafts over this fit's, each unless within
         `dead_band` of 1 (module docstring). `levels` holds the scales applied and the ratios measured.
         ValueError without three SD decode rounds or without a fitted draft."""
-        rounds = [r for r in records if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
+        pairs = [(r, w) for r, w in zip(records, sd_first_widths(records))
+                 if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
+        rounds = [r for r, _ in pairs]
         if len(rounds) < 3:
             raise ValueError(f"leveling needs an SD run's decode rounds (3 or more with a draft time), got "
                              f"{len(rounds)}: give the records of a saguaro bench SD run")
@@ -139,7 +145,7 @@ class FittedTiming:
             raise ValueError("this fit has no draft time to level: fit it on a calibration (saguaro calibrate)")
         target = float(np.median([r.verify_ms / self.verify_ms(r.batch_size, r.K + 1, r.context_len)
                                   for r in rounds]))
-        draft = float(np.median([r.draft_ms / self.draft_ms(r.batch_size, r.K, r.context_len) for r in rounds]))
+        draft = float(np.median([r.draft_ms / self.draft_ms(r.batch_size, r.K, r.context_len, w) for r, w in pairs]))
         measured = {"target": target, "draft": draft}
         target, draft = (1.0 if abs(x - 1.0) <= dead_band else x for x in (target, draft))
         scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731
@@ -190,8 +196,10 @@ class FittedTiming:
         knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * f)
         return replace(self, verify=tuple(c * f for c in self.verify), verify_knee=knee, ssd_verify_factor=1.0)
 
-    def draft_ms(self, batch: int, K: int, context: int) -> float:
-        return K * self._draft(batch, batch * context)
+    def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
+        if not K:
+            return 0.0
+        return self._draft(batch * first_width, batch * context) + (K - 1) * self._draft(batch, batch * context)
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
         steps = self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
@@ -257,13 +265,30 @@ def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
     return [r for r in records if r.strategy is Strategy.SSD and r.cache_build_ms and r.cache_build_ms > 0]
 
 
+def sd_first_widths(records: list[RoundRecord]) -> list[int]:
+    """Per record, the tokens a row feeds in SD's first draft forward of that round: 2 when the SD decode round
+    before it, in the same generate() call (a later round, context not shorter), had a row
+    that accepted all its K (engine/strategies/sd.py: that row feeds x_K and the bonus; the block is as wide as
+    its widest row), else 1 (a calibration's rounds, a call's first round, other strategies)."""
+    widths, before = [], None
+    for r in records:
+        width = 1
+        if r.is_decode and r.strategy is Strategy.SD:
+            if (before is not None and r.round > before.round and r.context_len >= before.context_len and before.K > 0
+                    and any(k == before.K for k in before.accepted)):
+                width = 2
+            before = r
+        widths.append(width)
+    return widths
+
+
 def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[float]]:
     """Design rows [forwards, Σ rows, Σ kv] and times of SD's drafts and the neural backups in the records."""
     X, y = [], []
-    for r in records:
+    for r, width in zip(records, sd_first_widths(records)):
         b, K, kv = r.batch_size, r.K, r.batch_size * r.context_len
         if r.strategy is Strategy.SD and r.draft_ms > 0:
-            X.append([K, K * b, K * kv])
+            X.append([K, (K - 1 + width) * b, K * kv])
             y.append(r.draft_ms)
         elif r.strategy is Strategy.SSD:
             missed = r.hit.count(False)

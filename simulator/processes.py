@@ -134,12 +134,15 @@ def verifier(env: simpy.Environment, bed: Testbed):
 
 
 def sd_draft_worker(env: simpy.Environment, bed: Testbed):
-    """Synchronous SD: after each outcome, draft K tokens for every sequence, then hand them over."""
+    """Synchronous SD: after each outcome, draft K tokens for every sequence, then hand them over.
+
+    The first draft step is two tokens wide when some sequence accepted all K: it feeds x_K and the bonus."""
     timing, rec, K = bed.timing, bed.rec, bed.K
     while True:
         seqs = yield bed.to_draft.receive()
         start_ms = env.now
-        draft_ms = timing.draft_ms(len(seqs), K, bed.batch.context)
+        first_width = 2 if any(s.accepted == K for s in seqs) else 1
+        draft_ms = timing.draft_ms(len(seqs), K, bed.batch.context, first_width)
         yield env.timeout(draft_ms)
         rec.draft["draft"] += draft_ms
         rec.span("draft", "draft", start_ms, env.now)

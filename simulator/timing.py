@@ -3,7 +3,10 @@
 Every model answers the same questions, in milliseconds:
 - `verify_ms(batch, tokens, context)`: the target's forward over `tokens` new positions of `batch` sequences
   whose caches hold up to `context` tokens (AR's decode step is `tokens = 1`);
-- `draft_ms(batch, K, context)`: SD's K sequential draft steps for `batch` sequences;
+- `draft_ms(batch, K, context, first_width=1)`: SD's K sequential draft steps for `batch` sequences. The first
+  step feeds `first_width` tokens a row: 2 after a round in which some row accepted all K (the draft had not
+  fed x_K yet, so that row feeds x_K and the bonus, and the batch's block is two wide), else 1
+  (engine/strategies/sd.py);
 - `cache_build_ms(batch, K, branches, context)`: SSD's cache build: one "glue" draft forward over the K+1
   verified positions, then K tree-decode steps over all `branches` at once (docs/ssd.md §2);
 - `backup_ms(backup, rows, K, context)`: SSD's backup on a cache miss; the neural one drafts `rows` = the whole batch (hit rows masked, as the engine does), a fast one the missed rows;
@@ -28,7 +31,7 @@ from simulator.hardware import Deployment
 
 class TimingModel(Protocol):
     def verify_ms(self, batch: int, tokens: int, context: int) -> float: ...
-    def draft_ms(self, batch: int, K: int, context: int) -> float: ...
+    def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float: ...
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float: ...
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float: ...
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float: ...
@@ -77,8 +80,8 @@ class ConstantTiming:
             return self.t_decode_ms
         return self.t_verify_ms
 
-    def draft_ms(self, batch: int, K: int, context: int) -> float:
-        return K * self.t_draft_ms
+    def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
+        return K * self.t_draft_ms  # the closed forms' T_SD = K·T_d: a step's time does not depend on its width
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
         return (K + 1) * self.t_draft_ms if self.t_build_ms is None else self.t_build_ms
@@ -122,8 +125,9 @@ class RooflineTiming:
     def _draft_step_ms(self, batch: int, rows: int, context: int) -> float:
         return self.draft.forward_ms(rows, batch * context, rows * context)
 
-    def draft_ms(self, batch: int, K: int, context: int) -> float:
-        return K * self._draft_step_ms(batch, batch, context)
+    def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
+        first = self._draft_step_ms(batch, batch * first_width, context)
+        return first + (K - 1) * self._draft_step_ms(batch, batch, context) if K else 0.0
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
         glue_ms = self._draft_step_ms(batch, batch * (K + 1), context)

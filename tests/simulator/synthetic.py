@@ -58,6 +58,7 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
                 round_ms=pre_verify + pre_draft, draft_forwards=int(pre_draft > 0), phase="prefill", tokens=prompt)]
     contexts = [prompt + 1] * batch
     hit = [False] * batch
+    accepted_before: list[int] = []  # a call's first round drafts from the prefill's one token a row
     build_prev, verify_prev = 0.0, 0.0
     branches = sum(fanout) * batch if fanout else 0
     for i in range(1, rounds + 1):
@@ -68,8 +69,10 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
         if strategy == "ar":
             accepted, draft, wait = [0] * batch, 0.0, 0.0
         elif strategy == "sd":
+            # The first step feeds x_K and the bonus (two wide) after a round where some row accepted all K.
+            first = _draft_step(batch * (2 if K in accepted_before else 1), batch * context)
+            draft = (first + (K - 1) * _draft_step(batch, batch * context)) * jitter()
             accepted = [_k(rng, alpha, K) for _ in range(batch)]
-            draft = K * _draft_step(batch, batch * context) * jitter()
             wait = draft
         else:
             missed = hit.count(False)
@@ -100,6 +103,7 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
         record.update(accepted=accepted, emitted=[k + 1 for k in accepted], draft_ms=draft, verify_ms=verify,
                       round_ms=wait + verify + over)
         out.append(record)
+        accepted_before = accepted
         contexts = [c + k + 1 for c, k in zip(contexts, accepted)]
     return out
 

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from simulator import fit_timing
+from simulator.fit import _fit_linear, sd_first_widths
 from simulator.records import parse_record
 from theory.glossary import Backup, Strategy
 from tests.simulator.synthetic import TRUE, engine_run
@@ -431,3 +432,31 @@ def test_a_straight_verify_keeps_its_line():
     """The negative control: verifies on a line get no knee (none cuts the error by a tenth)."""
     fitted = fit_timing(_verifies(lambda rows, kv: 180 + 17 * rows + 0.01 * kv))
     assert fitted.verify_knee is None and fitted.verify == pytest.approx((180, 17, 0.01))
+
+
+def _sd_round(i, accepted, K=2, context=50, phase="decode"):
+    return parse_record({"strategy": "sd", "round": i, "batch_size": len(accepted), "K": K, "context_len": context,
+                         "accepted": list(accepted), "emitted": [k + 1 for k in accepted], "draft_ms": 5.0,
+                         "verify_ms": 10.0, "round_ms": 15.0, "draft_forwards": K, "phase": phase, "tokens": 4},
+                        f"round {i}")
+
+
+def test_sd_first_widths_follow_the_round_before_in_the_same_call():
+    records = [_sd_round(0, (0, 0), phase="prefill"),
+               _sd_round(1, (2, 0)), _sd_round(2, (0, 1), context=52), _sd_round(3, (1, 2), context=54),
+               _sd_round(4, (0, 0), context=57),
+               _sd_round(1, (0, 0), context=40)]  # a new generate() call: its first round feeds one token a row
+    assert sd_first_widths(records) == [1, 1, 2, 1, 2, 1]
+
+
+def test_the_draft_fit_counts_the_two_wide_first_step():
+    """Batch 4 at α 0.9: nearly every round has a row that accepted all K. The fit recovers the true draft
+    step; the same rows fitted as K steps of `batch` rows (the former design) do not."""
+    records = _records(engine_run("sd", 4, 4, 60, alpha=0.9, seed=1), engine_run("sd", 4, 1, 60, alpha=0.9, seed=2),
+                       engine_run("sd", 2, 2, 60, alpha=0.5, prompt=300, seed=3))
+    assert sum(w == 2 for w in sd_first_widths(records)) > 100
+    assert fit_timing(records).draft == pytest.approx(TRUE["draft"], rel=1e-6)
+    sd = [r for r in records if r.is_decode]
+    former, _ = _fit_linear([[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r in sd],
+                            [r.draft_ms for r in sd])
+    assert former != pytest.approx(TRUE["draft"], rel=0.05)

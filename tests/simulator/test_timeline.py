@@ -11,6 +11,7 @@ import pytest
 import simulator.run
 from simulator import (ClosedLoop, ConstantHit, ConstantTiming, IidAcceptance, Lengths, LinkSpec, Policy, Replay,
                        SimConfig, simulate)
+from simulator.fit import FittedTiming
 from simulator.records import parse_record
 from theory.glossary import MissPolicy
 from theory.latency import request_latency, summarize
@@ -54,6 +55,26 @@ def test_sd_drafts_then_verifies_in_series():
         ("target", "verify", 16.0, 26.0),
     ]
     assert result.tokens == 1 + 2 * 3  # α = 1: all K accepted plus the bonus, every round
+
+
+def _sd_records(accepted, K=2):
+    return tuple(parse_record({
+        "strategy": "sd", "round": i, "batch_size": len(ks), "K": K, "context_len": 10 + i, "accepted": list(ks),
+        "emitted": [k + 1 for k in ks], "draft_ms": 4.0, "verify_ms": 10.0, "round_ms": 14.0, "draft_forwards": K,
+    }) for i, ks in enumerate(accepted))
+
+
+def test_sd_first_draft_step_is_two_wide_after_a_row_accepted_all():
+    """Batch 2, K 2, a draft step of d(rows) = 1 + 0.5·rows ms: the first step after a round in which some
+    row accepted both tokens feeds x_K and the bonus, 4 rows (3 ms) instead of 2 (2 ms)."""
+    timing = FittedTiming(verify=(10.0, 0.0, 0.0), draft=(1.0, 0.5, 0.0))
+    config = SimConfig(Policy("sd", K=2), timing, Replay(_sd_records([(2, 0), (0, 1), (1, 1)])),
+                       workload=ClosedLoop(2, output_len=None), rounds=3)
+    timeline, _ = _timeline(config)
+    drafts = [(s[2], s[3]) for s in timeline if s[:2] == ("draft", "draft")]
+    assert drafts == [(10.0, 14.0),   # after the prefill (10 ms), one token a row: 2 + 2
+                      (24.0, 29.0),   # after (2, 0): 3 + 2 (was 4: every step as wide as the batch)
+                      (39.0, 43.0)]   # after (0, 1): 2 + 2
 
 
 @pytest.fixture
