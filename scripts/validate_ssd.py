@@ -3,9 +3,12 @@ configuration of a `saguaro bench` run (AR, SD, SSD at each K / budget / backup)
 measured.
 
 - timing: `fit_timing` on the calibration records (its own prompt, SD and SSD rounds: the verify alone,
-  the worker's interference, branch decode cost, backup time), leveled per temperature to the reference SD
-  run's rounds (`FittedTiming.leveled`: the run's verify and draft over the fit's set the level of the target's
-  and the draft's forwards; --no-level: the calibration's level as it is);
+  the worker's interference, branch decode cost, backup time), leveled (`FittedTiming.leveled`: an SD run's
+  verify and draft over the fit's set the level of the target's and the draft's forwards) to the SD variants
+  of the same run folder at that temperature, all K and batch sizes pooled, where the folder has any (the
+  planner's case: an SD run on the machine as it is now; with `saguaro bench --order interleaved` every variant
+  of the folder saw the same moments), else to the reference SD variant below; --no-level: the calibration's
+  level as it is. The SD variants that set their own folder's level are marked "level source";
 - acceptance and hits: one reference SD variant's records per temperature (α per position, and the
   empirical hit model from where each bonus stood among the draft's guesses): the SD variant at batch 1
   with the largest K among the runs given, so that its positions cover every K predicted;
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4000, help="simulated rounds per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-level", action="store_true",
-                   help="the calibration's level as it is (default: leveled to each temperature's SD reference)")
+                   help="the calibration's level as it is (default: leveled to each run folder's own SD variants, "
+                        "else to its temperature's SD reference)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     timing = fit_all([str(args.calibration)])  # with the fast backups from its .summary.json
@@ -153,10 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     if not reference:
         print("error: the runs have no SD variant at batch 1 to take α and hits from", file=sys.stderr)
         return 2
+    # per (run folder, temperature): the level from that folder's own SD variants (one K each; any batch)
+    own_sd: dict[tuple[str, float], list] = defaultdict(list)
+    for key, (s, rows) in found.items():
+        if s["system"] == "sd" and not s.get("adaptive"):
+            own_sd[(s["run"], s["temperature"])] += rows
+    run_levels: dict[tuple[str, float], object] = {}
+    if not args.no_level:
+        for (run, temperature), rows in own_sd.items():
+            run_levels[(run, temperature)] = timing.leveled(rows)
+            print(f"{run}, T = {temperature:g}: level from its own SD variants: "
+                  f"{run_levels[(run, temperature)].level_text()}", file=sys.stderr)
     from_sd, levels = {}, {}
     for temperature, (key, s, rows) in reference.items():
         hits = from_records(rows)
-        own = timing if args.no_level else timing.leveled(rows)
+        own = timing if args.no_level else run_levels.get((s["run"], temperature)) or timing.leveled(rows)
         levels[temperature] = own.levels
         from_sd[temperature] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
                                 replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms), own)
@@ -172,23 +187,30 @@ def main(argv: list[str] | None = None) -> int:
         own = settings.get("backup") == "lookup"
         if own:
             acceptance = replace(acceptance, alpha_lookup=lookup_alpha(rows))
+        level_source = (settings["run"], settings["temperature"]) in run_levels and settings["system"] == "sd" \
+            and not settings.get("adaptive")
+        own_timing = run_levels.get((settings["run"], settings["temperature"]), own_timing)
         predicted = predict(own_timing, settings, rows, acceptance, hits, args.rounds, args.seed)
         old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed, say=False)
         table.append({"configuration": label(settings, rows) + (" (own lookup α)" if own else ""), "run": settings["run"],
-                      "reference": key == reference[settings["temperature"]][0], "rounds": len(rows), "measured": round(measured, 3),
+                      "reference": key == reference[settings["temperature"]][0], "level_source": level_source,
+                      "level": own_timing.levels or None, "rounds": len(rows), "measured": round(measured, 3),
                       "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
                       "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4)})
     print("| configuration | rounds | measured tok/s | predicted | error | former way | its error |")
     print("|---|---|---|---|---|---|---|")
     for r in table:
-        mark = " (α source)" if r["reference"] else ""
+        mark = " (α source)" if r["reference"] else " (level source)" if r["level_source"] else ""
         print(f"| {r['configuration']}{mark} | {r['rounds']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
               f"{r['error']:+.1%} | {r['former_predicted']:.3f} | {r['former_error']:+.1%} |")
-    held_out = [r for r in table if not r["reference"]]
-    within = sum(abs(r["error"]) <= 0.10 for r in held_out)
-    print(f"\n{within} of {len(held_out)} configurations (the α sources left out) within 10%; "
-          f"median |error| {np.median([abs(r['error']) for r in held_out]):.1%}, "
-          f"largest {max(held_out, key=lambda r: abs(r['error']))['error']:+.1%}")
+    print()
+    for name, held_out in (("the α sources", [r for r in table if not r["reference"]]),
+                           ("the α and level sources", [r for r in table if not (r["reference"] or r["level_source"])])):
+        if held_out:
+            within = sum(abs(r["error"]) <= 0.10 for r in held_out)
+            print(f"{within} of {len(held_out)} configurations ({name} left out) within 10%; "
+                  f"median |error| {np.median([abs(r['error']) for r in held_out]):.1%}, "
+                  f"largest {max(held_out, key=lambda r: abs(r['error']))['error']:+.1%}")
     print(f"timing fitted on {args.calibration}: ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
           f"link {timing.link_latency_ms:.2f} ms, fit errors {json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}")
     if args.json:

@@ -11,7 +11,9 @@ out="${OUT:-runs/validation}"
 read -r -a parts <<< "${PARTS:-calibrate serve b4 b2 k t07 fast}"
 prompts="$root/reports/cpu-default-pair-validation/prompts.jsonl"   # HumanEval/100-107
 model=(--dtype bfloat16 --draft-int8 --threads 1)
-engine=(--prompts "$prompts" -n 8 --max-new-tokens 128 --ignore-eos "${model[@]}" --warmup 1 --order grouped
+# interleaved: prompt by prompt across the variants, so that the machine's level (it moves by up to ~15% within
+# the hour here) is the same for each run folder's SD variants, which level the calibration (validate_ssd.py)
+engine=(--prompts "$prompts" -n 8 --max-new-tokens 128 --ignore-eos "${model[@]}" --warmup 1 --order interleaved
         --no-progress --out "$out")
 mkdir -p "$out"
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
@@ -45,9 +47,9 @@ for part in "${parts[@]}"; do
         stamp "T 0.7 at batch 1"
         "$bin/saguaro" bench --systems sd ssd -K 3 5 --budget 8 --schedule geometric --backup neural random \
             --temperature 0.7 "${engine[@]}" --name t07 ;;
-    fast)
+    fast)  # with SD at the same K, whose rounds set this folder's level
         stamp "fast backups at batch 1"
-        "$bin/saguaro" bench --systems ssd -K 4 --budget 4 16 --schedule uniform --backup lookup random \
+        "$bin/saguaro" bench --systems sd ssd -K 4 --budget 4 16 --schedule uniform --backup lookup random \
             --temperature 0 "${engine[@]}" --name fast-backups ;;
     *)
         echo "unknown part $part (calibrate serve b4 b2 k t07 fast)" >&2

@@ -1,0 +1,43 @@
+"""scripts/validate_ssd.py on committed run folders (reports/cpu-default-pair-validation/stop26): the calibration
+is leveled per run folder by that folder's own SD variants, else by the temperature's SD reference."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STOP26 = ROOT / "reports" / "cpu-default-pair-validation" / "stop26"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import validate_ssd  # noqa: E402
+
+
+def _run(tmp_path: Path, *extra: str) -> list[dict]:
+    folders = [next((STOP26 / "runs").glob(f"*-{name}")) for name in ("k5ref", "b4")]
+    out = tmp_path / "validation.json"
+    code = validate_ssd.main([*map(str, folders), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
+                              "--rounds", "300", "--json", str(out), *extra])
+    assert code == 0
+    return json.loads(out.read_text())["rows"]
+
+
+def test_each_run_folder_is_leveled_by_its_own_sd_variants(tmp_path):
+    rows = _run(tmp_path)
+    reference = [r for r in rows if r["reference"]]
+    assert [r["configuration"] for r in reference] == ["sd T=0 b=1 K=5"]
+    b4 = [r for r in rows if r["run"].endswith("-b4")]
+    assert {r["configuration"].split()[0] for r in b4} == {"ar", "sd", "ssd"}
+    sd_b4 = [r for r in b4 if r["configuration"].startswith("sd ")]
+    assert [r["level_source"] for r in sd_b4] == [True]
+    assert not any(r["level_source"] for r in b4 if r is not sd_b4[0])
+    # every row of the b4 folder carries the level its SD variant measured, not the reference's
+    assert all(r["level"] == sd_b4[0]["level"] for r in b4)
+    assert sd_b4[0]["level"]["rounds"] == sd_b4[0]["rounds"]
+    assert sd_b4[0]["level"]["measured"] != pytest.approx(reference[0]["level"]["measured"], rel=0.01)
+
+
+def test_no_level_leaves_the_calibration_as_it_is(tmp_path):
+    rows = _run(tmp_path, "--no-level")
+    assert not any(r["level_source"] or r["level"] for r in rows)
