@@ -28,6 +28,21 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
 NOTICE_S = 30.0  # far below the 300 s start deadline it used to take, far above a loaded 2-core machine's noise
 
 
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """SIGINT raises KeyboardInterrupt in this process, as in a terminal, also when the suite was started in the
+    background: a shell's `cmd &` starts it with SIGINT ignored, Python then installs no handler, and the Ctrl-C
+    these tests send would be dropped."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_default() -> None:
+    """preexec_fn of the CLI children: SIGINT at its default, so that Python installs its handler (see above)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def ssd(target, faults=None, start_deadline_s=300.0, **placement):
     spec = SpeculativeConfig(K=3, placement=DraftPlacement(faults=faults, start_deadline_s=start_deadline_s,
                                                            **placement))
@@ -172,6 +187,7 @@ def _interrupt_in_verify(llm, monkeypatch, at_call: int) -> None:
 # would not fit.
 @pytest.mark.parametrize("where, at_call", [(_interrupt_in_exchange, 2), (_interrupt_in_verify, 1)],
                          ids=["exchange", "verify"])
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_ctrl_c_inside_generate_leaves_ssd_running_with_exact_output(target, ar_tokens, monkeypatch, where, at_call):
     with ssd(target, deadline_s=10.0) as llm:
         llm.generate(PROMPTS, GREEDY)
@@ -274,7 +290,7 @@ def cli_args(tmp_path_factory):
 def test_ctrl_c_of_generate_ssd_prints_one_line(cli_args, when):
     """A terminal's Ctrl-C reaches the whole process group, the worker included."""
     proc = subprocess.Popen(cli_args + ["--max-new-tokens", "200", "--stream"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, cwd=ROOT)
+                            stderr=subprocess.PIPE, start_new_session=True, cwd=ROOT, preexec_fn=_sigint_default)
     try:
         if when == "generating":
             proc.stdout.read(1)
