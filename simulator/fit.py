@@ -8,8 +8,8 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   neural backups (K forwards of the whole batch, hit rows masked). SD's first forward feeds two tokens a row
   after a round in which some row accepted all K (x_K, which the draft had not fed, and the bonus), so it has
   2·batch rows then (`sd_first_widths`): at batch 4, K 4 that step took 64 ms against 41 for the other
-  three, and nearly every round has such a row; counting it as one-row-wide predicted batch 4's SD drafts
-  ~14% cheap;
+  three, and nearly every round has such a row; counting it as one token a row put batch 4's SD drafts ~12%
+  under what they take (4 × 40.9 against 63.8 + 3 × 40.9 ms);
 - the SSD neural backup: the same shape fitted on the backups alone when the records hold three or more
   at two batch sizes and two contexts or more. The worker's masked pass over the batch is not SD's drafting:
   in the default pair's calibration its per-row cost was 2.8 ms a forward against SD's 0.8, so a pooled fit
