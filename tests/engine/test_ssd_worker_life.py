@@ -35,7 +35,8 @@ def sigint_as_in_a_terminal():
     these tests send would be dropped."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
-    signal.signal(signal.SIGINT, previous)
+    if previous is not None:  # None: a handler set outside Python, which cannot be put back from here
+        signal.signal(signal.SIGINT, previous)
 
 
 def _sigint_default() -> None:
