@@ -165,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     run_levels: dict[tuple[str, float], object] = {}
     if not args.no_level:
         for (run, temperature), rows in own_sd.items():
-            run_levels[(run, temperature)] = timing.leveled(rows)
+            try:
+                run_levels[(run, temperature)] = timing.leveled(rows)
+            except ValueError as e:
+                print(f"error: {run}, T = {temperature:g}: {e}", file=sys.stderr)
+                return 2
             print(f"{run}, T = {temperature:g}: level from its own SD variants: "
                   f"{run_levels[(run, temperature)].level_text()}", file=sys.stderr)
     from_sd, levels = {}, {}

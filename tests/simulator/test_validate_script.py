@@ -41,3 +41,23 @@ def test_each_run_folder_is_leveled_by_its_own_sd_variants(tmp_path):
 def test_no_level_leaves_the_calibration_as_it_is(tmp_path):
     rows = _run(tmp_path, "--no-level")
     assert not any(r["level_source"] or r["level"] for r in rows)
+
+
+def test_a_folder_whose_sd_rounds_cannot_set_a_level_is_one_line_and_exit_2(tmp_path, capsys):
+    """Two SD rounds in the b4 folder: too few to level on (three are needed)."""
+    b4 = next((STOP26 / "runs").glob("*-b4"))
+    short = tmp_path / b4.name
+    short.mkdir()
+    for name in ("config.json", "environment.json", "prompts.jsonl", "results.jsonl", "summary.json"):
+        (short / name).write_bytes((b4 / name).read_bytes())
+    rows = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
+    sd = [r for r in rows if r["key"].startswith("sd ") and r.get("phase") == "decode"]
+    kept = [r for r in rows if not r["key"].startswith("sd ") or r.get("phase") != "decode" or r in sd[:2]]
+    (short / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    reference = next((STOP26 / "runs").glob("*-k5ref"))
+    code = validate_ssd.main([str(reference), str(short), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
+                              "--rounds", "300"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {b4.name}, T = 0: leveling needs an SD run's decode rounds" in err
+    assert "Traceback" not in err
