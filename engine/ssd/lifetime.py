@@ -8,7 +8,8 @@ Why each piece:
   target started it from its main thread: the signal follows the starting *thread*); everywhere a daemon
   thread also polls the parent every POLL_S and exits the worker when it has gone (a check that cannot block).
 - Ctrl-C: a terminal sends SIGINT to the whole process group. The worker is born ignoring SIGINT
-  (`spawn_with_sigint_blocked`), ignores it in `serve` too, and is stopped by the target.
+  (`spawn_with_sigint_blocked`), ignores it in `serve` too, and is stopped by the target; a Ctrl-C that comes
+  while the worker is being started reaches the target once it is started.
 - quiet exit: once the worker leaves its loop, gloo's shutdown chatter ("Connection closed by peer") is not
   the user's business; the target reports faults, in one warning.
 - an exchange is one send and one receive of several tensors; a KeyboardInterrupt between them (a notebook's
@@ -69,23 +70,42 @@ def refuse_unguarded_main() -> None:
 
 
 def spawn_with_sigint_blocked(start: Callable[[], None]) -> None:
-    """Run `start` (which spawns the worker) with SIGINT ignored, so the child is born ignoring it (an ignored
-    signal stays ignored across exec, and Python then installs no KeyboardInterrupt handler): a Ctrl-C during
-    its start-up (imports, unpickling) cannot give it a traceback. SIGINT is also blocked in this thread
-    meanwhile, so on Linux one that arrives in that moment stays pending and reaches the target afterwards."""
-    blocking = hasattr(signal, "pthread_sigmask")
-    if blocking:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        start()
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        if blocking:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    """Run `start` (which spawns the worker) so that the child is born ignoring SIGINT (an ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler: a Ctrl-C during its start-up,
+    imports and unpickling, cannot give it a traceback), while a Ctrl-C meant for the target is kept, not lost.
+
+    SIGINT is ignored only around the fork itself (multiprocessing's `spawnv_passfds`, a vfork and exec), with
+    SIGINT also blocked in this thread. Around the rest of `start` (writing the pickled process object to the
+    child, which can take as long as the child's imports) a Ctrl-C is held and raised once `start` returns, so
+    the target owns a started worker it can stop. Ignoring SIGINT for the whole of `start`, as this did before,
+    lost a Ctrl-C that the kernel handed to another thread (OpenMP's, a progress bar's) in that long window.
+    Handlers can be set only from the main thread; from another, `start` runs as it is (the worker still
+    ignores SIGINT from its first line, `ignore_sigint`)."""
+    if threading.current_thread() is not threading.main_thread() or not callable(signal.getsignal(signal.SIGINT)):
+        start()  # SIG_IGN: the child inherits it already; SIG_DFL or a handler set outside Python: nothing to hold
+        return
+    import multiprocessing.util as mp_util
+
+    fork = mp_util.spawnv_passfds
+
+    def fork_ignoring_sigint(*args, **kwargs):
+        blocking = hasattr(signal, "pthread_sigmask")
+        if blocking:  # block first: on Linux a blocked signal is queued even while ignored, and kept for later
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        holding = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return fork(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, holding)
+            if blocking:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    with sigint_deferred():
+        mp_util.spawnv_passfds = fork_ignoring_sigint
+        try:
+            start()
+        finally:
+            mp_util.spawnv_passfds = fork
 
 
 def ignore_sigint() -> None:

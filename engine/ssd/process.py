@@ -243,9 +243,10 @@ class ProcessChannel:
             log.warning("waiting for a draft worker: run `python -m engine.ssd.process %s` on the draft host", address)
         else:
             self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
-            spawn_with_sigint_blocked(self.process.start)
-            log.info("starting the draft worker (pid %d) on %s ...", self.process.pid, draft_device)
         try:
+            if self.process is not None:  # a Ctrl-C held while it starts is raised here, and reaps it below
+                spawn_with_sigint_blocked(self.process.start)
+                log.info("starting the draft worker (pid %d) on %s ...", self.process.pid, draft_device)
             self._await(JOINED_KEY, "connect")
             host, _ = parse_init_method(address)
             target_comm = torch.device("cuda", target_device.index or 0) if nccl else torch.device("cpu")

@@ -16,6 +16,7 @@ import pytest
 import engine.decode_loop
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, StartFault, WorkerFaults
+from engine.ssd.lifetime import spawn_with_sigint_blocked
 from engine.ssd.transport import host_store
 from saguaro.cli import main as cli
 from tests.engine.test_ssd_process import assert_no_children_left, decode_strategies
@@ -204,6 +205,64 @@ def test_ctrl_c_inside_generate_leaves_ssd_running_with_exact_output(target, ar_
     assert set(decode_strategies(out)) == {"ssd"} and set(decode_strategies(again)) == {"ssd"}
     assert out.metrics.summary()["hit_rate"] > 0
     assert_no_children_left()
+
+
+# -- a Ctrl-C while the worker is being started -----------------------------------------------------------
+CHILD_SIGINT = "import signal, sys; open(sys.argv[1], 'w').write(signal.getsignal(signal.SIGINT).name)"
+
+
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
+def test_a_ctrl_c_while_the_worker_starts_is_raised_once_it_has_started(tmp_path):
+    """The Ctrl-C comes from another thread while `start` runs, as a terminal's does to a process with OpenMP
+    threads. It must neither break `start` off (the target must own the worker it started) nor be lost (it was,
+    when SIGINT stayed ignored for the whole of `start`); the child is still born ignoring SIGINT."""
+    import multiprocessing.util as mp_util
+    import threading
+
+    child_saw, started = tmp_path / "sigint", []
+
+    def start():
+        sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
+        sender.start()
+        sender.join()
+        time.sleep(0.1)  # time for a KeyboardInterrupt to be raised here, which must not happen
+        child = [sys.executable, "-c", CHILD_SIGINT, str(child_saw)]
+        pid = mp_util.spawnv_passfds(os.fsencode(sys.executable), child, [])
+        assert os.waitpid(pid, 0)[1] == 0
+        started.append(True)
+
+    with pytest.raises(KeyboardInterrupt):
+        spawn_with_sigint_blocked(start)
+    assert started == [True]
+    assert child_saw.read_text() == "SIG_IGN"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
+def test_a_ctrl_c_during_the_fork_itself_is_kept_for_the_target(monkeypatch):
+    """Inside the fork SIGINT is ignored and blocked in this thread: one sent to this thread then stays pending
+    and is raised once `start` returns; the fork function is put back afterwards."""
+    import multiprocessing.util as mp_util
+
+    seen = []
+
+    def fork(*args):
+        seen.append((signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+        signal.pthread_kill(threading_main_id(), signal.SIGINT)
+        return 12345
+
+    monkeypatch.setattr(mp_util, "spawnv_passfds", fork)
+    with pytest.raises(KeyboardInterrupt):
+        spawn_with_sigint_blocked(lambda: mp_util.spawnv_passfds("python", ["python"], []))
+    assert seen == [(signal.SIG_IGN, True)]
+    assert mp_util.spawnv_passfds is fork
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def threading_main_id() -> int:
+    import threading
+
+    return threading.main_thread().ident
 
 
 class Abandoned(BaseException):
