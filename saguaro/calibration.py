@@ -30,16 +30,17 @@ def cpu_model() -> str:
 
 
 # -- the draft worker (its own process, spawned) ----------------------------------------------------------
-def _worker(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
+def _worker(conn, recipe, threads: int, cores, ids: list[int], K: int, temperature: float = 0.0) -> None:
     """Draft side: serve timed commands over `conn` until "exit"; a failure goes back as ("error", text)."""
     try:
-        _serve(conn, recipe, threads, cores, ids, K)
+        _serve(conn, recipe, threads, cores, ids, K, temperature)
     except Exception as err:  # noqa: BLE001  the parent reports it in one line
         conn.send(("error", f"{type(err).__name__}: {err}"))
 
 
-def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
-    """Times are (start, end) perf_counter pairs (CLOCK_MONOTONIC on Linux: comparable across processes)."""
+def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int, temperature: float = 0.0) -> None:
+    """Times are (start, end) perf_counter pairs (CLOCK_MONOTONIC on Linux: comparable across processes). The
+    draft samples at `temperature` (0: greedy), as the workload's SD drafts, backups and builds do."""
     import os
 
     import torch
@@ -56,7 +57,7 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
     device = torch.device("cpu")
     model = recipe.build(device)
     V = int(model.get_output_embeddings().out_features)
-    greedy = SamplingParams(temperature=0.0, stop_on_eos=False)
+    sampling = SamplingParams(temperature=temperature, stop_on_eos=False)
     gen = torch.Generator().manual_seed(0)
     pick = torch.Generator().manual_seed(1)
     base: KVState | None = None
@@ -87,7 +88,7 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
                 conn.send(int(base.lengths[0]))
             elif cmd in ("sd", "backup"):  # (batch, repeats): K draft forwards over the batch
                 b, reps = a
-                state, params, times = rows_of(b), RowSampling([greedy] * b), []
+                state, params, times = rows_of(b), RowSampling([sampling] * b), []
                 for _ in range(reps):
                     t0 = time.perf_counter()
                     if cmd == "sd":
@@ -101,7 +102,7 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
                 b, per_row = a
                 depth = max(RANK_DEPTH, per_row + 1)
                 N = b * per_row
-                params = RowSampling([greedy] * N)
+                params = RowSampling([sampling] * N)
                 state = rows_of(b)  # [.., x_1..x_K] are the prompt's last K tokens
                 row = torch.arange(b).repeat_interleave(per_row)
                 k = torch.randint(0, K + 1, (N,), generator=pick)
@@ -115,7 +116,7 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int) -> None:
 
 
 class _Worker:
-    def __init__(self, recipe, threads: int, ids: list[int], K: int):
+    def __init__(self, recipe, threads: int, ids: list[int], K: int, temperature: float = 0.0):
         import torch.multiprocessing as mp
 
         from engine.ssd.process import _cores
@@ -123,7 +124,8 @@ class _Worker:
         cores, _ = _cores(threads)
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, recipe, threads, cores, ids, K), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, recipe, threads, cores, ids, K, temperature),
+                                daemon=True)
         self.proc.start()
         child.close()
 
@@ -249,7 +251,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
         records.append(_prefill_record(b, n, target_ms, draft_ms))
         summary["prefill_ms"][f"{b}x{n}"] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
     say(f"prefilled at {len(points)} lengths and batch sizes (target and draft)")
-    rounds = TargetRounds(target, ids, K, widths=verify_widths(K))
+    rounds = TargetRounds(target, ids, K, widths=verify_widths(K), temperature=getattr(args, "temperature", 0.0))
     timed = rounds.step  # one round of the engine's decode loop: T = 1 the AR step, T = K+1 the verify
 
     for c in contexts:
@@ -334,6 +336,7 @@ def fit_summary(path: Path) -> dict:
                                  "build_64": r(f.cache_build_ms(4, 4, 64, 300)) if f.draft else None}}
 
 
-def start_worker(recipe, threads: int, ids: list[int], K: int) -> _Worker:
-    """The draft in its own process (spawned), pinned to the last `threads` cores as SSD's worker is."""
-    return _Worker(recipe, threads, ids, K)
+def start_worker(recipe, threads: int, ids: list[int], K: int, temperature: float = 0.0) -> _Worker:
+    """The draft in its own process (spawned), pinned to the last `threads` cores as SSD's worker is, sampling
+    at `temperature`."""
+    return _Worker(recipe, threads, ids, K, temperature)

@@ -30,20 +30,20 @@ def ragged(state, b: int):
 
 class TargetRounds:
     """The target's side of the timings, run by the engine's own decode loop (engine.decode_loop): each timed
-    step is one `DecodeLoop.step()` over greedy requests whose cache is a copy of the calibration's prompt
-    (`ragged`, at the point's context), and its time is the round record's `verify_ms`, exactly what a
-    run's rounds file shows: the AR step with the AR proposer (engine.strategies.ar), the verify of K
-    tokens with a proposer of fixed tokens (FixedDraft, beside it). After each round the cache rolls back to
-    where it was (exact), so no point is prefilled again."""
+    step is one `DecodeLoop.step()` over requests (greedy, or at the workload's temperature) whose cache is a copy
+    of the calibration's prompt (`ragged`, at the point's context), and its time is the round record's
+    `verify_ms`, exactly what a run's rounds file shows: the AR step with the AR proposer
+    (engine.strategies.ar), the verify of K tokens with a proposer of fixed tokens (FixedDraft, beside it).
+    After each round the cache rolls back to where it was (exact), so no point is prefilled again."""
 
-    def __init__(self, target, ids: list[int], K: int, widths: list[int] | None = None):
+    def __init__(self, target, ids: list[int], K: int, widths: list[int] | None = None, temperature: float = 0.0):
         import torch
 
         from engine.decode_loop import DecodeLoop
         from engine.scheduler import SchedulerConfig
         from engine.strategies.ar import NoDraft
 
-        self.ids, self.K = ids, K
+        self.ids, self.K, self.temperature = ids, K, temperature
         self.widths = sorted(set(widths or []) | {K + 1})  # block widths a verify may be timed at
         self.V = int(target.get_output_embeddings().out_features)
         self.device = torch.device("cpu")
@@ -61,7 +61,7 @@ class TargetRounds:
         from engine.strategies.ar import FixedDraft
 
         loop, c = self.loop, int(base.lengths.max())
-        params = SamplingParams(temperature=0.0, stop_on_eos=False, max_new_tokens=10**9)
+        params = SamplingParams(temperature=self.temperature, stop_on_eos=False, max_new_tokens=10**9)
         loop.release_records()
         loop.running = []
         for i in range(b):

@@ -61,6 +61,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(prompt + output), e.g. 64 512 1024 (default 64 512)")
     p.add_argument("--prompt", default=PROMPT, help="text repeated to the longest --context (default: a coding task)")
     p.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="token ids instead of --prompt")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the workload's temperature: the target's verify and the draft's SD proposal, backup and "
+                        "cache build sample at it, as they do in the run (default 0: greedy). At T > 0 sampling "
+                        "the draft's branches costs more; calibrate at each temperature you plan for")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
@@ -82,6 +86,8 @@ def _check(args) -> None:
         raise ValueError(f"--batch sizes must be >= 1; got {args.batch}")
     if min(args.context) < args.K + 1:
         raise ValueError(f"--context values must be at least K+1 = {args.K + 1} tokens; got {args.context}")
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0 (0: greedy); got {args.temperature}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
     if args.threads < 1 or args.draft_threads < 1:
@@ -115,7 +121,7 @@ def run(args) -> int:
                              f"tokens): give smaller --context values")
         ids = long_prompt(ids, longest + 2 * args.K + 1)  # the tail feeds the timed forwards (up to 2K wide)
         vocab = int(target.get_output_embeddings().out_features)
-        worker = start_worker(recipe, args.draft_threads, ids, args.K)
+        worker = start_worker(recipe, args.draft_threads, ids, args.K, args.temperature)
         try:
             message = worker.recv(600)
             if message[0] != "ready" or message[1] != vocab:
@@ -132,7 +138,8 @@ def run(args) -> int:
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     summary["inputs"] = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
                          "draft_int8": args.draft_int8, "threads": args.threads, "draft_threads": args.draft_threads,
-                         "K": args.K, "budgets": args.budget, "batches": args.batch, "contexts": args.context,
+                         "K": args.K, "temperature": args.temperature, "budgets": args.budget,
+                         "batches": args.batch, "contexts": args.context,
                          "repeats": args.repeats, "cpu": cpu_model(), "torch": __import__("torch").__version__,
                          "ragged_rows": True}  # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()

@@ -66,7 +66,7 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     assert set(summary["cache_build_ms"]) == {f"{b}x{c}x{b * B}" for b in (1, 2) for c in (12, 40) for B in (2, 3)}
     assert set(summary["fast_backup_ms"]) == {"random", "lookup"}
     fit = summary["fit"]  # the fit of these records and its predictions at batch 4, context 300
-    assert len(fit["verify"]) == 3 and len(fit["build"]) == 3 and fit["ssd_verify_factor"] > 0
+    assert len(fit["verify"]) == 3 and len(fit["build"]) == 4 and fit["ssd_verify_factor"] > 0
     assert all(ms > 0 for ms in fit["at_b4_c300_K4_ms"].values())
     assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "backup"} <= set(fit)  # every fitted term
 
@@ -87,10 +87,26 @@ def test_the_records_fit_and_simulate(calibrated):
     (["--budget", "4", "0"], "--budget values"),
     (["--context", "64", "3"], "--context values must be at least K+1"),
     (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--temperature", "-0.5"], "--temperature must be >= 0"),
 ])
 def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "x.jsonl"), *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_calibration_at_the_workloads_temperature(pair, tmp_path):
+    """--temperature: the verify and the draft's proposal, backup and build sample at it; the summary says so,
+    and the records hold every kind of point a greedy calibration's do."""
+    target, draft = pair
+    out = tmp_path / "hot.jsonl"
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
+                 "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
+                 "float32", "--temperature", "0.7", "--out", str(out)]) == 0
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["inputs"]["temperature"] == 0.7 and summary["settings"]["temperature"] == 0.7
+    records = read_records(out)
+    assert {r.strategy.value for r in records if r.is_decode} == {"ar", "sd", "ssd"}
+    assert any(r.cache_build_ms for r in records) and any(r.draft_ms > 0 for r in records if r.is_decode)
 
 
 def test_a_context_beyond_the_window_exits_2(pair, tmp_path, capsys):

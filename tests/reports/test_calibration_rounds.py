@@ -46,11 +46,13 @@ def test_every_one_token_step_gives_attention_a_mask_with_or_without_holes(targe
         assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
 @pytest.mark.parametrize("T", [1, 2, 3, 5])
-def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(target, T):
+def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(target, T, temperature):
     K, c, b = 2, 12, 3
-    rounds = TargetRounds(target, IDS, K, widths=[2, 5])
+    rounds = TargetRounds(target, IDS, K, widths=[2, 5], temperature=temperature)
     rounds.batch(prefilled(target, c), b)
+    assert all(seq.params.temperature == temperature for seq in rounds.loop.running)  # the workload's sampling
     state = rounds.loop.state
     mask, lengths, keys = state.mask.clone(), state.lengths.clone(), state.cache.layers[0].keys.clone()
     for _ in range(2):
