@@ -3,12 +3,15 @@ configuration of a `saguaro bench` run (AR, SD, SSD at each K / budget / backup)
 measured.
 
 - timing: `fit_timing` on the calibration records (its own prompt, SD and SSD rounds: the verify alone,
-  the worker's interference, branch decode cost, backup time), leveled (`FittedTiming.leveled`: an SD run's
-  verify and draft over the fit's set the level of the target's and the draft's forwards) to the SD variants
-  of the same run folder at that temperature, all K and batch sizes pooled, where the folder has any (the
-  planner's case: an SD run on the machine as it is now; with `saguaro bench --order interleaved` every variant
-  of the folder saw the same moments), else to the reference SD variant below; --no-level: the calibration's
-  level as it is. The SD variants that set their own folder's level are marked "level source";
+  the worker's interference, branch decode cost, backup time) at the configuration's temperature (`saguaro
+  calibrate --temperature`; given several, each configuration takes the one at its temperature, else the
+  nearest: at T > 0 sampling the draft's branches costs more than at T = 0), leveled
+  (`FittedTiming.leveled`: an SD run's verify and draft over the fit's set the level of the target's and the
+  draft's forwards) to the SD variants of the same run folder at that temperature, all K and batch sizes
+  pooled, where the folder has any (the planner's case: an SD run on the machine as it is now; with `saguaro
+  bench --order interleaved` every variant of the folder saw the same moments), else to the reference SD
+  variant below; --no-level: the calibration's level as it is. The SD variants that set their own folder's
+  level are marked "level source";
 - acceptance and hits: one reference SD variant's records per temperature (α per position, and the
   empirical hit model from where each bonus stood among the draft's guesses): the SD variant at batch 1
   with the largest K among the runs given, so that its positions cover every K predicted;
@@ -17,7 +20,7 @@ measured.
 A second prediction shows the former way for contrast: timing fitted on the SD rounds alone, the power-law
 hit model a·F^(−r) with the old defaults (r = 1, a = 0.5).
 
-    python scripts/validate_ssd.py RUN_DIR... --calibration CALIB.jsonl [--json OUT.json]
+    python scripts/validate_ssd.py RUN_DIR... --calibration CALIB.jsonl [CALIB_T07.jsonl ...] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -64,6 +67,31 @@ def lookup_alpha(rows: list) -> float:
                 accepted += k
                 rejected += k < r.K
     return accepted / max(1, accepted + rejected)
+
+
+def calibrations_by_temperature(paths: list[Path]) -> dict[float, tuple[Path, object]]:
+    """temperature -> (path, its fitted timing), the temperature from the calibration's .summary.json
+    (`saguaro calibrate --temperature`; one written before that option is greedy). ValueError on two at one
+    temperature."""
+    found: dict[float, tuple[Path, object]] = {}
+    for path in paths:
+        summary = path.with_suffix(".summary.json")
+        inputs = json.loads(summary.read_text()).get("inputs", {}) if summary.is_file() else {}
+        temperature = float(inputs.get("temperature", 0.0))
+        if temperature in found:
+            raise ValueError(f"{found[temperature][0]} and {path} are both calibrations at T = {temperature:g}: "
+                             f"give one per temperature")
+        found[temperature] = (path, fit_all([str(path)]))
+    return found
+
+
+def timing_at(calibrations: dict[float, tuple[Path, object]], temperature: float, say: bool = False):
+    """The calibration at this temperature, else the nearest one (said on stderr when `say`)."""
+    nearest = min(calibrations, key=lambda t: (abs(t - temperature), t))
+    if say and nearest != temperature:
+        print(f"T = {temperature:g}: no calibration at this temperature; the one at T = {nearest:g} "
+              f"({calibrations[nearest][0]}) stands in", file=sys.stderr)
+    return calibrations[nearest][1]
 
 
 def measured_tokens_per_s(rows: list) -> float:
@@ -135,7 +163,9 @@ def label(settings: dict, rows: list) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", type=Path, nargs="+", help="saguaro bench run folders")
-    p.add_argument("--calibration", type=Path, required=True)
+    p.add_argument("--calibration", type=Path, nargs="+", required=True,
+                   help="saguaro calibrate records; several at different --temperature: each configuration takes "
+                        "the one at its temperature, else the nearest")
     p.add_argument("--rounds", type=int, default=4000, help="simulated rounds per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-level", action="store_true",
@@ -143,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                         "else to its temperature's SD reference)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    timing = fit_all([str(args.calibration)])  # with the fast backups from its .summary.json
+    try:
+        calibrations = calibrations_by_temperature(args.calibration)  # each with its fast backups (.summary.json)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     found = {k: v for run in args.runs for k, v in variants(run).items()}
     # per temperature, from its reference SD variant (batch 1, the largest K): the hit model (with α per
     # position), and the former way's timing fitted on that SD run alone (given the same fast-backup times,
@@ -166,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_level:
         for (run, temperature), rows in own_sd.items():
             try:
-                run_levels[(run, temperature)] = timing.leveled(rows)
+                run_levels[(run, temperature)] = timing_at(calibrations, temperature).leveled(rows)
             except ValueError as e:
                 print(f"error: {run}, T = {temperature:g}: {e}", file=sys.stderr)
                 return 2
@@ -175,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     from_sd, levels = {}, {}
     for temperature, (key, s, rows) in reference.items():
         hits = from_records(rows)
+        timing = timing_at(calibrations, temperature, say=True)
         own = timing if args.no_level else run_levels.get((s["run"], temperature)) or timing.leveled(rows)
         levels[temperature] = own.levels
         from_sd[temperature] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
@@ -215,11 +250,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{within} of {len(held_out)} configurations ({name} left out) within 10%; "
                   f"median |error| {np.median([abs(r['error']) for r in held_out]):.1%}, "
                   f"largest {max(held_out, key=lambda r: abs(r['error']))['error']:+.1%}")
-    print(f"timing fitted on {args.calibration}: ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
-          f"link {timing.link_latency_ms:.2f} ms, fit errors {json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}")
+    for temperature, (path, timing) in sorted(calibrations.items()):
+        print(f"timing fitted on {path} (T = {temperature:g}): ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
+              f"link {timing.link_latency_ms:.2f} ms, fit errors "
+              f"{json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": table, "ssd_verify_factor": timing.ssd_verify_factor,
-                                         "fit_errors": timing.errors,
+        fits = {f"{t:g}": {"calibration": str(path), "ssd_verify_factor": timing.ssd_verify_factor,
+                           "fit_errors": timing.errors} for t, (path, timing) in calibrations.items()}
+        args.json.write_text(json.dumps({"rows": table, "calibrations": fits,
                                          "levels": {f"{t:g}": v for t, v in levels.items()}}, indent=1) + "\n")
     return 0
 

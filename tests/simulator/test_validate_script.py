@@ -14,10 +14,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import validate_ssd  # noqa: E402
 
 
-def _run(tmp_path: Path, *extra: str) -> list[dict]:
+def _run(tmp_path: Path, *extra: str, calibrations: tuple = (STOP26 / "calibration-1842.jsonl",)) -> list[dict]:
     folders = [next((STOP26 / "runs").glob(f"*-{name}")) for name in ("k5ref", "b4")]
     out = tmp_path / "validation.json"
-    code = validate_ssd.main([*map(str, folders), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
+    code = validate_ssd.main([*map(str, folders), "--calibration", *map(str, calibrations),
                               "--rounds", "300", "--json", str(out), *extra])
     assert code == 0
     return json.loads(out.read_text())["rows"]
@@ -60,4 +60,39 @@ def test_a_folder_whose_sd_rounds_cannot_set_a_level_is_one_line_and_exit_2(tmp_
     err = capsys.readouterr().err
     assert code == 2
     assert f"error: {b4.name}, T = 0: leveling needs an SD run's decode rounds" in err
+    assert "Traceback" not in err
+
+
+def _at_temperature(tmp_path: Path, name: str, temperature: float) -> Path:
+    """A copy of a committed calibration whose summary says it was taken at `temperature`."""
+    source = STOP26 / name
+    copy = tmp_path / f"T{temperature:g}-{name}"
+    copy.write_bytes(source.read_bytes())
+    summary = json.loads(source.with_suffix(".summary.json").read_text())
+    summary["inputs"]["temperature"] = temperature
+    copy.with_suffix(".summary.json").write_text(json.dumps(summary))
+    return copy
+
+
+def test_each_configuration_takes_the_calibration_at_its_temperature_else_the_nearest(tmp_path, capsys):
+    """The runs are at T = 0: beside a calibration at T = 0.7 the greedy one (1842, written before --temperature:
+    greedy) is used, so the table is the one 1842 alone gives; given only the T = 0.7 one, it stands in, said."""
+    alone = _run(tmp_path)
+    hot_1905 = _at_temperature(tmp_path, "calibration-1905.jsonl", 0.7)
+    both = _run(tmp_path, calibrations=(STOP26 / "calibration-1842.jsonl", hot_1905))
+    assert [(r["configuration"], r["predicted"]) for r in both] == [(r["configuration"], r["predicted"]) for r in alone]
+    capsys.readouterr()
+    stand_in = _run(tmp_path, calibrations=(hot_1905,))
+    assert "no calibration at this temperature; the one at T = 0.7" in capsys.readouterr().err
+    as_greedy = _run(tmp_path, calibrations=(STOP26 / "calibration-1905.jsonl",))
+    assert [r["predicted"] for r in stand_in] == [r["predicted"] for r in as_greedy]
+    assert [r["predicted"] for r in stand_in] != [r["predicted"] for r in alone]  # 1905 is not 1842
+
+
+def test_two_calibrations_at_one_temperature_are_one_line_and_exit_2(tmp_path, capsys):
+    folders = [next((STOP26 / "runs").glob("*-k5ref"))]
+    code = validate_ssd.main([*map(str, folders), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
+                              str(STOP26 / "calibration-1905.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and "are both calibrations at T = 0: give one per temperature" in err
     assert "Traceback" not in err
