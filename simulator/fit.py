@@ -18,8 +18,13 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   steps of `branches` rows. In draft steps that is D = d(batch·(K+1), batch·context) + K·d(branches,
   batch·context), but each branch is a copy of its sequence's KV that its steps read, and the worker shares
   the memory bandwidth with the verify, so the build is fitted (on the builds, once d is fitted) as
-  s·D + e_row·K·branches + e_kv·(K+1)·branches·context: a scale, extra cost per branch row, and the
-  branches × context term (1, 0, 0 when the build is just draft steps);
+  s·D + e_row·K·branches + e_kv·(K+1)·branches·context + e_crowd·(K+1)·(branches·context)²/1e6: a scale,
+  extra cost per branch row, the branches × context term, and a crowding term (1, 0, 0, 0 when the build is
+  just draft steps). The crowding term is there because the branches' KV outgrows the caches: on the default
+  pair's calibrations 64 branches at context 512 took 4.3-4.7 s and 128 took 12-14 s, and a line through
+  4-128 branches put the batch-1 builds the engine runs 10-20% off at either end (at 16 branches 0.79-0.85
+  of what it measured, at 4 branches 1.2-1.4 times). With it the build fit's error on seven calibrations fell
+  from 10-21% to 9-15%, and validation round 9's budget-16 rows from −4..−14% to +2..−8%;
 - every context term is only as good as the contexts the records span: `saguaro calibrate --context`
   times the forwards at the workload's contexts (a calibration at 60-100 tokens under-predicted the
   verify, the draft and the build at ~300 by 15-50%);
@@ -82,6 +87,7 @@ from theory.glossary import Backup, Strategy
 from simulator.records import RoundRecord
 
 Coef = tuple[float, float, float]
+FOOTPRINT_SCALE = 1e6  # the build's crowding term is per (K+1)·(branches·context)² / 1e6 (a well-scaled column)
 LEVEL_DEAD_BAND = 0.05  # `leveled` leaves a ratio this close to 1 unapplied
 
 
@@ -123,7 +129,7 @@ class FittedTiming:
     fast_backup_ms: dict = field(default_factory=dict)  # backup value -> ms
     link_latency_ms: float = 0.0
     ssd_verify_factor: float = 1.0  # the verify's slowdown while the SSD worker builds next to it
-    build: Coef | None = None  # (s, e_row, e_kv): the cache build over its draft steps (see above)
+    build: tuple[float, ...] | None = None  # (s, e_row, e_kv, e_crowd): the cache build (see above)
     backup: Coef | None = None  # the neural backup's own draft-forward coefficients (see above)
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
@@ -149,7 +155,7 @@ class FittedTiming:
         measured = {"target": target, "draft": draft}
         target, draft = (1.0 if abs(x - 1.0) <= dead_band else x for x in (target, draft))
         scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731
-        build = None if self.build is None else (self.build[0], self.build[1] * draft, self.build[2] * draft)
+        build = None if self.build is None else (self.build[0], *(c * draft for c in self.build[1:]))
         knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * target)
         return replace(
             self, verify=scaled(self.verify, target), verify_knee=knee, decode=scaled(self.decode, target),
@@ -205,8 +211,10 @@ class FittedTiming:
         steps = self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
         if self.build is None:
             return steps
-        s, e_row, e_kv = self.build
-        return s * steps + e_row * K * branches + e_kv * (K + 1) * branches * context
+        s, e_row, e_kv, *crowded = self.build
+        footprint = branches * context  # the branches' KV tokens; past the caches they cost more each
+        return (s * steps + e_row * K * branches + e_kv * (K + 1) * footprint
+                + (crowded[0] * (K + 1) * footprint**2 / FOOTPRINT_SCALE if crowded else 0.0))
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
@@ -377,7 +385,8 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft)
         build, errors["build"] = _fit_linear(
             [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len), r.K * r.branches,
-              (r.K + 1) * r.branches * r.context_len] for r in builds], [r.cache_build_ms for r in builds])
+              (r.K + 1) * r.branches * r.context_len, (r.K + 1) * (r.branches * r.context_len) ** 2 / FOOTPRINT_SCALE]
+             for r in builds], [r.cache_build_ms for r in builds])
         counts["build"] = len(builds)
     prefill_target = prefill_draft = None
     attention = [0.0, 0.0]

@@ -113,14 +113,16 @@ def test_the_ssd_workers_interference_is_measured_against_the_verify_alone():
 # -- records that span contexts, as `saguaro calibrate --context` writes them --------------------------------
 V_TRUE = (150.0, 4.0, 0.08)  # ms, ms per row, ms per cached token read (batch·context)
 D_TRUE = (12.0, 1.5, 0.01)
-BUILD_TRUE = (1.15, 0.3, 0.004)  # s, e_row, e_kv: the build over its draft steps (it copies each branch's KV)
+# s, e_row, e_kv, e_crowd: the build over its draft steps (it copies each branch's KV), and its crowding term
+BUILD_TRUE = (1.15, 0.3, 0.004, 0.2)  # e_crowd as the default pair's calibrations fit it (0.08-0.40)
 
 
-def _true_build(b, K, N, c):
+def _true_build(b, K, N, c, build=None):
     d0, d_row, d_kv = D_TRUE
     step = lambda rows: d0 + d_row * rows + d_kv * b * c  # noqa: E731
-    s, e_row, e_kv = BUILD_TRUE
-    return s * (step(b * (K + 1)) + K * step(N)) + e_row * K * N + e_kv * (K + 1) * N * c
+    s, e_row, e_kv, e_crowd = build or BUILD_TRUE
+    return (s * (step(b * (K + 1)) + K * step(N)) + e_row * K * N + e_kv * (K + 1) * N * c
+            + e_crowd * (K + 1) * (N * c) ** 2 / 1e6)
 
 
 def _point(strategy, b, c, K=4, **fields):
@@ -131,7 +133,7 @@ def _point(strategy, b, c, K=4, **fields):
     return r
 
 
-def _spanning(contexts, noise=0.0, seed=0, interference=1.0):
+def _spanning(contexts, noise=0.0, seed=0, interference=1.0, build=None):
     """AR, verify, SD draft and busy SSD builds at every (batch, context), with multiplicative noise."""
     import numpy as np
 
@@ -149,22 +151,39 @@ def _spanning(contexts, noise=0.0, seed=0, interference=1.0):
                 out.append(_point("sd", b, c, verify_ms=verify(K + 1), draft_ms=draft))
             for B in (8, 16):
                 N = b * B
-                build = _true_build(b, K, N, c)
+                built = _true_build(b, K, N, c, build)
                 for _ in range(2):
                     out.append(_point("ssd", b, c, verify_ms=interference * verify(K + 1),
-                                      cache_build_ms=build * jitter(), branches=N, hit=[True] * b, backup=None,
+                                      cache_build_ms=built * jitter(), branches=N, hit=[True] * b, backup=None,
                                       wait_ms=0.0, fanout=[2, 2, 2, 1, 1]))
     return _records(out)
 
 
-def test_points_spanning_contexts_recover_the_context_coefficients():
-    fitted = fit_timing(_spanning([64, 512, 1024]))
+@pytest.mark.parametrize("build", [BUILD_TRUE, BUILD_TRUE[:3] + (0.0,)], ids=["crowded", "linear"])
+def test_points_spanning_contexts_recover_the_context_coefficients(build):
+    fitted = fit_timing(_spanning([64, 512, 1024], build=build))
     assert fitted.verify == pytest.approx(V_TRUE, rel=1e-6)
     assert fitted.draft == pytest.approx(D_TRUE, rel=1e-6)
-    assert fitted.build == pytest.approx(BUILD_TRUE, rel=1e-6)
+    assert fitted.build == pytest.approx(build, rel=1e-6, abs=1e-9)
     # the build at batch 4, 64 branches and context 300 grows with branches × context
-    assert fitted.cache_build_ms(4, 4, 64, 300) == pytest.approx(_true_build(4, 4, 64, 300))
-    assert fitted.cache_build_ms(4, 4, 64, 600) - fitted.cache_build_ms(4, 4, 64, 300) > 5 * 64 * 300 * BUILD_TRUE[2]
+    assert fitted.cache_build_ms(4, 4, 64, 300) == pytest.approx(_true_build(4, 4, 64, 300, build))
+    assert fitted.cache_build_ms(4, 4, 64, 600) - fitted.cache_build_ms(4, 4, 64, 300) > 5 * 64 * 300 * build[2]
+
+
+def test_a_build_that_crowds_the_caches_is_missed_by_a_line_in_branches_x_context():
+    """The negative control of the crowding term: builds whose cost grows with the square of the branches' KV
+    (the default pair's calibrations: 64 branches at context 512 took 4.3-4.7 s, 128 took 12-14 s), fitted
+    without it, are off at both ends of the range (one line through them), and with it, exact."""
+    from simulator.fit import FittedTiming, _builds
+
+    records = _spanning([64, 512, 1024])
+    builds = _builds(records)
+    partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=D_TRUE)
+    line = [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len), r.K * r.branches,
+             (r.K + 1) * r.branches * r.context_len] for r in builds]
+    _, line_error = _fit_linear(line, [r.cache_build_ms for r in builds])
+    assert line_error > 0.10, line_error
+    assert fit_timing(records).errors["build"] < 1e-9
 
 
 def test_noisy_points_spanning_contexts_give_the_context_term_within_a_few_percent():
