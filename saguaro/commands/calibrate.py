@@ -53,8 +53,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"alias, model folder or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"alias, model folder or .gguf (default {DEFAULT_DRAFT})")
     p.add_argument("-K", "--K", type=int, default=4, help="draft tokens per round (default 4)")
-    p.add_argument("--budget", type=int, nargs="+", default=[8, 16],
-                   help="SSD fan-out budgets per sequence; a build holds batch·budget branches (default 8 16)")
+    p.add_argument("--budget", type=int, nargs="+", default=[4, 8, 16],
+                   help="SSD fan-out budgets per sequence; a build holds batch·budget branches (default 4 8 16: "
+                        "a build's cost is not a line in branches, so time the budgets you plan for)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4], help="batch sizes (default 1 4)")
     p.add_argument("--context", type=int, nargs="+", default=[64, 512],
                    help="context lengths in tokens to time the decode forwards at; cover the workload's "
