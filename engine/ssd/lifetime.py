@@ -89,6 +89,8 @@ def spawn_with_sigint_blocked(start: Callable[[], None]) -> None:
     fork = mp_util.spawnv_passfds
 
     def fork_ignoring_sigint(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return fork(*args, **kwargs)  # another thread's spawn in this window: handlers are the main thread's
         blocking = hasattr(signal, "pthread_sigmask")
         if blocking:  # block first: on Linux a blocked signal is queued even while ignored, and kept for later
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

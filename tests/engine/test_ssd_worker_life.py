@@ -259,6 +259,25 @@ def test_a_ctrl_c_during_the_fork_itself_is_kept_for_the_target(monkeypatch):
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
+def test_another_threads_spawn_during_the_start_passes_through(monkeypatch):
+    """The fork function is swapped module-wide while the worker starts: a process spawned by another thread
+    in that window goes through as it is (setting a handler from that thread would raise ValueError)."""
+    import multiprocessing.util as mp_util
+    import threading
+
+    seen = []
+    monkeypatch.setattr(mp_util, "spawnv_passfds", lambda *args: seen.append(signal.getsignal(signal.SIGINT)) or 1)
+
+    def start():
+        other = threading.Thread(target=lambda: seen.append(mp_util.spawnv_passfds("python", ["python"], [])))
+        other.start()
+        other.join()
+
+    spawn_with_sigint_blocked(start)
+    assert len(seen) == 2 and seen[0] is not signal.SIG_IGN and seen[1] == 1  # not ignored, and no error
+
+
 def threading_main_id() -> int:
     import threading
 
