@@ -118,10 +118,11 @@ def predict_auto(timing, settings: dict, acceptance, hits, prompt: int, output: 
              "budget": settings.get("budget") if strategy == "ssd" else 0,
              "backup": Backup(settings.get("backup") or "neural"), "batch": batch, "C": 1.0}
     point, chosen = scenario.resolve(point)
-    return simulate(scenario.config(**point)).decode_tokens_per_s, chosen or ""
+    return simulate(scenario.config(**point)), chosen or ""
 
 
-def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, seed: int, say: bool = True) -> float:
+def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, seed: int, say: bool = True):
+    """The simulator's result for this configuration (its decode tokens/s, and for SSD its hit rate)."""
     first = rows[0]
     starts = [r for i, r in enumerate(rows) if i == 0 or r.context_len < rows[i - 1].context_len]
     prompt = max(1, round(float(np.mean([r.context_len for r in starts]))))
@@ -129,11 +130,11 @@ def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, s
     output = max(2, round(sum(sum(r.emitted) for r in rows) / (calls * first.batch_size)) + 1)
     strategy = settings["system"]
     if is_auto(settings):
-        tokens_per_s, chosen = predict_auto(timing, settings, acceptance, hits, prompt, output, first.batch_size,
-                                            rounds, seed)
+        result, chosen = predict_auto(timing, settings, acceptance, hits, prompt, output, first.batch_size,
+                                      rounds, seed)
         if say:
             print(f"  {label(settings, rows)}: {chosen}", file=sys.stderr)
-        return tokens_per_s
+        return result
     backup = Backup(settings.get("backup") or "neural")
     policy = Policy(strategy, K=settings.get("K") or 0, fanout=first.fanout if strategy == "ssd" else None,
                     backup=backup)
@@ -141,7 +142,15 @@ def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, s
                        hits=hits if strategy == "ssd" else None,
                        workload=ClosedLoop(first.batch_size, Lengths(prompt), Lengths(output)),
                        link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)), rounds=rounds, seed=seed)
-    return simulate(config).decode_tokens_per_s
+    return simulate(config)
+
+
+def measured_hit_rate(rows: list) -> float | None:
+    """SSD's hit rate in these rounds as the simulator counts it: outcomes the next round found in the cache
+    over outcomes looked up (the engine's `outcome_hit`; a sequence's first round has no cache and is not
+    counted). None for other strategies."""
+    flags = [h for r in rows for h in (r.outcome_hit or []) if h is not None]
+    return sum(flags) / len(flags) if flags else None
 
 
 def label(settings: dict, rows: list) -> str:
@@ -229,19 +238,25 @@ def main(argv: list[str] | None = None) -> int:
         level_source = (settings["run"], settings["temperature"]) in run_levels and settings["system"] == "sd" \
             and not settings.get("adaptive")
         own_timing = run_levels.get((settings["run"], settings["temperature"]), own_timing)
-        predicted = predict(own_timing, settings, rows, acceptance, hits, args.rounds, args.seed)
-        old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed, say=False)
+        result = predict(own_timing, settings, rows, acceptance, hits, args.rounds, args.seed)
+        predicted, hit = result.decode_tokens_per_s, measured_hit_rate(rows)
+        old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), args.rounds, args.seed,
+                      say=False).decode_tokens_per_s
         table.append({"configuration": label(settings, rows) + (" (own lookup α)" if own else ""), "run": settings["run"],
                       "reference": key == reference[settings["temperature"]][0], "level_source": level_source,
                       "level": own_timing.levels or None, "rounds": len(rows), "measured": round(measured, 3),
                       "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
-                      "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4)})
-    print("| configuration | rounds | measured tok/s | predicted | error | former way | its error |")
-    print("|---|---|---|---|---|---|---|")
+                      "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4),
+                      "hit_rate": None if hit is None else round(hit, 4),
+                      "predicted_hit_rate": None if hit is None else round(result.hit_rate, 4)})
+    print("| configuration | rounds | measured tok/s | predicted | error | former way | its error | hit rate, measured "
+          "/ predicted |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in table:
         mark = " (α source)" if r["reference"] else " (level source)" if r["level_source"] else ""
+        hits_text = "" if r["hit_rate"] is None else f"{r['hit_rate']:.3f} / {r['predicted_hit_rate']:.3f}"
         print(f"| {r['configuration']}{mark} | {r['rounds']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
-              f"{r['error']:+.1%} | {r['former_predicted']:.3f} | {r['former_error']:+.1%} |")
+              f"{r['error']:+.1%} | {r['former_predicted']:.3f} | {r['former_error']:+.1%} | {hits_text} |")
     print()
     for name, held_out in (("the α sources", [r for r in table if not r["reference"]]),
                            ("the α and level sources", [r for r in table if not (r["reference"] or r["level_source"])])):

@@ -39,13 +39,16 @@ def test_a_lookup_pairs_an_outcome_with_the_next_rounds_hit():
     # (F_0 = 5, F_2 = 2);
     # round 3 has one sequence fewer, so its rows cannot be matched and are skipped
     assert lookups == [R.Lookup(0, 5, True), R.Lookup(2, 2, False)]
-    assert R.hit_rate([call]) == pytest.approx(2 / 5)
+    # the hit rate is over these lookups: the first round (no cache yet) is not a miss (its flags would give 2/5)
+    assert R.hit_rate([call]) == pytest.approx(1 / 2)
 
 
 def test_the_engines_own_outcome_pairing_is_used_when_recorded():
     first = {**ssd_round(1, [0, 2], [False, False]), "outcome_hit": [True, None]}  # row 2 finished
     call = [first, ssd_round(2, [1], [True], fanout=(5, 4, 2))]
     assert R.lookups([call]) == [R.Lookup(0, 5, True)]
+    assert R.hit_rate([call]) == pytest.approx(1.0)
+    assert R.hit_rate([[ssd_round(1, [0], [False])]]) is None  # one round: nothing looked up yet
 
 
 def test_accepted_counts_split_by_where_the_speculation_came_from():

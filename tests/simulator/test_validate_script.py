@@ -38,6 +38,23 @@ def test_each_run_folder_is_leveled_by_its_own_sd_variants(tmp_path):
     assert sd_b4[0]["level"]["measured"] != pytest.approx(reference[0]["level"]["measured"], rel=0.01)
 
 
+def test_ssd_rows_show_the_measured_hit_rate_beside_the_predicted_one(tmp_path):
+    """The measured one as `saguaro bench` now reports it (outcomes looked up, first rounds left out, as the
+    simulator counts), the predicted one the simulator's; other rows have none."""
+    from saguaro.analysis import rounds as R
+
+    rows = _run(tmp_path)
+    b4 = next((STOP26 / "runs").glob("*-b4"))
+    records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
+    keys = sorted({r["key"] for r in records if r["key"].startswith("ssd ")})
+    bench = [R.hit_rate([[r for r in records if r["key"] == key]]) for key in keys]
+    ssd = [r for r in rows if r["configuration"].startswith("ssd ")]
+    assert len(ssd) == 2 and len(bench) == 2
+    assert sorted(r["hit_rate"] for r in ssd) == pytest.approx(sorted(bench), abs=1e-4)
+    assert all(0 < r["predicted_hit_rate"] <= 1 for r in ssd)
+    assert all(r["hit_rate"] is None and r["predicted_hit_rate"] is None for r in rows if r not in ssd)
+
+
 def test_no_level_leaves_the_calibration_as_it_is(tmp_path):
     rows = _run(tmp_path, "--no-level")
     assert not any(r["level_source"] or r["level"] for r in rows)
