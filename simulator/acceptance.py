@@ -128,10 +128,12 @@ class PerPositionAcceptance:
 
 
 class HitModel(Protocol):
-    def hit_prob(self, fanout: tuple[int, ...], from_cache: bool) -> np.ndarray:
+    def hit_prob(self, fanout: tuple[int, ...], from_cache: bool, draft_sourced: bool = True) -> np.ndarray:
         """P(the next speculation is in the cache | k accepted now), k = 0..K.
 
         `fanout` is the schedule used while verifying this round (F^p after a hit, F^b after a backup round).
+        `draft_sourced` is False when this round's speculation came from a fast backup (random tokens, prompt
+        lookup): a token it proposed and the target rejected was not the draft's first choice.
         """
         ...
 
@@ -149,7 +151,7 @@ class ConstantHit:
             if value is not None and not 0 <= value <= 1:
                 raise ValueError(f"{name} is a probability and must lie in [0, 1]; got {value!r}")
 
-    def hit_prob(self, fanout: tuple[int, ...], from_cache: bool) -> np.ndarray:
+    def hit_prob(self, fanout: tuple[int, ...], from_cache: bool, draft_sourced: bool = True) -> np.ndarray:
         p = self.p_hit if from_cache or self.p_hit_backup is None else self.p_hit_backup
         return np.full(len(fanout), p)
 
@@ -173,7 +175,7 @@ class PowerLawHit:
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 (power law miss ≈ scale·F^(−r)); got {value!r}")
 
-    def hit_prob(self, fanout: tuple[int, ...], from_cache: bool) -> np.ndarray:
+    def hit_prob(self, fanout: tuple[int, ...], from_cache: bool, draft_sourced: bool = True) -> np.ndarray:
         r = self.r if from_cache or self.r_backup is None else self.r_backup
         scale = self.scale if from_cache or self.scale_backup is None else self.scale_backup
         return 1.0 - np.asarray(miss_rate(np.asarray(fanout, dtype=float), r, scale), dtype=float)

@@ -132,3 +132,61 @@ def test_theory_simulate_and_plan_share_one_default_hit_model(capsys):
                        rounds=20_000, seed=2)
     simulated = simulate(config).hit_rate
     assert simulated == pytest.approx(out["hit_probability"]["optimal_integer"], abs=0.01)
+
+
+def _agreement_world(rng, rounds: int, agree: float, batch: int = 4):
+    """SD records from a world where, at every position, the target's token is the draft's first choice with
+    probability `agree` (then accepted, at T = 0) and otherwise ranks 1 + Geometric(½) among the draft's
+    guesses; a rejection records the rank with the rejected first choice left out (one place higher)."""
+    lines = []
+    for i in range(rounds):
+        accepted, ranks = [], []
+        for _ in range(batch):
+            k = 0
+            while k < K and rng.random() < agree:
+                k += 1
+            accepted.append(k)
+            below = int(rng.geometric(0.5))  # the target's rank among the draft's guesses when not the first
+            ranks.append(below - 1 if k < K else (0 if rng.random() < agree else below))
+        lines.append(parse_record({
+            "strategy": "sd", "round": i, "batch_size": batch, "K": K, "context_len": 10 + i,
+            "accepted": accepted, "emitted": [k + 1 for k in accepted], "draft_ms": 1.0, "verify_ms": 2.0,
+            "round_ms": 3.0, "draft_forwards": K, "outcome_rank": ranks, "prompt_index": list(range(batch)),
+        }))
+    return lines
+
+
+@pytest.mark.parametrize("F0", [1, 2, 3])
+def test_after_a_fast_backup_a_rejection_says_nothing_against_the_drafts_first_choice(F0):
+    """A random or looked-up token the target rejects was not the draft's guess: the bonus is in the draft's
+    top F iff its rank, unconditioned, is below F: P = a + (1 − a)·(1 − ½^(F−1)). The rejection table alone
+    (what the model gave before; `draft_sourced` True) is the rank after the draft's own guess failed."""
+    agree = 0.8
+    model = from_records(_agreement_world(np.random.default_rng(1), 4000, agree))
+    fanout = (F0, 2, 2, 3)
+    truth = agree + (1 - agree) * (1 - 0.5 ** (F0 - 1))
+    after_fast = model.hit_prob(fanout, False, draft_sourced=False)
+    assert after_fast[0] == pytest.approx(truth, abs=0.02)
+    after_draft = model.hit_prob(fanout, False, draft_sourced=True)
+    assert after_draft[0] == pytest.approx(1 - 0.5**F0, abs=0.02)  # the draft's own rejection: rank − 1
+    assert abs(after_draft[0] - truth) > 0.05  # negative control: the rejection table misses the fast case
+    assert after_fast[K] == after_draft[K]  # all accepted: the same table either way
+    assert model.hit_prob(fanout, True).tolist() == after_draft.tolist()  # the default is the draft's case
+
+
+def test_the_simulator_asks_for_the_fast_backup_table_only_after_a_fast_backup():
+    from simulator.acceptance import PerPositionAcceptance, Source
+    from simulator.draws import TableDraws
+
+    calls = []
+
+    class Spy:
+        def hit_prob(self, fanout, from_cache, draft_sourced=True):
+            calls.append((from_cache, draft_sourced))
+            return np.full(len(fanout), 0.5)
+
+    for source, sourced in ((Source.DRAFT, True), (Source.RANDOM, False), (Source.LOOKUP, False)):
+        calls.clear()
+        TableDraws(PerPositionAcceptance((0.8,) * K, alpha_random=0.1, alpha_lookup=0.3), Spy(), K, source,
+                   (2, 2, 2, 2), None, np.random.default_rng(0))
+        assert calls == [(True, True), (False, sourced)]
