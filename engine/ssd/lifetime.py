@@ -80,9 +80,10 @@ def spawn_with_sigint_blocked(start: Callable[[], None]) -> None:
     the target owns a started worker it can stop. Ignoring SIGINT for the whole of `start`, as this did before,
     lost a Ctrl-C that the kernel handed to another thread (OpenMP's, a progress bar's) in that long window.
     Handlers can be set only from the main thread; from another, `start` runs as it is (the worker still
-    ignores SIGINT from its first line, `ignore_sigint`)."""
-    if threading.current_thread() is not threading.main_thread() or not callable(signal.getsignal(signal.SIGINT)):
-        start()  # SIG_IGN: the child inherits it already; SIG_DFL or a handler set outside Python: nothing to hold
+    ignores SIGINT from its first line, `ignore_sigint`), and so it does under a handler set outside Python,
+    which could not be put back. Under SIG_DFL or SIG_IGN there is no Ctrl-C to hold, only the fork's."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        start()
         return
     import multiprocessing.util as mp_util
 

@@ -278,6 +278,26 @@ def test_another_threads_spawn_during_the_start_passes_through(monkeypatch):
     assert len(seen) == 2 and seen[0] is not signal.SIG_IGN and seen[1] == 1  # not ignored, and no error
 
 
+@pytest.mark.parametrize("disposition", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
+def test_without_a_python_handler_the_child_is_still_born_ignoring_sigint(tmp_path, disposition):
+    """SIG_DFL (a program that set it so) or SIG_IGN (started in the background): nothing to hold, but the fork
+    still gives the child SIGINT ignored, and the disposition is put back after."""
+    import multiprocessing.util as mp_util
+
+    child_saw = tmp_path / "sigint"
+    previous = signal.signal(signal.SIGINT, disposition)
+    try:
+        def start():
+            child = [sys.executable, "-c", CHILD_SIGINT, str(child_saw)]
+            assert os.waitpid(mp_util.spawnv_passfds(os.fsencode(sys.executable), child, []), 0)[1] == 0
+
+        spawn_with_sigint_blocked(start)
+        assert signal.getsignal(signal.SIGINT) == disposition
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert child_saw.read_text() == "SIG_IGN"
+
+
 def threading_main_id() -> int:
     import threading
 
