@@ -22,8 +22,8 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   extra cost per branch row, the branches × context term, and a crowding term (1, 0, 0, 0 when the build is
   just draft steps). The crowding term is there because the branches' KV outgrows the caches: on the default
   pair's calibrations 64 branches at context 512 took 4.3-4.7 s and 128 took 12-14 s, and a line through
-  4-128 branches put the batch-1 builds the engine runs 10-20% off at either end (at 16 branches 0.79-0.85
-  of what it measured, at 4 branches 1.2-1.4 times). With it the build fit's error on seven calibrations fell
+  4-128 branches missed the batch-1 builds the engine runs at both ends (16 branches took 0.79-0.85 of the
+  line's time, 4 branches 1.16-1.34 times it). With it the build fit's error on seven calibrations fell
   from 10-21% to 9-15%, and validation round 9's budget-16 rows from −4..−14% to +2..−8%;
 - every context term is only as good as the contexts the records span: `saguaro calibrate --context`
   times the forwards at the workload's contexts (a calibration at 60-100 tokens under-predicted the
