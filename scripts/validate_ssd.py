@@ -69,6 +69,25 @@ def lookup_alpha(rows: list) -> float:
     return accepted / max(1, accepted + rejected)
 
 
+def lookup_alphas(rows: list) -> tuple[float, ...] | None:
+    """The lookup backup's acceptance per position in these rounds: α_i = P(x_i accepted | x_1..x_{i−1} were),
+    over the rows whose speculation it made. None where a position was never reached."""
+    reached: dict[int, int] = {}
+    passed: dict[int, int] = {}
+    K = 0
+    for r in rows:
+        for row, k in enumerate(r.accepted):
+            if _draft_sourced(r, row):
+                continue
+            K = max(K, r.K)
+            for i in range(min(k + 1, r.K)):
+                reached[i] = reached.get(i, 0) + 1
+                passed[i] = passed.get(i, 0) + (i < k)
+    if not K or any(not reached.get(i) for i in range(K)):
+        return None
+    return tuple(passed.get(i, 0) / reached[i] for i in range(K))
+
+
 def calibrations_by_temperature(paths: list[Path]) -> dict[float, tuple[Path, object]]:
     """temperature -> (path, its fitted timing), the temperature from the calibration's .summary.json
     (`saguaro calibrate --temperature`; one written before that option is greedy). ValueError on two at one
@@ -234,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = measured_tokens_per_s(rows)
         own = settings.get("backup") == "lookup"
         if own:
-            acceptance = replace(acceptance, alpha_lookup=lookup_alpha(rows))
+            acceptance = replace(acceptance, alpha_lookup=lookup_alpha(rows), alphas_lookup=lookup_alphas(rows))
         level_source = (settings["run"], settings["temperature"]) in run_levels and settings["system"] == "sd" \
             and not settings.get("adaptive")
         own_timing = run_levels.get((settings["run"], settings["temperature"]), own_timing)

@@ -30,6 +30,19 @@ def test_sources_get_their_own_rates():
         IidAcceptance(0.8).rate(Source.LOOKUP)
 
 
+def test_the_lookup_backup_can_have_its_own_rates_per_position():
+    """A looked-up continuation tends to hold for all K or fail at once; i.i.d. at its mean rate would not."""
+    runs = PerPositionAcceptance((0.9,) * 4, alpha_lookup=0.7, alphas_lookup=(0.5, 0.9, 0.9, 0.95))
+    assert runs.pmf(4, Source.LOOKUP) == pytest.approx(position_pmf([0.5, 0.9, 0.9, 0.95], 4))
+    assert runs.pmf(5, Source.LOOKUP) == pytest.approx(position_pmf([0.5, 0.9, 0.9, 0.95, 0.95], 5))  # last rate on
+    assert runs.pmf(4, Source.LOOKUP)[4] == pytest.approx(0.5 * 0.9 * 0.9 * 0.95)
+    iid = PerPositionAcceptance((0.9,) * 4, alpha_lookup=0.7)  # without them: i.i.d. at alpha_lookup, as before
+    assert iid.pmf(4, Source.LOOKUP) == pytest.approx(truncated_geometric(0.7, 4))
+    assert runs.pmf(4, Source.RANDOM) == pytest.approx(truncated_geometric(0.0, 4))  # random tokens unchanged
+    with pytest.raises(ValueError, match="alphas_lookup\\[1\\]"):
+        PerPositionAcceptance((0.9,), alphas_lookup=(0.5, 1.5))
+
+
 def test_sampled_k_follow_the_table():
     # 100,000 draws: each frequency's standard error is below 0.0016, so ±0.008 is 5 standard errors
     draws = TableDraws(IidAcceptance(0.6), None, 3, Source.DRAFT, None, None, np.random.default_rng(0))

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,3 +114,17 @@ def test_two_calibrations_at_one_temperature_are_one_line_and_exit_2(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and "are both calibrations at T = 0: give one per temperature" in err
     assert "Traceback" not in err
+
+
+def test_the_lookups_rates_per_position_multiply_to_its_measured_all_accepted_share():
+    """On the committed lookup run (K 4, budget 4): α_i over the rows the lookup proposed; their product is
+    exactly the share of those rows that took all K (the estimator telescopes), and the first position is the
+    hard one (a continuation holds or fails at once)."""
+    folder = next((STOP26 / "runs").glob("*-fast-backups"))
+    rows = next(r for s, r in validate_ssd.variants(folder).values()
+                if s.get("backup") == "lookup" and s.get("budget") == 4)
+    alphas = validate_ssd.lookup_alphas(rows)
+    assert alphas is not None and len(alphas) == 4
+    proposed = [k for r in rows for i, k in enumerate(r.accepted) if not validate_ssd._draft_sourced(r, i)]
+    assert float(np.prod(alphas)) == pytest.approx(sum(k == 4 for k in proposed) / len(proposed))
+    assert alphas[0] < min(alphas[1:])
