@@ -37,7 +37,7 @@ import numpy as np
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, Scenario, SimConfig, fit_timing, simulate
 from saguaro.commands.simulate import fit_all
 from saguaro.runfolder import RunDir
-from simulator.hits import _draft_sourced, from_records
+from simulator.hits import _draft_sourced, alpha_per_position, from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
 from simulator.scenario import AUTO, AUTO_K_MAX
@@ -72,20 +72,8 @@ def lookup_alpha(rows: list) -> float:
 def lookup_alphas(rows: list) -> tuple[float, ...] | None:
     """The lookup backup's acceptance per position in these rounds: α_i = P(x_i accepted | x_1..x_{i−1} were),
     over the rows whose speculation it made. None where a position was never reached."""
-    reached: dict[int, int] = {}
-    passed: dict[int, int] = {}
-    K = 0
-    for r in rows:
-        for row, k in enumerate(r.accepted):
-            if _draft_sourced(r, row):
-                continue
-            K = max(K, r.K)
-            for i in range(min(k + 1, r.K)):
-                reached[i] = reached.get(i, 0) + 1
-                passed[i] = passed.get(i, 0) + (i < k)
-    if not K or any(not reached.get(i) for i in range(K)):
-        return None
-    return tuple(passed.get(i, 0) / reached[i] for i in range(K))
+    alphas = alpha_per_position(rows, draft_sourced=False)
+    return tuple(alphas) if alphas and all(np.isfinite(alphas)) else None
 
 
 def calibrations_by_temperature(paths: list[Path]) -> dict[float, tuple[Path, object]]:

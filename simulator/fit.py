@@ -211,10 +211,8 @@ class FittedTiming:
         steps = self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
         if self.build is None:
             return steps
-        s, e_row, e_kv, *crowded = self.build
-        footprint = branches * context  # the branches' KV tokens; past the caches they cost more each
-        return (s * steps + e_row * K * branches + e_kv * (K + 1) * footprint
-                + (crowded[0] * (K + 1) * footprint**2 / FOOTPRINT_SCALE if crowded else 0.0))
+        s, *extra = self.build
+        return s * steps + sum(c * x for c, x in zip(extra, _build_terms(K, branches, context)))
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
@@ -240,6 +238,13 @@ class FittedTiming:
 
     def overhead_ms(self, strategy: Strategy) -> float:
         return self.overhead.get(strategy.value, 0.0)
+
+
+def _build_terms(K: int, branches: int, context: int) -> tuple[float, float, float]:
+    """The build's terms beyond its draft steps, in the order of `FittedTiming.build[1:]`: branch rows, the
+    branches' KV read, and its crowding once that KV outgrows the caches (module docstring)."""
+    footprint = branches * context
+    return K * branches, (K + 1) * footprint, (K + 1) * footprint**2 / FOOTPRINT_SCALE
 
 
 def _verify_time(verify: Coef, knee: tuple[float, float] | None, rows: float, kv: float) -> float:
@@ -384,9 +389,8 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     if draft is not None and len(builds) >= 3:
         partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft)
         build, errors["build"] = _fit_linear(
-            [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len), r.K * r.branches,
-              (r.K + 1) * r.branches * r.context_len, (r.K + 1) * (r.branches * r.context_len) ** 2 / FOOTPRINT_SCALE]
-             for r in builds], [r.cache_build_ms for r in builds])
+            [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len),
+              *_build_terms(r.K, r.branches, r.context_len)] for r in builds], [r.cache_build_ms for r in builds])
         counts["build"] = len(builds)
     prefill_target = prefill_draft = None
     attention = [0.0, 0.0]

@@ -194,7 +194,7 @@ def from_records(records: list[RoundRecord], source: str = "records", seed: int 
     all_accepted = RankCounts.of(accepted_all)
     fit = fit_power_law(rejected, accepted_all, K, seed=seed)
     meta = {"K": K, "outcomes": sum(len(v) for v in rejected.values()) + len(accepted_all),
-            "alpha": alpha_per_position(records)}
+            "alpha": [round(a, 4) for a in alpha_per_position(records)]}
     if fit:
         meta["power_law"] = fit
     return EmpiricalHit(counts, all_accepted, fit["r"] if fit else 1.0, source, meta)
@@ -224,8 +224,10 @@ def fit_power_law(rejected: dict[int, list[int]], accepted_all: list[int], K: in
             "fanouts": [int(F[0]), int(F[-1])], "outcomes": int(ranks.size)}
 
 
-def alpha_per_position(records: list[RoundRecord]) -> list[float]:
-    """Measured α_i = P(x_i accepted | x_1..x_{i−1} accepted), i = 1..K, over draft-sourced rows."""
+def alpha_per_position(records: list[RoundRecord], draft_sourced: bool = True) -> list[float]:
+    """Measured α_i = P(x_i accepted | x_1..x_{i−1} accepted), i = 1..K, over draft-sourced rows (with
+    `draft_sourced` False: over the rows a fast backup proposed, e.g. the lookup's own rates); NaN where a
+    position was never reached."""
     reached: dict[int, int] = {}
     passed: dict[int, int] = {}
     K = 0
@@ -234,12 +236,12 @@ def alpha_per_position(records: list[RoundRecord]) -> list[float]:
             continue
         K = max(K, r.K)
         for row, k in enumerate(r.accepted):
-            if not _draft_sourced(r, row):
+            if _draft_sourced(r, row) != draft_sourced:
                 continue
             for i in range(min(k + 1, r.K)):
                 reached[i] = reached.get(i, 0) + 1
                 passed[i] = passed.get(i, 0) + (i < k)
-    return [round(passed.get(i, 0) / reached[i], 4) if reached.get(i) else float("nan") for i in range(K)]
+    return [passed.get(i, 0) / reached[i] if reached.get(i) else float("nan") for i in range(K)]
 
 
 # -- the shipped tables ---------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 its parent at every stage, Ctrl-C inside generate() leaves SSD running and exact, a taken rendezvous port is
 refused in one line before any model loads. Tiny models; each test starts at most one worker process."""
 
+import multiprocessing.util as mp_util
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -216,8 +218,6 @@ def test_a_ctrl_c_while_the_worker_starts_is_raised_once_it_has_started(tmp_path
     """The Ctrl-C comes from another thread while `start` runs, as a terminal's does to a process with OpenMP
     threads. It must neither break `start` off (the target must own the worker it started) nor be lost (it was,
     when SIGINT stayed ignored for the whole of `start`); the child is still born ignoring SIGINT."""
-    import multiprocessing.util as mp_util
-    import threading
 
     child_saw, started = tmp_path / "sigint", []
 
@@ -242,13 +242,12 @@ def test_a_ctrl_c_while_the_worker_starts_is_raised_once_it_has_started(tmp_path
 def test_a_ctrl_c_during_the_fork_itself_is_kept_for_the_target(monkeypatch):
     """Inside the fork SIGINT is ignored and blocked in this thread: one sent to this thread then stays pending
     and is raised once `start` returns; the fork function is put back afterwards."""
-    import multiprocessing.util as mp_util
 
     seen = []
 
     def fork(*args):
         seen.append((signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
-        signal.pthread_kill(threading_main_id(), signal.SIGINT)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         return 12345
 
     monkeypatch.setattr(mp_util, "spawnv_passfds", fork)
@@ -263,8 +262,6 @@ def test_a_ctrl_c_during_the_fork_itself_is_kept_for_the_target(monkeypatch):
 def test_another_threads_spawn_during_the_start_passes_through(monkeypatch):
     """The fork function is swapped module-wide while the worker starts: a process spawned by another thread
     in that window goes through as it is (setting a handler from that thread would raise ValueError)."""
-    import multiprocessing.util as mp_util
-    import threading
 
     seen = []
     monkeypatch.setattr(mp_util, "spawnv_passfds", lambda *args: seen.append(signal.getsignal(signal.SIGINT)) or 1)
@@ -282,7 +279,6 @@ def test_another_threads_spawn_during_the_start_passes_through(monkeypatch):
 def test_without_a_python_handler_the_child_is_still_born_ignoring_sigint(tmp_path, disposition):
     """SIG_DFL (a program that set it so) or SIG_IGN (started in the background): nothing to hold, but the fork
     still gives the child SIGINT ignored, and the disposition is put back after."""
-    import multiprocessing.util as mp_util
 
     child_saw = tmp_path / "sigint"
     previous = signal.signal(signal.SIGINT, disposition)
@@ -296,12 +292,6 @@ def test_without_a_python_handler_the_child_is_still_born_ignoring_sigint(tmp_pa
     finally:
         signal.signal(signal.SIGINT, previous)
     assert child_saw.read_text() == "SIG_IGN"
-
-
-def threading_main_id() -> int:
-    import threading
-
-    return threading.main_thread().ident
 
 
 class Abandoned(BaseException):
