@@ -40,7 +40,7 @@ from pathlib import Path
 
 from saguaro.calibration import (cpu_model, fast_backup_ms, fit_summary, long_prompt, measure,
                                  start_worker)
-from saguaro.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET
+from saguaro.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET, add_quant_flags, quant_kwargs
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
           "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "
@@ -70,7 +70,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="target dtype (default bfloat16)")
-    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 quantisation of the draft")
+    p.add_argument("--draft-int8", action="store_true",
+                   help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
+    add_quant_flags(p)  # calibrate the models as the run will load them: a low-bit target has other costs
     p.add_argument("--threads", type=int, default=1, help="target threads (default 1: one core, as in SSD)")
     p.add_argument("--draft-threads", type=int, default=1, help="draft worker threads (default 1)")
     p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
@@ -97,18 +99,29 @@ def _check(args) -> None:
         raise ValueError(f"--out {args.out} is a folder: give a file name for the JSONL records")
 
 
+def _config(args):
+    """The engine's configuration of the pair as an SSD run would load it (its checks refuse bad quant flags
+    before any model loads)."""
+    from engine.config import EngineConfig
+
+    return EngineConfig(target=str(args.target), draft=str(args.draft), strategy="ssd", dtype=args.dtype,
+                        draft_int8=args.draft_int8, threads=args.threads,
+                        cache_dir=None if args.cache is None else str(args.cache), **quant_kwargs(args))
+
+
 def run(args) -> int:
     _check(args)
+    config = _config(args)
     from engine import LLM
-    from engine.ssd.process import ModelRecipe
+    from engine.strategies.ssd import draft_recipe
 
     start = time.perf_counter()
     say = lambda text: print(f"calibrate: {text} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)  # noqa: E731
     say("loading the target here and the draft in its own process")
-    draft_dtype = "float32" if args.draft_int8 else args.dtype  # int8 is quantised from float32, as the engine does
-    recipe = ModelRecipe(path=str(args.draft), dtype=draft_dtype, int8=args.draft_int8,
-                         cache_dir=None if args.cache is None else str(args.cache))
-    with LLM(args.target, strategy="ar", dtype=args.dtype, threads=args.threads, cache_dir=args.cache) as llm:
+    recipe = draft_recipe(None, config)  # the worker loads the draft as SSD's worker does (dtype, low-bit scheme)
+    with LLM(args.target, strategy="ar", dtype=args.dtype, threads=args.threads, cache_dir=args.cache,
+             target_quant=config.target_quant, target_head_quant=config.target_head_quant,
+             quant_group_size=config.quant_group_size) as llm:
         target = llm.target
         if args.prompt_ids:
             ids = list(args.prompt_ids)
@@ -138,7 +151,10 @@ def run(args) -> int:
     summary["fit"] = fit_summary(args.out)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     summary["inputs"] = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
-                         "draft_int8": args.draft_int8, "threads": args.threads, "draft_threads": args.draft_threads,
+                         "draft_int8": config.draft_int8, "target_quant": config.target_quant,
+                         "target_head_quant": config.target_head_quant, "draft_quant": config.draft_quant,
+                         "draft_head_quant": config.draft_head_quant, "quant_group_size": config.quant_group_size,
+                         "threads": args.threads, "draft_threads": args.draft_threads,
                          "K": args.K, "temperature": args.temperature, "budgets": args.budget,
                          "batches": args.batch, "contexts": args.context,
                          "repeats": args.repeats, "cpu": cpu_model(), "torch": __import__("torch").__version__,

@@ -122,3 +122,39 @@ def test_a_draft_that_cannot_load_exits_2_with_the_workers_reason(pair, tmp_path
                  "--prompt-ids", "1", "2", "--dtype", "float32", "--out", str(tmp_path / "x.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "calibrate's worker process" in err and "missing" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--target-head-quant", "int8"], "target_head_quant='int8' needs target_quant"),
+    (["--draft-int8", "--draft-quant", "int4"], "draft_int8=True means draft_quant='int8-dynamic'"),
+])
+def test_bad_quant_flags_exit_2_before_loading(flags, message, tmp_path, capsys):
+    assert main(["calibrate", "--target", str(tmp_path / "never-loaded"), "--out", str(tmp_path / "x.jsonl"),
+                 *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatch):
+    """--target-quant / --draft-quant: the target timed here and the draft in the worker are the low-bit models
+    an SSD run with the same flags loads (the worker gets SSD's own recipe), and the summary says which."""
+    import saguaro.commands.calibrate as command
+    from engine.config import EngineConfig
+    from engine.quantize import WeightOnlyLinear
+    from engine.strategies.ssd import draft_recipe
+
+    target, draft = pair
+    recipes, targets = [], []
+    start, measure = command.start_worker, command.measure
+    monkeypatch.setattr(command, "start_worker", lambda recipe, *a: recipes.append(recipe) or start(recipe, *a))
+    monkeypatch.setattr(command, "measure", lambda args, model, *a: targets.append(model) or measure(args, model, *a))
+    out = tmp_path / "lowbit.jsonl"
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
+                 "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
+                 "float32", "--target-quant", "int4", "--draft-quant", "int8", "--out", str(out)]) == 0
+    inputs = json.loads(out.with_suffix(".summary.json").read_text())["inputs"]
+    assert (inputs["target_quant"], inputs["draft_quant"], inputs["quant_group_size"]) == ("int4", "int8", 32)
+    assert inputs["draft_int8"] is False and inputs["target_head_quant"] is None
+    assert any(isinstance(m, WeightOnlyLinear) and m.scheme.value == "int4" for m in targets[0].modules())
+    ssd = EngineConfig(target=str(target), draft=str(draft), strategy="ssd", dtype="float32", threads=1,
+                       target_quant="int4", draft_quant="int8")
+    assert recipes == [draft_recipe(None, ssd)] and recipes[0].quant == "int8"
