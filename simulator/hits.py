@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from theory import fit_r
-from theory.fanout import outcome_probabilities
+from theory.fanout import outcome_probabilities, separable_fanout
 from theory.glossary import Backup
 
 from simulator.records import RoundRecord
@@ -292,24 +292,4 @@ def best_schedule(model: EmpiricalHit, alpha: float, K: int, B: int) -> tuple[in
         return _tail_split(model, weights, B)  # no schedule within KEPT per outcome spends B: skip the programme
     F = np.arange(cap + 1)
     gain = np.stack([weights[k] * (1.0 - model.miss(k, K, F)) for k in range(K + 1)])  # [K+1, cap+1]
-    # best[c]: best total of outcomes k..K with budget c (each outcome at most `cap`)
-    NEG = -np.inf
-    best = np.full(B + 1, NEG)
-    best[: cap + 1] = gain[K]
-    choice = np.zeros((K + 1, B + 1), dtype=np.int64)
-    choice[K, : cap + 1] = F
-    for k in range(K - 1, -1, -1):
-        here = np.full(B + 1, NEG)
-        for c in range(B + 1):
-            f = F[F <= c]
-            totals = gain[k, f] + best[c - f]
-            i = int(np.argmax(totals))
-            here[c], choice[k, c] = totals[i], f[i]
-        best = here
-    if not np.isfinite(best[B]):
-        return _tail_split(model, weights, B)
-    out, left = [], B
-    for k in range(K + 1):
-        out.append(int(choice[k, left]))
-        left -= out[-1]
-    return tuple(out)
+    return tuple(int(f) for f in separable_fanout(gain, B))

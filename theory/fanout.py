@@ -214,24 +214,33 @@ def _spread(P: FloatArray, r: float, scale: float, first: int, extra: IntArray) 
     return above + np.minimum(tied, np.maximum(0, left[:, None] - before))
 
 
-def _integer_fanout_dp(alpha: float, r: float, K: int, B: int, scale: float = 1.0) -> IntArray:
-    """The reference `integer_fanout` is checked against (tests, scripts/bench_fanout.py): a dynamic programme
-    over outcomes and budget, exact for any separable objective, in O((K+1)·B²) time. Ties: larger F_k first.
-    """
-    weights = outcome_probabilities(alpha, K)  # [K+1]
-    f = np.arange(B + 1)  # candidate fan-outs for one outcome
-    gain = weights[:, None] * (1.0 - np.asarray(miss_rate(f, r, scale)))  # [K+1, B+1]
+def separable_fanout(gain: npt.ArrayLike, B: int, larger_first: bool = False) -> IntArray:
+    """The integer schedule F_0..F_K with `Σ_k F_k = B` that maximises `Σ_k gain[k, F_k]`, for any gains
+    `gain` [K+1, cap+1] (an outcome's value at F = 0..cap guesses; measured hit curves need not be concave, so
+    no greedy): a dynamic programme over outcomes and budget, exact, in O((K+1)·B·cap) time.
 
-    # best[k][c]: the best hit probability of outcomes k..K with budget exactly c; choice[k][c]: F_k there.
-    best_next = gain[K].copy()  # the last outcome takes whatever budget is left
+    Ties: among equally good shares of outcome k, the smallest (the rest goes to the later outcomes), or the
+    largest with `larger_first`. ValueError when no schedule spends B (B > (K+1)·cap)."""
+    gain = np.asarray(gain, dtype=np.float64)
+    if gain.ndim != 2 or gain.shape[1] == 0:
+        raise ValueError(f"gain must be [K+1, cap+1] (one row of values per outcome), got shape {gain.shape}")
+    B = int(as_int(B, "B", minimum=0))
+    K, cap = gain.shape[0] - 1, gain.shape[1] - 1
+    if B > (K + 1) * cap:
+        raise ValueError(f"no schedule of {K + 1} outcomes with at most {cap} guesses each spends B = {B}")
+    f = np.arange(cap + 1)
+    # best_next[c]: the best total of outcomes k+1..K with budget exactly c (-inf: more than they can take)
+    best_next = np.full(B + 1, -np.inf)
+    best_next[: min(B, cap) + 1] = gain[K, : min(B, cap) + 1]
     choice = np.zeros((K + 1, B + 1), dtype=np.int64)
-    choice[K] = f
+    choice[K, : min(B, cap) + 1] = f[: min(B, cap) + 1]
     for k in range(K - 1, -1, -1):
-        best_here = np.empty(B + 1)
+        best_here = np.full(B + 1, -np.inf)
         for c in range(B + 1):
-            totals = gain[k, : c + 1] + best_next[c::-1]  # F_k = 0..c, the rest to outcomes k+1..K
-            choice[k, c] = c - int(np.argmax(totals[::-1]))  # last maximum: the largest F_k wins ties
-            best_here[c] = totals[choice[k, c]]
+            share = f[f <= c]  # F_k = 0..min(c, cap), the rest to outcomes k+1..K
+            totals = gain[k, share] + best_next[c - share]
+            i = len(share) - 1 - int(np.argmax(totals[::-1])) if larger_first else int(np.argmax(totals))
+            best_here[c], choice[k, c] = totals[i], share[i]
         best_next = best_here
     F = np.empty(K + 1, dtype=np.int64)
     left = B
@@ -239,3 +248,13 @@ def _integer_fanout_dp(alpha: float, r: float, K: int, B: int, scale: float = 1.
         F[k] = choice[k, left]
         left -= F[k]
     return F
+
+
+def _integer_fanout_dp(alpha: float, r: float, K: int, B: int, scale: float = 1.0) -> IntArray:
+    """The reference `integer_fanout` is checked against (tests, scripts/bench_fanout.py): a dynamic programme
+    over outcomes and budget, exact for any separable objective, in O((K+1)·B²) time. Ties: larger F_k first.
+    """
+    weights = outcome_probabilities(alpha, K)  # [K+1]
+    f = np.arange(B + 1)  # candidate fan-outs for one outcome
+    gain = weights[:, None] * (1.0 - np.asarray(miss_rate(f, r, scale)))  # [K+1, B+1]
+    return separable_fanout(gain, B, larger_first=True)

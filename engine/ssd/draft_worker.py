@@ -123,7 +123,7 @@ class DraftWorker:
             self.rows.contexts[b] = self.rows.contexts[b] + x[b][:kb] + [tb]
             if msg.alive[b]:
                 self.policy.observe_round(self.current.sources[b], kb, self.row_fanout[b][kb], found[b] is not None,
-                                          K)
+                                          K, rank=ranks[b])
         if n_old:
             self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
             # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.

@@ -4,7 +4,14 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
 - α is estimated separately for rounds whose speculation came from a hit (α_p) and from a backup (α_b),
   as accepted / (accepted + rejections) (the truncated-geometric MLE, engine.metrics).
 - r is fitted (theory.powerlaw.fit_r) from hit/miss counts per fan-out value once two fan-outs have data.
-- Geometric schedule: Thm 12 (theory.fanout.optimal_fanout), rounded to integers summing to B.
+- Geometric schedule: Thm 12 (theory.fanout.optimal_fanout), rounded to integers summing to B, until this
+  run's outcome ranks are measured: then the integer schedule that maximises Σ_k P(k)·h(F_k) with h the
+  measured hit curve (theory.fanout.separable_fanout). The rank of each verified bonus among the draft's
+  guesses is counted apart for the two kinds of outcome: all K accepted (the bonus is the target's next token,
+  the guesses the draft's top choices there) and a rejection (the guesses exclude the rejected token). They
+  differ most where Def. 11's power law is worst: with scale 1 it gives one guess no hit at all, while after
+  all accepted the draft's first choice is the target's bonus about as often as a draft token is accepted
+  (0.95-0.98 on HumanEval), so at a small budget the schedule put its one guess on k = 0 and hit 1-2%.
 - Budget "auto": B scaled by verify_ms / build_ms (smoothed) so building the cache fits in one verify.
   Under adaptive K the branches' length changes from round to round and the build time grows with
   branches × length, so what is fitted is the branch tokens B·K; the budget of a build whose branches are
@@ -22,13 +29,25 @@ import numpy as np
 
 from engine.config import FanoutSchedule, SpeculativeConfig
 from theory.backup import BackupOption, best_backup
-from theory.fanout import optimal_fanout, round_largest_remainder, uniform_fanout
+from engine.ssd.sparse import RANK_DEPTH
+from theory.fanout import (optimal_fanout, outcome_probabilities, round_largest_remainder, separable_fanout,
+                           uniform_fanout)
 from theory.glossary import Backup
-from theory.powerlaw import fit_r
+from theory.powerlaw import fit_r, miss_rate
 from theory.speedup import expected_tokens
 
 DEFAULT_R = 1.0
 MIN_BUDGET_PER_OUTCOME = 1
+MIN_RANKS = 20  # outcome ranks of a kind before its measured hit curve replaces the power law
+RANK_MEMORY = 0.995  # per observation: older ranks fade (half-weight after ~140), as the text changes
+ACCEPTED, REJECTED = "accepted", "rejected"  # the two kinds of outcome whose ranks are counted apart
+
+
+def least_budget(spec: SpeculativeConfig, K: int) -> float:
+    """Budget "auto"'s floor per sequence: one guess per outcome for the uniform schedule (fewer would leave the
+    likeliest outcome, all accepted, without any), one guess in all for the geometric one, which puts it where
+    it hits most (after all accepted, at a high α)."""
+    return 1.0 if spec.schedule is FanoutSchedule.GEOMETRIC else MIN_BUDGET_PER_OUTCOME * (K + 1.0)
 
 
 @dataclass
@@ -65,6 +84,10 @@ class DraftPolicy:
     backup_ms: dict[str, float] = field(default_factory=dict)
     r: float = DEFAULT_R
     built_K: tuple[int, int] | None = None  # (outcomes' K, branch length) of the build last measured
+    # kind -> weights of the ranks seen (index: rank; the last slot: beyond the kept ranks), fading
+    ranks: dict[str, np.ndarray] = field(default_factory=dict)
+    ranks_seen: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _schedules: dict = field(default_factory=dict)  # (after_hit, K, B) -> schedule, until the next observation
 
     def __post_init__(self) -> None:
         K = self.spec.K
@@ -81,14 +104,22 @@ class DraftPolicy:
         """B for a cache over a speculation of length K whose branches are `length` long."""
         if self.spec.budget != "auto":
             return self.budget
-        return float(np.clip(self.branch_tokens / length, MIN_BUDGET_PER_OUTCOME * (K + 1), 64 * (K + 1)))
+        return float(np.clip(self.branch_tokens / length, self.least_budget(K), 64 * (K + 1)))
+
+    def least_budget(self, K: int) -> float:
+        return least_budget(self.spec, K)
 
     # -- observations -------------------------------------------------------------------------
-    def observe_round(self, source: str, k: int, fanout_k: int | None, hit: bool | None, K: int | None = None
-                      ) -> None:
+    def observe_round(self, source: str, k: int, fanout_k: int | None, hit: bool | None, K: int | None = None,
+                      rank: int | None = None) -> None:
         """One sequence-round: its speculation's source ("hit" or a backup), outcome k of its K (default the
-        spec's), and whether that outcome was found in the cache built with fanout_k guesses for it."""
+        spec's), whether that outcome was found in the cache built with fanout_k guesses for it, and the
+        rank of its bonus among the guesses that cache could make (engine.ssd.sparse.TopLogits.ranks; None
+        or negative: no cache; ≥ the kept depth: beyond it)."""
         K = self.K if K is None else K
+        self._schedules.clear()
+        if rank is not None and rank >= 0:
+            self._observe_rank(ACCEPTED if k == K else REJECTED, rank)
         self.acceptance["hit" if source == "hit" else "backup"].add(k, K)
         self.acceptance[source].add(k, K)
         if hit is not None:
@@ -98,6 +129,23 @@ class DraftPolicy:
                 t = self.trials[fanout_k]
                 t[0] += hit
                 t[1] += 1
+
+    def _observe_rank(self, kind: str, rank: int) -> None:
+        counts = self.ranks.get(kind)
+        if counts is None:
+            counts = self.ranks[kind] = np.zeros(RANK_DEPTH + 1)
+        counts *= RANK_MEMORY
+        counts[min(rank, RANK_DEPTH)] += 1.0
+        self.ranks_seen[kind] += 1
+
+    def hit_curve(self, kind: str, cap: int) -> np.ndarray | None:
+        """h(F) for F = 0..cap: the share of this kind's outcomes whose bonus ranked below F (was among the
+        first F guesses), from the ranks measured; None until MIN_RANKS of them were seen."""
+        if self.ranks_seen[kind] < MIN_RANKS:
+            return None
+        counts = self.ranks[kind]
+        below = np.concatenate([[0.0], np.cumsum(counts[:RANK_DEPTH])]) / counts.sum()  # [RANK_DEPTH + 1]
+        return below[np.minimum(np.arange(cap + 1), RANK_DEPTH)]
 
     def observe_times(self, verify_ms: float, build_ms: float, backup: str | None, backup_ms: float) -> None:
         smooth = lambda old, new: new if old == 0 else 0.8 * old + 0.2 * new  # noqa: E731
@@ -111,7 +159,7 @@ class DraftPolicy:
             K, length = self.built_K or (self.K, self.K)
             tokens = self.budget_for(K, length) * length
             target = tokens * 0.9 * self.verify_ms / self.build_ms
-            floor = MIN_BUDGET_PER_OUTCOME * (K + 1) * length
+            floor = self.least_budget(K) * length
             self.branch_tokens = float(np.clip(0.5 * tokens + 0.5 * target, floor, 64 * (K + 1) * length))
             self.budget = self.branch_tokens / length
         self._refit_r()
@@ -143,9 +191,22 @@ class DraftPolicy:
         B = int(round(self.budget_for(K, K if length is None else length)))
         if kind is FanoutSchedule.UNIFORM or B == 0:
             return tuple(int(f) for f in uniform_fanout(K, B))
-        alpha = self.acceptance["hit" if after_hit else "backup"].alpha()
-        real = optimal_fanout(alpha, self.r, K, B)
-        return tuple(int(f) for f in round_largest_remainder(real, B))
+        key = (after_hit, K, B)
+        if key not in self._schedules:
+            self._schedules[key] = self._geometric(self.acceptance["hit" if after_hit else "backup"].alpha(), K, B)
+        return self._schedules[key]
+
+    def _geometric(self, alpha: float, K: int, B: int) -> tuple[int, ...]:
+        """Thm 12's schedule, or, once both kinds of outcome have measured hit curves, the exact integer optimum
+        of Σ_k P(k)·h(F_k) with them (a kind still unmeasured uses the power law's curve)."""
+        accepted, rejected = self.hit_curve(ACCEPTED, B), self.hit_curve(REJECTED, B)
+        if accepted is None and rejected is None:
+            real = optimal_fanout(alpha, self.r, K, B)
+            return tuple(int(f) for f in round_largest_remainder(real, B))
+        law = 1.0 - np.asarray(miss_rate(np.arange(B + 1), self.r))  # Def. 11 with scale 1
+        curves = [law if rejected is None else rejected] * K + [law if accepted is None else accepted]
+        gain = outcome_probabilities(alpha, K)[:, None] * np.stack(curves)  # [K+1, B+1]
+        return tuple(int(f) for f in separable_fanout(gain, B))
 
     def backup(self, batch_size: int) -> Backup:
         """The backup for this round's misses; AUTO picks by Cor. 16 with the measured quantities."""

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from engine.config import SpeculativeConfig
-from engine.ssd.policy import MIN_BUDGET_PER_OUTCOME
+from engine.ssd.policy import least_budget
 from theory.adaptive import acceptance_estimate, best_K, miss_share, updated_counts, with_observations
 
 TIMING_DECAY = 0.8  # weight of the past in the timing means
@@ -258,7 +258,7 @@ class SSDLookahead(Lookahead):
             t_forward, t_branch = self._build_fit
             rows = max(len(self.accepted), 1)
             if self.spec.budget == "auto" or self.branches_per_row is None:
-                per_row = MIN_BUDGET_PER_OUTCOME * (K + 1)
+                per_row = least_budget(self.spec, K)
             else:
                 per_row = self.branches_per_row
             if K in self.build_branches:  # measured at this length: its time, moved to the branches needed now
