@@ -217,7 +217,8 @@ def _spread(P: FloatArray, r: float, scale: float, first: int, extra: IntArray) 
 def separable_fanout(gain: npt.ArrayLike, B: int, larger_first: bool = False) -> IntArray:
     """The integer schedule F_0..F_K with `Σ_k F_k = B` that maximises `Σ_k gain[k, F_k]`, for any gains
     `gain` [K+1, cap+1] (an outcome's value at F = 0..cap guesses; measured hit curves need not be concave, so
-    no greedy): a dynamic programme over outcomes and budget, exact, in O((K+1)·B·cap) time.
+    no greedy): a dynamic programme over outcomes and budget, exact, in O((K+1)·B·cap) time, vectorised over
+    the budget.
 
     Ties: among equally good shares of outcome k, the smallest (the rest goes to the later outcomes), or the
     largest with `larger_first`. ValueError when no schedule spends B (B > (K+1)·cap)."""
@@ -234,14 +235,13 @@ def separable_fanout(gain: npt.ArrayLike, B: int, larger_first: bool = False) ->
     best_next[: min(B, cap) + 1] = gain[K, : min(B, cap) + 1]
     choice = np.zeros((K + 1, B + 1), dtype=np.int64)
     choice[K, : min(B, cap) + 1] = f[: min(B, cap) + 1]
+    c = np.arange(B + 1)
+    rest = c[:, None] - f[None, :]  # [B+1, cap+1]: budget left to outcomes k+1..K when F_k = f
     for k in range(K - 1, -1, -1):
-        best_here = np.full(B + 1, -np.inf)
-        for c in range(B + 1):
-            share = f[f <= c]  # F_k = 0..min(c, cap), the rest to outcomes k+1..K
-            totals = gain[k, share] + best_next[c - share]
-            i = len(share) - 1 - int(np.argmax(totals[::-1])) if larger_first else int(np.argmax(totals))
-            best_here[c], choice[k, c] = totals[i], share[i]
-        best_next = best_here
+        totals = np.where(rest >= 0, gain[k][None, :] + best_next[np.maximum(rest, 0)], -np.inf)  # [B+1, cap+1]
+        i = cap - np.argmax(totals[:, ::-1], axis=1) if larger_first else np.argmax(totals, axis=1)
+        choice[k] = i
+        best_next = totals[c, i]
     F = np.empty(K + 1, dtype=np.int64)
     left = B
     for k in range(K + 1):

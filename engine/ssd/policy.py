@@ -5,7 +5,7 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
   as accepted / (accepted + rejections) (the truncated-geometric MLE, engine.metrics).
 - r is fitted (theory.powerlaw.fit_r) from hit/miss counts per fan-out value once two fan-outs have data.
 - Geometric schedule: Thm 12 (theory.fanout.optimal_fanout), rounded to integers summing to B, until this
-  run's outcome ranks are measured: then the integer schedule that maximises Σ_k P(k)·h(F_k) with h the
+  run's outcome ranks are measured (MIN_RANKS of a kind): then the integer schedule that maximises Σ_k P(k)·h(F_k) with h the
   measured hit curve (theory.fanout.separable_fanout). The rank of each verified bonus among the draft's
   guesses is counted apart for the two kinds of outcome: all K accepted (the bonus is the target's next token,
   the guesses the draft's top choices there) and a rejection (the guesses exclude the rejected token). They
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.config import FanoutSchedule, SpeculativeConfig
-from theory.backup import BackupOption, best_backup
 from engine.ssd.sparse import RANK_DEPTH
+from theory.backup import BackupOption, best_backup
 from theory.fanout import (optimal_fanout, outcome_probabilities, round_largest_remainder, separable_fanout,
                            uniform_fanout)
 from theory.glossary import Backup
@@ -197,8 +197,8 @@ class DraftPolicy:
         return self._schedules[key]
 
     def _geometric(self, alpha: float, K: int, B: int) -> tuple[int, ...]:
-        """Thm 12's schedule, or, once both kinds of outcome have measured hit curves, the exact integer optimum
-        of Σ_k P(k)·h(F_k) with them (a kind still unmeasured uses the power law's curve)."""
+        """Thm 12's schedule until a kind of outcome has a measured hit curve; then the exact integer optimum of
+        Σ_k P(k)·h(F_k) with the measured curves (a kind still unmeasured uses the power law's)."""
         accepted, rejected = self.hit_curve(ACCEPTED, B), self.hit_curve(REJECTED, B)
         if accepted is None and rejected is None:
             real = optimal_fanout(alpha, self.r, K, B)
