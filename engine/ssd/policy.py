@@ -5,13 +5,13 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
   as accepted / (accepted + rejections) (the truncated-geometric MLE, engine.metrics).
 - r is fitted (theory.powerlaw.fit_r) from hit/miss counts per fan-out value once two fan-outs have data.
 - Geometric schedule: Thm 12 (theory.fanout.optimal_fanout), rounded to integers summing to B, until this
-  run's outcome ranks are measured (MIN_RANKS of a kind): then the integer schedule that maximises Σ_k P(k)·h(F_k) with h the
-  measured hit curve (theory.fanout.separable_fanout). The rank of each verified bonus among the draft's
-  guesses is counted apart for the two kinds of outcome: all K accepted (the bonus is the target's next token,
-  the guesses the draft's top choices there) and a rejection (the guesses exclude the rejected token). They
-  differ most where Def. 11's power law is worst: with scale 1 it gives one guess no hit at all, while after
-  all accepted the draft's first choice is the target's bonus about as often as a draft token is accepted
-  (0.95-0.98 on HumanEval), so at a small budget the schedule put its one guess on k = 0 and hit 1-2%.
+  run's outcome ranks are measured (MIN_RANKS of a kind): then the integer schedule that maximises
+  Σ_k P(k)·h(F_k) with h the measured hit curve (theory.fanout.separable_fanout). The rank of each verified
+  bonus among the draft's guesses is counted apart for the two kinds of outcome: all K accepted (the bonus is
+  the target's next token, the guesses the draft's top choices there) and a rejection (the guesses exclude the
+  rejected token). They differ most where Def. 11's power law is worst: with scale 1 it gives one guess no hit
+  at all, while after all accepted the draft's first choice is the target's bonus about as often as a draft
+  token is accepted (0.95-0.98 on HumanEval), and after a rejection the next choice often is too.
 - Budget "auto": B scaled by verify_ms / build_ms (smoothed) so building the cache fits in one verify.
   Under adaptive K the branches' length changes from round to round and the build time grows with
   branches × length, so what is fitted is the branch tokens B·K; the budget of a build whose branches are

@@ -95,7 +95,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="SSD fan-out budget B = Σ F_k, or auto: the engine sizes it at run time so that the cache "
                         "build fits inside one verify")
     g.add_argument("--schedule", nargs="+", default=["uniform"], choices=SCHEDULES,
-                   help="SSD fan-out schedule for each budget: uniform, or geometric (Thm 12 optimum)")
+                   help="SSD fan-out schedule for each budget: uniform, or geometric (Thm 12 optimum at "
+                        "--fanout-alpha; with --budget auto the engine's own, from the ranks the run measures)")
     g.add_argument("--fanout", type=_fanout, nargs="+", action="extend", metavar="F",
                    help="an explicit SSD schedule F_0 ... F_K instead (one K), e.g. --fanout 4 3 2 2 1")
     g.add_argument("--fanout-alpha", type=float, default=0.8, help="α for the geometric schedule")

@@ -127,7 +127,10 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fanout", type=int, nargs="+", metavar="F",
                    help="F_0..F_K: K + 1 integers, space-separated (e.g. --fanout 4 3 2 1 1)")
     p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
-                   help="SSD fan-out schedule (given = --fanout / --fanout-backup)")
+                   help="SSD fan-out schedule (given = --fanout / --fanout-backup). geometric: Thm 12's until the run "
+                        "has measured where the bonus stands among the draft's guesses, then the best schedule for "
+                        "those measured hit rates; with --budget auto it may shrink to one guess (the fastest "
+                        "SSD on code here)")
     p.add_argument("--fanout-backup", type=int, nargs="+", metavar="F",
                    help="SSD F^b: fan-out after a backup round, K + 1 integers")
     p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
