@@ -148,6 +148,7 @@ class DraftPolicy:
         return below[np.minimum(np.arange(cap + 1), RANK_DEPTH)]
 
     def observe_times(self, verify_ms: float, build_ms: float, backup: str | None, backup_ms: float) -> None:
+        self._schedules.clear()  # r may be refitted below
         smooth = lambda old, new: new if old == 0 else 0.8 * old + 0.2 * new  # noqa: E731
         self.verify_ms = smooth(self.verify_ms, verify_ms)
         if build_ms > 0:

@@ -95,6 +95,19 @@ def test_old_ranks_fade():
     assert p.hit_curve(ACCEPTED, 1)[1] > 0.8  # the last 400 outweigh the 200 before them
 
 
+def test_a_schedule_is_not_kept_past_a_refit_of_r():
+    """The schedules are cached between observations; a refit of r (in observe_times) must not leave a stale one."""
+    p = policy(K=3, budget=12)
+    before = p.schedule(True)
+    for F, hits in ((2, 20), (4, 80), (8, 95)):  # misses 0.8, 0.2, 0.05 at F = 2, 4, 8: r = 2
+        p.trials[F] = [hits, 100]
+    p.observe_times(verify_ms=10.0, build_ms=5.0, backup=None, backup_ms=0.0)
+    assert p.r == pytest.approx(2.0)
+    alpha = p.acceptance["hit"].alpha()
+    assert p.schedule(True) == tuple(int(f) for f in round_largest_remainder(optimal_fanout(alpha, p.r, 3, 12), 12))
+    assert p.schedule(True) != before
+
+
 def test_no_rank_without_a_cache_is_counted():
     p = policy(K=1, budget=2)
     observe(p, 1, -1, 50, K=1)
