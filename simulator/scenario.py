@@ -6,8 +6,11 @@ miss model ("geometric", the default) or the reference engine's even spread ("un
 
 K and the budget may be "auto", as the engine's are (`Scenario.resolve` settles them before a point is built):
 - budget "auto": the engine sizes SSD's cache so that its build takes about `BUILD_SHARE` of one verify, at
-  least one guess per outcome. Here: the largest B from K + 1 up whose build (batch·B branches, at the
-  workload's mean context) the timing model puts within that share of SSD's verify;
+  least its floor (`engine.ssd.policy.least_budget`): one guess per outcome (K + 1) for the uniform
+  schedule, one guess in all for the geometric one. Here: the largest B from that floor up whose build
+  (batch·B branches, at the workload's mean context) the timing model puts within that share of SSD's
+  verify, else the floor. With the floor at K + 1 for both, run D of stop 28 (int4 target, HumanEval, K 3)
+  was predicted at budget 4 where the engine ran one guess (0-0-0-1): −33% on its tokens/s;
 - K "auto": the engine picks, round by round, the K with the most tokens per unit time from the running α
   and the timings it measured. With α and the timings holding still that settles on one K, so here each K in
   1..`AUTO_K_MAX` (with its own auto budget) is simulated and the fastest in decode tokens/s is kept. The
@@ -138,12 +141,18 @@ class Scenario:
         output = self.output_len.mean if self.output_len is not None else 256.0
         return max(1, round(self.prompt_len.mean + output / 2))
 
+    def least_budget(self, K: int) -> int:
+        """Budget "auto"'s floor, as the engine's (`engine.ssd.policy.least_budget`): one guess per outcome
+        for the uniform schedule, one in all for the geometric one."""
+        return 1 if self.fanout_rule == "geometric" else K + 1
+
     def auto_budget(self, K: int, batch: int = 1) -> int:
-        """Budget "auto" at this K and batch (module docstring): at least K + 1, at most 64·(K + 1)."""
+        """Budget "auto" at this K and batch (module docstring): at least the floor (K + 1 for the uniform
+        schedule, 1 for the geometric one), at most 64·(K + 1)."""
         context = self.mean_context()
         timing = self.timing.for_strategy(Strategy.SSD) if hasattr(self.timing, "for_strategy") else self.timing
         share = BUILD_SHARE * timing.verify_ms(batch, K + 1, context)
-        floor, cap = K + 1, 64 * (K + 1)
+        floor, cap = self.least_budget(K), 64 * (K + 1)
         fits = lambda B: self.timing.cache_build_ms(batch, K, batch * B, context) <= share  # noqa: E731
         if not fits(floor + 1):
             return floor

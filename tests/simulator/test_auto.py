@@ -66,10 +66,23 @@ def test_budget_auto_is_the_largest_budget_whose_build_fits_the_share_of_a_verif
 
 
 def test_budget_auto_has_a_floor_and_a_cap():
-    slow = FittedTiming(verify=(20.0, 0.0, 0.0), draft=(10.0, 1.0, 0.0))  # even K + 1 branches outlast it
-    assert _ssd(slow).auto_budget(3) == 4
+    slow = FittedTiming(verify=(20.0, 0.0, 0.0), draft=(10.0, 1.0, 0.0))  # even one branch outlasts it
+    assert replace(_ssd(slow), fanout_rule="uniform").auto_budget(3) == 4  # one guess per outcome
+    assert _ssd(slow).auto_budget(3) == 1  # geometric: one guess in all
     free = FittedTiming(verify=(1e6, 0.0, 0.0), draft=(10.0, 1.0, 0.0))
     assert _ssd(free).auto_budget(3) == 64 * 4
+
+
+@pytest.mark.parametrize("schedule", ["uniform", "geometric"])
+@pytest.mark.parametrize("K", [1, 3, 6])
+def test_budget_auto_floor_is_the_engines(schedule, K):
+    """The simulator's floor is the engine's (`least_budget`): with the uniform floor for both, stop 28's
+    int4 run at K 3 (engine: one guess, 0-0-0-1) was predicted at budget 4, 33% slow."""
+    from engine.config import SpeculativeConfig
+    from engine.ssd.policy import least_budget
+
+    spec = SpeculativeConfig(K=K, schedule=schedule, budget="auto")
+    assert replace(_ssd(), fanout_rule=schedule).least_budget(K) == least_budget(spec, K)
 
 
 def test_ssd_with_k_and_budget_auto_sizes_each_k_s_cache():
