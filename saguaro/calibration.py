@@ -86,17 +86,18 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int, temperatur
                 (c,) = a
                 base.rollback(base.lengths - c)
                 conn.send(int(base.lengths[0]))
-            elif cmd in ("sd", "backup"):  # (batch, repeats): K draft forwards over the batch
-                b, reps = a
+            elif cmd in ("sd", "backup"):  # (batch, repeats[, k]): k draft forwards over the batch (default K)
+                b, reps, *length = a
+                k = length[0] if length else K
                 state, params, times = rows_of(b), RowSampling([sampling] * b), []
                 for _ in range(reps):
                     t0 = time.perf_counter()
                     if cmd == "sd":
-                        draft_tokens(state, feed(b), None, K, (1,) * K, 1.0, params, [gen] * b)
+                        draft_tokens(state, feed(b), None, k, (1,) * k, 1.0, params, [gen] * b)
                     else:  # the worker's backup: ranked, compact q, every row missed
-                        draft_compact(state, feed(b), None, K, (1,) * K, 1.0, params, [gen] * b, RANK_DEPTH)
+                        draft_compact(state, feed(b), None, k, (1,) * k, 1.0, params, [gen] * b, RANK_DEPTH)
                     times.append((t0, time.perf_counter()))
-                    state.rollback(torch.full((b,), K, dtype=torch.long))
+                    state.rollback(torch.full((b,), k, dtype=torch.long))
                 conn.send(times)
             elif cmd == "build":  # (batch, branches per row): one cache build, timed; says when it starts
                 b, per_row = a
@@ -230,7 +231,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     records: list[dict] = []
     med = lambda xs: round(statistics.median(xs), 2)  # noqa: E731
     summary: dict = {"prefill_ms": {}, "ar_ms": {}, "verify_ms": {}, "verify_busy_ms": {}, "interference": {},
-                     "sd_draft_ms": {}, "backup_ms": {}, "cache_build_ms": {}}
+                     "sd_draft_ms": {}, "sd_step_ms": {}, "backup_ms": {}, "cache_build_ms": {}}
 
     def prefill(n: int, keep: bool, b: int = 1) -> tuple[KVState, float, float]:
         worker.conn.send(("prefill", n, keep, b))  # the draft prefills on its core meanwhile
@@ -267,15 +268,21 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                 ar += _ms([timed(1)])
                 alone += _ms([timed(K + 1)])
             sd = _ms(worker.ask("sd", b, reps))
+            # one draft step too: with two lengths the fit tells a proposal's own cost from its steps' (SD at
+            # K 1 was predicted 8-9% fast from a calibration at K 3 alone, stop 28)
+            one = _ms(worker.ask("sd", b, reps, 1))
+            two = _ms([timed(2) for _ in range(reps)])  # its verify (2 tokens a row), for the record's round
             backup = _ms(worker.ask("backup", b, max(1, reps - 1)))
             records += [_record("ar", K, b, c, t) for t in ar]
             records += [_record("sd", K, b, c, v, d) for v, d in zip(alone, sd)]
+            records += [_record("sd", 1, b, c, v, d) for v, d in zip(two, one)]
             if b == 1:  # the verify at other widths: at batch 1 it is not a line in the rows (simulator.fit)
                 for w in verify_widths(K):
-                    if w != K + 1:
+                    if w not in (2, K + 1):  # width 2 is timed above, with the one-step proposal
                         records += [_record("sd", w - 1, b, c, t) for t in _ms([timed(w) for _ in range(reps)])]
             summary["ar_ms"][key], summary["verify_ms"][key] = med(ar), med(alone)
             summary["sd_draft_ms"][key], summary["backup_ms"][key] = med(sd), med(backup)
+            summary["sd_step_ms"][key] = med(one)
             busy_all: list[float] = []
             ratios: list[float] = []
             for B in args.budget:
@@ -285,15 +292,11 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                     single = _ms([timed(K + 1)])[0]
                     worker.conn.send(("build", b, B))
                     worker.recv()  # ("started", t): the build is under way
-                    busy: list[tuple[float, float]] = []
-                    pair = None
-                    while pair is None:
-                        busy.append(timed(K + 1))
-                        if worker.conn.poll():
-                            pair = worker.recv()
-                    inside = [v for v in busy if v[1] <= pair[0][1]] or busy[:1]  # ended before the build did
-                    verify = statistics.median(_ms(inside))
-                    builds += _ms(pair)
+                    # One verify beside it, then wait for it, as an SSD round runs them. Verifying on until
+                    # the build ended (stops 18-28) kept the target busy through builds the engine finishes
+                    # alone: the int4 pair's one-branch build took 115-202 ms that way, 126 in the engine.
+                    verify = _ms([timed(K + 1)])[0]
+                    builds += _ms(worker.recv())
                     busy_all.append(verify)
                     ratios.append(verify / single)
                     records.append(_record("sd", K, b, c, single))  # the verify alone, taken between the builds
@@ -327,7 +330,7 @@ def fit_summary(path: Path) -> dict:
             "prefill_attention": [r(c) for c in f.prefill_attention],
             "prefill_target": [r(c) for c in f.prefill_target] if f.prefill_target else None,
             "prefill_draft": [r(c) for c in f.prefill_draft] if f.prefill_draft else None,
-            "draft": [r(c) for c in f.draft] if f.draft else None,
+            "draft": [r(c) for c in f.draft] if f.draft else None, "draft_call": r(f.draft_call),
             "build": [r(c) for c in f.build] if f.build else None, "ssd_verify_factor": r(f.ssd_verify_factor),
             "errors": {k: r(v) for k, v in f.errors.items()},
             "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),

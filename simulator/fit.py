@@ -10,6 +10,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   2·batch rows then (`sd_first_widths`): at batch 4, K 4 that step took 64 ms against 41 for the other
   three, and nearly every round has such a row; counting it as one token a row put batch 4's SD drafts ~12%
   under what they take (4 × 40.9 against 63.8 + 3 × 40.9 ms);
+- a proposal's own cost beyond its forwards, p_call (one call of the draft: its set-up, the stacking of q
+  and the tokens), added once to every SD proposal, neural backup and cache build. It is fitted only where
+  the SD proposals span two lengths K or more (`saguaro calibrate` times one step beside its K steps): at one
+  K it cannot be told from K times a step. A calibration at K 3 alone put the int4 pair's draft step at 31.5
+  ms, SD at K 1 measured 35, and SD K 1 was predicted 8-9% fast (stop 28);
 - the SSD neural backup: the same shape fitted on the backups alone when the records hold three or more
   at two batch sizes and two contexts or more. The worker's masked pass over the batch is not SD's drafting:
   in the default pair's calibration its per-row cost was 2.8 ms a forward against SD's 0.8, so a pooled fit
@@ -135,6 +140,7 @@ class FittedTiming:
     counts: dict = field(default_factory=dict)
     levels: dict = field(default_factory=dict)  # `leveled`: "target", "draft" applied, "measured", "rounds"
     verify_knee: tuple[float, float] | None = None  # (R, v_below): rows up to R cost v_below each (see above)
+    draft_call: float = 0.0  # p_call: a draft proposal's own cost beyond its forwards (see above)
 
     def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> "FittedTiming":
         """This fit at the level of an SD run's rounds: the target's forwards scaled by the median of the
@@ -161,7 +167,7 @@ class FittedTiming:
             self, verify=scaled(self.verify, target), verify_knee=knee, decode=scaled(self.decode, target),
             decode_one_row=scaled(self.decode_one_row, target), prefill_target=scaled(self.prefill_target, target),
             draft=scaled(self.draft, draft), backup=scaled(self.backup, draft), build=build,
-            prefill_draft=scaled(self.prefill_draft, draft),
+            prefill_draft=scaled(self.prefill_draft, draft), draft_call=self.draft_call * draft,
             prefill_attention=(self.prefill_attention[0] * target, self.prefill_attention[1] * draft),
             levels={"target": target, "draft": draft, "measured": measured, "rounds": len(rounds)})
 
@@ -205,10 +211,12 @@ class FittedTiming:
     def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
         if not K:
             return 0.0
-        return self._draft(batch * first_width, batch * context) + (K - 1) * self._draft(batch, batch * context)
+        return (self.draft_call + self._draft(batch * first_width, batch * context)
+                + (K - 1) * self._draft(batch, batch * context))
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
-        steps = self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
+        steps = (self.draft_call + self._draft(batch * (K + 1), batch * context)
+                 + K * self._draft(branches, batch * context))
         if self.build is None:
             return steps
         s, *extra = self.build
@@ -216,7 +224,9 @@ class FittedTiming:
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
-            return K * self._draft(rows, rows * context, self.backup)
+            if self.backup is not None:  # fitted on the backups themselves, their own call cost included
+                return K * self._draft(rows, rows * context, self.backup)
+            return self.draft_call + K * self._draft(rows, rows * context)
         if backup.value not in self.fast_backup_ms:
             raise ValueError(f"no SSD rounds with the {backup.value} backup missed in the calibration records: "
                              f"its time is unknown (calibrate with that backup)")
@@ -296,19 +306,24 @@ def sd_first_widths(records: list[RoundRecord]) -> list[int]:
 
 
 def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[float]]:
-    """Design rows [forwards, Σ rows, Σ kv] and times of SD's drafts and the neural backups in the records."""
-    X, y = [], []
+    """Design rows [calls, forwards, Σ rows, Σ kv] and times of SD's drafts and the neural backups in the
+    records; the calls column is dropped (all zero) unless the SD drafts span two lengths K or more, where a
+    call's own cost can be told from its steps' (module docstring)."""
+    X, y, lengths = [], [], set()
     for r, width in zip(records, sd_first_widths(records)):
         b, K, kv = r.batch_size, r.K, r.batch_size * r.context_len
         if r.strategy is Strategy.SD and r.draft_ms > 0:
-            X.append([K, (K - 1 + width) * b, K * kv])
+            X.append([1.0, K, (K - 1 + width) * b, K * kv])
             y.append(r.draft_ms)
+            lengths.add(K)
         elif r.strategy is Strategy.SSD:
             missed = r.hit.count(False)
             backup_ms = r.backup_time_ms
             if r.backup is Backup.NEURAL and missed and backup_ms:  # it drafts every row (hits masked)
-                X.append([K, K * b, K * kv])
+                X.append([1.0, K, K * b, K * kv])
                 y.append(backup_ms)
+    if len(lengths) < 2:
+        X = [[0.0, *row[1:]] for row in X]
     return X, y
 
 
@@ -370,11 +385,13 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     X, y = _draft_rows(decode)
     builds = _builds(decode)
     if len(y) < 3 and len(builds) >= 3:  # SSD records without backups: the builds alone inform the draft
-        X = [[K + 1, b * (K + 1) + K * N, (K + 1) * b * c] for b, K, N, c in
+        X = [[0.0, K + 1, b * (K + 1) + K * N, (K + 1) * b * c] for b, K, N, c in
              ((r.batch_size, r.K, r.branches, r.context_len) for r in builds)]
         y = [r.cache_build_ms for r in builds]
+    draft_call = 0.0
     if len(y) >= 3:
-        draft, errors["draft"] = _fit_linear(X, y)
+        (draft_call, *coef), errors["draft"] = _fit_linear(X, y)
+        draft = tuple(coef)
         counts["draft"] = len(y)
     backups = [r for r in decode if r.strategy is Strategy.SSD and r.backup is Backup.NEURAL
                and r.hit.count(False) and r.backup_time_ms]
@@ -387,7 +404,7 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     else:
         backup_fit = None
     if draft is not None and len(builds) >= 3:
-        partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft)
+        partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft, draft_call=draft_call)
         build, errors["build"] = _fit_linear(
             [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len),
               *_build_terms(r.K, r.branches, r.context_len)] for r in builds], [r.cache_build_ms for r in builds])
@@ -429,5 +446,5 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         verify=verify, verify_knee=knee, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft,
         prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=tuple(attention),
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
-        build=build, errors=errors, counts=counts,
+        build=build, errors=errors, counts=counts, draft_call=draft_call,
     )

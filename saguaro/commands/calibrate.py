@@ -14,11 +14,15 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
   every row but the first is one token shorter, as the rows of a real batch differ in length: rows
   without a hole take another attention path in transformers, much slower on CPU in bfloat16 (the
   draft's rows below get the same);
-- the draft's SD proposal (K steps over the batch) and its neural backup (the worker's K-step draft over
-  the missed rows), alone, as SD and SSD run them while the target waits;
+- the draft's SD proposal (K steps over the batch, and one step, with its 2-token verify: two lengths tell
+  a proposal's own cost from its steps') and its neural backup (the worker's K-step draft over the missed
+  rows), alone, as SD and SSD run them while the target waits;
 - for each --budget B, --repeats times in turn: the verify alone, then one build of SSD's cache (the glue
   forward, then the K-step branch decode of batch·B branches, each branch a copy of its sequence's KV) with
-  the target verifying next to it. Each pair's busy verify over its lone one is the verify's slowdown (the
+  one verify beside it, then the wait for the build, as an SSD round runs them (verifying on until the
+  build ended, as stops 18-28 did, kept the target busy through build time the engine's worker has alone:
+  the int4 pair's one-branch build took 115-202 ms that way, 126 ms in the engine's rounds, and 114-136 ms
+  timed this way). Each pair's busy verify over its lone one is the verify's slowdown (the
   interference factor of this placement, about 1 for separate GPUs): taken seconds apart, the two see the
   machine alike, where blocks minutes apart gave factors from 0.75 to 1.20 on one 2-core VM. The builds
   give their cost against branches and context, as they are when SSD runs.

@@ -516,7 +516,8 @@ def _validate(args: argparse.Namespace) -> int:
                          "simulated": row.simulated_tokens_per_s, "error_%": 100 * row.error,
                          "ok": row.within_tolerance})
     passed = sum(r["ok"] for r in rows)
-    fit = {"verify": fitted.verify, "verify_knee": fitted.verify_knee, "draft": fitted.draft, "levels": fitted.levels,
+    fit = {"verify": fitted.verify, "verify_knee": fitted.verify_knee, "draft": fitted.draft,
+           "draft_call": fitted.draft_call, "levels": fitted.levels,
            "overhead_ms": fitted.overhead,
            "link_latency_ms": fitted.link_latency_ms, "relative_rms_error": fitted.errors}
     if args.json:

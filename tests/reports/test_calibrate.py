@@ -38,11 +38,12 @@ def test_every_context_and_batch_is_timed(calibrated):
             assert sum(r.strategy.value == "ar" for r in at) == 2  # --repeats
             sd = [r for r in at if r.strategy.value == "sd"]
             drafted = [r for r in sd if r.draft_ms > 0]
-            assert len(drafted) == 2 and all(r.verify_ms > 0 and r.K == 2 for r in drafted)
+            # the proposal at K and at one step (with its 2-token verify): the fit's per-call cost needs both
+            assert sorted(r.K for r in drafted) == [1, 1, 2, 2] and all(r.verify_ms > 0 for r in drafted)
             # the verify alone, taken in turn with each build (2 budgets × 2 repeats), and at batch 1 the other
-            # widths (2 and 2K = 4, K + 1 = 3 being the rest): every one timed, none with a draft
+            # width (2K = 4; K + 1 = 3 and 2 are timed with the proposals): every one timed, none with a draft
             alone = sorted(r.K for r in sd if r.draft_ms == 0)
-            assert alone == ([1, 1] + [2] * 4 + [3, 3] if b == 1 else [2] * 4)
+            assert alone == ([2] * 4 + [3, 3] if b == 1 else [2] * 4)
             assert all(r.verify_ms > 0 for r in sd)
             builds = [r for r in at if r.strategy.value == "ssd" and r.cache_build_ms]
             assert sorted(r.branches for r in builds) == [2 * b, 2 * b, 3 * b, 3 * b]  # batch · budget, 2 repeats
@@ -67,6 +68,7 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     assert set(summary["fast_backup_ms"]) == {"random", "lookup"}
     fit = summary["fit"]  # the fit of these records and its predictions at batch 4, context 300
     assert len(fit["verify"]) == 3 and len(fit["build"]) == 4 and fit["ssd_verify_factor"] > 0
+    assert fit["draft_call"] >= 0 and set(summary["sd_step_ms"]) == set(summary["sd_draft_ms"])
     assert all(ms > 0 for ms in fit["at_b4_c300_K4_ms"].values())
     assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "backup"} <= set(fit)  # every fitted term
 

@@ -479,3 +479,29 @@ def test_the_draft_fit_counts_the_two_wide_first_step():
     former, _ = _fit_linear([[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r in sd],
                             [r.draft_ms for r in sd])
     assert former != pytest.approx(TRUE["draft"], rel=0.05)
+
+
+def test_a_proposals_own_cost_is_told_from_its_steps_at_two_lengths():
+    """SD proposals at K 1 and K 3 (`saguaro calibrate` times both): the fit recovers a call's own cost and the
+    step's, and SD's draft, the neural backup and the build each pay the call once. From K 3 alone the call
+    cost cannot be told from a third of a step's (its column is dropped): K 3 is still right, K 1 comes out
+    short, as the int4 pair's SD K 1 did at stop 28 (predicted 8-9% fast from a calibration at K 3)."""
+    call = 9.0
+    step = lambda b, c: D_TRUE[0] + D_TRUE[1] * b + D_TRUE[2] * b * c  # noqa: E731
+    points = [_point("sd", b, c, K=K, verify_ms=V_TRUE[0] + V_TRUE[1] * b * (K + 1) + V_TRUE[2] * b * c,
+                     draft_ms=call + K * step(b, c)) for b in (1, 4) for c in (64, 512) for K in (1, 3)]
+    fitted = fit_timing(_records(points))
+    assert fitted.draft_call == pytest.approx(call, rel=1e-6) and fitted.draft == pytest.approx(D_TRUE, rel=1e-6)
+    assert fitted.draft_ms(2, 5, 300) == pytest.approx(call + 5 * step(2, 300), rel=1e-6)
+    assert fitted.backup_ms(Backup.NEURAL, 2, 3, 300) == pytest.approx(call + 3 * step(2, 300), rel=1e-6)
+    forward = lambda rows, kv: D_TRUE[0] + D_TRUE[1] * rows + D_TRUE[2] * kv  # noqa: E731
+    assert fitted.cache_build_ms(1, 3, 8, 300) == pytest.approx(call + forward(4, 300) + 3 * forward(8, 300),
+                                                                rel=1e-6)  # no build records: its steps alone
+    leveled = fitted.leveled([replace(r, draft_ms=1.2 * r.draft_ms) for r in _records(points)])
+    assert leveled.draft_call == pytest.approx(1.2 * call) and leveled.draft_ms(1, 1, 64) == pytest.approx(
+        1.2 * fitted.draft_ms(1, 1, 64))
+    # negative control: one length
+    at_three = fit_timing(_records([p for p in points if p["K"] == 3]))
+    assert at_three.draft_call == 0.0
+    assert at_three.draft_ms(1, 3, 300) == pytest.approx(call + 3 * step(1, 300), rel=1e-6)
+    assert at_three.draft_ms(1, 1, 300) < 0.85 * (call + step(1, 300))
