@@ -4,6 +4,7 @@ is the command line)."""
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
 import time
@@ -86,18 +87,19 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int, temperatur
                 (c,) = a
                 base.rollback(base.lengths - c)
                 conn.send(int(base.lengths[0]))
-            elif cmd in ("sd", "backup"):  # (batch, repeats[, k]): k draft forwards over the batch (default K)
-                b, reps, *length = a
-                k = length[0] if length else K
+            elif cmd in ("sd", "backup"):  # (batch, repeats[, k, width]): k draft forwards over the batch
+                b, reps, *shape = a  # (default K), the first feeding `width` tokens a row (default 1)
+                k, width = shape if shape else (K, 1)
                 state, params, times = rows_of(b), RowSampling([sampling] * b), []
+                first = torch.cat([feed(b)] * width, dim=1)  # [b, width]
                 for _ in range(reps):
                     t0 = time.perf_counter()
                     if cmd == "sd":
-                        draft_tokens(state, feed(b), None, k, (1,) * k, 1.0, params, [gen] * b)
+                        draft_tokens(state, first, None, k, (1,) * k, 1.0, params, [gen] * b)
                     else:  # the worker's backup: ranked, compact q, every row missed
-                        draft_compact(state, feed(b), None, k, (1,) * k, 1.0, params, [gen] * b, RANK_DEPTH)
+                        draft_compact(state, first, None, k, (1,) * k, 1.0, params, [gen] * b, RANK_DEPTH)
                     times.append((t0, time.perf_counter()))
-                    state.rollback(torch.full((b,), k, dtype=torch.long))
+                    state.rollback(torch.full((b,), width + k - 1, dtype=torch.long))
                 conn.send(times)
             elif cmd == "build":  # (batch, branches per row): one cache build, timed; says when it starts
                 b, per_row = a
@@ -268,21 +270,27 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                 ar += _ms([timed(1)])
                 alone += _ms([timed(K + 1)])
             sd = _ms(worker.ask("sd", b, reps))
-            # one draft step too: with two lengths the fit tells a proposal's own cost from its steps' (SD at
-            # K 1 was predicted 8-9% fast from a calibration at K 3 alone, stop 28)
-            one = _ms(worker.ask("sd", b, reps, 1))
-            two = _ms([timed(2) for _ in range(reps)])  # its verify (2 tokens a row), for the record's round
+            # One draft step too, first feeding one token a row, then two, as SD's first step does after a
+            # round that accepted all K (x_K and the bonus). With two lengths the fit tells a proposal's own
+            # cost from its steps'; with two widths, a step's cost per row from its fixed cost even at batch 1.
+            # The int4 pair's SD step took 29.5 ms at width 1 and 35.3 at width 2 (stop 28's Spec-Bench run):
+            # fitted from width 1 alone, SD at K 1 came out 7-9% fast, and leveling to it put every draft
+            # forward (builds and backups too) ~18% dear.
+            one = _ms(worker.ask("sd", b, reps, 1, 1))
+            wide = _ms(worker.ask("sd", b, reps, 1, 2))
+            two = _ms([timed(2) for _ in range(2 * reps)])  # their verifies (2 tokens a row), for the records
             backup = _ms(worker.ask("backup", b, max(1, reps - 1)))
             records += [_record("ar", K, b, c, t) for t in ar]
-            records += [_record("sd", K, b, c, v, d) for v, d in zip(alone, sd)]
-            records += [_record("sd", 1, b, c, v, d) for v, d in zip(two, one)]
+            records += [_record("sd", K, b, c, v, d, first_width=1) for v, d in zip(alone, sd)]
+            records += [_record("sd", 1, b, c, v, d, first_width=1) for v, d in zip(two, one)]
+            records += [_record("sd", 1, b, c, v, d, first_width=2) for v, d in zip(two[reps:], wide)]
             if b == 1:  # the verify at other widths: at batch 1 it is not a line in the rows (simulator.fit)
                 for w in verify_widths(K):
                     if w not in (2, K + 1):  # width 2 is timed above, with the one-step proposal
                         records += [_record("sd", w - 1, b, c, t) for t in _ms([timed(w) for _ in range(reps)])]
             summary["ar_ms"][key], summary["verify_ms"][key] = med(ar), med(alone)
             summary["sd_draft_ms"][key], summary["backup_ms"][key] = med(sd), med(backup)
-            summary["sd_step_ms"][key] = med(one)
+            summary["sd_step_ms"][key] = {"width_1": med(one), "width_2": med(wide)}
             busy_all: list[float] = []
             ratios: list[float] = []
             for B in args.budget:
@@ -315,6 +323,42 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     return records, summary
 
 
+LINK_SPEC = dict(K=1, fanout=(1, 1))  # the link rounds' SSD: its builds (two branches, one step) fit in a verify
+
+
+def link_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]:
+    """The engine's own SSD decode rounds (JSONL dicts) on `prompt` and what they say of the link: the median wait of
+    the rounds whose every row hit with a build shorter than the verify (the target waited for the link and
+    the worker's answer only; `simulator.fit` halves it, a message each way). The draft worker is started as
+    SSD starts it, with `llm`'s target; torch's thread count is restored after (the engine sets its own)."""
+    import torch
+
+    from engine import LLM
+    from engine.config import DraftPlacement, SpeculativeConfig
+    from engine.sampling_params import SamplingParams
+
+    spec = SpeculativeConfig(**LINK_SPEC, placement=DraftPlacement(draft_threads=args.draft_threads))
+    threads = torch.get_num_threads()
+    try:
+        with LLM(llm.target, str(args.draft), strategy="ssd", speculative=spec, tokenizer=llm.tokenizer,
+                 dtype=args.dtype, draft_int8=config.draft_int8, draft_quant=config.draft_quant,
+                 quant_group_size=config.quant_group_size, draft_head_quant=config.draft_head_quant,
+                 cache_dir=args.cache) as ssd:
+            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.link_tokens,
+                                    stop_on_eos=False, seed=0)
+            generation = ssd.generate([prompt], params)
+    finally:
+        torch.set_num_threads(threads)
+    rounds = [json.loads(r.to_json()) for r in generation.metrics.rounds]
+    decode = [r for r in rounds if r.get("phase", "decode") == "decode"]  # its prefill is not a calibrated one
+    waits = [r["wait_ms"] for r in decode if r.get("hit") and all(r["hit"]) and r.get("wait_ms") is not None
+             and (r.get("cache_build_ms") or 0.0) < r["verify_ms"]]
+    return decode, {"rounds": len(decode), "hits_timed": len(waits),
+                    "hit_wait_ms": round(statistics.median(waits), 3) if waits else None,
+                    "verify_ms": round(statistics.median(r["verify_ms"] for r in decode), 2) if decode else None,
+                    "spec": {"K": 1, "fanout": [1, 1]}}
+
+
 def fit_summary(path: Path) -> dict:
     """The timing fit of these records (simulator.fit_timing): coefficients, relative RMS errors, and its
     predictions at batch 4, context 300 (K 4, 32 and 64 branches) to compare with a run at that shape."""
@@ -331,6 +375,7 @@ def fit_summary(path: Path) -> dict:
             "prefill_target": [r(c) for c in f.prefill_target] if f.prefill_target else None,
             "prefill_draft": [r(c) for c in f.prefill_draft] if f.prefill_draft else None,
             "draft": [r(c) for c in f.draft] if f.draft else None, "draft_call": r(f.draft_call),
+            "link_latency_ms": r(f.link_latency_ms), "overhead_ms": {k: r(v) for k, v in f.overhead.items()},
             "build": [r(c) for c in f.build] if f.build else None, "ssd_verify_factor": r(f.ssd_verify_factor),
             "errors": {k: r(v) for k, v in f.errors.items()},
             "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),

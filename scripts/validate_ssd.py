@@ -120,6 +120,7 @@ def predict_auto(timing, settings: dict, acceptance, hits, prompt: int, output: 
     strategy = settings["system"]
     scenario = Scenario(timing=timing, acceptance=acceptance, hits=hits, prompt_len=Lengths(prompt),
                         output_len=Lengths(output), rounds=rounds, seed=seed,
+                        link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)),
                         fanout_rule="uniform" if settings.get("schedule") == "uniform" else "geometric")
     point = {"strategy": strategy, "K": AUTO if settings.get("adaptive") else settings["K"],
              "budget": settings.get("budget") if strategy == "ssd" else 0,

@@ -59,7 +59,9 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   in each sequence's length: the default pair's target took 8119 ms for 1 × 512 tokens and 7427 for 4 × 128,
   the same rows. It is fitted where three prefills or more tell it from the other two (else p_att = 0);
 - per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
-- the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify;
+- the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify
+  (rounds the engine ran: `saguaro calibrate` ends with a few, at K 1; its build-beside-verify points record
+  no wait and are left out);
 - the level: a calibration's forwards run in short bursts, and a long run's rounds on the same machine
   can cost more (the default pair at K 5: the calibration's fit put the verify at 283 ms and the SD draft at
   156, a bench's SD rounds minutes later at 317 and 178, and SD's tokens/s was predicted 15% high).
@@ -289,14 +291,17 @@ def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
 
 
 def sd_first_widths(records: list[RoundRecord]) -> list[int]:
-    """Per record, the tokens a row feeds in SD's first draft forward of that round: 2 when the SD decode round
-    before it, in the same generate() call (a later round, context not shorter), had a row
-    that accepted all its K (engine/strategies/sd.py: that row feeds x_K and the bonus; the block is as wide as
-    its widest row), else 1 (a calibration's rounds, a call's first round, other strategies)."""
+    """Per record, the tokens a row feeds in SD's first draft forward of that round: what the record says where
+    it says (`first_width`: a calibration's timed proposals), else 2 when the SD decode round before it, in the
+    same generate() call (a later round, context not shorter), had a row that accepted all its K
+    (engine/strategies/sd.py: that row feeds x_K and the bonus; the block is as wide as its widest row), else
+    1 (a call's first round, other strategies)."""
     widths, before = [], None
     for r in records:
         width = 1
-        if r.is_decode and r.strategy is Strategy.SD:
+        if r.first_width is not None:
+            width = r.first_width
+        elif r.is_decode and r.strategy is Strategy.SD:
             if (before is not None and r.round > before.round and r.context_len >= before.context_len and before.K > 0
                     and any(k == before.K for k in before.accepted)):
                 width = 2
@@ -424,8 +429,9 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
             waited = [(r.wait_ms or 0.0) if strategy is Strategy.SSD else r.draft_ms for r in rows]
             residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited)]
             overhead[strategy.value] = max(0.0, float(np.median(residual)))
+    # a calibration's build-beside-verify points record no wait (0.0): only rounds the engine ran count
     hit_waits = [r.wait_ms for r in decode if r.hit and all(r.hit) and r.cache_build_ms is not None
-                 and r.cache_build_ms < r.verify_ms and r.wait_ms is not None]
+                 and r.cache_build_ms < r.verify_ms and r.wait_ms is not None and r.wait_ms > 0]
     link_ms = float(np.median(hit_waits)) / 2 if hit_waits else 0.0
     fast = {}
     ssd_overhead = overhead.get(Strategy.SSD.value, 0.0)

@@ -5,6 +5,8 @@ emitted, draft_ms, verify_ms, round_ms, draft_forwards, phase ("decode" | "prefi
 SSD decode rounds also carry hit, cache_build_ms, branches, backup, wait_ms, fanout. SD and SSD decode
 rounds may carry outcome_rank (per row: where the verified bonus stood among the draft's guesses for its
 outcome, null where unknown; simulator.hits), SSD ones outcome_hit, and every decode round prompt_index.
+An SD record may say first_width, the tokens a row fed in its proposal's first forward (`saguaro calibrate`
+writes it; the engine's widths are inferred from the round before, `simulator.fit.sd_first_widths`).
 Unknown keys are ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming
 file and line.
 
@@ -54,6 +56,7 @@ class RoundRecord:
     outcome_rank: tuple[int | None, ...] | None = None  # SD/SSD: rank of each row's bonus among the guesses
     outcome_hit: tuple[bool | None, ...] | None = None  # SSD: was each row's outcome in the cache
     prompt_index: tuple[int, ...] | None = None  # each row's prompt index in its generate() call
+    first_width: int | None = None  # SD: tokens a row fed in the proposal's first forward, where recorded
 
     @property
     def is_decode(self) -> bool:
@@ -151,6 +154,11 @@ def parse_record(obj: object, where: str = "record") -> RoundRecord:
         fields.update(_ssd_fields(obj, batch, K, where))
     if phase == DECODE:
         fields.update(_outcome_fields(obj, batch, where))
+        width = obj.get("first_width")
+        if width is not None:
+            if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+                raise ValueError(f"{where}: 'first_width' must be a positive integer, got {width!r}")
+            fields["first_width"] = width
     return RoundRecord(**fields)
 
 

@@ -27,6 +27,12 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
   machine alike, where blocks minutes apart gave factors from 0.75 to 1.20 on one 2-core VM. The builds
   give their cost against branches and context, as they are when SSD runs.
 
+Then the engine itself runs SSD for --link-tokens tokens on the prompt at the shortest context (K 1, one
+guess per outcome, the draft worker as SSD starts it): in the rounds that hit with a build shorter than the
+verify, the target's wait is the link both ways and the worker's answer (its lookup, the message, the target
+decoding it), which no timed forward shows: 5-6 ms a round for the int4 pair on this 2-core VM, where the
+simulator had 0. Those rounds are written with the rest (real rounds: the fit's link comes from them).
+
 The records go to --out (JSONL, the engine's round-record schema, one record per timed forward or pair):
 pass them to `saguaro simulate --fit` (alone, or with an SD run's records). Their accepted counts are not
 measurements (timing only: do not pass them to --calibrate). The summary printed at the end (medians per
@@ -42,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-from saguaro.calibration import (cpu_model, fast_backup_ms, fit_summary, long_prompt, measure,
+from saguaro.calibration import (cpu_model, fast_backup_ms, fit_summary, link_rounds, long_prompt, measure,
                                  start_worker)
 from saguaro.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET, add_quant_flags, quant_kwargs
 
@@ -70,6 +76,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the workload's temperature: the target's verify and the draft's SD proposal, backup and "
                         "cache build sample at it, as they do in the run (default 0: greedy). At T > 0 sampling "
                         "the draft's branches costs more; calibrate at each temperature you plan for")
+    p.add_argument("--link-tokens", type=int, default=48,
+                   help="tokens the engine's own SSD generates at the end (K 1, one guess per outcome) to time "
+                        "the wait of a round that hit: the link both ways and the worker's answer, which the "
+                        "timed forwards cannot show (default 48; 0: skip, the fit's link is then 0)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
@@ -97,6 +107,8 @@ def _check(args) -> None:
         raise ValueError(f"--temperature must be >= 0 (0: greedy); got {args.temperature}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
+    if args.link_tokens < 0:
+        raise ValueError(f"--link-tokens must be >= 0 (0: skip the engine's rounds); got {args.link_tokens}")
     if args.threads < 1 or args.draft_threads < 1:
         raise ValueError("--threads and --draft-threads must be >= 1")
     if args.out.exists() and args.out.is_dir():
@@ -149,6 +161,13 @@ def run(args) -> int:
             records, summary = measure(args, target, ids, worker, say)
         finally:
             worker.close()
+        if args.link_tokens:
+            rounds, summary["link"] = link_rounds(args, config, llm, ids[:min(args.context)])
+            records += rounds
+            link = summary["link"]
+            say(f"the engine's SSD at K 1, {link['rounds']} rounds: " + (
+                f"{link['hits_timed']} hit with the build inside the verify, waiting {link['hit_wait_ms']} ms"
+                if link["hits_timed"] else "none hit with the build inside the verify, so the link is not timed"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab)
@@ -161,7 +180,7 @@ def run(args) -> int:
                          "threads": args.threads, "draft_threads": args.draft_threads,
                          "K": args.K, "temperature": args.temperature, "budgets": args.budget,
                          "batches": args.batch, "contexts": args.context,
-                         "repeats": args.repeats, "cpu": cpu_model(), "torch": __import__("torch").__version__,
+                         "repeats": args.repeats, "link_tokens": args.link_tokens, "cpu": cpu_model(), "torch": __import__("torch").__version__,
                          "ragged_rows": True}  # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                            if not k.startswith("_") and k != "func"}

@@ -3,6 +3,7 @@ roll-backs), builds next to the verify at batch·budget branches, the summary ec
 the timing fit reads (the verify alone, SSD's slowdown as a factor, the build's context × branches term)."""
 
 import json
+import statistics
 
 import pytest
 
@@ -23,13 +24,13 @@ def calibrated(pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("calib") / "calib.jsonl"
     argv = ["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
             "--batch", "1", "2", "--context", "12", "40", "--repeats", "2", "--prompt-ids", "1", "2", "3", "4",
-            "5", "6", "7", "--dtype", "float32", "--out", str(out)]
+            "5", "6", "7", "--dtype", "float32", "--link-tokens", "24", "--out", str(out)]
     assert main(argv) == 0
     return out
 
 
 def test_every_context_and_batch_is_timed(calibrated):
-    decode = [r for r in read_records(calibrated) if r.is_decode]
+    decode = [r for r in read_records(calibrated) if r.is_decode and r.prompt_index is None]  # (not the engine's)
     points = {(r.strategy.value, r.batch_size, r.context_len) for r in decode}
     assert points == {(s, b, c) for s in ("ar", "sd", "ssd") for b in (1, 2) for c in (12, 40)}
     for b in (1, 2):
@@ -38,8 +39,10 @@ def test_every_context_and_batch_is_timed(calibrated):
             assert sum(r.strategy.value == "ar" for r in at) == 2  # --repeats
             sd = [r for r in at if r.strategy.value == "sd"]
             drafted = [r for r in sd if r.draft_ms > 0]
-            # the proposal at K and at one step (with its 2-token verify): the fit's per-call cost needs both
-            assert sorted(r.K for r in drafted) == [1, 1, 2, 2] and all(r.verify_ms > 0 for r in drafted)
+            # the proposal at K and at one step, that step feeding one token a row and then two (as SD's does
+            # after all accepted), each with its own 2-token verify: the fit's per-call and per-row costs need them
+            assert sorted((r.K, r.first_width) for r in drafted) == [(1, 1), (1, 1), (1, 2), (1, 2), (2, 1), (2, 1)]
+            assert all(r.verify_ms > 0 for r in drafted)
             # the verify alone, taken in turn with each build (2 budgets × 2 repeats), and at batch 1 the other
             # width (2K = 4; K + 1 = 3 and 2 are timed with the proposals): every one timed, none with a draft
             alone = sorted(r.K for r in sd if r.draft_ms == 0)
@@ -69,8 +72,23 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     fit = summary["fit"]  # the fit of these records and its predictions at batch 4, context 300
     assert len(fit["verify"]) == 3 and len(fit["build"]) == 4 and fit["ssd_verify_factor"] > 0
     assert fit["draft_call"] >= 0 and set(summary["sd_step_ms"]) == set(summary["sd_draft_ms"])
+    assert all(set(widths) == {"width_1", "width_2"} for widths in summary["sd_step_ms"].values())
     assert all(ms > 0 for ms in fit["at_b4_c300_K4_ms"].values())
     assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "backup"} <= set(fit)  # every fitted term
+
+
+def test_the_engines_own_ssd_rounds_come_last(calibrated):
+    """--link-tokens: the engine's SSD at K 1, one guess per outcome, on the calibration's prompt; its decode
+    rounds are written with the timed points, and the summary says what their hits waited."""
+    engine = [r for r in read_records(calibrated) if r.prompt_index is not None]
+    link = json.loads(calibrated.with_suffix(".summary.json").read_text())["link"]
+    assert engine and len(engine) == link["rounds"] and all(r.is_decode for r in engine)
+    assert all(r.strategy.value == "ssd" and r.K == 1 for r in engine)
+    assert sum(sum(r.emitted) for r in engine) == 24 - 1  # the first token comes from the prefill
+    timed = [r for r in engine if all(r.hit) and r.cache_build_ms < r.verify_ms]
+    assert link["hits_timed"] == len(timed) and all(r.wait_ms > 0 for r in engine)
+    want = round(statistics.median(r.wait_ms for r in timed), 3) if timed else None
+    assert link["hit_wait_ms"] == pytest.approx(want, abs=2e-3) if timed else link["hit_wait_ms"] is None
 
 
 def test_the_records_fit_and_simulate(calibrated):

@@ -505,3 +505,43 @@ def test_a_proposals_own_cost_is_told_from_its_steps_at_two_lengths():
     assert at_three.draft_call == 0.0
     assert at_three.draft_ms(1, 3, 300) == pytest.approx(call + 3 * step(1, 300), rel=1e-6)
     assert at_three.draft_ms(1, 1, 300) < 0.85 * (call + step(1, 300))
+
+
+def test_batch_one_steps_at_two_widths_give_the_per_row_cost():
+    """A calibration at batch 1 times SD's one-step proposal feeding one token and two (`first_width`): the fit
+    recovers the draft's per-row cost from them, and with it SD's dearer first step after all accepted. From
+    width 1 alone the per-row cost is folded into the fixed one: a 2-wide step comes out short (the int4
+    pair's SD K 1, predicted 7-9% fast at stop 28)."""
+    step = lambda rows, c: D_TRUE[0] + D_TRUE[1] * rows + D_TRUE[2] * c  # noqa: E731  (batch 1: kv = context)
+    verify = lambda K, c: V_TRUE[0] + V_TRUE[1] * (K + 1) + V_TRUE[2] * c  # noqa: E731
+    points = [_point("sd", 1, c, K=3, verify_ms=verify(3, c), draft_ms=3 * step(1, c), first_width=1)
+              for c in (64, 512)]
+    points += [_point("sd", 1, c, K=1, verify_ms=verify(1, c), draft_ms=step(w, c), first_width=w)
+               for c in (64, 512) for w in (1, 2)]
+    fitted = fit_timing(_records(points))
+    assert fitted.draft == pytest.approx(D_TRUE, rel=1e-6) and fitted.draft_call == pytest.approx(0.0, abs=1e-6)
+    assert fitted.draft_ms(1, 1, 300, first_width=2) == pytest.approx(step(2, 300), rel=1e-6)
+    narrow = fit_timing(_records([p for p in points if p["first_width"] == 1]))
+    assert narrow.draft_ms(1, 1, 300, first_width=2) < 0.95 * step(2, 300)
+
+
+def test_a_records_first_width_overrides_the_inferred_one():
+    rows = [_point("sd", 1, 100, K=2, first_width=2), _point("sd", 1, 100, K=2)]
+    assert sd_first_widths(_records(rows)) == [2, 1]
+    with pytest.raises(ValueError, match="first_width"):
+        parse_record(_point("sd", 1, 100, K=2, first_width=0))
+
+
+def test_the_link_comes_from_rounds_the_engine_ran():
+    """A calibration's build-beside-verify points record no wait (0.0); the engine's rounds that hit with a
+    build inside the verify waited for the link both ways (6 ms here). The link is half their wait however
+    many timed points there are; counting the points too (the former rule) put it at 0."""
+    pairs = [_point("ssd", 1, 64, verify_ms=300.0, hit=[True], cache_build_ms=200.0, branches=4, backup=None,
+                    wait_ms=0.0, fanout=[1] * 5) for _ in range(30)]
+    engine = [_point("ssd", 1, 64, K=1, round=i, verify_ms=250.0, round_ms=257.0, draft_ms=6.0, hit=[True],
+                     cache_build_ms=80.0, branches=2, backup=None, wait_ms=6.0, fanout=[1, 1], prompt_index=[0])
+              for i in range(2, 12)]
+    verifies = [_point("sd", 1, 64, K=K, verify_ms=V_TRUE[0] + V_TRUE[1] * (K + 1) + V_TRUE[2] * 64, draft_ms=50.0)
+                for K in (1, 2, 4)]
+    assert fit_timing(_records(pairs + engine + verifies)).link_latency_ms == pytest.approx(3.0)
+    assert fit_timing(_records(pairs + verifies)).link_latency_ms == 0.0
