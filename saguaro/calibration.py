@@ -356,7 +356,7 @@ def link_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]
     return decode, {"rounds": len(decode), "hits_timed": len(waits),
                     "hit_wait_ms": round(statistics.median(waits), 3) if waits else None,
                     "verify_ms": round(statistics.median(r["verify_ms"] for r in decode), 2) if decode else None,
-                    "spec": {"K": 1, "fanout": [1, 1]}}
+                    "spec": {"K": LINK_SPEC["K"], "fanout": list(LINK_SPEC["fanout"])}}
 
 
 def fit_summary(path: Path) -> dict:

@@ -13,8 +13,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - a proposal's own cost beyond its forwards, p_call (one call of the draft: its set-up, the stacking of q
   and the tokens), added once to every SD proposal, neural backup and cache build. It is fitted only where
   the SD proposals span two lengths K or more (`saguaro calibrate` times one step beside its K steps): at one
-  K it cannot be told from K times a step. A calibration at K 3 alone put the int4 pair's draft step at 31.5
-  ms, SD at K 1 measured 35, and SD K 1 was predicted 8-9% fast (stop 28);
+  K it cannot be told from K times a step. It fitted 0 for the int4 pair: stop 28's SD K 1, predicted 8-9%
+  fast from a calibration at K 3, was short of its first step's second row (below), not of a call cost;
+- a record may say its first step's width (`first_width`): `saguaro calibrate` times SD's one-step proposal
+  feeding one token a row and two, so that even at batch 1 the fit sees the cost of a row (the int4 draft's
+  step: 29.5 ms feeding one, 35.3 feeding two, in stop 28's Spec-Bench run);
 - the SSD neural backup: the same shape fitted on the backups alone when the records hold three or more
   at two batch sizes and two contexts or more. The worker's masked pass over the batch is not SD's drafting:
   in the default pair's calibration its per-row cost was 2.8 ms a forward against SD's 0.8, so a pooled fit

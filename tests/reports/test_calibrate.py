@@ -178,3 +178,24 @@ def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatc
     ssd = EngineConfig(target=str(target), draft=str(draft), strategy="ssd", dtype="float32", threads=1,
                        target_quant="int4", draft_quant="int8")
     assert recipes == [draft_recipe(None, ssd)] and recipes[0].quant == "int8"
+
+
+def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, capsys):
+    """The engine's SSD rounds come after minutes of timed points: if they fail, those are written all the
+    same, and the summary says why the link is missing."""
+    import saguaro.commands.calibrate as command
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no port")
+
+    monkeypatch.setattr(command, "link_rounds", fail)
+    target, draft = pair
+    out = tmp_path / "kept.jsonl"
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
+                 "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
+                 "float32", "--out", str(out)]) == 0
+    assert "the engine's SSD rounds failed (RuntimeError: no port)" in capsys.readouterr().err
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["link"] == {"error": "RuntimeError: no port"}
+    records = read_records(out)
+    assert any(r.cache_build_ms for r in records) and all(r.prompt_index is None for r in records)
