@@ -302,7 +302,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                     worker.recv()  # ("started", t): the build is under way
                     # One verify beside it, then wait for it, as an SSD round runs them. Verifying on until
                     # the build ended (stops 18-28) kept the target busy through builds the engine finishes
-                    # alone: the int4 pair's one-branch build took 115-202 ms that way, 126 in the engine.
+                    # alone: the int4 pair's one-branch build took 115-202 ms that way, 123 (median) in the engine.
                     verify = _ms([timed(K + 1)])[0]
                     builds += _ms(worker.recv())
                     busy_all.append(verify)
