@@ -69,9 +69,13 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   can cost more (the default pair at K 5: the calibration's fit put the verify at 283 ms and the SD draft at
   156, a bench's SD rounds minutes later at 317 and 178, and SD's tokens/s was predicted 15% high).
   `FittedTiming.leveled` takes an SD run's rounds (the run a planner has anyway: α and hits come from it) and
-  scales the target's forwards by the median of its verifies over the fit and the draft's forwards (draft,
+  scales the target's forwards by its verifies' total over the fit's and the draft's forwards (draft,
   backup, build, prefill) by the same ratio of its drafts: the calibration keeps the shapes (rows, context,
-  branches, interference), the run sets the level. A ratio within `LEVEL_DEAD_BAND` of 1 is left unapplied:
+  branches, interference), the run sets the level. A ratio of totals, not a median of per-round ratios
+  (stops 26-28): tokens/s is a ratio of totals, so a run's slow rounds count in it. On stop 29's unsteady
+  host a run's verify had a mean 1.08-1.12 times its median, and the median left that run's own SD rows
+  8-11% fast; with totals, 61 of 73 held-out rows of stops 26-29 fell within 10% instead of 52, and 19 of
+  stop 27's 20 served figures within 15% instead of 17. A ratio within `LEVEL_DEAD_BAND` of 1 is left unapplied:
   that close, it is as likely the fit's shape at the run's K as the machine (a run at the calibration's level
   measured 0.97 and 0.96 against its SD K 5 rounds, and applied, that moved five of its six SSD predictions
   4-5 points further off);
@@ -148,8 +152,8 @@ class FittedTiming:
     draft_call: float = 0.0  # p_call: a draft proposal's own cost beyond its forwards (see above)
 
     def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> "FittedTiming":
-        """This fit at the level of an SD run's rounds: the target's forwards scaled by the median of the
-        run's verify over this fit's, the draft's by the median of its drafts over this fit's, each unless within
+        """This fit at the level of an SD run's rounds: the target's forwards scaled by the run's total verify
+        time over this fit's, the draft's by its total draft time over this fit's, each unless within
         `dead_band` of 1 (module docstring). `levels` holds the scales applied and the ratios measured.
         ValueError without three SD decode rounds or without a fitted draft."""
         pairs = [(r, w) for r, w in zip(records, sd_first_widths(records))
@@ -160,9 +164,10 @@ class FittedTiming:
                              f"{len(rounds)}: give the records of a saguaro bench SD run")
         if self.draft is None:
             raise ValueError("this fit has no draft time to level: fit it on a calibration (saguaro calibrate)")
-        target = float(np.median([r.verify_ms / self.verify_ms(r.batch_size, r.K + 1, r.context_len)
-                                  for r in rounds]))
-        draft = float(np.median([r.draft_ms / self.draft_ms(r.batch_size, r.K, r.context_len, w) for r, w in pairs]))
+        target = (sum(r.verify_ms for r in rounds)
+                  / sum(self.verify_ms(r.batch_size, r.K + 1, r.context_len) for r in rounds))
+        draft = (sum(r.draft_ms for r in rounds)
+                 / sum(self.draft_ms(r.batch_size, r.K, r.context_len, w) for r, w in pairs))
         measured = {"target": target, "draft": draft}
         target, draft = (1.0 if abs(x - 1.0) <= dead_band else x for x in (target, draft))
         scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731

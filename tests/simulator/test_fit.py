@@ -545,3 +545,19 @@ def test_the_link_comes_from_rounds_the_engine_ran():
                 for K in (1, 2, 4)]
     assert fit_timing(_records(pairs + engine + verifies)).link_latency_ms == pytest.approx(3.0)
     assert fit_timing(_records(pairs + verifies)).link_latency_ms == 0.0
+
+
+def test_the_level_counts_a_runs_slow_rounds_as_its_tokens_per_s_does():
+    """Tokens/s is a ratio of totals, and so is the level: 20 SD rounds at the fit's cost and 4 at twice it
+    level the target by 28/24 (7/6), which a median of per-round ratios (1.0, the former rule) misses."""
+    calib = fit_timing(_spanning([64, 512]))
+    steady = _sd_run(contexts=(180, 200, 220, 240, 260, 280, 300, 320, 340, 360))
+    slow = [replace(r, verify_ms=2 * r.verify_ms, draft_ms=2 * r.draft_ms) for r in _sd_run(contexts=(250, 270))]
+    leveled = calib.leveled(steady + slow)
+    assert leveled.levels["measured"]["target"] == pytest.approx(
+        sum(r.verify_ms for r in steady + slow) / sum(calib.verify_ms(1, 6, r.context_len) for r in steady + slow))
+    assert leveled.levels["target"] > 1.10 and leveled.levels["draft"] > 1.10
+    import numpy as np
+
+    per_round = np.median([r.verify_ms / calib.verify_ms(1, 6, r.context_len) for r in steady + slow])
+    assert per_round == pytest.approx(1.0)  # the former rule: no level at all
