@@ -328,8 +328,8 @@ LINK_SPEC = dict(K=1, fanout=(1, 1))  # the link rounds' SSD: its builds (two br
 
 def link_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]:
     """The engine's own SSD decode rounds (JSONL dicts) on `prompt` and what they say of the link: the median wait of
-    the rounds whose every row hit with a build shorter than the verify (the target waited for the link and
-    the worker's answer only; `simulator.fit` halves it, a message each way). The draft worker is started as
+    the rounds `simulator.fit.link_waits` counts (every row hit, the build inside the verify: the target waited
+    for the link and the worker's answer only; the fit halves it, a message each way). The draft worker is started as
     SSD starts it, with `llm`'s target; torch's thread count is restored after (the engine sets its own)."""
     import torch
 
@@ -349,10 +349,12 @@ def link_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]
             generation = ssd.generate([prompt], params)
     finally:
         torch.set_num_threads(threads)
+    from simulator.fit import link_waits
+    from simulator.records import parse_record
+
     rounds = [json.loads(r.to_json()) for r in generation.metrics.rounds]
     decode = [r for r in rounds if r.get("phase", "decode") == "decode"]  # its prefill is not a calibrated one
-    waits = [r["wait_ms"] for r in decode if r.get("hit") and all(r["hit"]) and r.get("wait_ms") is not None
-             and (r.get("cache_build_ms") or 0.0) < r["verify_ms"]]
+    waits = link_waits([parse_record(r, "the link rounds") for r in decode])  # the rule the fit's link uses
     return decode, {"rounds": len(decode), "hits_timed": len(waits),
                     "hit_wait_ms": round(statistics.median(waits), 3) if waits else None,
                     "verify_ms": round(statistics.median(r["verify_ms"] for r in decode), 2) if decode else None,

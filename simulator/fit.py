@@ -294,6 +294,14 @@ def _fit_verify(records: list[RoundRecord]) -> tuple[Coef, tuple[float, float] |
     return best
 
 
+def link_waits(records: list[RoundRecord]) -> list[float]:
+    """The waits that time the link: SSD rounds whose every row hit with a build shorter than the verify, so
+    the target waited for the messages and the worker's answer only. A calibration's build-beside-verify points
+    record no wait (0.0) and are left out: only rounds the engine ran count."""
+    return [r.wait_ms for r in records if r.hit and all(r.hit) and r.cache_build_ms is not None
+            and r.cache_build_ms < r.verify_ms and r.wait_ms is not None and r.wait_ms > 0]
+
+
 def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
     return [r for r in records if r.strategy is Strategy.SSD and r.cache_build_ms and r.cache_build_ms > 0]
 
@@ -437,10 +445,8 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
             waited = [(r.wait_ms or 0.0) if strategy is Strategy.SSD else r.draft_ms for r in rows]
             residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited)]
             overhead[strategy.value] = max(0.0, float(np.median(residual)))
-    # a calibration's build-beside-verify points record no wait (0.0): only rounds the engine ran count
-    hit_waits = [r.wait_ms for r in decode if r.hit and all(r.hit) and r.cache_build_ms is not None
-                 and r.cache_build_ms < r.verify_ms and r.wait_ms is not None and r.wait_ms > 0]
-    link_ms = float(np.median(hit_waits)) / 2 if hit_waits else 0.0
+    waits = link_waits(decode)
+    link_ms = float(np.median(waits)) / 2 if waits else 0.0
     fast = {}
     ssd_overhead = overhead.get(Strategy.SSD.value, 0.0)
 

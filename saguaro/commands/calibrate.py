@@ -165,6 +165,8 @@ def run(args) -> int:
         finally:
             worker.close()
         if args.link_tokens:
+            say(f"the engine's own SSD (K 1, its draft worker started anew) for {args.link_tokens} tokens, "
+                "to time the link")
             try:
                 rounds, summary["link"] = link_rounds(args, config, llm, ids[:min(args.context)])
             except Exception as err:  # noqa: BLE001  an extra: the timed points are kept whatever it raises

@@ -108,6 +108,7 @@ def test_the_records_fit_and_simulate(calibrated):
     (["--context", "64", "3"], "--context values must be at least K+1"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--temperature", "-0.5"], "--temperature must be >= 0"),
+    (["--link-tokens", "-1"], "--link-tokens must be >= 0"),
 ])
 def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "x.jsonl"), *flags]) == 2
