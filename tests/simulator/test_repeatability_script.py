@@ -70,6 +70,8 @@ def test_bad_input_exits_2_with_a_line(tmp_path, capsys):
     assert "different names" in capsys.readouterr().err
     assert repeatability.main([str(INTERLEAVED), str(next(RUNS.glob("*-b4")))]) == 2
     assert "no configuration appears in two" in capsys.readouterr().err
+    assert repeatability.main([str(INTERLEAVED), str(tmp_path)]) == 2
+    assert "not a bench run folder" in capsys.readouterr().err
 
 
 def test_the_table_and_json_are_written(tmp_path, capsys):
