@@ -1,13 +1,13 @@
 """How far one machine's measurement moves between repeats of the same `saguaro bench` run: the floor under any
 prediction's error there.
 
-Give two or more run folders of the same grid (the same command, run again). For each configuration found in
-more than one of them it prints the decode tokens/s each run measured (Σ emitted / Σ round time, as
-scripts/validate_ssd.py compares) and their spread (largest over smallest, minus 1), then the same for the
-configuration's speed over its own run's SD variants (those every run has, their rounds pooled). scripts/validate_ssd.py
-levels a calibration to each run's SD variants, so the second spread is what leveling cannot take out: if
-SSD over SD itself moves by 12% between two runs, no prediction from an SD run and a calibration can be
-held to 10% on that machine.
+Give two or more run folders of the same grid (the same command, run again). For each configuration (the
+bench's variant key, e.g. `ssd K=3 B=8 geometric neural T=0 b=1`) found in more than one of them, it prints
+the decode tokens/s each run measured (Σ emitted / Σ round time, as scripts/validate_ssd.py compares) and their
+spread (largest over smallest, minus 1), then the same for the configuration's speed over its own run's SD
+variants (those every run has, their rounds pooled). scripts/validate_ssd.py levels a calibration to each
+run's SD variants, so the second spread is what leveling cannot take out: if SSD over SD itself moves by 12%
+between two runs, no prediction from an SD run and a calibration can be held to 10% on that machine.
 
     python scripts/repeatability.py RUN_DIR RUN_DIR [RUN_DIR ...] [--json OUT.json]
 """
@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from validate_ssd import label, measured_tokens_per_s, variants
+from validate_ssd import measured_tokens_per_s, variants
 
 
 def spread(values: list[float]) -> float:
@@ -29,25 +29,23 @@ def spread(values: list[float]) -> float:
 
 
 def table(runs: list[Path]) -> list[dict]:
-    """One row per configuration measured in two runs or more: its tokens/s, and its ratio to its run's SD
-    variants (those of one K that every run has, their rounds pooled)."""
+    """One row per configuration (the bench's variant key) measured in two runs or more: its tokens/s, and its
+    ratio to its run's SD variants (those of one K that every run has, their rounds pooled)."""
     found = {}
     for run in runs:
-        measured = list(variants(run).values())
-        if not measured:
+        # variants() prefixes each bench key with the folder's name: the key alone names the configuration (its
+        # settings, not what the run did with them, as a label with the first round's fan-out would)
+        found[run.name] = {key.split("/", 1)[1]: entry for key, entry in variants(run).items()}
+        if not found[run.name]:
             raise ValueError(f"{run} has no decode rounds: give saguaro bench run folders")
-        found[run.name] = {label(settings, rows): (settings, rows) for settings, rows in measured}
-        if len(found[run.name]) < len(measured):
-            raise ValueError(f"{run} holds variants this script cannot tell apart (a --C sweep?): give runs of one "
-                             f"value per axis it does not label (C, seed)")
-    shared_sd = set.intersection(*({name for name, (settings, _) in by_label.items()
+    shared_sd = set.intersection(*({name for name, (settings, _) in by_key.items()
                                     if settings["system"] == "sd" and not settings.get("adaptive")}
-                                   for by_label in found.values()))
-    sd_speed = {run: measured_tokens_per_s([r for name in shared_sd for r in by_label[name][1]])
-                for run, by_label in found.items()} if shared_sd else {}
+                                   for by_key in found.values()))
+    sd_speed = {run: measured_tokens_per_s([r for name in shared_sd for r in by_key[name][1]])
+                for run, by_key in found.items()} if shared_sd else {}
     speeds: dict[str, dict[str, float]] = defaultdict(dict)  # configuration -> run -> tokens/s
-    for run, by_label in found.items():
-        for name, (_, rows) in by_label.items():
+    for run, by_key in found.items():
+        for name, (_, rows) in by_key.items():
             speeds[name][run] = measured_tokens_per_s(rows)
     out = []
     for name, by_run in speeds.items():
