@@ -22,9 +22,9 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
   forward, then the K-step branch decode of batch·B branches, each branch a copy of its sequence's KV) with
   one verify beside it, then the wait for the build, as an SSD round runs them (verifying on until the
   build ended, as stops 18-28 did, kept the target busy through build time the engine's worker has alone:
-  the int4 pair's one-branch build took 115-202 ms that way, 123 ms (median) in the engine's rounds, and 114-136 ms
-  timed this way). Each pair's busy verify over its lone one is the verify's slowdown (the
-  interference factor of this placement, about 1 for separate GPUs): taken seconds apart, the two see the
+  the int4 pair's one-branch build took 115-202 ms that way, 123 ms (median) in the engine's rounds, and
+  114-136 ms timed this way; two untimed builds go first, as a fresh worker's first build ran 10-30% slow).
+  Each pair's busy verify over its lone one is the verify's slowdown (the interference factor of this placement, about 1 for separate GPUs): taken seconds apart, the two see the
   machine alike, where blocks minutes apart gave factors from 0.75 to 1.20 on one 2-core VM. The builds
   give their cost against branches and context, as they are when SSD runs.
 
