@@ -17,6 +17,8 @@ measured.
   with the largest K among the runs given, so that its positions cover every K predicted;
 - the simulator then runs each configuration (closed loop at its batch size, the run's mean prompt and
   output lengths) and its decode tokens/s (Σ emitted / Σ round time) is compared with the measured one.
+--terms (and always in --json) also puts each configuration's rounds beside its leveled fit term by term (verify,
+SD draft, SSD build, neural backup), so that a miss can be traced to the forward the fit has wrong.
 A second prediction shows the former way for contrast: timing fitted on the SD rounds alone, the power-law
 hit model a·F^(−r) with the old defaults (r = 1, a = 0.5).
 
@@ -40,9 +42,10 @@ from saguaro.runfolder import RunDir
 from simulator.hits import _draft_sourced, alpha_per_position, from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
+from simulator.fit import sd_first_widths
 from simulator.scenario import AUTO, AUTO_K_MAX
 from simulator.workload import Lengths
-from theory.glossary import Backup
+from theory.glossary import Backup, Strategy
 
 
 def variants(path: Path) -> dict[str, tuple[dict, list]]:
@@ -161,6 +164,30 @@ def measured_hit_rate(rows: list) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
+TERMS = ("verify", "draft", "cache_build", "backup")
+
+
+def terms(timing, rows: list) -> dict:
+    """Per term of a configuration's rounds (the verify, SD's draft, SSD's cache build and neural backup): the
+    median measured, the median the (leveled) fit predicts for the same rounds' shapes (batch, K, context,
+    branches, first width), and how many rounds; terms its rounds lack are left out. Where a configuration's
+    tokens/s is off, this says which forward the fit has wrong."""
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r, width in zip(rows, sd_first_widths(rows)):
+        b, K, c = r.batch_size, r.K, r.context_len
+        pairs["verify"].append((r.verify_ms, timing.for_strategy(r.strategy).verify_ms(b, K + 1, c)))
+        if r.strategy is Strategy.SD and r.draft_ms > 0:
+            pairs["draft"].append((r.draft_ms, timing.draft_ms(b, K, c, width)))
+        if r.strategy is Strategy.SSD and r.cache_build_ms:
+            pairs["cache_build"].append((r.cache_build_ms, timing.cache_build_ms(b, K, r.branches, c)))
+        if (r.strategy is Strategy.SSD and r.backup is Backup.NEURAL and r.backup_time_ms and r.hit
+                and not all(r.hit)):
+            pairs["backup"].append((r.backup_time_ms, timing.backup_ms(Backup.NEURAL, b, K, c)))
+    return {name: {"measured": round(float(np.median([m for m, _ in v])), 1),
+                   "predicted": round(float(np.median([q for _, q in v])), 1), "rounds": len(v)}
+            for name in TERMS if (v := pairs.get(name))}
+
+
 def label(settings: dict, rows: list) -> str:
     s = settings
     parts = [s["system"], f"T={s['temperature']:g}", f"b={rows[0].batch_size}"]
@@ -188,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-level", action="store_true",
                    help="the calibration's level as it is (default: leveled to each run folder's own SD variants, "
                         "else to its temperature's SD reference)")
+    p.add_argument("--terms", action="store_true",
+                   help="also compare each configuration's rounds term by term (verify, draft, cache build, backup: "
+                        "median measured / predicted, ms) with its leveled fit")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     try:
@@ -256,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                       "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
                       "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4),
                       "hit_rate": None if hit is None else round(hit, 4),
-                      "predicted_hit_rate": None if hit is None else round(result.hit_rate, 4)})
+                      "predicted_hit_rate": None if hit is None else round(result.hit_rate, 4),
+                      "terms": terms(own_timing, rows)})
     print("| configuration | rounds | measured tok/s | predicted | error | former way | its error | hit rate, measured "
           "/ predicted |")
     print("|---|---|---|---|---|---|---|---|")
@@ -273,6 +304,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{within} of {len(held_out)} configurations ({name} left out) within 10%; "
                   f"median |error| {np.median([abs(r['error']) for r in held_out]):.1%}, "
                   f"largest {max(held_out, key=lambda r: abs(r['error']))['error']:+.1%}")
+    if args.terms:
+        print("\nEach configuration's rounds against its leveled fit, median per term (ms, measured / predicted):\n")
+        print("| configuration | " + " | ".join(t.replace("_", " ") for t in TERMS) + " |")
+        print("|---|" + "---|" * len(TERMS))
+        for r in table:
+            cells = [(f"{x['measured']:.0f} / {x['predicted']:.0f} ({x['predicted'] / x['measured'] - 1:+.0%})"
+                      if (x := r["terms"].get(t)) else "-") for t in TERMS]
+            print(f"| {r['configuration']} | " + " | ".join(cells) + " |")
+        print()
     for temperature, (path, timing) in sorted(calibrations.items()):
         print(f"timing fitted on {path} (T = {temperature:g}): ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
               f"link {timing.link_latency_ms:.2f} ms, fit errors "

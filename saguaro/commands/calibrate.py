@@ -24,9 +24,10 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
   build ended, as stops 18-28 did, kept the target busy through build time the engine's worker has alone:
   the int4 pair's one-branch build took 115-202 ms that way, 123 ms (median) in the engine's rounds, and
   114-136 ms timed this way; two untimed builds go first, as a fresh worker's first build ran 10-30% slow).
-  Each pair's busy verify over its lone one is the verify's slowdown (the interference factor of this placement, about 1 for separate GPUs): taken seconds apart, the two see the
-  machine alike, where blocks minutes apart gave factors from 0.75 to 1.20 on one 2-core VM. The builds
-  give their cost against branches and context, as they are when SSD runs.
+  Each pair's busy verify over its lone one is the verify's slowdown (the interference factor of this
+  placement, about 1 for separate GPUs): taken seconds apart, the two see the machine alike, where blocks
+  minutes apart gave factors from 0.75 to 1.20 on one 2-core VM. The builds give their cost against
+  branches and context, as they are when SSD runs.
 
 Then the engine itself runs SSD for --link-tokens tokens on the prompt at the shortest context (K 1, one
 guess per outcome, the draft worker as SSD starts it): in the rounds that hit with a build shorter than the

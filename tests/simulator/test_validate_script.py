@@ -128,3 +128,35 @@ def test_the_lookups_rates_per_position_multiply_to_its_measured_all_accepted_sh
     proposed = [k for r in rows for i, k in enumerate(r.accepted) if not validate_ssd._draft_sourced(r, i)]
     assert float(np.prod(alphas)) == pytest.approx(sum(k == 4 for k in proposed) / len(proposed))
     assert alphas[0] < min(alphas[1:])
+
+
+def test_terms_show_each_forward_measured_beside_the_leveled_fit(tmp_path):
+    """--terms: per configuration, the medians of its rounds' verify, SD draft, SSD build and neural backup as
+    the bench recorded them, beside the leveled fit's for the same shapes; a term a system lacks is absent."""
+    rows = _run(tmp_path, "--terms")
+    b4 = next((STOP26 / "runs").glob("*-b4"))
+    records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
+    for row in (r for r in rows if r["run"] == b4.name):
+        system = row["configuration"].split()[0]
+        mine = [r for r in records if r["phase"] == "decode" and r["key"].startswith(f"{system} ")
+                and (system != "ssd" or f"B={r['key'].split('B=')[1].split()[0]} " in row["configuration"] + " ")]
+        want = {"ar": {"verify"}, "sd": {"verify", "draft"}, "ssd": {"verify", "cache_build", "backup"}}[system]
+        assert set(row["terms"]) == want, row["configuration"]
+        verify = row["terms"]["verify"]
+        assert verify["rounds"] == len(mine) == row["rounds"]
+        assert verify["measured"] == pytest.approx(np.median([r["verify_ms"] for r in mine]), abs=0.05)
+        if system == "ssd":
+            builds = [r["cache_build_ms"] for r in mine if r.get("cache_build_ms")]
+            assert row["terms"]["cache_build"]["measured"] == pytest.approx(np.median(builds), abs=0.05)
+        for term in row["terms"].values():
+            assert term["predicted"] > 0 and 0.5 < term["predicted"] / term["measured"] < 2
+
+
+def test_without_terms_the_table_is_the_same(tmp_path, capsys):
+    """The breakdown is extra output: the tokens/s rows are those of a run without it."""
+    plain = _run(tmp_path)
+    capsys.readouterr()
+    with_terms = _run(tmp_path, "--terms")
+    assert "per term" in capsys.readouterr().out
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "terms"} for r in rows]  # noqa: E731
+    assert strip(plain) == strip(with_terms)
