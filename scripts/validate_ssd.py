@@ -39,10 +39,10 @@ import numpy as np
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, Scenario, SimConfig, fit_timing, simulate
 from saguaro.commands.simulate import fit_all
 from saguaro.runfolder import RunDir
+from simulator.fit import sd_first_widths
 from simulator.hits import _draft_sourced, alpha_per_position, from_records
 from simulator.link import LinkSpec
 from simulator.records import parse_record, read_records
-from simulator.fit import sd_first_widths
 from simulator.scenario import AUTO, AUTO_K_MAX
 from simulator.workload import Lengths
 from theory.glossary import Backup, Strategy
