@@ -173,9 +173,10 @@ def terms(timing, rows: list) -> dict:
     branches, first width), and how many rounds; terms its rounds lack are left out. Where a configuration's
     tokens/s is off, this says which forward the fit has wrong."""
     pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    seen_by = {s: timing.for_strategy(s) for s in {r.strategy for r in rows}}  # SSD's verify with interference
     for r, width in zip(rows, sd_first_widths(rows)):
         b, K, c = r.batch_size, r.K, r.context_len
-        pairs["verify"].append((r.verify_ms, timing.for_strategy(r.strategy).verify_ms(b, K + 1, c)))
+        pairs["verify"].append((r.verify_ms, seen_by[r.strategy].verify_ms(b, K + 1, c)))
         if r.strategy is Strategy.SD and r.draft_ms > 0:
             pairs["draft"].append((r.draft_ms, timing.draft_ms(b, K, c, width)))
         if r.strategy is Strategy.SSD and r.cache_build_ms:
