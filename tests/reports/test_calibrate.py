@@ -200,3 +200,33 @@ def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, c
     assert summary["link"] == {"error": "RuntimeError: no port"}
     records = read_records(out)
     assert any(r.cache_build_ms for r in records) and all(r.prompt_index is None for r in records)
+
+
+def test_two_untimed_builds_go_before_the_first_timed_one_and_only_then(pair, tmp_path, monkeypatch):
+    """A fresh worker's first build runs slow: calibrate asks for two builds at the first shape and records
+    none of them; every timed build is one record (the budgets × repeats of the one point timed)."""
+    import saguaro.calibration as calibration
+    import saguaro.commands.calibrate as command
+
+    sent = []
+    start = command.start_worker
+
+    def spying(*a):  # calibrate's worker, its commands noted: `ask` (send, answer) untimed, `conn.send` timed
+        worker = start(*a)
+        send = worker.conn.send
+        worker.ask = lambda *cmd, **kw: (sent.append(("untimed", *cmd)), send(cmd), worker.recv(**kw))[-1]
+        worker.conn.send = lambda cmd: sent.append(("timed", *cmd)) or send(cmd)
+        return worker
+
+    target, draft = pair
+    monkeypatch.setattr(command, "start_worker", spying)
+    out = tmp_path / "warm.jsonl"
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
+                 "--batch", "1", "--context", "12", "--repeats", "2", "--prompt-ids", "1", "2", "3", "--dtype",
+                 "float32", "--link-tokens", "0", "--out", str(out)]) == 0
+    builds = [s for s in sent if s[1] == "build"]
+    assert calibration.WARM_BUILDS == 2
+    assert builds[:2] == [("untimed", "build", 1, 2)] * 2  # at the first shape: batch 1, the first budget
+    assert [s[0] for s in builds[2:]] == ["timed"] * 4  # then only timed ones: 2 budgets × 2 repeats
+    records = [r for r in read_records(out) if r.cache_build_ms]
+    assert sorted(r.branches for r in records) == [2, 2, 3, 3]
