@@ -44,6 +44,8 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
         add("pair, hardware", "none: the timing model below stands for them", "--timing / --fit")
         if isinstance(timing, FittedTiming):
             add("timing", "fitted to engine records", f"measured: {' '.join(args.fit)}")
+            if timing.build_level:
+                add("build level", timing.build_level_text(), f"measured: {' '.join(args.fit)}")
             if timing.levels:
                 add("timing level", timing.level_text(), f"measured: {' '.join(args.level)}")
         else:

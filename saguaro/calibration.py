@@ -337,39 +337,85 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
 LINK_SPEC = dict(K=1, fanout=(1, 1))  # the link rounds' SSD: its builds (two branches, one step) fit in a verify
 
 
-def link_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]:
-    """The engine's own SSD decode rounds (JSONL dicts) on `prompt` and what they say of the link: the median wait of
-    the rounds `simulator.fit.link_waits` counts (every row hit, the build inside the verify: the target waited
-    for the link and the worker's answer only; the fit halves it, a message each way). The draft worker is started as
+def _engine_ssd(args, config, llm, spec, batches: list[list[list[int]]], tokens: int,
+                warmup: int = 0) -> list[list[dict]]:
+    """Per batch of prompts, the decode rounds (JSONL dicts) of the engine's own SSD with `spec`, `tokens` new
+    tokens a prompt, one draft worker for all; its prefills are not calibrated ones. `warmup` > 0: first that many
+    tokens on the first batch, not kept (a fresh worker's first builds run slow). The draft worker is started as
     SSD starts it, with `llm`'s target; torch's thread count is restored after (the engine sets its own)."""
     import torch
 
     from engine import LLM
-    from engine.config import DraftPlacement, SpeculativeConfig
     from engine.sampling_params import SamplingParams
 
-    spec = SpeculativeConfig(**LINK_SPEC, placement=DraftPlacement(draft_threads=args.draft_threads))
     threads = torch.get_num_threads()
+    runs = []
     try:
         with LLM(llm.target, str(args.draft), strategy="ssd", speculative=spec, tokenizer=llm.tokenizer,
                  dtype=args.dtype, draft_int8=config.draft_int8, draft_quant=config.draft_quant,
                  quant_group_size=config.quant_group_size, draft_head_quant=config.draft_head_quant,
                  cache_dir=args.cache) as ssd:
-            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.link_tokens,
-                                    stop_on_eos=False, seed=0)
-            generation = ssd.generate([prompt], params)
+            sampling = lambda n: SamplingParams(temperature=args.temperature, max_new_tokens=n,  # noqa: E731
+                                                stop_on_eos=False, seed=0)
+            if warmup:
+                ssd.generate(batches[0], sampling(warmup))
+            runs = [ssd.generate(prompts, sampling(tokens)) for prompts in batches]
     finally:
         torch.set_num_threads(threads)
+    rounds = [[json.loads(r.to_json()) for r in generation.metrics.rounds] for generation in runs]
+    return [[r for r in run if r.get("phase", "decode") == "decode"] for run in rounds]
+
+
+def link_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]:
+    """The engine's own SSD decode rounds (JSONL dicts) on `prompt` and what they say of the link: the median wait of
+    the rounds `simulator.fit.link_waits` counts (every row hit, the build inside the verify: the target waited
+    for the link and the worker's answer only; the fit halves it, a message each way)."""
+    from engine.config import DraftPlacement, SpeculativeConfig
     from simulator.fit import link_waits
     from simulator.records import parse_record
 
-    rounds = [json.loads(r.to_json()) for r in generation.metrics.rounds]
-    decode = [r for r in rounds if r.get("phase", "decode") == "decode"]  # its prefill is not a calibrated one
+    spec = SpeculativeConfig(**LINK_SPEC, placement=DraftPlacement(draft_threads=args.draft_threads))
+    (decode,) = _engine_ssd(args, config, llm, spec, [[prompt]], args.link_tokens)
     waits = link_waits([parse_record(r, "the link rounds") for r in decode])  # the rule the fit's link uses
     return decode, {"rounds": len(decode), "hits_timed": len(waits),
                     "hit_wait_ms": round(statistics.median(waits), 3) if waits else None,
                     "verify_ms": round(statistics.median(r["verify_ms"] for r in decode), 2) if decode else None,
                     "spec": {"K": LINK_SPEC["K"], "fanout": list(LINK_SPEC["fanout"])}}
+
+
+def level_budget(budgets: list[int]) -> int:
+    """The budget the build-level rounds run at: the middle one of --budget (the lower of the two middle ones)."""
+    ordered = sorted(set(budgets))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+BUILD_WARMUP_TOKENS = 8  # generated first and not kept: a fresh worker's first builds run slow (WARM_BUILDS)
+
+
+def build_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]:
+    """The engine's own SSD at the calibration's K, `level_budget` branches a row (uniform fan-out, neural backup)
+    and each --batch size, --build-tokens new tokens a row: its decode rounds (JSONL dicts marked level "build")
+    and their build times by batch size. Their builds are the engine's, of the shapes the workload runs, and
+    level the fit's (`simulator.fit`: build_level). One draft worker runs every batch size, after a few tokens
+    not kept. A batch's rows are the prompt less 0, 1, 2, ... of its last tokens, so that they differ in length
+    as a real batch's do."""
+    from engine.config import DraftPlacement, FanoutSchedule, SpeculativeConfig
+    from theory.glossary import Backup
+
+    budget = level_budget(args.budget)
+    spec = SpeculativeConfig(K=args.K, schedule=FanoutSchedule.UNIFORM, budget=budget, backup=Backup.NEURAL,
+                             placement=DraftPlacement(draft_threads=args.draft_threads))
+    batches = sorted(set(args.batch))
+    runs = _engine_ssd(args, config, llm, spec, [[prompt[: len(prompt) - i] for i in range(b)] for b in batches],
+                       args.build_tokens, warmup=BUILD_WARMUP_TOKENS)
+    records = [dict(r, level="build") for run in runs for r in run]
+    builds: dict[str, float | None] = {}
+    for b in batches:  # by the rounds' batch size, as the fit levels (a row that finished first leaves the batch)
+        own = [r["cache_build_ms"] for r in records if r["batch_size"] == b and r.get("cache_build_ms")
+               and r.get("branches") == b * budget]
+        builds[str(b)] = round(statistics.median(own), 2) if own else None
+    return records, {"K": args.K, "budget": budget, "tokens": args.build_tokens, "rounds": len(records),
+                     "build_ms": builds}
 
 
 def fit_summary(path: Path) -> dict:
@@ -394,7 +440,8 @@ def fit_summary(path: Path) -> dict:
             "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),
                                  "sd_draft": r(f.draft_ms(4, 4, 300)) if f.draft else None,
                                  "build_32": r(f.cache_build_ms(4, 4, 32, 300)) if f.draft else None,
-                                 "build_64": r(f.cache_build_ms(4, 4, 64, 300)) if f.draft else None}}
+                                 "build_64": r(f.cache_build_ms(4, 4, 64, 300)) if f.draft else None},
+            "build_level": [[b, r(x)] for b, x in f.build_level]}
 
 
 def start_worker(recipe, threads: int, ids: list[int], K: int, temperature: float = 0.0) -> _Worker:

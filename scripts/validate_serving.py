@@ -200,8 +200,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="the server predates SSD's Prefill message (its worker prefilled joiners after the target)")
     p.add_argument("--terms", action="store_true",
                    help="also compare the server's rounds, term by term, with the fit (median per batch size)")
+    p.add_argument("--build-level", action="store_true",
+                   help="scale the fit's builds to the calibration's engine build rounds (saguaro calibrate "
+                        "--build-tokens): an experiment, worse on stop 32's runs (simulator.fit)")
     args = p.parse_args(argv)
     timing = fit_all([str(args.calibration)])
+    if args.build_level:
+        try:
+            timing = timing.with_build_level()
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     sd_rows = reference_sd(args.sd_run, args.temperature)
     if not args.no_level:
         timing = timing.leveled(sd_rows)
@@ -227,12 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{sum(e <= TOLERANCE for e in errors)} of {len(errors)} figures within {TOLERANCE:.0%}; "
           f"median |error| {np.median(errors):.1%}; policy {policy.strategy.value} K={policy.K}"
           + (f" F={'-'.join(map(str, policy.fanout))} {policy.backup.value}" if policy.fanout else "")
-          + f"; ssd_verify_factor {timing.ssd_verify_factor:.3f}")
+          + f"; ssd_verify_factor {timing.ssd_verify_factor:.3f}"
+          + (f"; {timing.build_level_text()}" if timing.build_level else ""))
     if args.terms:
         print("\nThe server's rounds against the fit, median per batch size (ms, measured / predicted):\n")
         print("\n".join(term_table(timing, read_records(args.server_rounds))))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "policy": str(policy), "levels": timing.levels}, indent=1)
+        args.json.write_text(json.dumps({"rows": rows, "policy": str(policy), "levels": timing.levels,
+                                         "build_level": timing.build_level,
+                                         "build_level_applied": bool(timing.build_scale)}, indent=1)
                              + "\n")
     return 0
 

@@ -79,10 +79,10 @@ def lookup_alphas(rows: list) -> tuple[float, ...] | None:
     return tuple(alphas) if alphas and all(np.isfinite(alphas)) else None
 
 
-def calibrations_by_temperature(paths: list[Path]) -> dict[float, tuple[Path, object]]:
+def calibrations_by_temperature(paths: list[Path], build_level: bool = False) -> dict[float, tuple[Path, object]]:
     """temperature -> (path, its fitted timing), the temperature from the calibration's .summary.json
     (`saguaro calibrate --temperature`; one written before that option is greedy). ValueError on two at one
-    temperature."""
+    temperature, or with `build_level` on one without the engine's build rounds (`FittedTiming.with_build_level`)."""
     found: dict[float, tuple[Path, object]] = {}
     for path in paths:
         summary = path.with_suffix(".summary.json")
@@ -91,7 +91,8 @@ def calibrations_by_temperature(paths: list[Path]) -> dict[float, tuple[Path, ob
         if temperature in found:
             raise ValueError(f"{found[temperature][0]} and {path} are both calibrations at T = {temperature:g}: "
                              f"give one per temperature")
-        found[temperature] = (path, fit_all([str(path)]))
+        timing = fit_all([str(path)])
+        found[temperature] = (path, timing.with_build_level() if build_level else timing)
     return found
 
 
@@ -219,10 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--terms", action="store_true",
                    help="also compare each configuration's rounds term by term (verify, draft, cache build, backup: "
                         "median measured / predicted, ms) with its leveled fit")
+    p.add_argument("--build-level", action="store_true",
+                   help="scale the fit's builds to the calibration's engine build rounds (saguaro calibrate "
+                        "--build-tokens): an experiment, worse on stop 32's runs (simulator.fit)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     try:
-        calibrations = calibrations_by_temperature(args.calibration)  # each with its fast backups (.summary.json)
+        # each with its fast backups (.summary.json)
+        calibrations = calibrations_by_temperature(args.calibration, args.build_level)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -317,10 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     for temperature, (path, timing) in sorted(calibrations.items()):
         print(f"timing fitted on {path} (T = {temperature:g}): ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
               f"link {timing.link_latency_ms:.2f} ms, fit errors "
-              f"{json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}")
+              f"{json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}"
+              + (f"; {timing.build_level_text()}" if timing.build_level else ""))
     if args.json:
         fits = {f"{t:g}": {"calibration": str(path), "ssd_verify_factor": timing.ssd_verify_factor,
-                           "fit_errors": timing.errors} for t, (path, timing) in calibrations.items()}
+                           "fit_errors": timing.errors, "build_level": timing.build_level,
+                           "build_level_applied": bool(timing.build_scale)}
+                for t, (path, timing) in calibrations.items()}
         args.json.write_text(json.dumps({"rows": table, "calibrations": fits,
                                          "levels": {f"{t:g}": v for t, v in levels.items()}}, indent=1) + "\n")
     return 0

@@ -79,6 +79,18 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   that close, it is as likely the fit's shape at the run's K as the machine (a run at the calibration's level
   measured 0.97 and 0.96 against its SD K 5 rounds, and applied, that moved five of its six SSD predictions
   4-5 points further off);
+- the build level (measured, applied only on request): `saguaro calibrate` times its builds with its own harness
+  (a build of random guesses over a copy of the prompt's KV, one verify beside it), and on this 2-core VM the
+  engine's own builds of the same shape have run 12-37% cheaper within minutes (batch 1, K 4, 8 branches,
+  context 150: 422 and 350 ms in the calibrations before and after, 311 in the engine's SSD between them).
+  `saguaro calibrate --build-tokens N` ends with the engine's own SSD at the workload's K and a budget, at each
+  batch size, its rounds marked level "build"; `build_level` is, per batch size, their total build time over
+  the fitted line's at their shapes (rounds whose cache was built for their own batch). Those rounds inform
+  nothing else. `with_build_level()` scales the line by it (linear in the batch between the sizes measured,
+  held beyond). It is not applied by default: on stop 32's held-out runs (an hour of runs, the calibration
+  after them) it measured ×0.88, ×0.91 and ×1.07 at batch 1, 4 and 8, and applied, it put 11 of 21 engine
+  rows within 10% instead of 16 and 8 of 20 served figures within 15% instead of 14: the builds of those
+  runs cost what the harness said, not what the engine's rounds at the end of the calibration cost;
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
   memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
   any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
@@ -150,6 +162,8 @@ class FittedTiming:
     levels: dict = field(default_factory=dict)  # `leveled`: "target", "draft" applied, "measured", "rounds"
     verify_knee: tuple[float, float] | None = None  # (R, v_below): rows up to R cost v_below each (see above)
     draft_call: float = 0.0  # p_call: a draft proposal's own cost beyond its forwards (see above)
+    build_level: tuple[tuple[int, float], ...] = ()  # (batch, the engine's builds over the line's): measured
+    build_scale: tuple[tuple[int, float], ...] = ()  # the build level as applied (`with_build_level`): () = none
 
     def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> "FittedTiming":
         """This fit at the level of an SD run's rounds: the target's forwards scaled by the run's total verify
@@ -190,6 +204,22 @@ class FittedTiming:
                 f"×{measured['target']:.3f}, ×{measured['draft']:.3f} over {applied['rounds']} SD rounds; within "
                 f"{LEVEL_DEAD_BAND:.0%} of 1 left at 1)")
 
+    def with_build_level(self) -> "FittedTiming":
+        """This fit with its cache builds scaled to the engine's build rounds (`build_level`, module docstring).
+        ValueError without them."""
+        if not self.build_level:
+            raise ValueError("these records hold no engine build rounds to level the builds: calibrate with "
+                             "saguaro calibrate --build-tokens N")
+        return replace(self, build_scale=self.build_level)
+
+    def build_level_text(self) -> str:
+        """The build level by batch size, in one line for a report ("" without the engine's build rounds)."""
+        if not self.build_level:
+            return ""
+        levels = ", ".join(f"×{x:.3f} at batch {b}" for b, x in self.build_level)
+        return (f"builds: the engine's over the line's {levels} ({self.counts.get('build_level', 0)} rounds), "
+                + ("applied" if self.build_scale else "not applied"))
+
     def _target(self, rows: int, kv: int) -> float:
         return _verify_time(self.verify, self.verify_knee, rows, kv)
 
@@ -225,12 +255,23 @@ class FittedTiming:
                 + (K - 1) * self._draft(batch, batch * context))
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
+        return self._build_line(batch, K, branches, context) * self.build_level_at(batch)
+
+    def _build_line(self, batch: int, K: int, branches: int, context: int) -> float:
         steps = (self.draft_call + self._draft(batch * (K + 1), batch * context)
                  + K * self._draft(branches, batch * context))
         if self.build is None:
             return steps
         s, *extra = self.build
         return s * steps + sum(c * x for c, x in zip(extra, _build_terms(K, branches, context)))
+
+    def build_level_at(self, batch: int) -> float:
+        """The applied build level at `batch`: linear between the batch sizes measured, held beyond them, 1 when
+        none is applied (module docstring)."""
+        if not self.build_scale:
+            return 1.0
+        batches, ratios = zip(*self.build_scale)
+        return float(np.interp(batch, batches, ratios))
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
@@ -377,6 +418,8 @@ def _fit_prefill(prefills: list[RoundRecord], ms: list[float]) -> tuple[tuple[fl
 
 def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     """Fit every part the records inform. ValueError if there is nothing to fit the verifier from."""
+    leveling = _builds([r for r in records if r.is_decode and r.level == "build"])
+    records = [r for r in records if r.level is None]  # the build-level rounds inform the level only
     decode = [r for r in records if r.is_decode]
     prefill = [r for r in records if not r.is_decode]
     if len(decode) < 3:
@@ -430,6 +473,10 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
             [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len),
               *_build_terms(r.K, r.branches, r.context_len)] for r in builds], [r.cache_build_ms for r in builds])
         counts["build"] = len(builds)
+    build_level, leveled_rounds = _build_level(FittedTiming(verify=verify, draft=draft, draft_call=draft_call,
+                                                            build=build), leveling)
+    if build_level:
+        counts["build_level"] = leveled_rounds
     prefill_target = prefill_draft = None
     attention = [0.0, 0.0]
     if len(prefill) >= 2:
@@ -466,5 +513,25 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         verify=verify, verify_knee=knee, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft,
         prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=tuple(attention),
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
-        build=build, errors=errors, counts=counts, draft_call=draft_call,
+        build=build, errors=errors, counts=counts, draft_call=draft_call, build_level=build_level,
     )
+
+
+BUILD_LEVEL_ROUNDS = 3  # engine rounds a batch size needs for its build level
+
+
+def _build_level(fitted: FittedTiming, rounds: list[RoundRecord]) -> tuple[tuple[tuple[int, float], ...], int]:
+    """Per batch size, the engine's total build time over the fitted line's at the same shapes (module docstring),
+    and how many rounds that took. Only rounds whose looked-up cache was built for the round's own batch count (its
+    branches the batch times the fan-out's sum): a round that a sequence joined, or after one finished, reports the
+    build of another batch."""
+    if fitted.draft is None or fitted.build is None:
+        return (), 0
+    levels, used = [], 0
+    for b in sorted({r.batch_size for r in rounds}):
+        at = [r for r in rounds if r.batch_size == b and r.fanout and r.branches == b * sum(r.fanout)]
+        if len(at) >= BUILD_LEVEL_ROUNDS:
+            predicted = sum(fitted.cache_build_ms(b, r.K, r.branches, r.context_len) for r in at)
+            levels.append((b, sum(r.cache_build_ms for r in at) / predicted))
+            used += len(at)
+    return tuple(levels), used

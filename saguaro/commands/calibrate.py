@@ -34,8 +34,14 @@ guess per outcome, the draft worker as SSD starts it): in the rounds that hit wi
 verify, the target's wait is the link both ways and the worker's answer (its lookup, the message, the target
 decoding it), which no timed forward shows: 2.3-3.5 ms a round for the default and the int4 pair on this
 2-core VM, as in their bench rounds, where the simulator had 0. Those rounds are written with the rest (real
-rounds: the fit's link comes from them). Should the engine's SSD fail there, the timed points are written
-all the same, without a link.
+rounds: the fit's link comes from them). With --build-tokens N, the engine's SSD then runs at the
+calibration's K and middle --budget (uniform fan-out, neural backup) at each --batch size for N tokens a row,
+on the same prompt (a batch's rows a token shorter each), and its rounds are written too, marked level
+"build": the fit measures their builds against its build line, per batch size (`simulator.fit`: the build
+level; `validate_ssd.py --build-level` applies it). An experiment, off by default: the harness's builds ran
+12-37% dearer than the engine's within minutes on this 2-core VM, but on stop 32's held-out runs the level
+made the predictions worse. Should the engine's SSD fail in either run, the timed points are written all the
+same, without a link or a build level.
 
 The records go to --out (JSONL, the engine's round-record schema, one record per timed forward or pair):
 pass them to `saguaro simulate --fit` (alone, or with an SD run's records). Their accepted counts are not
@@ -52,8 +58,8 @@ import sys
 import time
 from pathlib import Path
 
-from saguaro.calibration import (cpu_model, fast_backup_ms, fit_summary, link_rounds, long_prompt, measure,
-                                 start_worker)
+from saguaro.calibration import (build_rounds, cpu_model, fast_backup_ms, fit_summary, level_budget, link_rounds,
+                                 long_prompt, measure, start_worker)
 from saguaro.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET, add_quant_flags, quant_kwargs
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
@@ -84,6 +90,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="tokens the engine's own SSD generates at the end (K 1, one guess per outcome) to time "
                         "the wait of a round that hit: the link both ways and the worker's answer, which the "
                         "timed forwards cannot show (default 48; 0: skip, the fit's link is then 0)")
+    p.add_argument("--build-tokens", type=int, default=0,
+                   help="tokens a row the engine's own SSD generates at the end, at K, the middle --budget and each "
+                        "--batch, whose cache builds the fit measures against its own (an experiment; about 20 s a "
+                        "batch size for 32 tokens here; default 0: skip)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
@@ -113,6 +123,8 @@ def _check(args) -> None:
         raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
     if args.link_tokens < 0:
         raise ValueError(f"--link-tokens must be >= 0 (0: skip the engine's rounds); got {args.link_tokens}")
+    if args.build_tokens < 0:
+        raise ValueError(f"--build-tokens must be >= 0 (0: skip the engine's build rounds); got {args.build_tokens}")
     if args.threads < 1 or args.draft_threads < 1:
         raise ValueError("--threads and --draft-threads must be >= 1")
     if args.out.exists() and args.out.is_dir():
@@ -179,6 +191,18 @@ def run(args) -> int:
                 say(f"the engine's SSD at K 1, {link['rounds']} rounds: " + (
                     f"{link['hits_timed']} hit with the build inside the verify, waiting {link['hit_wait_ms']} ms"
                     if link["hits_timed"] else "none hit with the build inside the verify: the link is not timed"))
+        if args.build_tokens:
+            batches = " ".join(map(str, sorted(set(args.batch))))
+            say(f"the engine's own SSD (K {args.K}, budget {level_budget(args.budget)}, batch {batches}) for "
+                f"{args.build_tokens} tokens a row, to level the builds")
+            try:
+                rounds, summary["build_level"] = build_rounds(args, config, llm, ids[:min(args.context)])
+            except Exception as err:  # noqa: BLE001  an extra, as the link rounds are
+                rounds, summary["build_level"] = [], {"error": f"{type(err).__name__}: {err}"}
+                say(f"the engine's SSD build rounds failed ({type(err).__name__}: {err}): the builds are not leveled")
+            records += rounds
+            if rounds:
+                say(f"the engine's builds, median ms by batch size: {summary['build_level']['build_ms']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab)
@@ -191,7 +215,8 @@ def run(args) -> int:
                          "threads": args.threads, "draft_threads": args.draft_threads,
                          "K": args.K, "temperature": args.temperature, "budgets": args.budget,
                          "batches": args.batch, "contexts": args.context,
-                         "repeats": args.repeats, "link_tokens": args.link_tokens, "cpu": cpu_model(),
+                         "repeats": args.repeats, "link_tokens": args.link_tokens,
+                         "build_tokens": args.build_tokens, "cpu": cpu_model(),
                          "torch": __import__("torch").__version__,
                          "ragged_rows": True}  # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()

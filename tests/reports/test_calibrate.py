@@ -24,7 +24,7 @@ def calibrated(pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("calib") / "calib.jsonl"
     argv = ["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
             "--batch", "1", "2", "--context", "12", "40", "--repeats", "2", "--prompt-ids", "1", "2", "3", "4",
-            "5", "6", "7", "--dtype", "float32", "--link-tokens", "24", "--out", str(out)]
+            "5", "6", "7", "--dtype", "float32", "--link-tokens", "24", "--build-tokens", "32", "--out", str(out)]
     assert main(argv) == 0
     return out
 
@@ -80,7 +80,7 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
 def test_the_engines_own_ssd_rounds_come_last(calibrated):
     """--link-tokens: the engine's SSD at K 1, one guess per outcome, on the calibration's prompt; its decode
     rounds are written with the timed points, and the summary says what their hits waited."""
-    engine = [r for r in read_records(calibrated) if r.prompt_index is not None]
+    engine = [r for r in read_records(calibrated) if r.prompt_index is not None and r.level is None]
     link = json.loads(calibrated.with_suffix(".summary.json").read_text())["link"]
     assert engine and len(engine) == link["rounds"] and all(r.is_decode for r in engine)
     assert all(r.strategy.value == "ssd" and r.K == 1 for r in engine)
@@ -91,10 +91,36 @@ def test_the_engines_own_ssd_rounds_come_last(calibrated):
     assert link["hit_wait_ms"] == pytest.approx(want, abs=2e-3) if timed else link["hit_wait_ms"] is None
 
 
+def test_the_engines_build_rounds_level_the_builds(calibrated):
+    """--build-tokens: the engine's SSD at K, the middle budget (2 of 2 and 3: the lower middle) and each batch
+    size, marked level "build"; the summary gives their builds' medians and the fit their level by batch."""
+    records = read_records(calibrated)
+    level = [r for r in records if r.level == "build"]
+    summary = json.loads(calibrated.with_suffix(".summary.json").read_text())
+    assert summary["build_level"]["rounds"] == len(level) and summary["build_level"]["budget"] == 2
+    assert summary["inputs"]["build_tokens"] == 32
+    assert all(r.is_decode and r.strategy.value == "ssd" and r.K == 2 and r.prompt_index is not None for r in level)
+    for b in (1, 2):
+        own = [r for r in level if r.batch_size == b and r.branches == 2 * b and r.cache_build_ms]
+        assert len(own) >= 3
+        assert all(sum(r.fanout) == 2 for r in own)
+        assert summary["build_level"]["build_ms"][str(b)] == pytest.approx(
+            statistics.median(r.cache_build_ms for r in own), abs=0.01)
+    assert {r.prompt_index for r in level if r.batch_size == 2} == {(0, 1)}  # the batch of two holds both prompts
+    fitted = fit_timing(records)
+    assert [b for b, _ in fitted.build_level] == [1, 2] and all(x > 0 for _, x in fitted.build_level)
+    assert [b for b, _ in summary["fit"]["build_level"]] == [1, 2]
+    line = fit_timing([r for r in records if r.level is None])  # the level is all the rounds change
+    assert line.build == fitted.build and line.build_level == ()
+    assert fitted.cache_build_ms(1, 2, 2, 30) == line.cache_build_ms(1, 2, 2, 30)  # measured, not applied
+    ratio = fitted.with_build_level().cache_build_ms(1, 2, 2, 30) / line.cache_build_ms(1, 2, 2, 30)
+    assert ratio == pytest.approx(fitted.build_level[0][1])
+
+
 def test_the_records_fit_and_simulate(calibrated):
     records = read_records(calibrated)
     fitted = fit_timing(records)
-    assert fitted.counts["ssd_verify"] == sum(r.strategy.value == "ssd" for r in records)
+    assert fitted.counts["ssd_verify"] == sum(r.strategy.value == "ssd" and r.level is None for r in records)
     assert fitted.ssd_verify_factor > 0 and fitted.build is not None and fitted.prefill_target is not None
     # simulate --fit reads the fast backups' times from the summary beside the records
     assert main(["simulate", "--fit", str(calibrated), "--strategy", "ssd", "--backup", "random", "--K", "2",
@@ -109,6 +135,7 @@ def test_the_records_fit_and_simulate(calibrated):
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--temperature", "-0.5"], "--temperature must be >= 0"),
     (["--link-tokens", "-1"], "--link-tokens must be >= 0"),
+    (["--build-tokens", "-1"], "--build-tokens must be >= 0"),
 ])
 def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "x.jsonl"), *flags]) == 2
@@ -126,6 +153,7 @@ def test_a_calibration_at_the_workloads_temperature(pair, tmp_path):
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["inputs"]["temperature"] == 0.7 and summary["settings"]["temperature"] == 0.7
     records = read_records(out)
+    assert "build_level" not in summary and all(r.level is None for r in records)  # --build-tokens is opt-in
     assert {r.strategy.value for r in records if r.is_decode} == {"ar", "sd", "ssd"}
     assert any(r.cache_build_ms for r in records) and any(r.draft_ms > 0 for r in records if r.is_decode)
 
@@ -183,21 +211,25 @@ def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatc
 
 def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, capsys):
     """The engine's SSD rounds come after minutes of timed points: if they fail, those are written all the
-    same, and the summary says why the link is missing."""
+    same, and the summary says why the link and the build level are missing."""
     import saguaro.commands.calibrate as command
 
     def fail(*args, **kwargs):
         raise RuntimeError("no port")
 
     monkeypatch.setattr(command, "link_rounds", fail)
+    monkeypatch.setattr(command, "build_rounds", fail)
     target, draft = pair
     out = tmp_path / "kept.jsonl"
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
                  "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--out", str(out)]) == 0
-    assert "the engine's SSD rounds failed (RuntimeError: no port)" in capsys.readouterr().err
+                 "float32", "--build-tokens", "8", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "the engine's SSD rounds failed (RuntimeError: no port)" in err
+    assert "the engine's SSD build rounds failed (RuntimeError: no port): the builds are not leveled" in err
     summary = json.loads(out.with_suffix(".summary.json").read_text())
-    assert summary["link"] == {"error": "RuntimeError: no port"}
+    assert summary["link"] == summary["build_level"] == {"error": "RuntimeError: no port"}
+    assert summary["fit"]["build_level"] == []
     records = read_records(out)
     assert any(r.cache_build_ms for r in records) and all(r.prompt_index is None for r in records)
 
@@ -223,7 +255,7 @@ def test_two_untimed_builds_go_before_the_first_timed_one_and_only_then(pair, tm
     out = tmp_path / "warm.jsonl"
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
                  "--batch", "1", "--context", "12", "--repeats", "2", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--link-tokens", "0", "--out", str(out)]) == 0
+                 "float32", "--link-tokens", "0", "--build-tokens", "0", "--out", str(out)]) == 0
     builds = [s for s in sent if s[1] == "build"]
     assert calibration.WARM_BUILDS == 2
     assert builds[:2] == [("untimed", "build", 1, 2)] * 2  # at the first shape: batch 1, the first budget

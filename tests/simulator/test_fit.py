@@ -561,3 +561,53 @@ def test_the_level_counts_a_runs_slow_rounds_as_its_tokens_per_s_does():
 
     per_round = np.median([r.verify_ms / calib.verify_ms(1, 6, r.context_len) for r in steady + slow])
     assert per_round == pytest.approx(1.0)  # the former rule: no level at all
+
+
+def _engine_builds(b, scale, contexts=(70, 80, 90, 100), B=8, K=4, joined=False):
+    """The engine's SSD rounds at batch b as `saguaro calibrate` marks them (level "build"), their builds `scale`
+    times the true line's; `joined`: rounds a sequence joined, reporting the build of one row fewer."""
+    rows = b - 1 if joined else b
+    return [_point("ssd", b, c, K=K, round=i + 2, verify_ms=300.0, round_ms=340.0, draft_ms=40.0, hit=[True] * b,
+                   cache_build_ms=scale * _true_build(b, K, rows * B, c), branches=rows * B, backup=None, wait_ms=40.0,
+                   fanout=[2, 2, 2, 1, 1], prompt_index=list(range(b)), level="build")
+            for i, c in enumerate(contexts)]
+
+
+def test_the_engines_build_rounds_level_the_build_line_by_batch():
+    """Engine builds at 0.8 times the calibration's line at batch 1 and 1.2 times at batch 4: the build level is
+    each batch's ratio of totals, measured always and applied on request (linear in between, held beyond), and
+    nothing else in the fit moves."""
+    calib = _spanning([64, 512])
+    plain = fit_timing(calib)
+    engine = _engine_builds(1, 0.8) + _engine_builds(4, 1.2)
+    measured = fit_timing(calib + _records(engine))
+    assert [b for b, _ in measured.build_level] == [1, 4]
+    assert [x for _, x in measured.build_level] == pytest.approx([0.8, 1.2])
+    assert measured.counts["build_level"] == len(engine)
+    assert measured.cache_build_ms(1, 4, 8, 300) == pytest.approx(_true_build(1, 4, 8, 300))  # not applied
+    assert measured.build_level_text().endswith("not applied")
+    fitted = measured.with_build_level()
+    assert fitted.build_level_text().endswith(", applied") and "×0.800 at batch 1" in fitted.build_level_text()
+    assert fitted.cache_build_ms(1, 4, 8, 300) == pytest.approx(0.8 * _true_build(1, 4, 8, 300))
+    assert fitted.cache_build_ms(2, 4, 16, 300) == pytest.approx((0.8 + 0.4 / 3) * _true_build(2, 4, 16, 300))
+    assert fitted.cache_build_ms(8, 4, 64, 300) == pytest.approx(1.2 * _true_build(8, 4, 64, 300))
+    for name in ("verify", "draft", "build", "ssd_verify_factor", "overhead", "link_latency_ms", "backup"):
+        assert getattr(fitted, name) == getattr(plain, name), name  # the level rounds inform the level only
+    assert plain.build_level == () and plain.build_level_at(4) == 1.0 and plain.build_level_text() == ""
+    with pytest.raises(ValueError, match="--build-tokens"):
+        plain.with_build_level()
+    # the SD level scales the leveled builds by the draft's ratio on top
+    leveled = fitted.leveled(_sd_run(draft=1.5))
+    assert leveled.cache_build_ms(1, 4, 8, 300) == pytest.approx(
+        0.8 * leveled.levels["draft"] * _true_build(1, 4, 8, 300))
+
+
+def test_rounds_reporting_another_batchs_build_do_not_level():
+    """A round that a sequence joined looked up the cache built for the batch before it: its branches are not its
+    batch times the fan-out, so it does not count; nor does a batch size with fewer than three rounds."""
+    calib = _spanning([64, 512])
+    fitted = fit_timing(calib + _records(_engine_builds(1, 0.8) + _engine_builds(2, 3.0, joined=True)))
+    assert len(fitted.build_level) == 1 and fitted.build_level[0] == (1, pytest.approx(0.8))
+    assert fitted.counts["build_level"] == 4  # the rounds it used
+    few = fit_timing(calib + _records(_engine_builds(1, 0.8, contexts=(70, 80))))
+    assert few.build_level == () and "build_level" not in few.counts

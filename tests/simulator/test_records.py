@@ -32,8 +32,15 @@ def test_parses_an_ssd_round():
     assert record.hit == (True, False) and record.fanout == (3, 3, 2, 2, 2) and record.branches == 24
 
 
+def test_a_calibrations_build_level_rounds_are_marked():
+    """`saguaro calibrate` marks the engine's rounds that level the builds; the engine's own rounds carry no mark."""
+    assert parse_record({**SSD_ROUND, "level": "build"}).level == "build"
+    assert parse_record(SSD_ROUND).level is None and parse_record({**SSD_ROUND, "level": None}).level is None
+
+
 @pytest.mark.parametrize("change, message", [
     ({"strategy": "tree"}, "strategy must be one of ar, sd, ssd"),
+    ({"level": "verify"}, "'level' must be \"build\""),
     ({"verify_ms": None}, "missing field 'verify_ms'"),
     ({"round_ms": "fast"}, "'round_ms' must be a number"),
     ({"batch_size": 0}, "'batch_size' must be >= 1"),
