@@ -160,3 +160,24 @@ def test_without_terms_the_table_is_the_same(tmp_path, capsys):
     assert "per term" in capsys.readouterr().out
     strip = lambda rows: [{k: v for k, v in r.items() if k != "terms"} for r in rows]  # noqa: E731
     assert strip(plain) == strip(with_terms)
+
+
+def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build_rounds(tmp_path, capsys):
+    """--build-level (an experiment): stop 32's calibration holds the engine's build rounds; applied, the SSD rows'
+    builds and so their predictions move and nothing else does. A calibration without them: one line, exit 2."""
+    with_rounds = (ROOT / "reports" / "cpu-default-pair-validation" / "stop32" / "runs" / "calibration.jsonl",)
+    plain = _run(tmp_path, "--terms", calibrations=with_rounds)
+    leveled = _run(tmp_path, "--terms", "--build-level", calibrations=with_rounds)
+    assert [r["configuration"] for r in plain] == [r["configuration"] for r in leveled]
+    for a, b in zip(plain, leveled):
+        if a["configuration"].startswith("ssd"):
+            assert a["predicted"] != b["predicted"]
+            assert a["terms"]["cache_build"]["predicted"] != b["terms"]["cache_build"]["predicted"]
+            assert a["terms"]["verify"] == b["terms"]["verify"]
+        else:
+            assert a["predicted"] == b["predicted"]
+    folders = [next((STOP26 / "runs").glob("*-k5ref"))]
+    code = validate_ssd.main([*map(str, folders), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
+                              "--build-level"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no engine build rounds" in err and "Traceback" not in err
