@@ -194,12 +194,12 @@ def run(args) -> int:
         if args.build_tokens:
             batches = " ".join(map(str, sorted(set(args.batch))))
             say(f"the engine's own SSD (K {args.K}, budget {level_budget(args.budget)}, batch {batches}) for "
-                f"{args.build_tokens} tokens a row, to level the builds")
+                f"{args.build_tokens} tokens a row, to measure its builds against the calibration's")
             try:
                 rounds, summary["build_level"] = build_rounds(args, config, llm, ids[:min(args.context)])
             except Exception as err:  # noqa: BLE001  an extra, as the link rounds are
                 rounds, summary["build_level"] = [], {"error": f"{type(err).__name__}: {err}"}
-                say(f"the engine's SSD build rounds failed ({type(err).__name__}: {err}): the builds are not leveled")
+                say(f"the engine's SSD build rounds failed ({type(err).__name__}: {err}): no build level is measured")
             records += rounds
             if rounds:
                 say(f"the engine's builds, median ms by batch size: {summary['build_level']['build_ms']}")

@@ -226,7 +226,7 @@ def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, c
                  "float32", "--build-tokens", "8", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "the engine's SSD rounds failed (RuntimeError: no port)" in err
-    assert "the engine's SSD build rounds failed (RuntimeError: no port): the builds are not leveled" in err
+    assert "the engine's SSD build rounds failed (RuntimeError: no port): no build level is measured" in err
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["link"] == summary["build_level"] == {"error": "RuntimeError: no port"}
     assert summary["fit"]["build_level"] == []
