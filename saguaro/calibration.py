@@ -395,10 +395,10 @@ BUILD_WARMUP_TOKENS = 8  # generated first and not kept: a fresh worker's first 
 def build_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]:
     """The engine's own SSD at the calibration's K, `level_budget` branches a row (uniform fan-out, neural backup)
     and each --batch size, --build-tokens new tokens a row: its decode rounds (JSONL dicts marked level "build")
-    and their build times by batch size. Their builds are the engine's, of the shapes the workload runs, and
-    level the fit's (`simulator.fit`: build_level). One draft worker runs every batch size, after a few tokens
-    not kept. A batch's rows are the prompt less 0, 1, 2, ... of its last tokens, so that they differ in length
-    as a real batch's do."""
+    and their build times by batch size. Their builds are the engine's, of the shapes the workload runs; the fit
+    measures them against its build line (`simulator.fit`: build_level, applied only on request). One draft
+    worker runs every batch size, after a few tokens not kept. A batch's rows are the prompt less 0, 1, 2, ... of
+    its last tokens (never less than one token), so that they differ in length as a real batch's do."""
     from engine.config import DraftPlacement, FanoutSchedule, SpeculativeConfig
     from theory.glossary import Backup
 
@@ -406,8 +406,8 @@ def build_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict
     spec = SpeculativeConfig(K=args.K, schedule=FanoutSchedule.UNIFORM, budget=budget, backup=Backup.NEURAL,
                              placement=DraftPlacement(draft_threads=args.draft_threads))
     batches = sorted(set(args.batch))
-    runs = _engine_ssd(args, config, llm, spec, [[prompt[: len(prompt) - i] for i in range(b)] for b in batches],
-                       args.build_tokens, warmup=BUILD_WARMUP_TOKENS)
+    prompts = [[prompt[: max(1, len(prompt) - i)] for i in range(b)] for b in batches]
+    runs = _engine_ssd(args, config, llm, spec, prompts, args.build_tokens, warmup=BUILD_WARMUP_TOKENS)
     records = [dict(r, level="build") for run in runs for r in run]
     builds: dict[str, float | None] = {}
     for b in batches:  # by the rounds' batch size, as the fit levels (a row that finished first leaves the batch)
