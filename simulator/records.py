@@ -7,8 +7,8 @@ rounds may carry outcome_rank (per row: where the verified bonus stood among the
 outcome, null where unknown; simulator.hits), SSD ones outcome_hit, and every decode round prompt_index.
 An SD record may say first_width, the tokens a row fed in its proposal's first forward (`saguaro calibrate`
 writes it; the engine's widths are inferred from the round before, `simulator.fit.sd_first_widths`).
-`saguaro calibrate` marks the engine's own SSD rounds it runs at the workload's K and budget with level "build":
-they level the fit's cache builds and inform nothing else (`simulator.fit`).
+`saguaro calibrate --build-tokens` marks the engine's own SSD rounds it runs at the workload's K and budget with
+level "build": the fit measures its cache builds against them and they inform nothing else (`simulator.fit`).
 Unknown keys are ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming
 file and line.
 
@@ -59,7 +59,7 @@ class RoundRecord:
     outcome_hit: tuple[bool | None, ...] | None = None  # SSD: was each row's outcome in the cache
     prompt_index: tuple[int, ...] | None = None  # each row's prompt index in its generate() call
     first_width: int | None = None  # SD: tokens a row fed in the proposal's first forward, where recorded
-    level: str | None = None  # "build": `saguaro calibrate`'s engine rounds that level the fit's builds
+    level: str | None = None  # "build": `saguaro calibrate`'s engine rounds the fit's builds are measured against
 
     @property
     def is_decode(self) -> bool:
