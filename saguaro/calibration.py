@@ -349,7 +349,6 @@ def _engine_ssd(args, config, llm, spec, batches: list[list[list[int]]], tokens:
     from engine.sampling_params import SamplingParams
 
     threads = torch.get_num_threads()
-    runs = []
     try:
         with LLM(llm.target, str(args.draft), strategy="ssd", speculative=spec, tokenizer=llm.tokenizer,
                  dtype=args.dtype, draft_int8=config.draft_int8, draft_quant=config.draft_quant,
@@ -400,6 +399,8 @@ def build_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict
     worker runs every batch size, after a few tokens not kept. A batch's rows are the prompt less 0, 1, 2, ... of
     its last tokens (never less than one token), so that they differ in length as a real batch's do."""
     from engine.config import DraftPlacement, FanoutSchedule, SpeculativeConfig
+    from simulator.fit import own_batch_builds
+    from simulator.records import parse_record
     from theory.glossary import Backup
 
     budget = level_budget(args.budget)
@@ -409,11 +410,10 @@ def build_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict
     prompts = [[prompt[: max(1, len(prompt) - i)] for i in range(b)] for b in batches]
     runs = _engine_ssd(args, config, llm, spec, prompts, args.build_tokens, warmup=BUILD_WARMUP_TOKENS)
     records = [dict(r, level="build") for run in runs for r in run]
-    builds: dict[str, float | None] = {}
-    for b in batches:  # by the rounds' batch size, as the fit levels (a row that finished first leaves the batch)
-        own = [r["cache_build_ms"] for r in records if r["batch_size"] == b and r.get("cache_build_ms")
-               and r.get("branches") == b * budget]
-        builds[str(b)] = round(statistics.median(own), 2) if own else None
+    # by the rounds' batch size, as the fit measures them (a row that finished first leaves the batch)
+    own = own_batch_builds([parse_record(r, "the build rounds") for r in records])
+    builds = {str(b): round(statistics.median(r.cache_build_ms for r in own[b]), 2) if b in own else None
+              for b in batches}
     return records, {"K": args.K, "budget": budget, "tokens": args.build_tokens, "rounds": len(records),
                      "build_ms": builds}
 

@@ -418,7 +418,7 @@ def _fit_prefill(prefills: list[RoundRecord], ms: list[float]) -> tuple[tuple[fl
 
 def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     """Fit every part the records inform. ValueError if there is nothing to fit the verifier from."""
-    leveling = _builds([r for r in records if r.is_decode and r.level == "build"])
+    leveling = [r for r in records if r.is_decode and r.level == "build"]
     records = [r for r in records if r.level is None]  # the build-level rounds inform the level only
     decode = [r for r in records if r.is_decode]
     prefill = [r for r in records if not r.is_decode]
@@ -520,16 +520,24 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
 BUILD_LEVEL_ROUNDS = 3  # engine rounds a batch size needs for its build level
 
 
+def own_batch_builds(records: list[RoundRecord]) -> dict[int, list[RoundRecord]]:
+    """The SSD rounds with a build whose looked-up cache was built for the round's own batch (its branches the batch
+    times the fan-out's sum), by batch size in order: a round that a sequence joined, or after one finished,
+    reports the build of another batch."""
+    by_batch: dict[int, list[RoundRecord]] = {}
+    for r in _builds(records):
+        if r.fanout and r.branches == r.batch_size * sum(r.fanout):
+            by_batch.setdefault(r.batch_size, []).append(r)
+    return dict(sorted(by_batch.items()))
+
+
 def _build_level(fitted: FittedTiming, rounds: list[RoundRecord]) -> tuple[tuple[tuple[int, float], ...], int]:
     """Per batch size, the engine's total build time over the fitted line's at the same shapes (module docstring),
-    and how many rounds that took. Only rounds whose looked-up cache was built for the round's own batch count (its
-    branches the batch times the fan-out's sum): a round that a sequence joined, or after one finished, reports the
-    build of another batch."""
+    and how many rounds that took: only `own_batch_builds` count."""
     if fitted.draft is None or fitted.build is None:
         return (), 0
     levels, used = [], 0
-    for b in sorted({r.batch_size for r in rounds}):
-        at = [r for r in rounds if r.batch_size == b and r.fanout and r.branches == b * sum(r.fanout)]
+    for b, at in own_batch_builds(rounds).items():
         if len(at) >= BUILD_LEVEL_ROUNDS:
             predicted = sum(fitted.cache_build_ms(b, r.K, r.branches, r.context_len) for r in at)
             levels.append((b, sum(r.cache_build_ms for r in at) / predicted))
