@@ -56,7 +56,8 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   and 20 (batch 4) said 231, 249 and 283, so SD at K 2 and 3 was predicted 8-12% fast. When the verifies
   span four row counts or more (`saguaro calibrate` times widths 2, 3, K + 1 and 2K at batch 1), the fit
   also tries a knee at each inner row count R, v0 + v_below·min(rows, R) + v_row·max(rows − R, 0) + v_kv·kv,
-  and keeps the best knee if it cuts the relative error by at least a tenth (`verify_knee` = (R, v_below));
+  and keeps the best knee if it cuts the relative error by at least a tenth, and by more than rounding error
+  (`verify_knee` = (R, v_below));
 - prefill: p0 + p_row·batch·tokens + p_att·batch·tokens² for the target and for the draft (`saguaro
   calibrate` times prefills at several lengths and batch sizes). The last term is causal attention, quadratic
   in each sequence's length: the default pair's target took 8119 ms for 1 × 512 tokens and 7427 for 4 × 128,
@@ -317,6 +318,7 @@ def _verify_time(verify: Coef, knee: tuple[float, float] | None, rows: float, kv
 
 
 KNEE_GAIN = 0.1  # a knee is kept only if it cuts the verify fit's relative error by at least this share
+KNEE_FLOOR = 1e-6  # ... and by more than this much: a line that fits to rounding error has nothing to cut
 
 
 def _fit_verify(records: list[RoundRecord]) -> tuple[Coef, tuple[float, float] | None, float]:
@@ -330,7 +332,7 @@ def _fit_verify(records: list[RoundRecord]) -> tuple[Coef, tuple[float, float] |
         return best
     for R in counts[1:-1]:
         coef, err = _fit_linear([[1.0, min(x[1], R), max(x[1] - R, 0.0), x[2]] for x in X], y)
-        if err < best[2] and err <= error * (1 - KNEE_GAIN):
+        if err < best[2] and err <= error * (1 - KNEE_GAIN) and error - err > KNEE_FLOOR:
             best = ((coef[0], coef[2], coef[3]), (R, coef[1]), err)
     return best
 
