@@ -8,7 +8,9 @@ TTFT and TPOT (p50, p99) with what the client measured.
   the requests of a concurrency-1 point overlap, and each one slowed the next). At concurrency 1 each request
   runs alone, one after the other, with its own lengths; above 1 a `ClosedLoop` of N with the point's
   length ranges (drawn: an approximation);
-- timing: `fit_timing` on a `saguaro calibrate` run only (with its fast backups);
+- timing: `fit_timing` on `saguaro calibrate` records only (with their fast backups); several calibrations make
+  one fit over all their records (`saguaro simulate --fit A B`: one before the runs and one after them average
+  the machine's drift between them);
 - acceptance and hits: an SD bench run's records on the same prompts at the same temperature (the variant at
   batch 1 with the largest K: α per position and the empirical hit model), as in validate_ssd.py;
 - the served strategy's settings (K, fan-out, backup) from the server's own round records (--server-rounds);
@@ -187,7 +189,8 @@ def term_table(timing, records) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("client_runs", type=Path, nargs="+", help="saguaro bench --url run folders")
-    p.add_argument("--calibration", type=Path, required=True)
+    p.add_argument("--calibration", type=Path, nargs="+", required=True,
+                   help="saguaro calibrate records; several: one fit over all of them")
     p.add_argument("--sd-run", type=Path, required=True, help="saguaro bench run with an SD variant at batch 1")
     p.add_argument("--server-rounds", type=Path, required=True, help="the server's --rounds-out records")
     p.add_argument("--max-num-seqs", type=int, required=True, help="the server's --max-num-seqs")
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="scale the fit's builds to the calibration's engine build rounds (saguaro calibrate "
                         "--build-tokens): an experiment, worse on stop 32's runs (simulator.fit)")
     args = p.parse_args(argv)
-    timing = fit_all([str(args.calibration)])
+    timing = fit_all([str(path) for path in args.calibration])
     if args.build_level:
         try:
             timing = timing.with_build_level()

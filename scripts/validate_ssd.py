@@ -23,6 +23,9 @@ A second prediction shows the former way for contrast: timing fitted on the SD r
 hit model a·F^(−r) with the old defaults (r = 1, a = 0.5).
 
     python scripts/validate_ssd.py RUN_DIR... --calibration CALIB.jsonl [CALIB_T07.jsonl ...] [--json OUT.json]
+
+Several calibrations at one temperature are fitted as one (their records pooled, as `saguaro simulate --fit A B`
+does): a calibration before the runs and one after them bracket the machine's drift over the runs.
 """
 
 from __future__ import annotations
@@ -79,24 +82,25 @@ def lookup_alphas(rows: list) -> tuple[float, ...] | None:
     return tuple(alphas) if alphas and all(np.isfinite(alphas)) else None
 
 
-def calibrations_by_temperature(paths: list[Path], build_level: bool = False) -> dict[float, tuple[Path, object]]:
-    """temperature -> (path, its fitted timing), the temperature from the calibration's .summary.json
-    (`saguaro calibrate --temperature`; one written before that option is greedy). ValueError on two at one
-    temperature, or with `build_level` on one without the engine's build rounds (`FittedTiming.with_build_level`)."""
-    found: dict[float, tuple[Path, object]] = {}
+def calibrations_by_temperature(paths: list[Path], build_level: bool = False) -> dict[float, tuple[str, object]]:
+    """temperature -> (its calibrations' names, their fitted timing), the temperature from each calibration's
+    .summary.json (`saguaro calibrate --temperature`; one written before that option is greedy). Several at one
+    temperature make one fit over all their records (`fit_all`), as `saguaro simulate --fit A B` does: two
+    calibrations taken around the runs average the machine's drift between them. ValueError with `build_level`
+    on one without the engine's build rounds (`FittedTiming.with_build_level`)."""
+    groups: dict[float, list[Path]] = defaultdict(list)
     for path in paths:
         summary = path.with_suffix(".summary.json")
         inputs = json.loads(summary.read_text()).get("inputs", {}) if summary.is_file() else {}
-        temperature = float(inputs.get("temperature", 0.0))
-        if temperature in found:
-            raise ValueError(f"{found[temperature][0]} and {path} are both calibrations at T = {temperature:g}: "
-                             f"give one per temperature")
-        timing = fit_all([str(path)])
-        found[temperature] = (path, timing.with_build_level() if build_level else timing)
+        groups[float(inputs.get("temperature", 0.0))].append(path)
+    found: dict[float, tuple[str, object]] = {}
+    for temperature, group in groups.items():
+        timing = fit_all([str(path) for path in group])
+        found[temperature] = (" + ".join(map(str, group)), timing.with_build_level() if build_level else timing)
     return found
 
 
-def timing_at(calibrations: dict[float, tuple[Path, object]], temperature: float, say: bool = False):
+def timing_at(calibrations: dict[float, tuple[str, object]], temperature: float, say: bool = False):
     """The calibration at this temperature, else the nearest one (said on stderr when `say`)."""
     nearest = min(calibrations, key=lambda t: (abs(t - temperature), t))
     if say and nearest != temperature:
@@ -211,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", type=Path, nargs="+", help="saguaro bench run folders")
     p.add_argument("--calibration", type=Path, nargs="+", required=True,
                    help="saguaro calibrate records; several at different --temperature: each configuration takes "
-                        "the one at its temperature, else the nearest")
+                        "the one at its temperature, else the nearest; several at one temperature: one fit over "
+                        "all their records (e.g. a calibration before the runs and one after them)")
     p.add_argument("--rounds", type=int, default=4000, help="simulated rounds per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-level", action="store_true",

@@ -136,3 +136,31 @@ def test_a_concurrency_1_point_is_simulated_one_request_at_a_time():
     opened = vs.predict(timing, policy, acceptance, None, scheduled, max_num_seqs=8, seeds=2)
     assert opened["ttft_p99"] > 300.0 and opened["tpot_p99"] > 120.0
     assert vs.closed_loop_concurrency(closed) == 1 and vs.closed_loop_concurrency(scheduled) is None
+
+
+def test_served_validation_fits_several_calibrations_as_one(tmp_path):
+    """validate_serving.py --calibration A B: one fit over both calibrations' records (the table their records in a
+    single file give), and neither's alone (stop 32's served runs and its two calibrations)."""
+    import json
+    from pathlib import Path
+
+    vs = _validate_serving()
+    stop32 = Path(__file__).resolve().parents[2] / "reports" / "cpu-default-pair-validation" / "stop32"
+    runs = stop32 / "runs"
+    calibrations = [runs / "calibration.jsonl", stop32 / "calibration-b1248.jsonl"]
+    pooled = tmp_path / "pooled.jsonl"
+    pooled.write_text("".join(path.read_text() for path in calibrations))
+    pooled.with_suffix(".summary.json").write_bytes(calibrations[0].with_suffix(".summary.json").read_bytes())
+
+    def predicted(*paths: Path) -> list[dict]:
+        out = tmp_path / "served.json"
+        code = vs.main([str(next((runs / "serving").glob("*-serve-ssd-c1"))), "--calibration", *map(str, paths),
+                        "--sd-run", str(next(runs.glob("*-sd-reference-served"))),
+                        "--server-rounds", str(runs / "serving" / "serve-ssd-8-rounds.jsonl"),
+                        "--max-num-seqs", "8", "--seeds", "2", "--json", str(out)])
+        assert code == 0
+        return [row["predicted"] for row in json.loads(out.read_text())["rows"]]
+
+    both = predicted(*calibrations)
+    assert both == predicted(pooled)
+    assert all(predicted(path) != both for path in calibrations)
