@@ -1,12 +1,25 @@
-import time, statistics, torch
+"""A 40-second steadiness probe of this host (one thread): a 2048² bf16 matmul and a 64 MiB float32 sum, in turn,
+with the median of each in every quarter of the 40 s. Run it alone: `.venv/bin/python probe.py`."""
+
+import statistics
+import time
+
+import torch
+
 torch.set_num_threads(1)
-a = torch.randn(2048, 2048, dtype=torch.bfloat16); b = torch.randn(2048, 2048, dtype=torch.bfloat16)
+a = torch.randn(2048, 2048, dtype=torch.bfloat16)
+b = torch.randn(2048, 2048, dtype=torch.bfloat16)
 m = torch.randn(64 * 1024 * 1024 // 4)
-mm, ms = [], []
-t_end = time.time() + 40
-while time.time() < t_end:
-    t0 = time.perf_counter(); a @ b; mm.append((time.perf_counter() - t0) * 1e3)
-    t0 = time.perf_counter(); m.sum(); ms.append((time.perf_counter() - t0) * 1e3)
-q = len(mm) // 4
+matmul_ms, sum_ms = [], []
+end = time.time() + 40
+while time.time() < end:
+    t0 = time.perf_counter()
+    a @ b
+    matmul_ms.append((time.perf_counter() - t0) * 1e3)
+    t0 = time.perf_counter()
+    m.sum()
+    sum_ms.append((time.perf_counter() - t0) * 1e3)
+q = len(matmul_ms) // 4
 for i in range(4):
-    print(f"quarter {i}: matmul {statistics.median(mm[i*q:(i+1)*q]):.1f} ms, sum {statistics.median(ms[i*q:(i+1)*q]):.1f} ms")
+    part = slice(i * q, (i + 1) * q)
+    print(f"quarter {i}: matmul {statistics.median(matmul_ms[part]):.1f} ms, sum {statistics.median(sum_ms[part]):.1f} ms")
