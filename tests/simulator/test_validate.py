@@ -144,13 +144,13 @@ def test_served_validation_fits_several_calibrations_as_one(tmp_path):
     import json
     from pathlib import Path
 
+    from tests.simulator.test_validate_script import pooled_calibration
+
     vs = _validate_serving()
     stop32 = Path(__file__).resolve().parents[2] / "reports" / "cpu-default-pair-validation" / "stop32"
     runs = stop32 / "runs"
     calibrations = [runs / "calibration.jsonl", stop32 / "calibration-b1248.jsonl"]
-    pooled = tmp_path / "pooled.jsonl"
-    pooled.write_text("".join(path.read_text() for path in calibrations))
-    pooled.with_suffix(".summary.json").write_bytes(calibrations[0].with_suffix(".summary.json").read_bytes())
+    pooled = pooled_calibration(tmp_path, *calibrations)
 
     def predicted(*paths: Path) -> list[dict]:
         out = tmp_path / "served.json"

@@ -107,25 +107,25 @@ def test_each_configuration_takes_the_calibration_at_its_temperature_else_the_ne
     assert [r["predicted"] for r in stand_in] != [r["predicted"] for r in alone]  # 1905 is not 1842
 
 
-def _pooled(tmp_path: Path, *names: str) -> Path:
-    """One calibration file holding the records of the named ones in turn, with the first one's summary."""
+def pooled_calibration(tmp_path: Path, *paths: Path) -> Path:
+    """One calibration file holding the records of the given ones in turn, with the first one's summary."""
     pooled = tmp_path / "pooled.jsonl"
-    pooled.write_text("".join((STOP26 / name).read_text() for name in names))
-    pooled.with_suffix(".summary.json").write_bytes((STOP26 / names[0]).with_suffix(".summary.json").read_bytes())
+    pooled.write_text("".join(path.read_text() for path in paths))
+    pooled.with_suffix(".summary.json").write_bytes(paths[0].with_suffix(".summary.json").read_bytes())
     return pooled
 
 
 def test_two_calibrations_at_one_temperature_are_fitted_as_one(tmp_path, capsys):
     """Given two greedy calibrations, the table is the one their records in a single file give (one fit over
     both, as `saguaro simulate --fit A B`), and neither's alone."""
-    names = ("calibration-1842.jsonl", "calibration-1905.jsonl")
-    both = _run(tmp_path, calibrations=tuple(STOP26 / name for name in names))
+    paths = (STOP26 / "calibration-1842.jsonl", STOP26 / "calibration-1905.jsonl")
+    both = _run(tmp_path, calibrations=paths)
     assert "calibration-1842.jsonl + " in capsys.readouterr().out  # the fit names both
-    one_file = _run(tmp_path, calibrations=(_pooled(tmp_path, *names),))
+    one_file = _run(tmp_path, calibrations=(pooled_calibration(tmp_path, *paths),))
     assert [(r["configuration"], r["predicted"]) for r in both] == [(r["configuration"], r["predicted"])
                                                                    for r in one_file]
-    for name in names:
-        alone = _run(tmp_path, calibrations=(STOP26 / name,))
+    for path in paths:
+        alone = _run(tmp_path, calibrations=(path,))
         assert [r["predicted"] for r in alone] != [r["predicted"] for r in both]
 
 
