@@ -7,9 +7,9 @@ Why each piece:
   On Linux the kernel's parent-death signal kills the worker at once (PR_SET_PDEATHSIG, set only when the
   target started it from its main thread: the signal follows the starting *thread*); everywhere a daemon
   thread also polls the parent every POLL_S and exits the worker when it has gone (a check that cannot block).
-- Ctrl-C: a terminal sends SIGINT to the whole process group. The worker is born ignoring SIGINT
-  (`spawn_with_sigint_blocked`), ignores it in `serve` too, and is stopped by the target; a Ctrl-C that comes
-  while the worker is being started reaches the target once it is started.
+- Ctrl-C: a terminal sends SIGINT to the whole process group. The worker is born with SIGINT blocked
+  (`spawn_with_sigint_blocked`), ignores it from the first line of `serve`, and is stopped by the target; a
+  Ctrl-C that comes while the worker is being started reaches the target once it is started.
 - quiet exit: once the worker leaves its loop, gloo's shutdown chatter ("Connection closed by peer") is not
   the user's business; the target reports faults, in one warning.
 - an exchange is one send and one receive of several tensors; a KeyboardInterrupt between them (a notebook's
@@ -70,41 +70,39 @@ def refuse_unguarded_main() -> None:
 
 
 def spawn_with_sigint_blocked(start: Callable[[], None]) -> None:
-    """Run `start` (which spawns the worker) so that the child is born ignoring SIGINT (an ignored signal stays
-    ignored across exec, and Python then installs no KeyboardInterrupt handler: a Ctrl-C during its start-up,
-    imports and unpickling, cannot give it a traceback), while a Ctrl-C meant for the target is kept, not lost.
+    """Run `start` (which spawns the worker) so that the child is born with SIGINT blocked (the signal mask is
+    kept across fork and exec; `ignore_sigint`, the worker's first act, then drops a pending one: a Ctrl-C
+    during its start-up, imports and unpickling, cannot give it a traceback), while a Ctrl-C meant for the
+    target is kept, not lost.
 
-    SIGINT is ignored only around the fork itself (multiprocessing's `spawnv_passfds`, a vfork and exec), with
-    SIGINT also blocked in this thread. Around the rest of `start` (writing the pickled process object to the
-    child, which can take as long as the child's imports) a Ctrl-C is held and raised once `start` returns, so
-    the target owns a started worker it can stop. Ignoring SIGINT for the whole of `start`, as this did before,
-    lost a Ctrl-C that the kernel handed to another thread (OpenMP's, a progress bar's) in that long window.
-    Handlers can be set only from the main thread; from another, `start` runs as it is (the worker still
-    ignores SIGINT from its first line, `ignore_sigint`), and so it does under a handler set outside Python,
-    which could not be put back. Under SIG_DFL or SIG_IGN there is no Ctrl-C to hold, only the fork's."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+    SIGINT is blocked in this thread only around the fork itself (multiprocessing's `spawnv_passfds`, a vfork
+    and exec); its disposition is never changed to SIG_IGN. Around all of `start` (writing the pickled process
+    object to the child can take as long as the child's imports) a Ctrl-C is held and raised once `start`
+    returns, so the target owns a started worker it can stop. A Ctrl-C the kernel hands to another thread
+    (OpenMP's, a progress bar's) while this thread blocks it runs the held handler there. Ignoring SIGINT around
+    the fork, as this did before, discarded such a Ctrl-C (the kernel drops an ignored signal on delivery).
+    This is how multiprocessing's own resource tracker is started. From a thread other than the main one
+    `start` runs as it is (only the main thread gets KeyboardInterrupt; the worker still ignores SIGINT from
+    its first line), and so it does without `pthread_sigmask` (Windows: no process group Ctrl-C to share)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         start()
         return
     import multiprocessing.util as mp_util
 
     fork = mp_util.spawnv_passfds
 
-    def fork_ignoring_sigint(*args, **kwargs):
+    def fork_blocking_sigint(*args, **kwargs):
         if threading.current_thread() is not threading.main_thread():
-            return fork(*args, **kwargs)  # another thread's spawn in this window: handlers are the main thread's
-        blocking = hasattr(signal, "pthread_sigmask")
-        if blocking:  # block first: on Linux a blocked signal is queued even while ignored, and kept for later
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        holding = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return fork(*args, **kwargs)  # another thread's spawn in this window: not the worker's
+        was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             return fork(*args, **kwargs)
         finally:
-            signal.signal(signal.SIGINT, holding)
-            if blocking:
+            if not was_blocked:  # one that came meanwhile is delivered now, to the held handler
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     with sigint_deferred():
-        mp_util.spawnv_passfds = fork_ignoring_sigint
+        mp_util.spawnv_passfds = fork_blocking_sigint
         try:
             start()
         finally:

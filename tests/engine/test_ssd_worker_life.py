@@ -210,14 +210,17 @@ def test_ctrl_c_inside_generate_leaves_ssd_running_with_exact_output(target, ar_
 
 
 # -- a Ctrl-C while the worker is being started -----------------------------------------------------------
-CHILD_SIGINT = "import signal, sys; open(sys.argv[1], 'w').write(signal.getsignal(signal.SIGINT).name)"
+# The child sends itself a Ctrl-C at start-up, as a terminal's can reach a worker still importing: born with
+# SIGINT blocked (or ignored) it lives on to write "alive"; born taking it, it dies of a KeyboardInterrupt.
+CHILD_SIGINT = ("import os, signal, sys, time; os.kill(os.getpid(), signal.SIGINT); time.sleep(0.1); "
+                "open(sys.argv[1], 'w').write('alive')")
 
 
 @pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_ctrl_c_while_the_worker_starts_is_raised_once_it_has_started(tmp_path):
     """The Ctrl-C comes from another thread while `start` runs, as a terminal's does to a process with OpenMP
     threads. It must neither break `start` off (the target must own the worker it started) nor be lost (it was,
-    when SIGINT stayed ignored for the whole of `start`); the child is still born ignoring SIGINT."""
+    when SIGINT stayed ignored for the whole of `start`); the child is still born deaf to it."""
 
     child_saw, started = tmp_path / "sigint", []
 
@@ -234,14 +237,32 @@ def test_a_ctrl_c_while_the_worker_starts_is_raised_once_it_has_started(tmp_path
     with pytest.raises(KeyboardInterrupt):
         spawn_with_sigint_blocked(start)
     assert started == [True]
-    assert child_saw.read_text() == "SIG_IGN"
+    assert child_saw.read_text() == "alive"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 @pytest.mark.usefixtures("sigint_as_in_a_terminal")
+def test_a_ctrl_c_that_another_thread_takes_during_the_fork_is_kept(monkeypatch):
+    """The race that lost a terminal's Ctrl-C: during the fork this thread blocks SIGINT, so the kernel hands a
+    process-directed one to another thread. When SIGINT was ignored around the fork, that thread discarded it;
+    now the held handler runs there and the target is interrupted once `start` returns."""
+
+    def fork(*args):
+        sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
+        sender.start()
+        sender.join()
+        time.sleep(0.1)
+        return 12345
+
+    monkeypatch.setattr(mp_util, "spawnv_passfds", fork)
+    with pytest.raises(KeyboardInterrupt):
+        spawn_with_sigint_blocked(lambda: mp_util.spawnv_passfds("python", ["python"], []))
+
+
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_ctrl_c_during_the_fork_itself_is_kept_for_the_target(monkeypatch):
-    """Inside the fork SIGINT is ignored and blocked in this thread: one sent to this thread then stays pending
-    and is raised once `start` returns; the fork function is put back afterwards."""
+    """Inside the fork SIGINT is blocked in this thread, and its disposition is not SIG_IGN: one sent to this
+    thread then stays pending and is raised once `start` returns; the fork function is put back afterwards."""
 
     seen = []
 
@@ -253,7 +274,7 @@ def test_a_ctrl_c_during_the_fork_itself_is_kept_for_the_target(monkeypatch):
     monkeypatch.setattr(mp_util, "spawnv_passfds", fork)
     with pytest.raises(KeyboardInterrupt):
         spawn_with_sigint_blocked(lambda: mp_util.spawnv_passfds("python", ["python"], []))
-    assert seen == [(signal.SIG_IGN, True)]
+    assert len(seen) == 1 and callable(seen[0][0]) and seen[0][1]  # a handler that holds it, and blocked
     assert mp_util.spawnv_passfds is fork
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
@@ -276,9 +297,9 @@ def test_another_threads_spawn_during_the_start_passes_through(monkeypatch):
 
 
 @pytest.mark.parametrize("disposition", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
-def test_without_a_python_handler_the_child_is_still_born_ignoring_sigint(tmp_path, disposition):
+def test_without_a_python_handler_the_child_is_still_born_deaf_to_sigint(tmp_path, disposition):
     """SIG_DFL (a program that set it so) or SIG_IGN (started in the background): nothing to hold, but the fork
-    still gives the child SIGINT ignored, and the disposition is put back after."""
+    still gives the child SIGINT blocked, and the disposition and mask are as they were after."""
 
     child_saw = tmp_path / "sigint"
     previous = signal.signal(signal.SIGINT, disposition)
@@ -289,9 +310,22 @@ def test_without_a_python_handler_the_child_is_still_born_ignoring_sigint(tmp_pa
 
         spawn_with_sigint_blocked(start)
         assert signal.getsignal(signal.SIGINT) == disposition
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert child_saw.read_text() == "SIG_IGN"
+    assert child_saw.read_text() == "alive"
+
+
+def test_a_child_spawned_without_the_block_dies_of_its_own_ctrl_c(tmp_path):
+    """Negative control of the child above: spawned as it is, under Python's handler, the same child dies."""
+    child_saw = tmp_path / "sigint"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        child = [sys.executable, "-c", CHILD_SIGINT, str(child_saw)]
+        status = os.waitpid(mp_util.spawnv_passfds(os.fsencode(sys.executable), child, []), 0)[1]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert os.waitstatus_to_exitcode(status) != 0 and not child_saw.exists()
 
 
 class Abandoned(BaseException):
