@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.decode_loop import DecodeLoop
 from engine.metrics import RunMetrics
-from engine.models import TORCH_DTYPES
+from engine.models import AUTO_DTYPE, TORCH_DTYPES, resolve_dtype
 from engine.outputs import Chunk, Generation
 from engine.prompt_input import check_prompts, check_text, is_single_prompt, token_ids
 from engine.sampling_params import SamplingParams
@@ -68,8 +68,10 @@ class LLM:
     silently left unused).
     max_num_seqs / max_prefill_tokens / max_waiting: the scheduler's limits (None: no limit, so one
     generate() call runs all its prompts as one batch).
-    dtype / draft_dtype: float dtype of a model loaded by name (default bfloat16; a model object keeps its
-    own); with low-bit weights, the dtype of the layers left in float.
+    dtype / draft_dtype: float dtype of a model loaded by name (a model object keeps its own); with low-bit
+    weights, the dtype of the layers left in float. "auto" (the default) is bfloat16 where the device
+    multiplies in it at speed (a CUDA GPU with bf16, a CPU with AVX-512 or AMX), else float32 on a CPU
+    (float16 on an older GPU): `engine.models.resolve_dtype`; `llm.config.dtype` says what was chosen.
     target_quant / draft_quant: None, "int8" or "int4" (grouped by quant_group_size): weight-only low-bit
     Linear layers on the CPU (engine.quantize). A model given by name comes from the low-bit cache when there
     is one, else from its float32 weights quantised at load; a model object is quantised as a copy (the
@@ -86,7 +88,7 @@ class LLM:
         *,
         strategy: Strategy | str | None = None,
         speculative: SpeculativeConfig | None = None,
-        dtype: str = "bfloat16",
+        dtype: str = AUTO_DTYPE,
         draft_dtype: str | None = None,
         draft_int8: bool = False,
         target_quant: str | None = None,
@@ -105,6 +107,8 @@ class LLM:
     ):
         if strategy is None:
             strategy = Strategy.AR if draft is None else Strategy.SD
+        dtype = resolve_dtype(dtype, device)  # the config records what loads, never "auto"
+        draft_dtype = None if draft_dtype is None else resolve_dtype(draft_dtype, device)
         self.config = EngineConfig(
             target=str(getattr(target, "name_or_path", target)),
             draft=None if draft is None else str(getattr(draft, "name_or_path", draft)),

@@ -4,7 +4,8 @@
 # at concurrency 8), stop it with SIGTERM; then `LLM.generate` one prompt at a time on the same prompts
 # as the reference for concurrency 1. Run it alone on the machine (SSD needs its own core).
 # Settings: TOKENS (32), N (8 requests per rate), RATES ("0.05 0.1 0.2 0.4 inf"), STRATEGIES ("ar sd ssd"),
-# BUDGET (SSD's cache budget: 12, or auto), REFERENCE (1; 0 skips the LLM.generate run), OUT (runs). Each run folder lands in $OUT; `saguaro report $OUT/*-serve-* --out reports/NAME` draws them.
+# BUDGET (SSD's cache budget: 12, or auto), REFERENCE (1; 0 skips the LLM.generate run), OUT (runs), DTYPE (the
+# target's: auto, bfloat16 where the CPU multiplies in it at speed, else float32). Each run folder lands in $OUT; `saguaro report $OUT/*-serve-* --out reports/NAME` draws them.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/.venv/bin"
@@ -14,7 +15,7 @@ n="${N:-8}"
 read -r -a rates <<< "${RATES:-0.05 0.1 0.2 0.4 inf}"
 read -r -a strategies <<< "${STRATEGIES:-ar sd ssd}"
 budget="${BUDGET:-12}"
-model=(--dtype bfloat16 --draft-int8 -K 4 --threads 1)
+model=(--dtype "${DTYPE:-auto}" --draft-int8 -K 4 --threads 1)
 load=(--endpoint chat --prompts spec_bench --first --max-new-tokens "$tokens" --temperature 0 --ignore-eos
       --out "$out" --no-progress)
 mkdir -p "$out"

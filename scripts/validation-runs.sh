@@ -2,7 +2,8 @@
 # The runs behind reports/cpu-default-pair-validation (issue 11): a calibration, the engine configurations
 # on held-out HumanEval prompts, an SD reference on the served prompts, and SSD served at four rates.
 # Run it alone on the machine (SSD needs its own core; anything else computing voids its figures).
-# Settings: OUT (runs/validation), PARTS ("calibrate serve b4 b2 k t07 fast": which parts, in this order).
+# Settings: OUT (runs/validation), PARTS ("calibrate serve b4 b2 k t07 fast": which parts, in this order), DTYPE
+# (the target's, for the calibration and every run alike: auto, bfloat16 where the CPU multiplies in it at speed).
 # Then: scripts/validate_ssd.py and scripts/validate_serving.py on the folders (see the report's README).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,7 +11,8 @@ bin="$root/.venv/bin"
 out="${OUT:-runs/validation}"
 read -r -a parts <<< "${PARTS:-calibrate serve b4 b2 k t07 fast}"
 prompts="$root/reports/cpu-default-pair-validation/prompts.jsonl"   # HumanEval/100-107
-model=(--dtype bfloat16 --draft-int8 --threads 1)
+dtype="${DTYPE:-auto}"
+model=(--dtype "$dtype" --draft-int8 --threads 1)
 # interleaved: prompt by prompt across the variants, so that the machine's level (it moves by up to ~15% within
 # the hour here) is the same for each run folder's SD variants, which level the calibration (validate_ssd.py)
 engine=(--prompts "$prompts" -n 8 --max-new-tokens 128 --ignore-eos "${model[@]}" --warmup 1 --order interleaved
@@ -23,13 +25,13 @@ for part in "${parts[@]}"; do
     calibrate)
         stamp calibrate
         # batch 8: the served runs batch up to --max-num-seqs 8, whose builds (8 x budget branches) must be timed
-        "$bin/saguaro" calibrate --draft-int8 --batch 1 4 8 --out "$out/calibration.jsonl" ;;
+        "$bin/saguaro" calibrate --dtype "$dtype" --draft-int8 --batch 1 4 8 --out "$out/calibration.jsonl" ;;
     serve)  # the served prompts' SD reference (α and hits), then SSD served at four rates and concurrency 1
         stamp "SD reference on the served prompts"
         "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \
             --temperature 0 "${model[@]}" --warmup 1 --no-progress --out "$out" --name sd-reference-served
         stamp "SSD served"
-        OUT="$out/serving" TOKENS=64 N=8 RATES="0.1 0.2 0.4 inf" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
+        DTYPE="$dtype" OUT="$out/serving" TOKENS=64 N=8 RATES="0.1 0.2 0.4 inf" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
             bash "$root/scripts/bench-serving.sh" ;;
     b4)
         stamp "batch 4"

@@ -22,7 +22,7 @@ DEFAULT_SYSTEMS = OURS + ("hf", "hf-assisted")  # llama.cpp is an optional extra
 SPECULATIVE = ("sd", "ssd", "hf-assisted")
 SCHEDULES = ("uniform", "geometric")
 BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: engine.models.resolve_dtype, when the run starts
 ORDERS = ("interleaved", "grouped")
 AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/reports/test_cli_defaults.py checks they agree)
 
@@ -138,7 +138,7 @@ class BenchConfig:
     backups: tuple[str, ...] = ("neural",)
     temperatures: tuple[float, ...] = (0.0,)
     batch_sizes: tuple[int, ...] = (1,)
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # a run folder's config has the dtype auto resolved to (runner.start)
     draft_dtype: str | None = None
     draft_int8: bool = False
     target_quant: str | None = None  # "int8" / "int4": weight-only low-bit target (engine.config.EngineConfig)

@@ -12,9 +12,10 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine import SamplingParams
+from engine.models import resolve_dtype
 from saguaro.bench.config import BenchConfig, Variant
 from saguaro.bench.others import OtherLoad, disturbed_reason
 from saguaro.bench.summary import summarize
@@ -222,6 +223,9 @@ def start(config: BenchConfig, out: str, name: str | None = None, models: Models
     """A Bench writing into a new run folder under `out`."""
     import torch
 
+    # "auto" resolved once, here, so the run folder records what loaded and a resumed run loads the same
+    config = replace(config, dtype=resolve_dtype(config.dtype),
+                     draft_dtype=None if config.draft_dtype is None else resolve_dtype(config.draft_dtype))
     if config.threads:
         torch.set_num_threads(config.threads)
     run_dir = RunDir.create(out, name or config.prompts.rsplit("/", 1)[-1], config.to_dict(),

@@ -60,7 +60,8 @@ from pathlib import Path
 
 from saguaro.calibration import (build_rounds, cpu_model, fast_backup_ms, fit_summary, level_budget, link_rounds,
                                  long_prompt, measure, start_worker)
-from saguaro.commands.generate import DEFAULT_DRAFT, DEFAULT_TARGET, add_quant_flags, quant_kwargs
+from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, DTYPE_HELP, DTYPES, add_quant_flags,
+                                       quant_kwargs, resolve_dtypes)
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
           "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "
@@ -96,8 +97,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "batch size for 32 tokens here; default 0: skip)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
-                   help="target dtype (default bfloat16)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP + " (the target's: calibrate "
+                   "the models as the runs load them)")
     p.add_argument("--draft-int8", action="store_true",
                    help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
     add_quant_flags(p)  # calibrate the models as the run will load them: a low-bit target has other costs
@@ -143,6 +144,7 @@ def _config(args):
 
 def run(args) -> int:
     _check(args)
+    resolve_dtypes(args)  # the summary and the records say which dtype auto took
     config = _config(args)
     from engine import LLM
     from engine.strategies.ssd import draft_recipe

@@ -207,11 +207,13 @@ def test_draft_int8_is_an_alias_of_draft_quant_int8_dynamic():
         EngineConfig(target="t", target_quant="int8-dynamic")
 
 
-def test_the_api_defaults_to_bfloat16_like_the_cli():
+def test_the_api_defaults_to_auto_like_the_cli():
+    # auto: bfloat16 where the device multiplies in it at speed (tests/engine/test_dtype_auto.py); the config
+    # records what LLM resolved it to, so its own default is a concrete dtype
     from engine.config import EngineConfig
 
     assert EngineConfig(target="t").dtype == "bfloat16"
-    assert inspect_default(LLM, "dtype") == "bfloat16"
+    assert inspect_default(LLM, "dtype") == "auto"
 
 
 def inspect_default(function, name):
