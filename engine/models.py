@@ -108,12 +108,17 @@ def resolve_dtype(dtype: str, device: str | torch.device = "cpu") -> str:
         return dtype
     if dtype != AUTO_DTYPE:
         raise ValueError(f"unknown dtype {dtype!r}; choose from {AUTO_DTYPE}, {', '.join(TORCH_DTYPES)}")
-    parsed = check_device(device)
-    if fast_bfloat16(parsed):
-        chosen = "bfloat16"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None  # refused where the device is used (check_device), after the configuration's own checks
+    if parsed is not None and parsed.type == "cuda" and torch.cuda.is_available():
+        chosen = "bfloat16" if fast_bfloat16(parsed) else "float16"
+    elif parsed is not None and parsed.type == "cpu":
+        chosen = "bfloat16" if fast_bfloat16(parsed) else "float32"
     else:
-        chosen = "float16" if parsed.type == "cuda" else "float32"
-    logger.info("dtype auto: %s on %s%s", chosen, parsed.type,
+        chosen = "float32"  # a device this machine lacks: it is refused before anything loads
+    logger.info("dtype auto: %s on %s%s", chosen, device,
                 "" if chosen == "bfloat16" else " (no fast bfloat16 matrix multiply here)")
     return chosen
 

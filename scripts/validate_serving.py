@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from saguaro.commands.simulate import fit_all
+from saguaro.commands.simulate import check_same_precision, fit_all
 from saguaro.runfolder import RunDir
 from simulator import ClosedLoop, Lengths, PerPositionAcceptance, Policy, Replayed, SimConfig, simulate
 from simulator.hits import from_records
@@ -207,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="scale the fit's builds to the calibration's engine build rounds (saguaro calibrate "
                         "--build-tokens): an experiment, worse on stop 32's runs (simulator.fit)")
     args = p.parse_args(argv)
+    try:
+        check_same_precision(args.calibration, [args.sd_run])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     timing = fit_all([str(path) for path in args.calibration])
     if args.build_level:
         try:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, Scenario, SimConfig, fit_timing, simulate
-from saguaro.commands.simulate import fit_all
+from saguaro.commands.simulate import check_same_precision, fit_all
 from saguaro.runfolder import RunDir
 from simulator.fit import sd_first_widths
 from simulator.hits import _draft_sourced, alpha_per_position, from_records
@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     try:
+        check_same_precision(args.calibration, args.runs)
         # each with its fast backups (.summary.json)
         calibrations = calibrations_by_temperature(args.calibration, args.build_level)
     except ValueError as e:

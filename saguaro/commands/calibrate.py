@@ -62,6 +62,7 @@ from saguaro.calibration import (build_rounds, cpu_model, fast_backup_ms, fit_su
                                  long_prompt, measure, start_worker)
 from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, DTYPE_HELP, DTYPES, add_quant_flags,
                                        quant_kwargs, resolve_dtypes)
+from saguaro.environment import machine
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
           "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "
@@ -219,6 +220,7 @@ def run(args) -> int:
                          "batches": args.batch, "contexts": args.context,
                          "repeats": args.repeats, "link_tokens": args.link_tokens,
                          "build_tokens": args.build_tokens, "cpu": cpu_model(),
+                         "cpu_flags": machine().get("cpu_flags"),  # "AMD EPYC" names AVX2-only and AVX-512 hosts
                          "torch": __import__("torch").__version__,
                          "ragged_rows": True}  # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()

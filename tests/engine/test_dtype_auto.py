@@ -37,16 +37,26 @@ def test_auto_on_a_cpu_is_bfloat16_only_where_it_is_fast(fast, expected, monkeyp
 
 @pytest.mark.parametrize("fast, expected", [(True, "bfloat16"), (False, "float16")])
 def test_auto_on_a_gpu_is_bfloat16_or_else_float16(fast, expected, monkeypatch):
-    monkeypatch.setattr(models, "check_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(models, "fast_bfloat16", lambda device: fast and device.type == "cuda")
-    assert resolve_dtype(AUTO_DTYPE, "cuda") == expected
+    assert resolve_dtype(AUTO_DTYPE, "cuda:0") == expected
 
 
-def test_bad_names_and_devices_are_refused_with_what_to_use():
+def test_a_bad_name_is_refused_with_what_to_use():
     with pytest.raises(ValueError, match=r"unknown dtype 'bf16'; choose from auto, float32, bfloat16, float16"):
         resolve_dtype("bf16")
-    with pytest.raises(ValueError, match="unknown device"):
-        resolve_dtype(AUTO_DTYPE, "gpu0")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_a_device_this_machine_lacks_is_refused_where_it_is_used_not_by_auto():
+    # auto picks something; the configuration's own checks, then check_device, say what is wrong
+    assert resolve_dtype(AUTO_DTYPE, "cuda") == resolve_dtype(AUTO_DTYPE, "gpu0") == "float32"
+    from engine import LLM
+
+    with pytest.raises(ValueError, match="is not available here"):
+        LLM("qwen-coder-1.5b", device="cuda")
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        LLM("qwen-coder-1.5b", device="gpu0")
 
 
 @pytest.mark.skipif(not {"avx2", "sse4_2"} <= cpu_flags(), reason="the flags below are x86 Linux's")

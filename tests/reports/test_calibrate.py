@@ -66,6 +66,9 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     assert inputs["target"].endswith("target") and inputs["draft"].endswith("draft")
     assert inputs["dtype"] == "float32" and inputs["threads"] == 1 and inputs["draft_threads"] == 1
     assert inputs["cpu"] and inputs["K"] == 2 and inputs["ragged_rows"] is True
+    from saguaro.environment import machine
+
+    assert inputs["cpu_flags"] == machine().get("cpu_flags")  # tells an AVX2-only host from an AVX-512 one
     assert set(summary["interference"]) == {"1x12", "2x12", "1x40", "2x40"} and summary["interference_factor"] > 0
     assert set(summary["cache_build_ms"]) == {f"{b}x{c}x{b * B}" for b in (1, 2) for c in (12, 40) for B in (2, 3)}
     assert set(summary["fast_backup_ms"]) == {"random", "lookup"}
