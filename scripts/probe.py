@@ -1,7 +1,8 @@
 """A 40-second steadiness probe of this host (one thread): a 2048² matmul in the dtype the engine's auto picks here
-and a 64 MiB float32 sum, in turn, with the median of each in every quarter of the 40 s. Stop 33's probe timed a
-bfloat16 matmul, which on this AVX2-only host takes about 52 s (torch has no fast bf16 GEMM without AVX-512), so
-its quarters came out empty. Run it alone: `.venv/bin/python probe.py`."""
+and a 64 MiB float32 sum, in turn, with the median of each in every quarter of the 40 s. Run it alone, before and
+after a held-out set: `.venv/bin/python scripts/probe.py`. It replaces reports/.../stop33/probe.py, which timed a
+bfloat16 matmul: on an AVX2-only host (no fast bf16 GEMM in torch) one took about 52 s, and its quarters came out
+empty."""
 
 import statistics
 import time
