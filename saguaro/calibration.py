@@ -429,6 +429,7 @@ def fit_summary(path: Path) -> dict:
     return {"verify": [r(c) for c in f.verify], "verify_knee": [r(c) for c in f.verify_knee] if f.verify_knee else None,
             "decode": [r(c) for c in f.decode] if f.decode else None,
             "decode_one_row": [r(c) for c in f.decode_one_row] if f.decode_one_row else None,
+            "decode_knee": [r(c) for c in f.decode_knee] if f.decode_knee else None,
             "backup": [r(c) for c in f.backup] if f.backup else None,
             "prefill_attention": [r(c) for c in f.prefill_attention],
             "prefill_target": [r(c) for c in f.prefill_target] if f.prefill_target else None,

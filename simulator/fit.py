@@ -51,6 +51,14 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   cheaper than the line gets none) and used only when the AR rounds hold batch 1 and at least two other
   batch sizes (else the line's intercept and per-row slope cannot be told from the one-row offset: the
   former shape is fitted); u_kv only when batch 1 spans two contexts or more;
+- the step's knee in batch: on a host without fast small GEMMs the step is not a line in the batch either. On
+  stop 35's AVX2-only EPYC (float32) the default pair's step took 450, 900 and 1150 ms at batch 1, 2 and 4: the
+  second row doubled the cost and the next two added a quarter. A line through them (the one-row terms can
+  only raise batch 1) put batch 2 at 702-766 ms, and AR at batch 2 was predicted 19% fast. As the verify does,
+  when the AR rounds span four batch sizes or more, or three with batch 1 (the one-row terms then take the
+  place of a fourth), the fit also tries a knee at each inner batch size R, c0 + c_below·min(batch, R) +
+  c_seq·max(batch − R, 0) + c_kv·batch·context (the one-row terms on top), and keeps it on the verify's rule
+  (`decode_knee` = (R, c_below));
 - the verify's knee: at a few rows the target's forward is not a line in the rows. The default pair's bf16
   verify at batch 1 took 249, 268 and 278 ms for 3, 4 and 6 rows, where the line through 5 rows (batch 1)
   and 20 (batch 4) said 231, 249 and 283, so SD at K 2 and 3 was predicted 8-12% fast. When the verifies
@@ -162,6 +170,7 @@ class FittedTiming:
     counts: dict = field(default_factory=dict)
     levels: dict = field(default_factory=dict)  # `leveled`: "target", "draft" applied, "measured", "rounds"
     verify_knee: tuple[float, float] | None = None  # (R, v_below): rows up to R cost v_below each (see above)
+    decode_knee: tuple[float, float] | None = None  # (R, c_below): the AR step's batch sizes up to R (see above)
     draft_call: float = 0.0  # p_call: a draft proposal's own cost beyond its forwards (see above)
     build_level: tuple[tuple[int, float], ...] = ()  # (batch, the engine's builds over the line's): measured
     build_scale: tuple[tuple[int, float], ...] = ()  # the build level as applied (`with_build_level`): () = none
@@ -188,8 +197,10 @@ class FittedTiming:
         scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731
         build = None if self.build is None else (self.build[0], *(c * draft for c in self.build[1:]))
         knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * target)
+        step_knee = None if self.decode_knee is None else (self.decode_knee[0], self.decode_knee[1] * target)
         return replace(
             self, verify=scaled(self.verify, target), verify_knee=knee, decode=scaled(self.decode, target),
+            decode_knee=step_knee,
             decode_one_row=scaled(self.decode_one_row, target), prefill_target=scaled(self.prefill_target, target),
             draft=scaled(self.draft, draft), backup=scaled(self.backup, draft), build=build,
             prefill_draft=scaled(self.prefill_draft, draft), draft_call=self.draft_call * draft,
@@ -233,8 +244,7 @@ class FittedTiming:
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         if tokens == 1 and self.decode is not None:
-            c0, c_seq, c_kv = self.decode
-            step = c0 + c_seq * batch + c_kv * batch * context
+            step = _verify_time(self.decode, self.decode_knee, batch, batch * context)
             if batch == 1 and self.decode_one_row is not None:
                 u0, u_kv = self.decode_one_row
                 step += u0 + u_kv * context
@@ -391,21 +401,46 @@ def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[flo
     return X, y
 
 
-def _fit_steps(steps: list[RoundRecord]) -> tuple[Coef, tuple[float, float] | None, float]:
-    """AR's one-token step: (c0, c_seq, c_kv), the one-row terms (u0, u_kv) or None, and the relative RMS error.
+def _fit_steps(steps: list[RoundRecord]) -> tuple[Coef, tuple[float, float] | None, tuple[float, float] | None, float]:
+    """AR's one-token step: (c0, c_seq, c_kv), the one-row terms (u0, u_kv) or None, the knee in batch (R,
+    c_below) or None, and the relative RMS error.
 
-    The one-row terms only where the records can tell them from the line (see the module docstring)."""
+    The one-row terms and the knee only where the records can tell them from the line (see the module
+    docstring); the knee is kept on the verify's rule (`KNEE_GAIN`, `KNEE_FLOOR`)."""
     one = [r for r in steps if r.batch_size == 1]
-    others = {r.batch_size for r in steps} - {1}
-    line = lambda r: [1.0, r.batch_size, r.batch_size * r.context_len]  # noqa: E731
-    if not one or len(others) < 2:
-        coef, error = _fit_linear([line(r) for r in steps], [r.verify_ms for r in steps])
-        return coef, None, error
-    with_kv = len({r.context_len for r in one}) >= 2
-    rows = [line(r) + [float(r.batch_size == 1)] + ([float(r.batch_size == 1) * r.context_len] if with_kv else [])
-            for r in steps]
-    coef, error = _fit_linear(rows, [r.verify_ms for r in steps])
-    return coef[:3], (coef[3], coef[4] if with_kv else 0.0), error
+    batches = sorted({r.batch_size for r in steps})
+    y = [r.verify_ms for r in steps]
+    with_one_row = bool(one) and len(batches) >= 3
+    with_kv = with_one_row and len({r.context_len for r in one}) >= 2
+
+    def fit(R: int | None) -> tuple[list[float], float]:
+        rows = []
+        for r in steps:
+            b = r.batch_size
+            row = [1.0, b] if R is None else [1.0, min(b, R), max(b - R, 0)]
+            row.append(b * r.context_len)
+            if with_one_row:
+                row += [float(b == 1)] + ([float(b == 1) * r.context_len] if with_kv else [])
+            rows.append(row)
+        coef, error = _fit_linear(rows, y)
+        return list(coef), error
+
+    def split(coef: list[float], R: int | None):
+        if R is None:
+            line, rest, knee = coef[:3], coef[3:], None
+        else:
+            line, rest, knee = [coef[0], coef[2], coef[3]], coef[4:], (float(R), coef[1])
+        one_row = (rest[0], rest[1] if with_kv else 0.0) if with_one_row else None
+        return tuple(line), one_row, knee
+
+    coef, error = fit(None)
+    best = (*split(coef, None), error)
+    if len(batches) >= 4 or (with_one_row and len(batches) >= 3):
+        for R in batches[1:-1]:
+            coef, err = fit(R)
+            if err < best[3] and err <= error * (1 - KNEE_GAIN) and error - err > KNEE_FLOOR:
+                best = (*split(coef, R), err)
+    return best
 
 
 def _fit_prefill(prefills: list[RoundRecord], ms: list[float]) -> tuple[tuple[float, float], float, float]:
@@ -427,10 +462,10 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     if len(decode) < 3:
         raise ValueError(f"need at least 3 decode rounds to fit timings, got {len(decode)}: record a longer run")
     errors, counts = {}, {}
-    decode_fit = one_row = None
+    decode_fit = one_row = step_knee = None
     steps = [r for r in decode if r.strategy is Strategy.AR]
     if len(steps) >= 3 and len({r.batch_size for r in steps}) >= 2:
-        decode_fit, one_row, errors["decode"] = _fit_steps(steps)
+        decode_fit, one_row, step_knee, errors["decode"] = _fit_steps(steps)
         counts["decode"] = len(steps)
     alone = [r for r in decode if r.strategy is not Strategy.SSD]
     verifies = [r for r in alone if r.strategy is not Strategy.AR]
@@ -512,7 +547,8 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
-        verify=verify, verify_knee=knee, decode=decode_fit, decode_one_row=one_row, backup=backup_fit, draft=draft,
+        verify=verify, verify_knee=knee, decode=decode_fit, decode_one_row=one_row, decode_knee=step_knee,
+        backup=backup_fit, draft=draft,
         prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=tuple(attention),
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
         build=build, errors=errors, counts=counts, draft_call=draft_call, build_level=build_level,

@@ -77,7 +77,7 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     assert fit["draft_call"] >= 0 and set(summary["sd_step_ms"]) == set(summary["sd_draft_ms"])
     assert all(set(widths) == {"width_1", "width_2"} for widths in summary["sd_step_ms"].values())
     assert all(ms > 0 for ms in fit["at_b4_c300_K4_ms"].values())
-    assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "backup"} <= set(fit)  # every fitted term
+    assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "decode_knee", "backup"} <= set(fit)  # every fitted term
 
 
 def test_the_engines_own_ssd_rounds_come_last(calibrated):

@@ -278,6 +278,38 @@ def test_a_one_row_step_cheaper_than_the_line_gets_no_one_row_terms():
     assert u0 >= 0.0 and u_kv >= 0.0
 
 
+def _concave_step(b, c):
+    """Stop 35's AVX2-only host (float32): the second row doubles the step, the next two add a quarter."""
+    return {1: 440.0, 2: 860.0, 4: 1060.0, 8: 1460.0}[b] + 0.07 * b * c
+
+
+@pytest.mark.parametrize("batches", [(1, 2, 4), (1, 2, 4, 8)])
+def test_a_step_concave_in_the_batch_gets_a_knee(batches):
+    """450, 900 and 1150 ms at batch 1, 2 and 4: a line through them (the one-row terms can only raise batch 1)
+    put batch 2 19% fast. The knee at batch 2 fits every batch size measured, and batch 3 between its
+    neighbours; a straight step keeps the line (the tests above), and the level scales the knee."""
+    records = [_ar_step(b, c, _concave_step(b, c)) for b in batches for c in (64, 512) for _ in range(2)]
+    fitted = fit_timing(records)
+    assert fitted.decode_knee is not None and fitted.decode_knee[0] == 2.0
+    for b in batches:
+        for c in (64, 300, 512):
+            assert fitted.verify_ms(b, 1, c) == pytest.approx(_concave_step(b, c), rel=1e-3)
+    assert _concave_step(2, 300) < fitted.verify_ms(3, 1, 300) < _concave_step(4, 300)
+    assert fitted.errors["decode"] < 1e-3
+    # the former shape cannot bend down: without the knee (never kept), batch 2 is off by more than 15%
+    import simulator.fit as fit_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fit_module, "KNEE_GAIN", 2.0)
+        line = fit_timing(records)
+    assert line.decode_knee is None and abs(line.verify_ms(2, 1, 300) / _concave_step(2, 300) - 1) > 0.15
+    sd = lambda level: _records([_point("sd", 1, c, K=K, verify_ms=level * 1300.0, draft_ms=300.0)  # noqa: E731
+                                 for K in (2, 4) for c in (100, 200, 300)])
+    leveled = fit_timing(records + sd(1.0)).leveled(sd(1.5))
+    assert leveled.levels["target"] == pytest.approx(1.5, rel=1e-6)
+    assert leveled.verify_ms(2, 1, 300) == pytest.approx(1.5 * _concave_step(2, 300), rel=1e-3)
+
+
 # -- the neural backup fitted apart from SD's drafting -------------------------------------------------------
 SD_DRAFT, BACKUP = (44.0, 0.8, 0.0106), (41.0, 2.8, 0.0098)  # per draft forward; the default pair's calibration
 
