@@ -5,7 +5,6 @@ is the command line)."""
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -18,16 +17,6 @@ def long_prompt(ids: list[int], length: int) -> list[int]:
     if not ids:
         raise ValueError("the prompt is empty: give --prompt text or --prompt-ids")
     return (ids * (length // len(ids) + 1))[:length]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -- the draft worker (its own process, spawned) ----------------------------------------------------------

@@ -43,6 +43,11 @@ def _cpuinfo() -> dict:
     return info
 
 
+def cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo's on Linux, else what the platform module says."""
+    return _cpuinfo().get("cpu_model") or platform.processor() or platform.machine()
+
+
 def _memory_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import subprocess
 import time
 
 import torch
+
+from saguaro.environment import cpu_model
 
 TEXTS = (
     "The committee met on Tuesday to review the budget for the coming year. After a long discussion, "
@@ -33,14 +34,6 @@ TEXTS = (
     "Photosynthesis converts light energy into chemical energy. In the chloroplasts, water is split and "
     "oxygen is released, while carbon dioxide is fixed into sugars by the Calvin cycle.",
 )
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    for line in out.splitlines():
-        if line.startswith("Model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def variant(base, name: str):

@@ -58,11 +58,11 @@ import sys
 import time
 from pathlib import Path
 
-from saguaro.calibration import (build_rounds, cpu_model, fast_backup_ms, fit_summary, level_budget, link_rounds,
+from saguaro.calibration import (build_rounds, fast_backup_ms, fit_summary, level_budget, link_rounds,
                                  long_prompt, measure, start_worker)
 from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, DTYPE_HELP, DTYPES, add_quant_flags,
                                        quant_kwargs, resolve_dtypes)
-from saguaro.environment import machine
+from saguaro.environment import cpu_model, machine
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
           "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "

@@ -18,3 +18,16 @@ def test_describe_pluralises_cores_and_threads() -> None:
     one = describe({"machine": {"cpu_model": "X", "usable_cpus": 1, "torch_threads": 1}})
     two = describe({"machine": {"cpu_model": "X", "usable_cpus": 2, "torch_threads": 2}})
     assert one == "X, 1 core, 1 thread" and two == "X, 2 cores, 2 threads"
+
+
+def test_cpu_model_reads_cpuinfo_and_falls_back_to_the_platform(monkeypatch) -> None:
+    """One reader of the CPU's name for the run folders, the calibration summary and the scripts."""
+    import platform
+
+    from saguaro import environment
+
+    monkeypatch.setattr(environment, "_cpuinfo", lambda: {"cpu_model": "Some CPU", "cpu_flags": ["avx2"]})
+    assert environment.cpu_model() == "Some CPU"
+    monkeypatch.setattr(environment, "_cpuinfo", lambda: {})
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert environment.cpu_model() == platform.machine()
