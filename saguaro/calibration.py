@@ -253,6 +253,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     warm_builds = WARM_BUILDS
     timed = rounds.step  # one round of the engine's decode loop: T = 1 the AR step, T = K+1 the verify
 
+    points_started, points_done, n_points = time.perf_counter(), 0, len(contexts) * len(args.batch)
     for c in contexts:
         base.rollback(base.lengths - c)
         if worker.ask("context", c) != c:
@@ -317,10 +318,22 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                                 backup_ms=round(t, 3), **miss) for i, t in enumerate(backup)]
             summary["verify_busy_ms"][key] = med(busy_all)
             summary["interference"][key] = round(statistics.median(ratios), 3)  # of pairs a few seconds apart
-            say(f"context {c}, batch {b}: verify {med(alone)} ms alone, {med(busy_all)} ms next to the builds")
+            points_done += 1
+            say(f"context {c}, batch {b}: verify {med(alone)} ms alone, {med(busy_all)} ms next to the builds"
+                + _time_left(time.perf_counter() - points_started, points_done, n_points))
     factors = list(summary["interference"].values())
     summary["interference_factor"] = round(statistics.median(factors), 3)
     return records, summary
+
+
+def _time_left(elapsed_s: float, done: int, total: int) -> str:
+    """The progress line's tail: the points left and their time at the pace so far (a point's cost grows with
+    its batch and context, so this is a rough guide; a slow host is told early what it is in for)."""
+    if done >= total:
+        return ""
+    left_s = elapsed_s / done * (total - done)
+    return (f"; point {done} of {total}, about {left_s / 60:.0f} min left at this pace (fewer --context, --batch, "
+            f"--budget or --repeats take less)" if left_s >= 90 else f"; point {done} of {total}")
 
 
 LINK_SPEC = dict(K=1, fanout=(1, 1))  # the link rounds' SSD: its builds (two branches, one step) fit in a verify

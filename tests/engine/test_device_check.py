@@ -31,14 +31,27 @@ def test_llm_refuses_a_missing_draft_device_before_loading(device, message):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="cuda exists here")
 @pytest.mark.parametrize("flag", ["--device", "--draft-device"])
 @pytest.mark.parametrize("device", ["gpu7", "cuda"])
-def test_generate_refuses_a_missing_device_in_one_line(flag, device):
+def test_generate_refuses_a_missing_device_in_one_line(flag, device, capsys):
+    """In-process (the CLI's main); the process itself, exit status and stderr, is checked once below."""
+    from saguaro.cli import main
+
     start = time.monotonic()
+    status = main(["generate", "--strategy", "ssd", "--target", MISSING_MODEL, "--draft", MISSING_MODEL, flag,
+                   device, "Hi"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "device" in err
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="cuda exists here")
+def test_the_cli_process_refuses_a_missing_device_with_exit_2_and_one_line():
     out = subprocess.run(
         [sys.executable, "-m", "saguaro.cli", "generate", "--strategy", "ssd", "--target", MISSING_MODEL,
-         "--draft", MISSING_MODEL, flag, device, "Hi"],
+         "--draft", MISSING_MODEL, "--draft-device", "cuda", "Hi"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 and "device" in out.stderr
-    assert time.monotonic() - start < 60
+    assert len(out.stderr.strip().splitlines()) == 1 and "draft device" in out.stderr

@@ -77,8 +77,20 @@ def test_plain_reader_parses_every_field_part_for_part_as_gguf_does():
         [(t.name, t.tensor_type, t.data_offset) for t in theirs.tensors]
 
 
-def test_float32_conversion_parses_once_and_writes_the_bytes_of_separate_parses(tmp_path, parses):
-    """convert_gguf parses the GGUF once; its folder is byte for byte what each reader parsing alone writes."""
+def test_float32_conversion_parses_once(tmp_path, parses):
+    """convert_gguf parses the GGUF once, and its folder holds the weights and the tokenizer."""
+    gguf = smoke_gguf()
+    once = tmp_path / "once"
+    once.mkdir()
+    provision.convert_gguf(gguf, once)
+    assert len(parses) == 1
+    names = {p.name for p in once.iterdir()}
+    assert any(name.endswith(".safetensors") for name in names) and "tokenizer.json" in names
+
+
+@pytest.mark.slow  # two float32 conversions (~47 s on a 2-core AVX2 host): opt-in with --run-slow
+def test_float32_conversion_writes_the_bytes_of_separate_parses(tmp_path, parses):
+    """convert_gguf's folder is byte for byte what each reader parsing alone writes."""
     gguf = smoke_gguf()
     once, separate = tmp_path / "once", tmp_path / "separate"
     once.mkdir()

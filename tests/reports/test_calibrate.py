@@ -77,7 +77,8 @@ def test_summary_echoes_its_inputs_and_the_interference(calibrated):
     assert fit["draft_call"] >= 0 and set(summary["sd_step_ms"]) == set(summary["sd_draft_ms"])
     assert all(set(widths) == {"width_1", "width_2"} for widths in summary["sd_step_ms"].values())
     assert all(ms > 0 for ms in fit["at_b4_c300_K4_ms"].values())
-    assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "decode_knee", "backup"} <= set(fit)  # every fitted term
+    # every fitted term
+    assert len(fit["prefill_attention"]) == 2 and {"decode_one_row", "decode_knee", "backup"} <= set(fit)
 
 
 def test_the_engines_own_ssd_rounds_come_last(calibrated):
@@ -145,6 +146,16 @@ def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_the_progress_line_says_what_is_left_at_the_pace_so_far():
+    """Stop 35's AVX2-only host took 548 s where the README said ~2 min: the first points say so."""
+    from saguaro.calibration import _time_left
+
+    assert _time_left(120.0, 1, 6) == ("; point 1 of 6, about 10 min left at this pace (fewer --context, --batch, "
+                                       "--budget or --repeats take less)")
+    assert _time_left(10.0, 1, 4) == "; point 1 of 4"  # half a minute left: no advice
+    assert _time_left(300.0, 6, 6) == ""  # the last point: nothing left
+
+
 def test_a_calibration_at_the_workloads_temperature(pair, tmp_path):
     """--temperature: the verify and the draft's proposal, backup and build sample at it; the summary says so,
     and the records hold every kind of point a greedy calibration's do."""
@@ -152,7 +163,7 @@ def test_a_calibration_at_the_workloads_temperature(pair, tmp_path):
     out = tmp_path / "hot.jsonl"
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
                  "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--temperature", "0.7", "--out", str(out)]) == 0
+                 "float32", "--temperature", "0.7", "--link-tokens", "0", "--out", str(out)]) == 0
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["inputs"]["temperature"] == 0.7 and summary["settings"]["temperature"] == 0.7
     records = read_records(out)
@@ -202,7 +213,8 @@ def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatc
     out = tmp_path / "lowbit.jsonl"
     assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
                  "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--target-quant", "int4", "--draft-quant", "int8", "--out", str(out)]) == 0
+                 "float32", "--target-quant", "int4", "--draft-quant", "int8", "--link-tokens", "0", "--out",
+                 str(out)]) == 0
     inputs = json.loads(out.with_suffix(".summary.json").read_text())["inputs"]
     assert (inputs["target_quant"], inputs["draft_quant"], inputs["quant_group_size"]) == ("int4", "int8", 32)
     assert inputs["draft_int8"] is False and inputs["target_head_quant"] is None
