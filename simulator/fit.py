@@ -435,7 +435,7 @@ def _fit_steps(steps: list[RoundRecord]) -> tuple[Coef, tuple[float, float] | No
 
     coef, error = fit(None)
     best = (*split(coef, None), error)
-    if len(batches) >= 4 or (with_one_row and len(batches) >= 3):
+    if len(batches) >= 4 or with_one_row:  # with_one_row: three batch sizes, batch 1 among them
         for R in batches[1:-1]:
             coef, err = fit(R)
             if err < best[3] and err <= error * (1 - KNEE_GAIN) and error - err > KNEE_FLOOR:
