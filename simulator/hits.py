@@ -73,7 +73,8 @@ class EmpiricalHit:
     """P(hit | k, F_k) from measured ranks: rejected[j] for a rejection at position j+1, all_accepted for k = K.
 
     For a simulated K other than the measured one: outcome k < K uses position k+1's rejections if they
-    were measured (else all positions' together), outcome K the measured all-accepted ranks. `tail_r` and
+    were measured (else all positions' together); outcome K, below the measured K, position K+1's α and
+    rejections (`miss`), and above it the measured all-accepted ranks. `tail_r` and
     `tail_scale` extend the miss curve beyond KEPT ranks: miss(F) = miss(KEPT)·(KEPT/F)^tail_r.
     """
 
@@ -102,13 +103,33 @@ class EmpiricalHit:
             return self.rejected[k]
         return self.pooled_rejected
 
-    def miss(self, k: int, K: int, F: np.ndarray) -> np.ndarray:
-        """P(miss | outcome k of K, fan-out F) for F ≥ 0 (any size: the tail is the power law)."""
-        counts = self._counts(k, K)
-        F = np.asarray(F, dtype=float)
+    def _agreement(self, i: int) -> float | None:
+        """The measured α at position i+1 (the draft's first choice accepted there), where the table has it."""
+        alphas = self.meta.get("alpha") or []
+        return float(alphas[i]) if i < len(alphas) and np.isfinite(alphas[i]) else None
+
+    def _miss_of(self, counts: RankCounts, F: np.ndarray) -> np.ndarray:
         near = counts.miss(np.minimum(F, KEPT).astype(int))
         far = counts.miss(np.array(KEPT)) * (KEPT / np.maximum(F, KEPT)) ** self.tail_r
         return np.where(F <= KEPT, near, far)
+
+    def miss(self, k: int, K: int, F: np.ndarray) -> np.ndarray:
+        """P(miss | outcome k of K, fan-out F) for F ≥ 0 (any size: the tail is the power law).
+
+        All K accepted with K below the measured K: the bonus stands at position K+1, which the measured
+        rounds drafted. There the target's token was the draft's first choice with the measured α_{K+1}
+        (accepted), and otherwise ranks as after a rejection there, one place further down (the rejected
+        first choice left out of the recorded rank): P(miss) = (1 − α_{K+1})·P(rank ≥ F − 1 | rejected at
+        K+1). Exact at T = 0, an approximation at T > 0 (as after a fast backup). The measured all-accepted
+        ranks stand one position further on; on the default pair at T = 0 they put K 2's all-accepted hit
+        at F 1 at 0.964 where its SSD runs hit 0.942 and 0.932 (α_3 0.947)."""
+        F = np.asarray(F, dtype=float)
+        agree = self._agreement(K) if k == K < len(self.rejected) else None
+        if agree is None:
+            return self._miss_of(self._counts(k, K), F)
+        rejected = self._counts(K, K + 1)  # the rejections at position K+1 (all positions' if too few)
+        shifted = (1.0 - agree) * self._miss_of(rejected, np.maximum(F - 1, 0))
+        return np.where(F >= 1, shifted, 1.0)
 
     def hit_prob(self, fanout: tuple[int, ...], from_cache: bool, draft_sourced: bool = True) -> np.ndarray:
         """`HitModel`: P(hit | k) for k = 0..K under the schedule (the same table after a neural backup round).
@@ -122,8 +143,7 @@ class EmpiricalHit:
         0.845 (97), where the rejection table alone says 0.70 and this 0.885. Without a measured α_1 (a table
         without `alpha`) the rejection table is used as it is."""
         K = len(fanout) - 1
-        alphas = self.meta.get("alpha") or []
-        agree = float(alphas[0]) if alphas and np.isfinite(alphas[0]) else None
+        agree = self._agreement(0)
         out = []
         for k, F in enumerate(fanout):
             if draft_sourced or k == K or agree is None or F == 0:

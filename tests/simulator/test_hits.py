@@ -134,20 +134,22 @@ def test_theory_simulate_and_plan_share_one_default_hit_model(capsys):
     assert simulated == pytest.approx(out["hit_probability"]["optimal_integer"], abs=0.01)
 
 
-def _agreement_world(rng, rounds: int, agree: float, batch: int = 4):
-    """SD records from a world where, at every position, the target's token is the draft's first choice with
-    probability `agree` (then accepted, at T = 0) and otherwise ranks 1 + Geometric(½) among the draft's
-    guesses; a rejection records the rank with the rejected first choice left out (one place higher)."""
+def _agreement_world(rng, rounds: int, agree: float | tuple[float, ...], batch: int = 4):
+    """SD records from a world where, at position i, the target's token is the draft's first choice with
+    probability `agree` (or `agree[i]`, i = 0..K, the last for the bonus after all K accepted; then accepted,
+    at T = 0) and otherwise ranks 1 + Geometric(½) among the draft's guesses; a rejection records the rank
+    with the rejected first choice left out (one place higher)."""
+    agree = tuple(agree) if isinstance(agree, tuple) else (agree,) * (K + 1)
     lines = []
     for i in range(rounds):
         accepted, ranks = [], []
         for _ in range(batch):
             k = 0
-            while k < K and rng.random() < agree:
+            while k < K and rng.random() < agree[k]:
                 k += 1
             accepted.append(k)
             below = int(rng.geometric(0.5))  # the target's rank among the draft's guesses when not the first
-            ranks.append(below - 1 if k < K else (0 if rng.random() < agree else below))
+            ranks.append(below - 1 if k < K else (0 if rng.random() < agree[K] else below))
         lines.append(parse_record({
             "strategy": "sd", "round": i, "batch_size": batch, "K": K, "context_len": 10 + i,
             "accepted": accepted, "emitted": [k + 1 for k in accepted], "draft_ms": 1.0, "verify_ms": 2.0,
@@ -172,6 +174,27 @@ def test_after_a_fast_backup_a_rejection_says_nothing_against_the_drafts_first_c
     assert abs(after_draft[0] - truth) > 0.05  # negative control: the rejection table misses the fast case
     assert after_fast[K] == after_draft[K]  # all accepted: the same table either way
     assert model.hit_prob(fanout, True).tolist() == after_draft.tolist()  # the default is the draft's case
+
+
+@pytest.mark.parametrize("F", [1, 2, 3])
+def test_all_accepted_below_the_measured_K_reads_the_position_the_records_drafted(F):
+    """K 2 simulated from K 3 records: its all-accepted bonus stands at position 3, where the records drafted
+    a token. There the target's token is the draft's first choice with α_3 and otherwise ranks
+    1 + Geometric(½): P(hit) = α_3 + (1 − α_3)·(1 − ½^(F−1)). The records' own all-accepted ranks are at
+    position 4 (α 0.6 here): the former reading, kept when a table has no α, is the negative control."""
+    agree = (0.85, 0.85, 0.95, 0.6)
+    model = from_records(_agreement_world(np.random.default_rng(3), 6000, agree))
+    truth = agree[2] + (1 - agree[2]) * (1 - 0.5 ** (F - 1))
+    hit = model.hit_prob((2, 1, F), True)
+    assert hit[2] == pytest.approx(truth, abs=0.015)
+    assert model.hit_prob((2, 1, 0), True)[2] == 0.0  # no guesses, no hit
+    without_alpha = EmpiricalHit(model.rejected, model.all_accepted, model.tail_r)
+    former = without_alpha.hit_prob((2, 1, F), True)[2]
+    assert former == pytest.approx(agree[3] + (1 - agree[3]) * (1 - 0.5 ** (F - 1)), abs=0.015)
+    assert abs(former - truth) > 0.05
+    # at the measured K, and above it, the all-accepted ranks are what was measured
+    assert model.hit_prob((1, 1, 1, F), True)[3] == pytest.approx(without_alpha.hit_prob((1, 1, 1, F), True)[3])
+    assert model.hit_prob((1,) * 5 + (F,), True)[5] == without_alpha.hit_prob((1,) * 5 + (F,), True)[5]
 
 
 def test_the_simulator_asks_for_the_fast_backup_table_only_after_a_fast_backup():
