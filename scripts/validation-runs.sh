@@ -3,7 +3,9 @@
 # on held-out HumanEval prompts, an SD reference on the served prompts, and SSD served at four rates.
 # Run it alone on the machine (SSD needs its own core; anything else computing voids its figures).
 # Settings: OUT (runs/validation), PARTS ("calibrate serve b4 b2 k t07 fast": which parts, in this order), DTYPE
-# (the target's, for the calibration and every run alike: auto, bfloat16 where the CPU multiplies in it at speed).
+# (the target's, for the calibration and every run alike: auto, bfloat16 where the CPU multiplies in it at speed),
+# SERVE_RATES (the served SSD's request rates, "0.1 0.2 0.4 inf": scale them to the host's speed; an AVX2-only
+# host running float32 is about four times slower, "0.025 0.05 0.1 inf").
 # Then: scripts/validate_ssd.py and scripts/validate_serving.py on the folders (see the report's README).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +33,7 @@ for part in "${parts[@]}"; do
         "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \
             --temperature 0 "${model[@]}" --warmup 1 --no-progress --out "$out" --name sd-reference-served
         stamp "SSD served"
-        DTYPE="$dtype" OUT="$out/serving" TOKENS=64 N=8 RATES="0.1 0.2 0.4 inf" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
+        DTYPE="$dtype" OUT="$out/serving" TOKENS=64 N=8 RATES="${SERVE_RATES:-0.1 0.2 0.4 inf}" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
             bash "$root/scripts/bench-serving.sh" ;;
     b4)
         stamp "batch 4"
