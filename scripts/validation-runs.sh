@@ -33,8 +33,8 @@ for part in "${parts[@]}"; do
         "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \
             --temperature 0 "${model[@]}" --warmup 1 --no-progress --out "$out" --name sd-reference-served
         stamp "SSD served"
-        DTYPE="$dtype" OUT="$out/serving" TOKENS=64 N=8 RATES="${SERVE_RATES:-0.1 0.2 0.4 inf}" STRATEGIES=ssd BUDGET=8 REFERENCE=0 \
-            bash "$root/scripts/bench-serving.sh" ;;
+        DTYPE="$dtype" OUT="$out/serving" TOKENS=64 N=8 RATES="${SERVE_RATES:-0.1 0.2 0.4 inf}" STRATEGIES=ssd \
+            BUDGET=8 REFERENCE=0 bash "$root/scripts/bench-serving.sh" ;;
     b4)
         stamp "batch 4"
         "$bin/saguaro" bench --systems ar sd ssd -K 4 --budget 8 16 --schedule uniform --backup neural \
