@@ -96,12 +96,14 @@ class EmpiricalHit:
             total = total + counts
         return total
 
-    def _counts(self, k: int, K: int) -> RankCounts:
-        if k == K:
-            return self.all_accepted
+    def _rejected_at(self, k: int) -> RankCounts:
+        """The ranks after a rejection at position k+1 (all positions' together where it has too few)."""
         if k < len(self.rejected) and self.rejected[k].total >= MIN_PER_POSITION:
             return self.rejected[k]
         return self.pooled_rejected
+
+    def _counts(self, k: int, K: int) -> RankCounts:
+        return self.all_accepted if k == K else self._rejected_at(k)
 
     def _agreement(self, i: int) -> float | None:
         """The measured α at position i+1 (the draft's first choice accepted there), where the table has it."""
@@ -127,8 +129,7 @@ class EmpiricalHit:
         agree = self._agreement(K) if k == K < len(self.rejected) else None
         if agree is None:
             return self._miss_of(self._counts(k, K), F)
-        rejected = self._counts(K, K + 1)  # the rejections at position K+1 (all positions' if too few)
-        shifted = (1.0 - agree) * self._miss_of(rejected, np.maximum(F - 1, 0))
+        shifted = (1.0 - agree) * self._miss_of(self._rejected_at(K), np.maximum(F - 1, 0))
         return np.where(F >= 1, shifted, 1.0)
 
     def hit_prob(self, fanout: tuple[int, ...], from_cache: bool, draft_sourced: bool = True) -> np.ndarray:
