@@ -242,13 +242,14 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
     # Warm-up at the first timed point's own shape: the first forwards of a process are slow, and a warm-up at
     # K + 1 tokens left the first timed prefill ~29% dear (stop 22), bending the prefill fit's intercept.
     prefill(points[0][1], keep=False, b=points[0][0])
-    for b, n in points:  # the longest at batch 1 last: it is kept as the base
+    for i, (b, n) in enumerate(points, 1):  # the longest at batch 1 last: it is kept as the base
         state, target_ms, draft_ms = prefill(n, keep=(b, n) == (1, max(contexts)), b=b)
         if (b, n) == (1, max(contexts)):
             base = state
         records.append(_prefill_record(b, n, target_ms, draft_ms))
         summary["prefill_ms"][f"{b}x{n}"] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
-    say(f"prefilled at {len(points)} lengths and batch sizes (target and draft)")
+        # a line each: on an AVX2-only host the batch-8 prefills take 24-43 s apiece (stop 37: 200 s in all)
+        say(f"prefilled {b} x {n} tokens, target and draft ({i} of {len(points)})")
     rounds = TargetRounds(target, ids, K, widths=verify_widths(K), temperature=getattr(args, "temperature", 0.0))
     warm_builds = WARM_BUILDS
     timed = rounds.step  # one round of the engine's decode loop: T = 1 the AR step, T = K+1 the verify

@@ -1,7 +1,8 @@
 """`saguaro calibrate`: timed forwards that tell the simulator what an SD run cannot about SSD on this
 machine, at the contexts the workload will have (--context). For the default pair on a 2-core CPU that takes
-about two minutes where the CPU has fast bfloat16 GEMMs (AVX-512), about nine (--batch 1 2 4) on an AVX2-only
-one (float32, a five-row verify of 1.3 s: stop 35); the progress lines say what is left at the pace so far.
+about two minutes where the CPU has fast bfloat16 GEMMs (AVX-512), about nine (--batch 1 2 4) to sixteen
+(--batch 1 4 8) on an AVX2-only one (float32, a five-row verify of 1.3 s: stops 35-37); the progress lines say
+what is left at the pace so far.
 
 One long prompt (real prompt text repeated to the largest --context) is prefilled ONCE by the target here
 and ONCE by the draft in a worker process on the other core(s), as SSD places them. Each smaller context is
@@ -71,7 +72,7 @@ PROMPT = ("Write a Python function that returns the n-th Fibonacci number iterat
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (2-9 minutes)",
+    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (2-16 minutes)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"alias, model folder or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"alias, model folder or .gguf (default {DEFAULT_DRAFT})")

@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 
+from saguaro.calibration import prefill_points
 from saguaro.cli import main
 from simulator import fit_timing, read_records
 from tests.engine.test_models import save_tiny
@@ -241,6 +242,11 @@ def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, c
                  "float32", "--build-tokens", "8", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "the engine's SSD rounds failed (RuntimeError: no port)" in err
+    # a progress line for each timed prefill (one forward each; on a slow host each can take most of a minute)
+    points, lines = prefill_points([12], [1]), [line for line in err.splitlines() if "prefilled" in line]
+    assert len(lines) == len(points) >= 1
+    for i, ((b, n), line) in enumerate(zip(points, lines), 1):
+        assert f"prefilled {b} x {n} tokens, target and draft ({i} of {len(points)})" in line
     assert "the engine's SSD build rounds failed (RuntimeError: no port): no build level is measured" in err
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["link"] == summary["build_level"] == {"error": "RuntimeError: no port"}
