@@ -238,17 +238,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     found = {k: v for run in args.runs for k, v in variants(run).items()}
-    # per temperature, from its reference SD variant (batch 1, the largest K): the hit model (with α per
-    # position), and the former way's timing fitted on that SD run alone (given the same fast-backup times,
-    # which it cannot see)
+    # per temperature, from its reference SD variant (the smallest batch, batch 1 where there is one, and the
+    # largest K there): the hit model (with α per position), and the former way's timing fitted on that SD run
+    # alone (given the same fast-backup times, which it cannot see). Every row of a batch records its own
+    # outcomes, so an SD run at batch 2 or 4 tells α and the ranks as well as one at batch 1.
     reference: dict[float, tuple[str, dict, list]] = {}
     for key, (s, rows) in found.items():
-        if s["system"] == "sd" and rows[0].batch_size == 1 and not s.get("adaptive"):  # one K: one rank table
+        if s["system"] == "sd" and not s.get("adaptive"):  # one K: one rank table
             best = reference.get(s["temperature"])
-            if best is None or s["K"] > best[1]["K"]:
+            if best is None or (rows[0].batch_size, -s["K"]) < (best[2][0].batch_size, -best[1]["K"]):
                 reference[s["temperature"]] = (key, s, rows)
     if not reference:
-        print("error: the runs have no SD variant at batch 1 to take α and hits from", file=sys.stderr)
+        print("error: the runs have no SD variant (one K, not adaptive) to take α and hits from: add an SD run "
+              "of the same prompts, e.g. saguaro bench --systems sd -K 5", file=sys.stderr)
         return 2
     # per (run folder, temperature): the level from that folder's own SD variants (one K each; any batch)
     own_sd: dict[tuple[str, float], list] = defaultdict(list)

@@ -5,7 +5,9 @@
 # Settings: OUT (runs/validation), PARTS ("calibrate serve b4 b2 k t07 fast": which parts, in this order), DTYPE
 # (the target's, for the calibration and every run alike: auto, bfloat16 where the CPU multiplies in it at speed),
 # SERVE_RATES (the served SSD's request rates, "0.1 0.2 0.4 inf": scale them to the host's speed; an AVX2-only
-# host running float32 is about four times slower, "0.025 0.05 0.1 inf").
+# host running float32 is about four times slower, "0.025 0.05 0.1 inf"), CALIBRATE_BATCH (the calibration's batch
+# sizes, "1 2 4 8": batch 8 for the served runs' builds, 2 for the AR step's knee and the small builds; stop 37's
+# "1 4 8" put AR at batch 2 +54% and the batch-2 SSD rows 16-24% slow on an AVX2-only host).
 # Then: scripts/validate_ssd.py and scripts/validate_serving.py on the folders (see the report's README).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +29,8 @@ for part in "${parts[@]}"; do
     calibrate)
         stamp calibrate
         # batch 8: the served runs batch up to --max-num-seqs 8, whose builds (8 x budget branches) must be timed
-        "$bin/saguaro" calibrate --dtype "$dtype" --draft-int8 --batch 1 4 8 --out "$out/calibration.jsonl" ;;
+        read -r -a batches <<< "${CALIBRATE_BATCH:-1 2 4 8}"
+        "$bin/saguaro" calibrate --dtype "$dtype" --draft-int8 --batch "${batches[@]}" --out "$out/calibration.jsonl" ;;
     serve)  # the served prompts' SD reference (α and hits), then SSD served at four rates and concurrency 1
         stamp "SD reference on the served prompts"
         "$bin/saguaro" bench --systems sd -K 5 --prompts spec_bench --first -n 8 --max-new-tokens 64 --ignore-eos \

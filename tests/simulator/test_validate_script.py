@@ -194,3 +194,28 @@ def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build
                               "--build-level"])
     err = capsys.readouterr().err
     assert code == 2 and "no engine build rounds" in err and "Traceback" not in err
+
+
+def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batch(tmp_path, capsys):
+    """The b4 folder alone: its SD variant at batch 4 is the reference (every row records its own outcomes), and
+    with the batch-1 run beside it the batch-1 one still is. Runs without any SD variant: one line, exit 2."""
+    b4 = next((STOP26 / "runs").glob("*-b4"))
+    out = tmp_path / "b4.json"
+    code = validate_ssd.main([str(b4), "--calibration", str(STOP26 / "calibration-1842.jsonl"), "--rounds", "300",
+                              "--json", str(out)])
+    assert code == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["configuration"] for r in rows if r["reference"]] == ["sd T=0 b=4 K=4"]
+    assert "α per position and hits from" in capsys.readouterr().err
+    assert any(r["configuration"].startswith("ssd ") and r["predicted_hit_rate"] for r in rows)
+    assert [r["configuration"] for r in _run(tmp_path) if r["reference"]] == ["sd T=0 b=1 K=5"]
+
+    no_sd = tmp_path / b4.name
+    no_sd.mkdir()
+    for name in ("config.json", "environment.json", "prompts.jsonl", "results.jsonl", "summary.json"):
+        (no_sd / name).write_bytes((b4 / name).read_bytes())
+    records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
+    (no_sd / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if not r["key"].startswith("sd ")))
+    code = validate_ssd.main([str(no_sd), "--calibration", str(STOP26 / "calibration-1842.jsonl"), "--rounds", "300"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no SD variant" in err and "saguaro bench --systems sd" in err and "Traceback" not in err
