@@ -1,0 +1,27 @@
+# The calibration harness's cache build (saguaro.calibration, worker command "build") timed alone, no verify beside
+# it: batch 1, K 4, 4 and 16 branches, contexts 128, 256, 512 (stop 38; see README). Run alone on the machine.
+import statistics
+from engine.config import EngineConfig
+from engine.strategies.ssd import draft_recipe
+from saguaro.calibration import start_worker, _ms
+def main():
+    config = EngineConfig(target="qwen-coder-1.5b", draft="qwen-coder-0.5b", strategy="ssd", dtype="bfloat16",
+                          draft_int8=True, threads=1)
+    recipe = draft_recipe(None, config)
+    ids = [1000 + (i * 37) % 5000 for i in range(600)]
+    w = start_worker(recipe, 1, ids, 4, 0.0)
+    print(w.recv(600))
+    print("prefill", _ms(w.ask("prefill", 520, True, 1)))
+    for c in (128, 256, 512):
+        print("context", w.ask("context", c))
+        for B in (4, 16, 4, 16):
+            for _ in range(2):
+                w.ask("build", 1, B); w.recv()
+            t = []
+            for _ in range(6):
+                w.ask("build", 1, B); t += _ms(w.recv())
+            print(c, B, round(statistics.median(t)), [round(x) for x in t], flush=True)
+    w.close()
+    
+if __name__ == "__main__":
+    main()
