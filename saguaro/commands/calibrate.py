@@ -224,7 +224,8 @@ def run(args) -> int:
                          "build_tokens": args.build_tokens, "cpu": cpu_model(),
                          "cpu_flags": machine().get("cpu_flags"),  # "AMD EPYC" names AVX2-only and AVX-512 hosts
                          "torch": __import__("torch").__version__,
-                         "ragged_rows": True}  # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
+                         # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
+                         "ragged_rows": True}
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                            if not k.startswith("_") and k != "func"}
     summary_path = args.out.with_suffix(".summary.json")
