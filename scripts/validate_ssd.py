@@ -14,7 +14,8 @@ measured.
   level are marked "level source";
 - acceptance and hits: one reference SD variant's records per temperature (α per position, and the
   empirical hit model from where each bonus stood among the draft's guesses): the SD variant at batch 1
-  with the largest K among the runs given, so that its positions cover every K predicted;
+  with the largest K among the runs given, so that its positions cover every K predicted (without one at
+  batch 1, the smallest batch's: each row of a batch records its own outcomes);
 - the simulator then runs each configuration (closed loop at its batch size, the run's mean prompt and
   output lengths) and its decode tokens/s (Σ emitted / Σ round time) is compared with the measured one.
 --terms (and always in --json) also puts each configuration's rounds beside its leveled fit term by term (verify,

@@ -215,7 +215,8 @@ def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batc
     for name in ("config.json", "environment.json", "prompts.jsonl", "results.jsonl", "summary.json"):
         (no_sd / name).write_bytes((b4 / name).read_bytes())
     records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
-    (no_sd / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if not r["key"].startswith("sd ")))
+    kept = [r for r in records if not r["key"].startswith("sd ")]
+    (no_sd / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     code = validate_ssd.main([str(no_sd), "--calibration", str(STOP26 / "calibration-1842.jsonl"), "--rounds", "300"])
     err = capsys.readouterr().err
     assert code == 2 and "no SD variant" in err and "saguaro bench --systems sd" in err and "Traceback" not in err
