@@ -99,7 +99,10 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   held beyond). It is not applied by default: on stop 32's held-out runs (an hour of runs, the calibration
   after them) it measured ×0.88, ×0.91 and ×1.07 at batch 1, 4 and 8, and applied, it put 11 of 21 engine
   rows within 10% instead of 16 and 8 of 20 served figures within 15% instead of 14: the builds of those
-  runs cost what the harness said, not what the engine's rounds at the end of the calibration cost;
+  runs cost what the harness said, not what the engine's rounds at the end of the calibration cost. Stop 38
+  timed the harness's build with no verify beside it: flat in the context (128-512) and 0-15% cheaper than the
+  engine's builds in a run; its calibration points are dear only beside the calibration's verify (×1.05-2.2
+  over alone, steepest at context 512, against ×1.1-1.2 for the engine's builds), so that is where the gap is;
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
   memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
   any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
