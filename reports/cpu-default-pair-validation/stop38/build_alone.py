@@ -1,6 +1,8 @@
 # The calibration harness's cache build (saguaro.calibration, worker command "build") timed alone, no verify beside
-# it: batch 1, K 4, 4 and 16 branches, contexts 128, 256, 512 (stop 38; see README). Run alone on the machine.
+# it: K 4, contexts 128, 256, 512 (stop 38; see README). Run alone on the machine.
+# Usage: build_alone.py [BATCH [BRANCHES_PER_ROW ...]]  (default: batch 1, 4 and 16 branches a row)
 import statistics
+import sys
 from engine.config import EngineConfig
 from engine.strategies.ssd import draft_recipe
 from saguaro.calibration import start_worker, _ms
@@ -12,16 +14,19 @@ def main():
     w = start_worker(recipe, 1, ids, 4, 0.0)
     print(w.recv(600))
     print("prefill", _ms(w.ask("prefill", 520, True, 1)))
+    b = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    per_row = [int(x) for x in sys.argv[2:]] or [4, 16]
     for c in (128, 256, 512):
         print("context", w.ask("context", c))
-        for B in (4, 16, 4, 16):
+        for B in per_row * 2:
             for _ in range(2):
-                w.ask("build", 1, B); w.recv()
+                w.ask("build", b, B); w.recv()
             t = []
             for _ in range(6):
-                w.ask("build", 1, B); t += _ms(w.recv())
-            print(c, B, round(statistics.median(t)), [round(x) for x in t], flush=True)
+                w.ask("build", b, B); t += _ms(w.recv())
+            print(c, b * B, round(statistics.median(t)), [round(x) for x in t], flush=True)
     w.close()
-    
+
+
 if __name__ == "__main__":
     main()
