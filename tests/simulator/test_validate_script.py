@@ -24,6 +24,17 @@ def _run(tmp_path: Path, *extra: str, calibrations: tuple = (STOP26 / "calibrati
     return json.loads(out.read_text())["rows"]
 
 
+def _copy_with_rounds(folder: Path, into: Path, keep) -> Path:
+    """A copy of a bench run folder under `into` whose rounds.jsonl holds only the records `keep` accepts."""
+    copy = into / folder.name
+    copy.mkdir()
+    for name in ("config.json", "environment.json", "prompts.jsonl", "results.jsonl", "summary.json"):
+        (copy / name).write_bytes((folder / name).read_bytes())
+    rows = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    (copy / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if keep(r)))
+    return copy
+
+
 def test_each_run_folder_is_leveled_by_its_own_sd_variants(tmp_path):
     rows = _run(tmp_path)
     reference = [r for r in rows if r["reference"]]
@@ -64,14 +75,10 @@ def test_no_level_leaves_the_calibration_as_it_is(tmp_path):
 def test_a_folder_whose_sd_rounds_cannot_set_a_level_is_one_line_and_exit_2(tmp_path, capsys):
     """Two SD rounds in the b4 folder: too few to level on (three are needed)."""
     b4 = next((STOP26 / "runs").glob("*-b4"))
-    short = tmp_path / b4.name
-    short.mkdir()
-    for name in ("config.json", "environment.json", "prompts.jsonl", "results.jsonl", "summary.json"):
-        (short / name).write_bytes((b4 / name).read_bytes())
     rows = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
     sd = [r for r in rows if r["key"].startswith("sd ") and r.get("phase") == "decode"]
-    kept = [r for r in rows if not r["key"].startswith("sd ") or r.get("phase") != "decode" or r in sd[:2]]
-    (short / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    short = _copy_with_rounds(b4, tmp_path, lambda r: not r["key"].startswith("sd ") or r.get("phase") != "decode"
+                              or r in sd[:2])
     reference = next((STOP26 / "runs").glob("*-k5ref"))
     code = validate_ssd.main([str(reference), str(short), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
                               "--rounds", "300"])
@@ -210,13 +217,7 @@ def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batc
     assert any(r["configuration"].startswith("ssd ") and r["predicted_hit_rate"] for r in rows)
     assert [r["configuration"] for r in _run(tmp_path) if r["reference"]] == ["sd T=0 b=1 K=5"]
 
-    no_sd = tmp_path / b4.name
-    no_sd.mkdir()
-    for name in ("config.json", "environment.json", "prompts.jsonl", "results.jsonl", "summary.json"):
-        (no_sd / name).write_bytes((b4 / name).read_bytes())
-    records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
-    kept = [r for r in records if not r["key"].startswith("sd ")]
-    (no_sd / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    no_sd = _copy_with_rounds(b4, tmp_path, lambda r: not r["key"].startswith("sd "))
     code = validate_ssd.main([str(no_sd), "--calibration", str(STOP26 / "calibration-1842.jsonl"), "--rounds", "300"])
     err = capsys.readouterr().err
     assert code == 2 and "no SD variant" in err and "saguaro bench --systems sd" in err and "Traceback" not in err
