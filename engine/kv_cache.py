@@ -92,8 +92,15 @@ class KVState:
         return out.logits
 
     def rollback(self, drop: Tensor) -> None:
-        """Forget the newest drop[b] real tokens of each row b (drop: [B], >= 0)."""
-        if drop.numel() == 0 or int(drop.max()) == 0:
+        """Forget the newest drop[b] real tokens of each row b (drop: [B], 0 <= drop[b] <= the row's length).
+        ValueError otherwise: a negative drop would count tokens the cache does not hold."""
+        if drop.numel() == 0:
+            return
+        lo, hi = int(drop.min()), int(drop.max())
+        if lo < 0 or bool((drop.to(self.lengths.device) > self.lengths).any()):
+            raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {self.lengths.tolist()}: each row "
+                             f"can forget 0 up to its own length (to extend a row, feed it tokens)")
+        if hi == 0:
             return
         # Rank of each real slot counted from the end of its row: 1 = newest.
         rank_from_end = self.mask.flip(-1).cumsum(-1).flip(-1)  # [B, L]

@@ -32,6 +32,22 @@ def test_rollback_per_row_restores_the_shorter_prefix():
     assert torch.allclose(logits[1], alone(model, [3, 4, 8, 9, 12]), atol=ATOL)
 
 
+def test_rollback_refuses_a_negative_or_too_long_drop_and_keeps_the_cache():
+    """A negative drop once looked like a roll-forward (the lengths grew, the cache did not): stop 38's
+    build_alone.py "rolled" a 128-token cache to 256 and 512 and timed every build at 128."""
+    import pytest
+
+    model = tiny_lm(2)
+    state = KVState(model, 2, torch.device("cpu"))
+    state.extend(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    for drop in ([-1, 0], [0, 4]):
+        with pytest.raises(ValueError, match="can forget 0 up to its own length"):
+            state.rollback(torch.tensor(drop))
+    assert state.lengths.tolist() == [3, 3] and state.cache.get_seq_length() == 3
+    state.rollback(torch.tensor([3, 0]))  # a whole row may go
+    assert state.lengths.tolist() == [0, 3]
+
+
 def test_rollback_of_every_row_frees_the_slots():
     model = tiny_lm(2)
     state = KVState(model, 2, torch.device("cpu"))

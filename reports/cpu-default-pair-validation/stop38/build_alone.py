@@ -1,5 +1,7 @@
 # The calibration harness's cache build (saguaro.calibration, worker command "build") timed alone, no verify beside
 # it: K 4, contexts 128, 256, 512 (stop 38; see README). Run alone on the machine.
+# Stop 39: wrong as written. The contexts go up, a roll-back cannot lengthen the cache, and every build ran at 128
+# tokens; KVState.rollback now refuses the negative roll-back (ValueError), so this script stops at "context 256".
 # Usage: build_alone.py [BATCH [BRANCHES_PER_ROW ...]]  (default: batch 1, 4 and 16 branches a row)
 import statistics
 import sys
