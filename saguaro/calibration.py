@@ -215,6 +215,9 @@ def prefill_points(contexts: list[int], batches: list[int]) -> list[tuple[int, i
 # 19 (three workers on a 2-core VM, default pair, batch 1, 8 branches, context 150: 481, 515, 440 ms against
 # 371, 431, 401), and the first point's three repeats are all a calibration has of that shape.
 WARM_BUILDS = 2
+# Builds timed with the target idle, per point (--builds-alone): the fit's build line is then fitted on them and
+# scaled by the builds beside the verify (simulator.fit). Two a point: stop 39's spread up to 1.4x within a pair.
+ALONE_BUILDS = 2
 
 
 def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[dict], dict]:
@@ -252,6 +255,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
         say(f"prefilled {b} x {n} tokens, target and draft ({i} of {len(points)})")
     rounds = TargetRounds(target, ids, K, widths=verify_widths(K), temperature=getattr(args, "temperature", 0.0))
     warm_builds = WARM_BUILDS
+    alone_builds = ALONE_BUILDS if getattr(args, "builds_alone", False) else 0
     timed = rounds.step  # one round of the engine's decode loop: T = 1 the AR step, T = K+1 the verify
 
     points_started, points_done, n_points = time.perf_counter(), 0, len(contexts) * len(args.batch)
@@ -293,12 +297,12 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
             ratios: list[float] = []
             for B in args.budget:
                 hits = dict(hit=[True] * b, branches=b * B, backup=None, wait_ms=0.0, fanout=_fanout(K, B))
-                builds = []
+                builds, lone = [], []
                 for _ in range(warm_builds):  # untimed, once: a worker's first build runs slow
                     worker.ask("build", b, B)
                     worker.recv()
                 warm_builds = 0
-                for _ in range(reps):  # pairs taken in turn: the verify alone, then next to one build
+                for i in range(reps):  # in turn: the verify alone, then next to one build, then a build alone
                     single = _ms([timed(K + 1)])[0]
                     worker.conn.send(("build", b, B))
                     worker.recv()  # ("started", t): the build is under way
@@ -311,7 +315,14 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                     ratios.append(verify / single)
                     records.append(_record("sd", K, b, c, single))  # the verify alone, taken between the builds
                     records.append(_record("ssd", K, b, c, verify, cache_build_ms=round(builds[-1], 3), **hits))
+                    if i < alone_builds:  # the build with the target idle: the fit's build line (simulator.fit)
+                        worker.ask("build", b, B)
+                        lone += _ms(worker.recv())
+                        records.append(_record("ssd", K, b, c, 0.0, cache_build_ms=round(lone[-1], 3),
+                                               level="alone", **hits))
                 summary["cache_build_ms"][f"{key}x{b * B}"] = med(builds)
+                if lone:
+                    summary.setdefault("cache_build_alone_ms", {})[f"{key}x{b * B}"] = med(lone)
             # the backup's own time: an SSD round whose every row missed (the worker drafts the whole batch)
             B0 = args.budget[0]
             miss = dict(hit=[False] * b, branches=b * B0, backup="neural", fanout=_fanout(K, B0), cache_build_ms=0.0)
@@ -440,6 +451,7 @@ def fit_summary(path: Path) -> dict:
             "draft": [r(c) for c in f.draft] if f.draft else None, "draft_call": r(f.draft_call),
             "link_latency_ms": r(f.link_latency_ms), "overhead_ms": {k: r(v) for k, v in f.overhead.items()},
             "build": [r(c) for c in f.build] if f.build else None, "ssd_verify_factor": r(f.ssd_verify_factor),
+            "build_beside": r(f.build_beside),
             "errors": {k: r(v) for k, v in f.errors.items()},
             "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),
                                  "sd_draft": r(f.draft_ms(4, 4, 300)) if f.draft else None,

@@ -99,10 +99,17 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   held beyond). It is not applied by default: on stop 32's held-out runs (an hour of runs, the calibration
   after them) it measured ×0.88, ×0.91 and ×1.07 at batch 1, 4 and 8, and applied, it put 11 of 21 engine
   rows within 10% instead of 16 and 8 of 20 served figures within 15% instead of 14: the builds of those
-  runs cost what the harness said, not what the engine's rounds at the end of the calibration cost. Stop 38
-  timed the harness's build with no verify beside it: flat in the context (128-512) and 0-15% cheaper than the
-  engine's builds in a run; its calibration points are dear only beside the calibration's verify (×1.05-2.2
-  over alone, steepest at context 512, against ×1.1-1.2 for the engine's builds), so that is where the gap is;
+  runs cost what the harness said, not what the engine's rounds at the end of the calibration cost. (Stop 38
+  reported the harness's build alone flat in the context from 128 to 512: its script rolled a 128-token cache
+  "forward" to 256 and 512, which KVState.rollback now refuses, so every one of those builds ran at 128. Timed
+  alone at 64 and 512 by stop 39's calibration, batch 1 with 16 branches took 494-513 and 938-984 ms);
+- builds alone (`saguaro calibrate --builds-alone`, records marked level "alone", an experiment): the build
+  line is fitted on the builds timed with the target idle, and `build_beside` is the median of the builds
+  beside the verify over that line (the records' SSD builds, the calibration's and any run's). Beside the
+  calibration's verify a build ran ×0.96-1.57 its time alone (stop 39, 24 points, median ×1.15). On stop 38's
+  held-out runs with stop 39's calibration, 7 of 11 engine rows came within 10% this way against 10 of 11 with
+  the line through the builds beside, and 12 of 20 served figures within 15% against 8: no better overall, so
+  the builds beside stay the default;
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
   memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
   any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
@@ -168,6 +175,7 @@ class FittedTiming:
     link_latency_ms: float = 0.0
     ssd_verify_factor: float = 1.0  # the verify's slowdown while the SSD worker builds next to it
     build: tuple[float, ...] | None = None  # (s, e_row, e_kv, e_crowd): the cache build (see above)
+    build_beside: float = 1.0  # a build beside the verify over the build line (1 when the line is fitted beside it)
     backup: Coef | None = None  # the neural backup's own draft-forward coefficients (see above)
     errors: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
@@ -269,7 +277,7 @@ class FittedTiming:
                 + (K - 1) * self._draft(batch, batch * context))
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
-        return self._build_line(batch, K, branches, context) * self.build_level_at(batch)
+        return self._build_line(batch, K, branches, context) * self.build_beside * self.build_level_at(batch)
 
     def _build_line(self, batch: int, K: int, branches: int, context: int) -> float:
         steps = (self.draft_call + self._draft(batch * (K + 1), batch * context)
@@ -459,6 +467,7 @@ def _fit_prefill(prefills: list[RoundRecord], ms: list[float]) -> tuple[tuple[fl
 def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     """Fit every part the records inform. ValueError if there is nothing to fit the verifier from."""
     leveling = [r for r in records if r.is_decode and r.level == "build"]
+    lone = [r for r in _builds(records) if r.level == "alone"]
     records = [r for r in records if r.level is None]  # the build-level rounds inform the level only
     decode = [r for r in records if r.is_decode]
     prefill = [r for r in records if not r.is_decode]
@@ -507,14 +516,22 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         counts["backup"] = len(backups)
     else:
         backup_fit = None
-    if draft is not None and len(builds) >= 3:
+    build_beside = 1.0
+    line_from = lone if len(lone) >= 3 else builds
+    if draft is not None and len(line_from) >= 3:
         partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft, draft_call=draft_call)
         build, errors["build"] = _fit_linear(
             [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len),
-              *_build_terms(r.K, r.branches, r.context_len)] for r in builds], [r.cache_build_ms for r in builds])
-        counts["build"] = len(builds)
+              *_build_terms(r.K, r.branches, r.context_len)] for r in line_from],
+            [r.cache_build_ms for r in line_from])
+        counts["build"] = len(line_from)
+        if line_from is lone and builds:
+            line = replace(partial, build=build)
+            build_beside = float(np.median([r.cache_build_ms / line.cache_build_ms(r.batch_size, r.K, r.branches,
+                                                                                    r.context_len) for r in builds]))
+            counts["build_beside"] = len(builds)
     build_level, leveled_rounds = _build_level(FittedTiming(verify=verify, draft=draft, draft_call=draft_call,
-                                                            build=build), leveling)
+                                                            build=build, build_beside=build_beside), leveling)
     if build_level:
         counts["build_level"] = leveled_rounds
     prefill_target = prefill_draft = None
@@ -554,7 +571,8 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         backup=backup_fit, draft=draft,
         prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=tuple(attention),
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
-        build=build, errors=errors, counts=counts, draft_call=draft_call, build_level=build_level,
+        build=build, build_beside=build_beside, errors=errors, counts=counts, draft_call=draft_call,
+        build_level=build_level,
     )
 
 

@@ -9,6 +9,8 @@ An SD record may say first_width, the tokens a row fed in its proposal's first f
 writes it; the engine's widths are inferred from the round before, `simulator.fit.sd_first_widths`).
 `saguaro calibrate --build-tokens` marks the engine's own SSD rounds it runs at the workload's K and budget with
 level "build": the fit measures its cache builds against them and they inform nothing else (`simulator.fit`).
+It marks its cache builds timed with the target idle level "alone" (an SSD record with verify_ms 0): the fit's
+build line is fitted on them.
 Unknown keys are ignored (newer engines may add some); missing or ill-typed ones raise ValueError naming
 file and line.
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from theory.glossary import Backup, Strategy
 
 PREFILL, DECODE = "prefill", "decode"
+LEVELS = ("build", "alone")  # the `level` marks of `saguaro calibrate`'s records outside the main fit
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class RoundRecord:
     outcome_hit: tuple[bool | None, ...] | None = None  # SSD: was each row's outcome in the cache
     prompt_index: tuple[int, ...] | None = None  # each row's prompt index in its generate() call
     first_width: int | None = None  # SD: tokens a row fed in the proposal's first forward, where recorded
-    level: str | None = None  # "build": `saguaro calibrate`'s engine rounds the fit's builds are measured against
+    level: str | None = None  # "build": calibrate's engine rounds the builds are measured against; "alone": see above
 
     @property
     def is_decode(self) -> bool:
@@ -164,9 +167,9 @@ def parse_record(obj: object, where: str = "record") -> RoundRecord:
             fields["first_width"] = width
         level = obj.get("level")
         if level is not None:
-            if level != "build":
-                raise ValueError(f"{where}: 'level' must be \"build\" (saguaro calibrate's engine rounds) or absent, "
-                                 f"got {level!r}")
+            if level not in LEVELS:
+                raise ValueError(f"{where}: 'level' must be \"build\" (saguaro calibrate's engine rounds), \"alone\" "
+                                 f"(its builds timed with the target idle) or absent, got {level!r}")
             fields["level"] = level
     return RoundRecord(**fields)
 

@@ -29,7 +29,11 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
   Each pair's busy verify over its lone one is the verify's slowdown (the interference factor of this
   placement, about 1 for separate GPUs): taken seconds apart, the two see the machine alike, where blocks
   minutes apart gave factors from 0.75 to 1.20 on one 2-core VM. The builds give their cost against
-  branches and context, as they are when SSD runs.
+  branches and context, as they are when SSD runs. With --builds-alone, the first two pairs of a point are
+  each followed by one build with the target idle, written as a record marked level "alone": the fit's build
+  line then comes from them, scaled by the median of the builds beside the verify over it (an experiment:
+  on stop 39's calibration it put 7 of 11 held-out engine rows within 10% against 10 for the line through
+  the builds beside, 12 of 20 served figures within 15% against 8; simulator/README.md).
 
 Then the engine itself runs SSD for --link-tokens tokens on the prompt at the shortest context (K 1, one
 guess per outcome, the draft worker as SSD starts it): in the rounds that hit with a build shorter than the
@@ -98,6 +102,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="tokens a row the engine's own SSD generates at the end, at K, the middle --budget and each "
                         "--batch, whose cache builds the fit measures against its own (an experiment; about 20 s a "
                         "batch size for 32 tokens here; default 0: skip)")
+    p.add_argument("--builds-alone", action="store_true",
+                   help="also time two builds a point with the target idle; the fit's build line is then fitted on "
+                        "them and scaled by the builds beside the verify (an experiment: about 80 s more at "
+                        "--batch 1 2 4 8 here; see simulator/README.md)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP + " (the target's: calibrate "

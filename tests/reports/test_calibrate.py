@@ -283,3 +283,28 @@ def test_two_untimed_builds_go_before_the_first_timed_one_and_only_then(pair, tm
     assert [s[0] for s in builds[2:]] == ["timed"] * 4  # then only timed ones: 2 budgets × 2 repeats
     records = [r for r in read_records(out) if r.cache_build_ms]
     assert sorted(r.branches for r in records) == [2, 2, 3, 3]
+
+
+def test_builds_alone_are_timed_on_request_and_give_the_build_line(calibrated, pair, tmp_path):
+    """--builds-alone: after each of a point's first two pairs, one build with the target idle, marked level
+    "alone" (verify 0); the fit's build line comes from them and the builds beside the verify give its factor.
+    Without the flag (the module's calibration) there are none and the line comes from the builds beside."""
+    assert not [r for r in read_records(calibrated) if r.level == "alone"]
+    assert "cache_build_alone_ms" not in json.loads(calibrated.with_suffix(".summary.json").read_text())
+    target, draft = pair
+    out = tmp_path / "alone.jsonl"
+    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
+                 "--batch", "1", "2", "--context", "12", "--repeats", "3", "--prompt-ids", "1", "2", "3",
+                 "--dtype", "float32", "--link-tokens", "0", "--builds-alone", "--out", str(out)]) == 0
+    records = read_records(out)
+    alone = [r for r in records if r.level == "alone"]
+    beside = [r for r in records if r.level is None and r.cache_build_ms]
+    assert len(alone) == 2 * 2 * 2 and len(beside) == 3 * 2 * 2  # two of three repeats, budgets x batches
+    assert all(r.verify_ms == 0 and r.cache_build_ms > 0 and all(r.hit) for r in alone)
+    assert sorted((r.batch_size, r.branches) for r in alone) == sorted(
+        (b, b * B) for b in (1, 2) for B in (2, 3) for _ in range(2))
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert sorted(summary["cache_build_alone_ms"]) == sorted(summary["cache_build_ms"])
+    fitted = fit_timing(records)
+    assert fitted.counts["build"] == len(alone) and fitted.counts["build_beside"] == len(beside)
+    assert fitted.build_beside > 0 and summary["fit"]["build_beside"] == pytest.approx(fitted.build_beside, abs=1e-5)

@@ -133,8 +133,10 @@ def _point(strategy, b, c, K=4, **fields):
     return r
 
 
-def _spanning(contexts, noise=0.0, seed=0, interference=1.0, build=None):
-    """AR, verify, SD draft and busy SSD builds at every (batch, context), with multiplicative noise."""
+def _spanning(contexts, noise=0.0, seed=0, interference=1.0, build=None, beside=None):
+    """AR, verify, SD draft and busy SSD builds at every (batch, context), with multiplicative noise. With
+    `beside` (a function of the context), the builds beside the verify take beside(c) times the line and two
+    builds a point are timed alone (level "alone") on it, as `saguaro calibrate` records them."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -152,10 +154,12 @@ def _spanning(contexts, noise=0.0, seed=0, interference=1.0, build=None):
             for B in (8, 16):
                 N = b * B
                 built = _true_build(b, K, N, c, build)
+                hits = dict(branches=N, hit=[True] * b, backup=None, wait_ms=0.0, fanout=[2, 2, 2, 1, 1])
                 for _ in range(2):
                     out.append(_point("ssd", b, c, verify_ms=interference * verify(K + 1),
-                                      cache_build_ms=built * jitter(), branches=N, hit=[True] * b, backup=None,
-                                      wait_ms=0.0, fanout=[2, 2, 2, 1, 1]))
+                                      cache_build_ms=built * (beside(c) if beside else 1.0) * jitter(), **hits))
+                    if beside:
+                        out.append(_point("ssd", b, c, cache_build_ms=built * jitter(), level="alone", **hits))
     return _records(out)
 
 
@@ -203,6 +207,28 @@ def test_the_interference_factor_comes_from_verifies_next_to_the_builds():
     fitted = fit_timing(_spanning([64, 512], interference=1.15))
     assert fitted.verify == pytest.approx(V_TRUE, rel=1e-6)  # from the AR and SD points, alone
     assert fitted.ssd_verify_factor == pytest.approx(1.15)
+
+
+def test_builds_timed_alone_give_the_line_and_the_builds_beside_the_verify_its_factor():
+    """The calibration's builds beside its verify ran x1.05-2.2 their time alone, by context (stop 38), the
+    engine's x1.1-1.2: the line is fitted on the builds alone (exact here, though the builds beside are not a
+    line in the context) and scaled by the median of the builds beside over it; without builds alone, the line
+    is fitted on the builds beside and bends with them."""
+    beside = {64: 1.1, 512: 1.3, 1024: 1.9}.get
+    fitted = fit_timing(_spanning([64, 512, 1024], beside=beside))
+    assert fitted.build == pytest.approx(BUILD_TRUE, rel=1e-6)
+    assert fitted.build_beside == pytest.approx(1.3)
+    assert fitted.counts["build"] == fitted.counts["build_beside"] == 24
+    for c in (64, 300, 1024):
+        assert fitted.cache_build_ms(4, 4, 64, c) == pytest.approx(1.3 * _true_build(4, 4, 64, c))
+    # nothing else moves: the alone records inform the build line only
+    plain = fit_timing(_spanning([64, 512, 1024]))
+    for name in ("verify", "draft", "ssd_verify_factor", "overhead", "link_latency_ms"):
+        assert getattr(fitted, name) == pytest.approx(getattr(plain, name)), name
+    without = fit_timing([r for r in _spanning([64, 512, 1024], beside=beside) if r.level != "alone"])
+    assert without.build_beside == 1.0 and "build_beside" not in without.counts
+    assert without.build != pytest.approx(BUILD_TRUE, rel=0.05)
+    assert without.errors["build"] > 0.05  # the context-dependent factor is not a line in the build's terms
 
 
 def test_one_token_steps_get_their_own_fit():

@@ -35,6 +35,7 @@ def test_parses_an_ssd_round():
 def test_a_calibrations_build_level_rounds_are_marked():
     """`saguaro calibrate` marks its engine rounds that measure the builds; the engine's own rounds carry no mark."""
     assert parse_record({**SSD_ROUND, "level": "build"}).level == "build"
+    assert parse_record({**SSD_ROUND, "level": "alone"}).level == "alone"  # its builds timed with the target idle
     assert parse_record(SSD_ROUND).level is None and parse_record({**SSD_ROUND, "level": None}).level is None
 
 
