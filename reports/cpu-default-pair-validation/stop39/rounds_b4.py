@@ -38,3 +38,6 @@ for k, (s, rows) in b4.items():
             print("    all-hit" if allhit else "    some miss", len(sub), "round", round(st.mean(r.round_ms for r in sub)),
                   "wait", round(st.mean(r.wait_ms or 0 for r in sub)), "build", round(st.mean(r.cache_build_ms or 0 for r in sub)),
                   "backup", round(st.mean(r.backup_ms or 0 for r in sub)), "tok", round(st.mean(sum(r.emitted) for r in sub), 2))
+    tail = [r for r in rows if r.batch_size < 4]
+    for name, sub in (("batch-4 rounds", full), ("tail rounds (batch < 4)", tail)):
+        print(f"  {name}: {len(sub)}, {sum(sum(r.emitted) for r in sub) / sum(r.round_ms for r in sub) * 1e3:.2f} tok/s")
