@@ -221,3 +221,39 @@ def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batc
     code = validate_ssd.main([str(no_sd), "--calibration", str(STOP26 / "calibration-1842.jsonl"), "--rounds", "300"])
     err = capsys.readouterr().err
     assert code == 2 and "no SD variant" in err and "saguaro bench --systems sd" in err and "Traceback" not in err
+
+
+def test_batch_rows_are_also_measured_over_their_full_batch_rounds(tmp_path, capsys):
+    """`saguaro bench` runs fixed batches whose last rows run on alone; the closed loop refills at once. Each
+    batch > 1 configuration is also measured over its rounds at the full batch, and its error taken against
+    them; a configuration whose every round ran at its batch (batch 1 here) has none."""
+    rows = _run(tmp_path)
+    b4 = next((STOP26 / "runs").glob("*-b4"))
+    records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
+    checked = 0
+    for row in rows:
+        if not row["run"].endswith("-b4"):
+            assert row["measured_full_batch"] is None and row["error_full_batch"] == row["error"]
+            continue
+        key, = (k for k in {r["key"] for r in records} if _same_variant(k, row["configuration"]))
+        decode = [r for r in records if r["key"] == key and r["phase"] == "decode"]
+        full = [r for r in decode if r["batch_size"] == 4]
+        if key.startswith("ar "):  # one token a round: every row ends in the same round, no tail
+            assert len(full) == len(decode) and row["measured_full_batch"] is None
+            continue
+        assert len(full) < len(decode), "the b4 folder's SD and SSD batches end in tails"
+        expected = sum(sum(r["emitted"]) for r in full) / sum(r["round_ms"] for r in full) * 1e3
+        assert row["measured_full_batch"] == pytest.approx(expected, abs=1e-3)
+        assert row["measured_full_batch"] > row["measured"]  # the tail rounds make fewer tokens a second
+        assert row["error_full_batch"] == pytest.approx(row["predicted"] / expected - 1, abs=1e-3)
+        checked += 1
+    assert checked == 3  # sd and two ssd
+    out = capsys.readouterr().out
+    assert "full-batch rounds: measured" in out and "against the full-batch rounds alone" in out
+
+
+def _same_variant(key: str, configuration: str) -> bool:
+    """A bench key ("ssd K=4 B=8 uniform neural T=0 b=4") names the variant of a table label ("ssd T=0 b=4 K=4
+    uniform B=8 F=2-2-2-1-1 neural") when they share the system and the label holds each of the key's words."""
+    words = configuration.split()
+    return key.split()[0] == words[0] and set(key.split()) <= set(words)
