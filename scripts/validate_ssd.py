@@ -355,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timing fitted on {path} (T = {temperature:g}): ssd_verify_factor {timing.ssd_verify_factor:.3f}, "
               f"link {timing.link_latency_ms:.2f} ms, fit errors "
               f"{json.dumps({k: round(v, 3) for k, v in timing.errors.items()})}"
+              + (f"; build line from {timing.counts['build']} builds alone, ×{timing.build_beside:.3f} beside the "
+                 f"verify" if "build_beside" in timing.counts else "")
               + (f"; {timing.build_level_text()}" if timing.build_level else ""))
     if args.json:
         fits = {f"{t:g}": {"calibration": str(path), "ssd_verify_factor": timing.ssd_verify_factor,
