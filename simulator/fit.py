@@ -111,7 +111,8 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   the line through the builds beside, and 12 of 20 served figures within 15% against 8: no better overall, so
   the builds beside stay the default. At one shape (batch 1, 8 branches, context 64) the build beside the
   verify took ×1.5 its time alone in one calibration and ×1.0-1.2 in four shorter ones 40 minutes later, the
-  builds alone 302-344 ms in all five: a slowdown one calibration measures and the next does not reproduce;
+  builds alone 302-344 ms in those five (up to 475 in two later ones, after their big points): a slowdown one
+  calibration measures and the next does not reproduce;
 - interference: the SSD worker builds its cache while the target verifies, and on one machine (shared
   memory bandwidth) that slows the verify. The verifier is fitted on the AR and SD rounds when there are
   any, and `ssd_verify_factor` is the median of SSD rounds' verify over that fit's prediction (1 when the
