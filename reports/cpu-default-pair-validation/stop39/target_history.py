@@ -8,27 +8,16 @@ import time
 import torch
 
 from engine import LLM
-from engine.config import EngineConfig
 from engine.kv_cache import KVState
-from engine.strategies.ssd import draft_recipe
-from saguaro.calibration import _ms, start_worker
+from saguaro.calibration import start_worker
 from saguaro.calibration_rounds import ragged
-
-
-def small_builds(w) -> list[float]:
-    t = []
-    for _ in range(6):
-        w.ask("build", 1, 8)
-        t += _ms(w.recv())
-    return t
+from worker_history import draft_and_ids, small_builds  # beside this script
 
 
 def main() -> None:
-    config = EngineConfig(target="qwen-coder-1.5b", draft="qwen-coder-0.5b", strategy="ssd", dtype="bfloat16",
-                          draft_int8=True, threads=1)
-    ids = [1000 + (i * 37) % 5000 for i in range(600)]
+    recipe, ids = draft_and_ids()
     with LLM("qwen-coder-1.5b", strategy="ar", dtype="auto", threads=1) as llm, torch.inference_mode():
-        w = start_worker(draft_recipe(None, config), 1, ids, 4, 0.0)
+        w = start_worker(recipe, 1, ids, 4, 0.0)
         try:
             w.recv(600)
             w.ask("prefill", 521, True, 1)
@@ -39,7 +28,7 @@ def main() -> None:
             base = KVState(llm.target, 1, torch.device("cpu"))
             base.extend(torch.tensor([ids[:512]]), logits_to_keep=1)
             for round_ in range(2):
-                before = small_builds(w)
+                before = small_builds(w, warm=0)
                 rows = ragged(base, 8)
                 t0 = time.perf_counter()
                 for _ in range(6):
@@ -47,9 +36,9 @@ def main() -> None:
                     rows.rollback(torch.full((8,), 5, dtype=torch.long))
                 big_s = time.perf_counter() - t0
                 del rows
-                after = small_builds(w)
+                after = small_builds(w, warm=0)
                 time.sleep(30)
-                later = small_builds(w)
+                later = small_builds(w, warm=0)
                 for name, t in (("before", before), ("right after", after), ("30 s later", later)):
                     print(f"round {round_ + 1}, {name}: median {statistics.median(t):.0f} ms, {[round(x) for x in t]}",
                           flush=True)

@@ -9,8 +9,16 @@ from engine.strategies.ssd import draft_recipe
 from saguaro.calibration import _ms, start_worker
 
 
-def small_builds(w) -> list[float]:
-    for _ in range(2):
+def draft_and_ids():
+    """The default pair's draft as the calibration's worker loads it, and the probes' 600 token ids."""
+    config = EngineConfig(target="qwen-coder-1.5b", draft="qwen-coder-0.5b", strategy="ssd", dtype="bfloat16",
+                          draft_int8=True, threads=1)
+    return draft_recipe(None, config), [1000 + (i * 37) % 5000 for i in range(600)]
+
+
+def small_builds(w, warm: int = 2) -> list[float]:
+    """Six timed builds at batch 1, 8 branches, after `warm` untimed ones."""
+    for _ in range(warm):
         w.ask("build", 1, 8)
         w.recv()
     t = []
@@ -21,10 +29,7 @@ def small_builds(w) -> list[float]:
 
 
 def main() -> None:
-    config = EngineConfig(target="qwen-coder-1.5b", draft="qwen-coder-0.5b", strategy="ssd", dtype="bfloat16",
-                          draft_int8=True, threads=1)
-    recipe = draft_recipe(None, config)
-    ids = [1000 + (i * 37) % 5000 for i in range(600)]
+    recipe, ids = draft_and_ids()
     for order in ("fresh", "after big builds", "fresh", "after big builds"):
         w = start_worker(recipe, 1, ids, 4, 0.0)
         w.recv(600)
