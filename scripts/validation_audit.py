@@ -6,7 +6,7 @@ that round took for them (the rounds' own commands, in SETS), by calling scripts
 scripts/validate_serving.py, and prints per round: the host (from the calibration's summary), the engine rows
 within 10% (α sources left out, as validate_ssd.py counts them), the served TTFT/TPOT figures within 15%, and
 then every held-out row (configuration, measured, predicted, error). Simulations only: it may run beside
-anything, and takes about a minute a round here.
+anything (it takes about 35 s for all rounds here). Each run's configuration counts once in the total.
 
     python scripts/validation_audit.py --out runs/audit [--only stop30 stop38] [--markdown table.md]
 """
@@ -166,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     engine_all, served_all, seen = [], [], set()  # the total counts each run's configuration once
     for r in chosen:
         print(f"validation_audit: {r.name}", file=sys.stderr)
-        rows = engine_rows(r, args.out, args.rounds)
-        served = served_errors(r, args.out)
+        try:
+            rows = engine_rows(r, args.out, args.rounds)
+            served = served_errors(r, args.out)
+        except (FileNotFoundError, RuntimeError) as err:  # a run not checked out, or a validation that failed
+            print(f"validation_audit: {r.name}: {err}", file=sys.stderr)
+            return 1
         engine_all += [row["error"] for row in rows if (row["run"], row["configuration"]) not in seen]
         seen |= {(row["run"], row["configuration"]) for row in rows}
         served_all += [e for _, _, e in served]

@@ -45,3 +45,10 @@ def test_the_summary_counts_what_the_validation_wrote(tmp_path, capsys):
 def test_an_unknown_round_exits_2_with_the_known_ones(tmp_path, capsys):
     assert validation_audit.main(["--out", str(tmp_path), "--only", "stop99"]) == 2
     assert "unknown round(s) stop99; known: stop26 stop26b stop30" in capsys.readouterr().err
+
+
+def test_a_round_whose_runs_are_missing_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    gone = validation_audit.Round("gone", ("stop99/runs/*-b2",), ("stop99/calibration.jsonl",))
+    monkeypatch.setattr(validation_audit, "SETS", (gone,))
+    assert validation_audit.main(["--out", str(tmp_path)]) == 1
+    assert "validation_audit: gone: no run matches stop99/runs/*-b2" in capsys.readouterr().err
