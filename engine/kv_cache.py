@@ -96,11 +96,12 @@ class KVState:
         ValueError otherwise: a negative drop would count tokens the cache does not hold."""
         if drop.numel() == 0:
             return
-        lo, hi = int(drop.min()), int(drop.max())
-        if lo < 0 or bool((drop.to(self.lengths.device) > self.lengths).any()):
+        drop = drop.to(self.lengths.device)
+        bad, any_drop = torch.stack([((drop < 0) | (drop > self.lengths)).any(), drop.any()]).tolist()  # one sync
+        if bad:
             raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {self.lengths.tolist()}: each row "
                              f"can forget 0 up to its own length (to extend a row, feed it tokens)")
-        if hi == 0:
+        if not any_drop:
             return
         # Rank of each real slot counted from the end of its row: 1 = newest.
         rank_from_end = self.mask.flip(-1).cumsum(-1).flip(-1)  # [B, L]
