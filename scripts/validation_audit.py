@@ -117,7 +117,7 @@ def engine_rows(r: Round, out: Path, rounds: int) -> list[dict]:
     return [row for row in table["rows"] if not row["reference"]]
 
 
-def served_errors(r: Round, out: Path) -> list[tuple[str, str, float]]:
+def served_errors(r: Round, out: Path) -> list[float]:
     if r.served is None:
         return []
     base = REPORT / r.served
@@ -128,7 +128,7 @@ def served_errors(r: Round, out: Path) -> list[tuple[str, str, float]]:
                                         "--sd-run", *reference, "--server-rounds",
                                         str(base / "serving" / "serve-ssd-8-rounds.jsonl"), "--max-num-seqs", "8"],
                 out / f"{r.name}-served")
-    return [(row["point"], figure, error) for row in table["rows"] for figure, error in row["error"].items()]
+    return [error for row in table["rows"] for error in row["error"].values()]
 
 
 def drift(rows: list[dict]) -> str:
@@ -174,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         engine_all += [row["error"] for row in rows if (row["run"], row["configuration"]) not in seen]
         seen |= {(row["run"], row["configuration"]) for row in rows}
-        served_all += [e for _, _, e in served]
+        served_all += served
         engine = share([row["error"] for row in rows], ENGINE_TOLERANCE)
         summary.append(f"| {r.name} | {host(r)} | {drift(rows)} | {engine} "
-                       f"| {share([e for _, _, e in served], SERVED_TOLERANCE)} | {r.note} |")
+                       f"| {share(served, SERVED_TOLERANCE)} | {r.note} |")
         for row in rows:
             mark = " (level source)" if row["level_source"] else ""
             detail.append(f"| {r.name} | {row['configuration']}{mark} | {row['measured']:.3f} | "
