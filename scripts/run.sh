@@ -17,8 +17,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 "$venv/bin/saguaro" models provision --which default
-# One core for the target in every strategy; SSD's draft worker gets the other core. Greedy (--temperature 0),
-# as before the CLI's default became the API's 1.0; a later --temperature in "$@" overrides it. The target's
-# dtype is auto: bfloat16 where this CPU multiplies in it at speed (AVX-512 or AMX), else float32.
+# One core for the target in every strategy; SSD's draft worker gets the other core. Greedy (--temperature 0,
+# where the CLI's default is the API's 1.0), so that the strategies emit the same tokens; a later --temperature
+# in "$@" overrides it. The target's dtype is auto: bfloat16 where this CPU multiplies in it at speed (AVX-512
+# or AMX), else float32.
 exec "$venv/bin/saguaro" bench --systems ar sd ssd --num-prompts 3 --max-new-tokens 64 \
     --dtype auto --draft-int8 -K 4 --threads 1 --temperature 0 "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or reuse ./.venv and install the project with its pinned dependencies and the extras the test suite
-# and the main job need (engine, serve, test; a torch-free install is `pip install saguaro-ssd`, see README).
+# and the main job need (engine, serve, test; a torch-free install is `pip install saguaro-ssd`, see docs/cli.md).
 # Sourced by scripts/run.sh and scripts/test.sh; safe to run again (it skips work already done).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

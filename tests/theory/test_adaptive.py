@@ -75,11 +75,13 @@ def test_the_estimate_does_not_depend_on_K():
             accepted, rejected = update(accepted, rejected, K)
         return float(acceptance_estimate(accepted, rejected, **prior))
 
-    now = [estimate(K, lambda a, r, K: updated_counts(a, r, K, K)) for K in (1, 2, 4, 8)]
-    assert min(now) > 0.985 and max(now) - min(now) < 0.005
-    # negative control, the old per-round forgetting (0.9) and prior (1, 1): K = 1 held at 11/12, far below K = 8
-    old = [estimate(K, lambda a, r, K: (0.9 * a + K, 0.9 * r), prior_accepted=1, prior_rejected=1) for K in (1, 8)]
-    assert old[0] == pytest.approx(11 / 12) and old[1] - old[0] > 0.05
+    per_observation = [estimate(K, lambda a, r, K: updated_counts(a, r, K, K)) for K in (1, 2, 4, 8)]
+    assert min(per_observation) > 0.985 and max(per_observation) - min(per_observation) < 0.005
+    # negative control, forgetting per round (0.9) with prior (1, 1): K = 1 held at 11/12, far below K = 8
+    per_round = [
+        estimate(K, lambda a, r, K: (0.9 * a + K, 0.9 * r), prior_accepted=1, prior_rejected=1) for K in (1, 8)
+    ]
+    assert per_round[0] == pytest.approx(11 / 12) and per_round[1] - per_round[0] > 0.05
 
 
 def test_updated_counts_per_row_and_bad_input():
