@@ -1,25 +1,34 @@
-"""scripts/validate_ssd.py on committed run folders (reports/cpu-default-pair-validation/stop26): the calibration
-is leveled per run folder by that folder's own SD variants, else by the temperature's SD reference."""
+"""`saguaro validate engine` on committed run folders (reports/2026-12-cpu-prediction-accuracy, the runs of
+2026-12-01 on an AVX-512 host): the calibration is leveled per run folder by that folder's own SD variants, else
+by the temperature's SD reference."""
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-STOP26 = ROOT / "reports" / "cpu-default-pair-validation" / "stop26"
-sys.path.insert(0, str(ROOT / "scripts"))
+from saguaro.cli import main
+from saguaro.validation import engine as validation
 
-import validate_ssd  # noqa: E402
+SESSION = "2026-12-01-avx512"  # bench runs 18:43-20:01 UTC and two calibrations, 18:42 and 19:05
 
 
-def _run(tmp_path: Path, *extra: str, calibrations: tuple = (STOP26 / "calibration-1842.jsonl",)) -> list[dict]:
-    folders = [next((STOP26 / "runs").glob(f"*-{name}")) for name in ("k5ref", "b4")]
+@pytest.fixture(scope="module")
+def session(held_out_runs) -> Path:
+    return held_out_runs / SESSION
+
+
+def run_folder(session: Path, name: str) -> Path:
+    return next((session / "runs").glob(f"*-{name}"))
+
+
+def _run(session: Path, tmp_path: Path, *extra: str, calibrations: tuple | None = None) -> list[dict]:
+    calibrations = calibrations or (session / "calibration-1842.jsonl",)
+    folders = [run_folder(session, name) for name in ("k5ref", "b4")]
     out = tmp_path / "validation.json"
-    code = validate_ssd.main([*map(str, folders), "--calibration", *map(str, calibrations),
-                              "--rounds", "300", "--json", str(out), *extra])
+    code = main(["validate", "engine", *map(str, folders), "--calibration", *map(str, calibrations),
+                 "--rounds", "300", "--json", str(out), *extra])
     assert code == 0
     return json.loads(out.read_text())["rows"]
 
@@ -35,8 +44,8 @@ def _copy_with_rounds(folder: Path, into: Path, keep) -> Path:
     return copy
 
 
-def test_each_run_folder_is_leveled_by_its_own_sd_variants(tmp_path):
-    rows = _run(tmp_path)
+def test_each_run_folder_is_leveled_by_its_own_sd_variants(session, tmp_path):
+    rows = _run(session, tmp_path)
     reference = [r for r in rows if r["reference"]]
     assert [r["configuration"] for r in reference] == ["sd T=0 b=1 K=5"]
     b4 = [r for r in rows if r["run"].endswith("-b4")]
@@ -50,13 +59,13 @@ def test_each_run_folder_is_leveled_by_its_own_sd_variants(tmp_path):
     assert sd_b4[0]["level"]["measured"] != pytest.approx(reference[0]["level"]["measured"], rel=0.01)
 
 
-def test_ssd_rows_show_the_measured_hit_rate_beside_the_predicted_one(tmp_path):
+def test_ssd_rows_show_the_measured_hit_rate_beside_the_predicted_one(session, tmp_path):
     """The measured one as `saguaro bench` now reports it (outcomes looked up, first rounds left out, as the
     simulator counts), the predicted one the simulator's; other rows have none."""
     from saguaro.analysis import rounds as R
 
-    rows = _run(tmp_path)
-    b4 = next((STOP26 / "runs").glob("*-b4"))
+    rows = _run(session, tmp_path)
+    b4 = run_folder(session, "b4")
     records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
     keys = sorted({r["key"] for r in records if r["key"].startswith("ssd ")})
     bench = [R.hit_rate([[r for r in records if r["key"] == key]]) for key in keys]
@@ -67,30 +76,29 @@ def test_ssd_rows_show_the_measured_hit_rate_beside_the_predicted_one(tmp_path):
     assert all(r["hit_rate"] is None and r["predicted_hit_rate"] is None for r in rows if r not in ssd)
 
 
-def test_no_level_leaves_the_calibration_as_it_is(tmp_path):
-    rows = _run(tmp_path, "--no-level")
+def test_no_level_leaves_the_calibration_as_it_is(session, tmp_path):
+    rows = _run(session, tmp_path, "--no-level")
     assert not any(r["level_source"] or r["level"] for r in rows)
 
 
-def test_a_folder_whose_sd_rounds_cannot_set_a_level_is_one_line_and_exit_2(tmp_path, capsys):
+def test_a_folder_whose_sd_rounds_cannot_set_a_level_is_one_line_and_exit_2(session, tmp_path, capsys):
     """Two SD rounds in the b4 folder: too few to level on (three are needed)."""
-    b4 = next((STOP26 / "runs").glob("*-b4"))
+    b4 = run_folder(session, "b4")
     rows = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
     sd = [r for r in rows if r["key"].startswith("sd ") and r.get("phase") == "decode"]
     short = _copy_with_rounds(b4, tmp_path, lambda r: not r["key"].startswith("sd ") or r.get("phase") != "decode"
                               or r in sd[:2])
-    reference = next((STOP26 / "runs").glob("*-k5ref"))
-    code = validate_ssd.main([str(reference), str(short), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
-                              "--rounds", "300"])
+    code = main(["validate", "engine", str(run_folder(session, "k5ref")), str(short), "--calibration",
+                 str(session / "calibration-1842.jsonl"), "--rounds", "300"])
     err = capsys.readouterr().err
     assert code == 2
     assert f"error: {b4.name}, T = 0: leveling needs an SD run's decode rounds" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def _at_temperature(tmp_path: Path, name: str, temperature: float) -> Path:
+def _at_temperature(session: Path, tmp_path: Path, name: str, temperature: float) -> Path:
     """A copy of a committed calibration whose summary says it was taken at `temperature`."""
-    source = STOP26 / name
+    source = session / name
     copy = tmp_path / f"T{temperature:g}-{name}"
     copy.write_bytes(source.read_bytes())
     summary = json.loads(source.with_suffix(".summary.json").read_text())
@@ -99,17 +107,17 @@ def _at_temperature(tmp_path: Path, name: str, temperature: float) -> Path:
     return copy
 
 
-def test_each_configuration_takes_the_calibration_at_its_temperature_else_the_nearest(tmp_path, capsys):
+def test_each_configuration_takes_the_calibration_at_its_temperature_else_the_nearest(session, tmp_path, capsys):
     """The runs are at T = 0: beside a calibration at T = 0.7 the greedy one (1842, written before --temperature:
     greedy) is used, so the table is the one 1842 alone gives; given only the T = 0.7 one, it stands in, said."""
-    alone = _run(tmp_path)
-    hot_1905 = _at_temperature(tmp_path, "calibration-1905.jsonl", 0.7)
-    both = _run(tmp_path, calibrations=(STOP26 / "calibration-1842.jsonl", hot_1905))
+    alone = _run(session, tmp_path)
+    hot_1905 = _at_temperature(session, tmp_path, "calibration-1905.jsonl", 0.7)
+    both = _run(session, tmp_path, calibrations=(session / "calibration-1842.jsonl", hot_1905))
     assert [(r["configuration"], r["predicted"]) for r in both] == [(r["configuration"], r["predicted"]) for r in alone]
     capsys.readouterr()
-    stand_in = _run(tmp_path, calibrations=(hot_1905,))
+    stand_in = _run(session, tmp_path, calibrations=(hot_1905,))
     assert "no calibration at this temperature; the one at T = 0.7" in capsys.readouterr().err
-    as_greedy = _run(tmp_path, calibrations=(STOP26 / "calibration-1905.jsonl",))
+    as_greedy = _run(session, tmp_path, calibrations=(session / "calibration-1905.jsonl",))
     assert [r["predicted"] for r in stand_in] == [r["predicted"] for r in as_greedy]
     assert [r["predicted"] for r in stand_in] != [r["predicted"] for r in alone]  # 1905 is not 1842
 
@@ -122,39 +130,41 @@ def pooled_calibration(tmp_path: Path, *paths: Path) -> Path:
     return pooled
 
 
-def test_two_calibrations_at_one_temperature_are_fitted_as_one(tmp_path, capsys):
+def test_two_calibrations_at_one_temperature_are_fitted_as_one(session, tmp_path, capsys):
     """Given two greedy calibrations, the table is the one their records in a single file give (one fit over
     both, as `saguaro simulate --fit A B`), and neither's alone."""
-    paths = (STOP26 / "calibration-1842.jsonl", STOP26 / "calibration-1905.jsonl")
-    both = _run(tmp_path, calibrations=paths)
+    paths = (session / "calibration-1842.jsonl", session / "calibration-1905.jsonl")
+    both = _run(session, tmp_path, calibrations=paths)
     assert "calibration-1842.jsonl + " in capsys.readouterr().out  # the fit names both
-    one_file = _run(tmp_path, calibrations=(pooled_calibration(tmp_path, *paths),))
+    one_file = _run(session, tmp_path, calibrations=(pooled_calibration(tmp_path, *paths),))
     assert [(r["configuration"], r["predicted"]) for r in both] == [(r["configuration"], r["predicted"])
                                                                    for r in one_file]
     for path in paths:
-        alone = _run(tmp_path, calibrations=(path,))
+        alone = _run(session, tmp_path, calibrations=(path,))
         assert [r["predicted"] for r in alone] != [r["predicted"] for r in both]
 
 
-def test_the_lookups_rates_per_position_multiply_to_its_measured_all_accepted_share():
+def test_the_lookups_rates_per_position_multiply_to_its_measured_all_accepted_share(session):
     """On the committed lookup run (K 4, budget 4): α_i over the rows the lookup proposed; their product is
     exactly the share of those rows that took all K (the estimator telescopes), and the first position is the
     hard one (a continuation holds or fails at once)."""
-    folder = next((STOP26 / "runs").glob("*-fast-backups"))
-    rows = next(r for s, r in validate_ssd.variants(folder).values()
+    from simulator.hits import is_draft_sourced
+
+    folder = run_folder(session, "fast-backups")
+    rows = next(r for s, r in validation.variants(folder).values()
                 if s.get("backup") == "lookup" and s.get("budget") == 4)
-    alphas = validate_ssd.lookup_alphas(rows)
+    alphas = validation.lookup_alphas(rows)
     assert alphas is not None and len(alphas) == 4
-    proposed = [k for r in rows for i, k in enumerate(r.accepted) if not validate_ssd._draft_sourced(r, i)]
+    proposed = [k for r in rows for i, k in enumerate(r.accepted) if not is_draft_sourced(r, i)]
     assert float(np.prod(alphas)) == pytest.approx(sum(k == 4 for k in proposed) / len(proposed))
     assert alphas[0] < min(alphas[1:])
 
 
-def test_terms_show_each_forward_measured_beside_the_leveled_fit(tmp_path):
+def test_terms_show_each_forward_measured_beside_the_leveled_fit(session, tmp_path):
     """--terms: per configuration, the medians of its rounds' verify, SD draft, SSD build and neural backup as
     the bench recorded them, beside the leveled fit's for the same shapes; a term a system lacks is absent."""
-    rows = _run(tmp_path, "--terms")
-    b4 = next((STOP26 / "runs").glob("*-b4"))
+    rows = _run(session, tmp_path, "--terms")
+    b4 = run_folder(session, "b4")
     records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
     for row in (r for r in rows if r["run"] == b4.name):
         system = row["configuration"].split()[0]
@@ -172,22 +182,24 @@ def test_terms_show_each_forward_measured_beside_the_leveled_fit(tmp_path):
             assert term["predicted"] > 0 and 0.5 < term["predicted"] / term["measured"] < 2
 
 
-def test_without_terms_the_table_is_the_same(tmp_path, capsys):
+def test_without_terms_the_table_is_the_same(session, tmp_path, capsys):
     """The breakdown is extra output: the tokens/s rows are those of a run without it."""
-    plain = _run(tmp_path)
+    plain = _run(session, tmp_path)
     capsys.readouterr()
-    with_terms = _run(tmp_path, "--terms")
+    with_terms = _run(session, tmp_path, "--terms")
     assert "per term" in capsys.readouterr().out
     strip = lambda rows: [{k: v for k, v in r.items() if k != "terms"} for r in rows]  # noqa: E731
     assert strip(plain) == strip(with_terms)
 
 
-def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build_rounds(tmp_path, capsys):
-    """--build-level (an experiment): stop 32's calibration holds the engine's build rounds; applied, the SSD rows'
-    builds and so their predictions move and nothing else does. A calibration without them: one line, exit 2."""
-    with_rounds = (ROOT / "reports" / "cpu-default-pair-validation" / "stop32" / "runs" / "calibration.jsonl",)
-    plain = _run(tmp_path, "--terms", calibrations=with_rounds)
-    leveled = _run(tmp_path, "--terms", "--build-level", calibrations=with_rounds)
+def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build_rounds(held_out_runs, session,
+                                                                                        tmp_path, capsys):
+    """--build-level (an experiment): the calibration of 2026-12-02 10:50 holds the engine's build rounds;
+    applied, the SSD rows' builds and so their predictions move and nothing else does. A calibration without
+    them: one line, exit 2."""
+    with_rounds = (held_out_runs / "2026-12-02-avx512-1050" / "runs" / "calibration.jsonl",)
+    plain = _run(session, tmp_path, "--terms", calibrations=with_rounds)
+    leveled = _run(session, tmp_path, "--terms", "--build-level", calibrations=with_rounds)
     assert [r["configuration"] for r in plain] == [r["configuration"] for r in leveled]
     for a, b in zip(plain, leveled):
         if a["configuration"].startswith("ssd"):
@@ -196,39 +208,39 @@ def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build
             assert a["terms"]["verify"] == b["terms"]["verify"]
         else:
             assert a["predicted"] == b["predicted"]
-    folders = [next((STOP26 / "runs").glob("*-k5ref"))]
-    code = validate_ssd.main([*map(str, folders), "--calibration", str(STOP26 / "calibration-1842.jsonl"),
-                              "--build-level"])
+    code = main(["validate", "engine", str(run_folder(session, "k5ref")), "--calibration",
+                 str(session / "calibration-1842.jsonl"), "--build-level"])
     err = capsys.readouterr().err
     assert code == 2 and "no engine build rounds" in err and "Traceback" not in err
 
 
-def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batch(tmp_path, capsys):
+def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batch(session, tmp_path, capsys):
     """The b4 folder alone: its SD variant at batch 4 is the reference (every row records its own outcomes), and
     with the batch-1 run beside it the batch-1 one still is. Runs without any SD variant: one line, exit 2."""
-    b4 = next((STOP26 / "runs").glob("*-b4"))
+    b4 = run_folder(session, "b4")
     out = tmp_path / "b4.json"
-    code = validate_ssd.main([str(b4), "--calibration", str(STOP26 / "calibration-1842.jsonl"), "--rounds", "300",
-                              "--json", str(out)])
+    code = main(["validate", "-v", "engine", str(b4), "--calibration", str(session / "calibration-1842.jsonl"),
+                 "--rounds", "300", "--json", str(out)])
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["configuration"] for r in rows if r["reference"]] == ["sd T=0 b=4 K=4"]
     assert "α per position and hits from" in capsys.readouterr().err
     assert any(r["configuration"].startswith("ssd ") and r["predicted_hit_rate"] for r in rows)
-    assert [r["configuration"] for r in _run(tmp_path) if r["reference"]] == ["sd T=0 b=1 K=5"]
+    assert [r["configuration"] for r in _run(session, tmp_path) if r["reference"]] == ["sd T=0 b=1 K=5"]
 
     no_sd = _copy_with_rounds(b4, tmp_path, lambda r: not r["key"].startswith("sd "))
-    code = validate_ssd.main([str(no_sd), "--calibration", str(STOP26 / "calibration-1842.jsonl"), "--rounds", "300"])
+    code = main(["validate", "engine", str(no_sd), "--calibration", str(session / "calibration-1842.jsonl"),
+                 "--rounds", "300"])
     err = capsys.readouterr().err
     assert code == 2 and "no SD variant" in err and "saguaro bench --systems sd" in err and "Traceback" not in err
 
 
-def test_batch_rows_are_also_measured_over_their_full_batch_rounds(tmp_path, capsys):
+def test_batch_rows_are_also_measured_over_their_full_batch_rounds(session, tmp_path, capsys):
     """`saguaro bench` runs fixed batches whose last rows run on alone; the closed loop refills at once. Each
     batch > 1 configuration is also measured over its rounds at the full batch, and its error taken against
     them; a configuration whose every round ran at its batch (batch 1 here) has none."""
-    rows = _run(tmp_path)
-    b4 = next((STOP26 / "runs").glob("*-b4"))
+    rows = _run(session, tmp_path)
+    b4 = run_folder(session, "b4")
     records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
     checked = 0
     for row in rows:
@@ -250,6 +262,18 @@ def test_batch_rows_are_also_measured_over_their_full_batch_rounds(tmp_path, cap
     assert checked == 3  # sd and two ssd
     out = capsys.readouterr().out
     assert "full-batch rounds: measured" in out and "against the full-batch rounds alone" in out
+
+
+def test_a_float32_calibration_is_refused_for_bfloat16_runs(session, tmp_path, capsys):
+    source = session / "calibration-1842.jsonl"
+    cal = tmp_path / "calibration-f32.jsonl"
+    cal.write_text(source.read_text())
+    summary = json.loads(source.with_suffix(".summary.json").read_text())
+    summary["inputs"]["dtype"] = "float32"
+    cal.with_suffix(".summary.json").write_text(json.dumps(summary))
+    code = main(["validate", "engine", str(run_folder(session, "k5ref")), "--calibration", str(cal), "--rounds", "100"])
+    assert code == 2
+    assert "dtype bfloat16 (not float32)" in capsys.readouterr().err
 
 
 def _same_variant(key: str, configuration: str) -> bool:

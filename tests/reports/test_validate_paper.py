@@ -1,19 +1,15 @@
-"""scripts/paper_table.py: the α fitted on the paper's SD figure reproduces that figure, also on fresh draws."""
+"""`saguaro validate paper` (saguaro/validation/paper.py): the α fitted on the paper's SD figure reproduces that
+figure, also on fresh draws; the command prints both tables and writes the JSON."""
 
-import importlib.util
-import sys
+import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from saguaro.cli import main
+from saguaro.commands.validate import PAIRS
+from saguaro.validation import paper as paper_table
 from theory import Strategy
-
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "paper_table.py"
-_SPEC = importlib.util.spec_from_file_location("paper_table", _PATH)
-paper_table = importlib.util.module_from_spec(_SPEC)
-sys.modules.setdefault("paper_table", paper_table)  # dataclasses look their module up while the class is made
-_SPEC.loader.exec_module(paper_table)
 
 ROUNDS = 2000  # small: a fit takes about 20 simulations of this many rounds (a few seconds)
 LLAMA = paper_table.HEADLINE["llama"]
@@ -52,3 +48,22 @@ def test_qwen_is_fitted_to_the_implied_sd_over_ar_ratio():
 def test_an_unreachable_sd_figure_is_refused():
     with pytest.raises(ValueError, match="cannot be fitted"):
         paper_table.fit_alpha(replace(LLAMA, K=1), SD_TPS, ROUNDS, seed=0)  # K = 1: at most 2 tokens a round
+
+
+def test_the_command_pairs_are_the_headline_setups():
+    assert PAIRS == tuple(paper_table.HEADLINE)
+
+
+def test_the_command_prints_both_tables_and_writes_the_figures(tmp_path, capsys):
+    out = tmp_path / "table.json"
+    assert main(["validate", "paper", "--pairs", "qwen3", "--no-variants", "--rounds", "300", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| qwen3 | K=4, " in text and "| pair | variant | fan-out |" in text
+    data = json.loads(out.read_text())
+    assert data["command"].startswith("saguaro validate paper --rounds 300") and len(data["headline"]) == 1
+    assert data["variants"] == [] and data["headline"][0]["setup"]["pair"] == "qwen3"
+
+
+def test_rounds_below_one_are_one_line_and_exit_2(capsys):
+    assert main(["validate", "paper", "--rounds", "0"]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err

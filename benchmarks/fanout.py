@@ -1,6 +1,7 @@
-"""Wall time of `theory.integer_fanout` against the O((K+1)·B²) dynamic programme it replaced.
+"""Wall time of `theory.integer_fanout` against `theory.fanout.integer_fanout_dp`, the exact O((K+1)·B²) dynamic
+programme it is checked against.
 
-    .venv/bin/python scripts/bench_fanout.py [--dp-up-to 10000]
+    python -m benchmarks.fanout [--dp-up-to 10000]
 
 For B = 10^3 .. 10^6 and K = 4 and 7 (α = 0.8, r = 1, a = 1: docs/ssd.md's worked example at larger budgets)
 it prints the time of one call of each, and whether the two schedules agree. The programme runs only up to
@@ -13,7 +14,7 @@ import argparse
 import time
 
 from theory import integer_fanout
-from theory.fanout import _integer_fanout_dp
+from theory.fanout import integer_fanout_dp
 
 ALPHA, R, SCALE = 0.8, 1.0, 1.0
 BUDGETS = (10**3, 10**4, 10**5, 10**6)
@@ -38,7 +39,7 @@ def main() -> None:
             new_s, F = seconds(lambda: integer_fanout(ALPHA, R, K, B, SCALE))
             dp_s, same = "-", "-"
             if B <= args.dp_up_to:
-                dp_time, reference = seconds(lambda: _integer_fanout_dp(ALPHA, R, K, B, SCALE))
+                dp_time, reference = seconds(lambda: integer_fanout_dp(ALPHA, R, K, B, SCALE))
                 dp_s, same = f"{dp_time:.3f}", str(F.tolist() == reference.tolist())
             print(f"{K:>2} {B:>8} {new_s:>9.4f} {dp_s:>9} {same:>5}  {F.tolist()}")
 

@@ -3,13 +3,13 @@ prediction's error there.
 
 Give two or more run folders of the same grid (the same command, run again). For each configuration (the
 bench's variant key, e.g. `ssd K=3 B=8 geometric neural T=0 b=1`) found in more than one of them, it prints
-the decode tokens/s each run measured (Σ emitted / Σ round time, as scripts/validate_ssd.py compares) and their
+the decode tokens/s each run measured (Σ emitted / Σ round time, as `saguaro validate engine` compares) and their
 spread (largest over smallest, minus 1), then the same for the configuration's speed over its own run's SD
-variants (those every run has, their rounds pooled). scripts/validate_ssd.py levels a calibration to each
+variants (those every run has, their rounds pooled). `saguaro validate engine` levels a calibration to each
 run's SD variants, so the second spread is what leveling cannot take out: if SSD over SD itself moves by 12%
 between two runs, no prediction from an SD run and a calibration can be held to 10% on that machine.
 
-    python scripts/repeatability.py RUN_DIR RUN_DIR [RUN_DIR ...] [--json OUT.json]
+    python -m benchmarks.repeatability RUN_DIR RUN_DIR [RUN_DIR ...] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from validate_ssd import measured_tokens_per_s, variants
+from saguaro.validation.engine import measured_tokens_per_s, variants
 
 
 def spread(values: list[float]) -> float:

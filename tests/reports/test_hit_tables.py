@@ -1,20 +1,16 @@
-"""scripts/build_hit_tables.py pools SD run folders into the shipped hit table prompt by prompt (a later run
+"""`saguaro models hit-tables` (saguaro/hit_tables.py) pools SD run folders into the shipped hit table prompt by prompt (a later run
 replaces an earlier one's rounds of the same prompt and setting, so nothing is counted twice), splits the
 entries by task, keeps a previous table's unmeasured entries with --keep; and the shipped table covers the
 grid the simulator's default reads (Spec-Bench by task and HumanEval, T = 0 / 0.7 / 1, C = 1 / 0.5)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from saguaro import hit_tables as build_hit_tables
+from saguaro.cli import main
 from simulator.hits import TABLES, EmpiricalHit, load_tables, measured
-
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("build_hit_tables", ROOT / "scripts" / "build_hit_tables.py")
-build_hit_tables = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(build_hit_tables)
 
 TASKS = {"p/a": "alpha", "p/b": "beta"}
 
@@ -86,11 +82,13 @@ def test_keep_carries_over_only_the_entries_the_runs_do_not_measure(tmp_path):
 def test_the_cli_writes_the_table_and_says_what_is_wrong_in_one_line(tmp_path, capsys):
     run = make_run(tmp_path / "run", [(["p/a", "p/b"], [0, 2], [3, 0]), (["p/a", "p/b"], [2, 1], [1, 0])])
     out = tmp_path / "t.json"
-    assert build_hit_tables.main([str(run), "--out", str(out)]) == 0
+    markdown = tmp_path / "t.md"
+    assert main(["models", "hit-tables", str(run), "--out", str(out), "--markdown", str(markdown)]) == 0
     assert {e["workload"] for e in load_tables(out)["entries"]} == {"p", "p/alpha", "p/beta"}
-    assert build_hit_tables.main([str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert f"wrote {out}" in capsys.readouterr().out and markdown.read_text().startswith("| workload | T | C |")
+    assert main(["models", "hit-tables", str(tmp_path / "missing"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error:") and "not a bench run folder" in err[0]
+    assert len(err) == 1 and err[0].startswith("saguaro models: error:") and "not a bench run folder" in err[0]
 
 
 def test_the_readme_hit_rate_counts_the_outcomes_the_schedule_holds(tmp_path):
@@ -122,7 +120,7 @@ def test_the_shipped_table_covers_the_grid_for_each_prompt_set(workload):
 
 
 @pytest.mark.xfail(strict=True, reason="Spec-Bench per-task entries are missing where one prompt of the task "
-                   "had no all-accepted round (reports/hit-tables/README.md lists them): measure more prompts")
+                   "had no all-accepted round (reports/2026-11-cpu-hit-tables/README.md lists them): measure more prompts")
 def test_the_shipped_table_has_every_spec_bench_task_at_every_grid_point():
     entries = by_name(load_tables(TABLES))
     missing = [(t, T, C) for t in SPEC_BENCH_TASKS for T, C in GRID if (f"spec_bench/{t}", T, C) not in entries]

@@ -3,7 +3,7 @@
 A thread polls RSS every 20 ms (psutil) while one SSD generate() runs; the worker is the child process that
 grows most. Prints a Markdown table and the worker's up-front estimate (engine.ssd.memory) for comparison.
 
-    python scripts/measure_memory.py --target smollm2-135m --draft smollm2-135m --batch 1 8 32 --budget 6 12 24
+    python -m benchmarks.memory --target smollm2-135m --draft smollm2-135m --batch 1 8 32 --budget 6 12 24
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a verify of n tokens costs against one token, for the target's kernels on one CPU thread (issue 15).
+"""What a verify of n tokens costs against one token, for the target's kernels on one CPU thread.
 
 Speculative decoding pays off when the target checks K + 1 tokens in about the time of one: true where a
 forward is bound by reading the weights, false where it is bound by arithmetic. This times one forward of n
@@ -15,7 +15,7 @@ llama.cpp's one-token step as the baseline (llama.cpp AR), it prints the most an
 with the fastest of these kernels at each block size: a free draft, every verify the cheapest kernel's
 T(K + 1), E(K) = (1 - α^(K+1)) / (1 - α) tokens per round. Run it alone (timing).
 
-    .venv/bin/python scripts/measure_verify_scaling.py [--systems llamacpp int4 bf16] [--json out.json]
+    python -m benchmarks.verify_scaling [--systems llamacpp int4 bf16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TOKENS = (1, 2, 3, 4, 5, 8, 16)
 ALPHAS = (0.6, 0.8, 0.9, 1.0)

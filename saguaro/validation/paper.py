@@ -1,4 +1,5 @@
-"""The paper's batch-1 greedy table (Kumar, Dao & May, docs/ssd.md §7) next to the simulator's prediction.
+"""The paper's batch-1 greedy table (Kumar, Dao & May, docs/ssd.md §7) next to the simulator's prediction
+(`saguaro validate paper`; simulations only, no torch).
 
 For each pair (Llama-3.1-70B + Llama-3.2-1B, Qwen3-32B + Qwen3-0.6B; target on 4×H100 at TP 4, draft on
 its own H100) one acceptance rate α is fitted so that the simulated SD decode tokens/s matches the paper's
@@ -6,18 +7,13 @@ SD figure (Llama: 161.8 tok/s; Qwen: only ratios are reported, so SD/AR = 2.3 / 
 stays at the presets' values; AR and SSD are then predicted and compared with the paper.
 
 `HEADLINE` holds one `Setup` per pair; `variants` moves one uncertain choice at a time (K, fan-out rule,
-hit model, prompt length), each with its own fitted α. Prints two Markdown tables; --json writes all figures.
-
-    .venv/bin/python scripts/paper_table.py --rounds 4000 --json reports/paper-reproduction/table.json
+hit model, prompt length), each with its own fitted α. `headline_table` and `variant_table` print them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import subprocess
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -29,7 +25,7 @@ from simulator.feasibility import check
 from simulator.presets import PAIRS, hardware_preset, model_preset
 from theory import Strategy
 
-log = logging.getLogger("paper_table")
+log = logging.getLogger(__name__)
 
 HARDWARE = "h100"
 OUTPUT_TOKENS = 512  # the paper's output length
@@ -222,7 +218,7 @@ def variant_table(results: list[dict]) -> str:
 
 def git_commit() -> dict:
     """The commit the simulator ran at, and whether its sources differed from it (None: not a git checkout)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "simulator", "theory"], cwd=root,
@@ -233,36 +229,25 @@ def git_commit() -> dict:
     return {"commit": head.stdout.strip(), "simulator_or_theory_modified": bool(dirty.stdout.strip())}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=4000, help="target forwards per simulation (default 4000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every simulation (default 0)")
-    p.add_argument("--pairs", nargs="+", default=list(HEADLINE), choices=list(HEADLINE))
-    p.add_argument("--no-variants", action="store_true", help="the headline setups only")
-    p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
-    args = p.parse_args(argv)
-    if args.rounds < 1:
-        p.error("--rounds must be >= 1")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def run_tables(pairs: list[str], rounds: int, seed: int, with_variants: bool = True) -> tuple[list[dict], list[dict]]:
+    """(headline results, variant results) for these pairs; ValueError on a pair it does not know or a
+    setup the presets cannot fit."""
+    if rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {rounds}")
+    unknown = [pair for pair in pairs if pair not in HEADLINE]
+    if unknown:
+        raise ValueError(f"unknown pair(s) {' '.join(unknown)}: choose from {' '.join(HEADLINE)}")
     headline, spread = [], []
-    for pair in args.pairs:
-        for setup in [HEADLINE[pair]] if args.no_variants else variants(HEADLINE[pair]):
+    for pair in pairs:
+        for setup in variants(HEADLINE[pair]) if with_variants else [HEADLINE[pair]]:
             log.info("fitting %s: %s", pair, setup.label)
-            res = reproduce(setup, args.rounds, args.seed)
+            res = reproduce(setup, rounds, seed)
             (headline if setup == HEADLINE[pair] else spread).append(res)
-    print(headline_table(headline))
-    print()
-    print(variant_table(headline + spread))
-    if args.json:
-        command = " ".join(["python scripts/paper_table.py", *(sys.argv[1:] if argv is None else argv)])
-        payload = {"command": command,
-                   "git": git_commit(), "hardware": HARDWARE, "output_tokens": OUTPUT_TOKENS,
-                   "hit_model_default": repr(scenario(HEADLINE["llama"], 0.5, 1, 0).hits),
-                   "headline": headline, "variants": spread}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return headline, spread
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def payload(headline: list[dict], spread: list[dict], command: str) -> dict:
+    """Every figure, with the command, the commit and the hit model the simulator's default is."""
+    return {"command": command, "git": git_commit(), "hardware": HARDWARE, "output_tokens": OUTPUT_TOKENS,
+            "hit_model_default": repr(scenario(HEADLINE["llama"], 0.5, 1, 0).hits),
+            "headline": headline, "variants": spread}

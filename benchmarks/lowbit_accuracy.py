@@ -1,4 +1,4 @@
-"""How far a low-bit target is from the float32 model it comes from, on Spec-Bench and HumanEval (issue 15).
+"""How far a low-bit target is from the float32 model it comes from, on Spec-Bench and HumanEval.
 
 A low-bit target is a (slightly) different model: SD and SSD are exact with respect to it, not to the float
 weights. This measures the difference. The reference is the float32 model of the model cache (for a packaged
@@ -17,9 +17,9 @@ read the low-bit cache built from the GGUF (engine.lowbit_cache), skipped with a
 a `-head-int8` / `-head-int4` suffix (e.g. `cache-int4-g32-head-int8`) quantises the output head too, which
 every other low-bit variant keeps in `--float-dtype`; `bf16` is the whole model in bfloat16, for scale.
 
-    .venv/bin/python scripts/measure_lowbit_accuracy.py --model smollm2-135m --n 4 --new-tokens 32 \\
+    python -m benchmarks.lowbit_accuracy --model smollm2-135m --n 4 --new-tokens 32 \\
         --out /tmp/lowbit-smollm2.json                                  # a smoke check, ~1 minute
-    .venv/bin/python scripts/measure_lowbit_accuracy.py --n 20 --new-tokens 128 \\
+    python -m benchmarks.lowbit_accuracy --n 20 --new-tokens 128 \\
         --out reports/lowbit_accuracy/qwen-coder-1.5b.json              # the default target
 
 Memory: the reference's log-probabilities of every scored position are kept (4 bytes x vocabulary per position;
@@ -40,9 +40,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 
 SETS = ("spec_bench", "humaneval")
 DEFAULT_VARIANTS = ("int8", "int4-g32", "cache-int8", "cache-int4-g32")
@@ -226,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.n < 1 or args.new_tokens < 1:
             raise ValueError("--n and --new-tokens must be >= 1")
     except ValueError as err:
-        print(f"measure_lowbit_accuracy: {err}", file=sys.stderr)
+        print(f"lowbit_accuracy: {err}", file=sys.stderr)
         return 2
 
     from engine.models import TORCH_DTYPES, load_model

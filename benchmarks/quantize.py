@@ -1,4 +1,4 @@
-"""Decode speed, weight bytes and closeness to bf16 of weight-only int8 / int4 models (issue 15).
+"""Decode speed, weight bytes and closeness to bf16 of weight-only int8 / int4 models.
 
 For each variant (bf16, int8, int4-g32, int4-g128 by default) of one model loaded in bfloat16:
 - ms per decoded token at batch 1 on `--threads` threads: the median of `--steps` single-token forwards
@@ -7,7 +7,7 @@ For each variant (bf16, int8, int4-g32, int4-g128 by default) of one model loade
 - against bf16 on teacher-forced text: the fraction of positions whose next-token argmax agrees, and the
   mean KL(p_bf16 || p_variant) and total variation of the next-token distributions.
 
-    python scripts/measure_quantize.py --model smollm2-135m --steps 32
+    python -m benchmarks.quantize --model smollm2-135m --steps 32
 
 Read the closeness columns with the model's origin in mind: the packaged smollm2-135m is a GGUF Q4_1
 file (blocks of 32 weights, 16 levels each), so its "bf16" weights already lie on an int4 grid that

@@ -1,4 +1,4 @@
-"""Maintained CPU low-bit linear kernels for the target: row independence and speed (issue 15).
+"""Maintained CPU low-bit linear kernels for the target: row independence and speed.
 
 For each real-shaped layer (Qwen2.5-1.5B: 1536->8960, 8960->1536 and the 1536->151936 head) this
 compares bf16 F.linear, torch's weight-only int4 (`_weight_int4pack_mm_for_cpu`, group 32, as
@@ -15,7 +15,7 @@ M=20 with random other rows, else the target's p would depend on the batch. Spee
 median of calls after warm-up, repeated in interleaved rounds; reported as ms per call and
 effective GB/s of weight bytes, with the ratio to int4pack.
 
-    .venv/bin/python scripts/measure_kernels.py [--rounds 3] [--calls 20]
+    python -m benchmarks.kernels [--rounds 3] [--calls 20]
 """
 
 from __future__ import annotations
@@ -23,17 +23,13 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from engine.quantize import WeightOnlyLinear  # noqa: E402
+from engine.quantize import WeightOnlyLinear
 
 SHAPES = [(1536, 8960), (8960, 1536), (1536, 151936)]  # (in, out)
 MS = (1, 5)

@@ -1,22 +1,20 @@
-"""Build simulator/data/hit_tables.json from `saguaro bench` run folders of SD (or SSD) runs.
+"""The shipped hit tables (simulator/data/hit_tables.json) built from `saguaro bench` run folders of SD (or SSD)
+runs (`saguaro models hit-tables`).
 
 Every round record of this engine carries `outcome_rank`, so one SD run per (prompt set, temperature, C)
 measures what any fan-out schedule would hit. Entries: the whole prompt set, and each of its tasks.
 
 Several runs pool: the rounds of one (prompt set, T, C) are gathered prompt by prompt across the runs, and
-where two runs measured the same prompt at the same T and C, the later run on the command line replaces
-the earlier one's rounds of that prompt (so a longer rerun of a few prompts is not counted twice).
-`--keep TABLE` carries over the entries of an existing table that the runs do not measure (for when the
-run folders that made them are gone); the table's `runs` then lists that table's runs too.
-
-    python scripts/build_hit_tables.py RUN_DIR [RUN_DIR ...] [--keep OLD_TABLE] [--out simulator/data/hit_tables.json]
+where two runs measured the same prompt at the same T and C, the later run replaces the earlier one's rounds
+of that prompt (so a longer rerun of a few prompts is not counted twice). `keep` carries over the entries of
+an existing table that the runs do not measure (for when the run folders that made them are gone); the
+table's `runs` then lists that table's runs too.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+import logging
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,8 +23,10 @@ import numpy as np
 from saguaro.environment import environment
 from saguaro.runfolder import RunDir
 from simulator.hits import TABLES, EmpiricalHit, from_records, load_tables
-from theory.fanout import uniform_fanout
 from simulator.records import parse_record
+from theory.fanout import uniform_fanout
+
+log = logging.getLogger(__name__)
 
 ROW_FIELDS = ("accepted", "emitted", "outcome_rank", "prompt_index", "hit", "outcome_hit")
 
@@ -70,8 +70,8 @@ def pool(runs: list[Path]) -> tuple[dict, dict, list[dict]]:
         for key, per_prompt in found.items():
             for pid, rows in per_prompt.items():
                 if pid in pooled[key]:
-                    print(f"{path.name}: replaces {pooled[key][pid][0]}'s rounds of {pid} at T={key[1]:g} "
-                          f"C={key[2]:g}", file=sys.stderr)
+                    log.info("%s: replaces %s's rounds of %s at T=%g C=%g", path.name, pooled[key][pid][0], pid,
+                             key[1], key[2])
                 pooled[key][pid] = (path.name, rows)
     return pooled, tasks, abouts
 
@@ -98,7 +98,7 @@ def build(runs: list[Path], keep: dict | None = None) -> dict:
             try:
                 entries.append(entry(workload, T, C, part))
             except ValueError as err:  # a task too small to have both kinds of outcome
-                print(f"skipped {workload} T={T:g} C={C:g}: {err}", file=sys.stderr)
+                log.warning("skipped %s T=%g C=%g: %s", workload, T, C, err)
     if keep:
         have = {(e["workload"], e["temperature"], e["C"]) for e in entries}
         kept = [e for e in keep.get("entries", []) if (e["workload"], e["temperature"], e["C"]) not in have]
@@ -146,33 +146,13 @@ def markdown(table: dict, budget: int = 8) -> str:
     return head + "\n" + "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", type=Path)
-    p.add_argument("--keep", type=Path, help="an existing table whose entries the runs do not measure are kept")
-    p.add_argument("--out", type=Path, default=TABLES)
-    p.add_argument("--markdown", type=Path, help="also write the per-entry Markdown table here")
-    args = p.parse_args(argv)
-    try:
-        keep = load_tables(args.keep) if args.keep else None
-        table = build(args.runs, keep)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(table, indent=1) + "\n")
-    for e in table["entries"]:
-        m = e["model"]
-        fit = m.get("power_law") or {}
-        print(f"{e['workload']:<32} T={e['temperature']:<4g} C={e['C']:<4g} prompts={e.get('prompts', '-'):<3} "
-              f"rounds={e.get('rounds', '-'):<5} outcomes={m['outcomes']:<5} alpha={m['alpha']} r={fit.get('r')} "
-              f"r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}")
-    print(f"wrote {args.out}")
-    if args.markdown:
-        args.markdown.write_text(markdown(table))
-        print(f"wrote {args.markdown}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def write(runs: list[Path], out: Path = TABLES, keep: Path | None = None, markdown_out: Path | None = None) -> dict:
+    """Build the table from `runs` (with `keep`'s unmeasured entries) and write it to `out` (and its Markdown
+    rows to `markdown_out`); ValueError where a run cannot be read or a table cannot be kept."""
+    table = build([Path(run) for run in runs], load_tables(keep) if keep else None)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    if markdown_out is not None:
+        Path(markdown_out).write_text(markdown(table))
+    return table

@@ -3,14 +3,14 @@
 Default: runs SSD with the worker in process (the same messages, not sent) and sums the bytes of every tensor
 that encode() would send for each Speculation; prints the mean per round for each sampling setting.
 
-    python scripts/measure_link.py --target smollm2-135m --draft smollm2-135m --batch 1
+    python -m benchmarks.link --target smollm2-135m --draft smollm2-135m --batch 1
 
 --wire: no model; a synthetic answer per setting (greedy: one support id per position; top-k 50; dense q at
 T > 0 without top-k) is encoded, sent to a worker process over a real gloo pair and echoed back, and decoded;
-prints the milliseconds of each step and the transfers per message (issue 12). Loopback on a shared machine:
+prints the milliseconds of each step and the transfers per message. Loopback on a shared machine:
 the times are noisy, a few milliseconds of swing.
 
-    python scripts/measure_link.py --wire --batch 4 --vocab 151936
+    python -m benchmarks.link --wire --batch 4 --vocab 151936
 """
 
 from __future__ import annotations
