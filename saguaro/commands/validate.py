@@ -3,7 +3,7 @@
   saguaro validate engine RUN_DIR... --calibration CALIB.jsonl [CALIB_T07.jsonl ...] [--terms] [--json OUT.json]
   saguaro validate serving CLIENT_RUN... --calibration CALIB.jsonl --sd-run SD_BENCH_RUN \\
       --server-rounds SERVER_ROUNDS.jsonl --max-num-seqs 8 [--terms] [--json OUT.json]
-  saguaro validate audit [--only SET ...] [--out DIR] [--markdown TABLE.md]
+  saguaro validate audit [--only SET ...] [--out DIR] [--markdown TABLE.md] [--figure FIGURE.png]
   saguaro validate paper [--rounds 4000] [--json TABLE.json]
 
 engine: every configuration of `saguaro bench` runs predicted from `saguaro calibrate` records plus the runs'
@@ -76,6 +76,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     audit.add_argument("--out", type=Path,
                        help="keep each validation's JSON and the unpacked runs here (default: a temporary folder)")
     audit.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    audit.add_argument("--figure", type=Path, help="also draw predicted against measured tokens/s to this PNG")
 
     paper = actions.add_parser("paper", help="the paper's batch-1 table next to the simulator's prediction",
                                formatter_class=HelpFormatter)
@@ -134,10 +135,15 @@ def _audit(args: argparse.Namespace) -> int:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     with tempfile.TemporaryDirectory(prefix="saguaro-audit-") as scratch:
         out = args.out or Path(scratch)
-        text = markdown(run_audit(args.reports or REPORTS, out, args.only, args.rounds))
+        results = run_audit(args.reports or REPORTS, out, args.only, args.rounds)
+    text = markdown(results)
     print(text, end="")
     if args.markdown:
         args.markdown.write_text(text)
+    if args.figure:
+        from saguaro.validation.figure import save
+
+        save(results, args.figure)
     return 0
 
 

@@ -45,7 +45,7 @@ def test_a_missing_run_is_named(tmp_path):
 def test_the_summary_counts_what_the_validation_wrote(tmp_path, capsys):
     out = tmp_path / "audit"
     assert main(["validate", "audit", "--out", str(out), "--only", AVX2_SET, "--rounds", "300",
-                 "--markdown", str(tmp_path / "t.md")]) == 0
+                 "--markdown", str(tmp_path / "t.md"), "--figure", str(tmp_path / "t.png")]) == 0
     table = json.loads((out / f"{AVX2_SET}-engine.json").read_text())
     held_out = [row for row in table["rows"] if not row["reference"]]
     within = sum(abs(row["error"]) <= 0.10 for row in held_out)
@@ -55,6 +55,7 @@ def test_the_summary_counts_what_the_validation_wrote(tmp_path, capsys):
     assert text.count(f"| {AVX2_SET} | ") == 1 + len(held_out)  # the summary's line and one per held-out row
     assert f"| steady (1 sets) | {within} of {len(held_out)} " in text and "| all (1 sets) | " in text
     assert (tmp_path / "t.md").read_text() == text
+    assert (tmp_path / "t.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_an_unknown_set_exits_2_with_the_known_ones(tmp_path, capsys):
