@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmark on the default pair (issue 10): for each strategy, start `saguaro serve` on a free
+# Serving benchmark on the default pair: for each strategy, start `saguaro serve` on a free
 # loopback port, load it with `saguaro bench --url` (concurrency 1; Poisson rates up to saturation; AR also
 # at concurrency 8), stop it with SIGTERM; then `LLM.generate` one prompt at a time on the same prompts
 # as the reference for concurrency 1. Run it alone on the machine (SSD needs its own core).

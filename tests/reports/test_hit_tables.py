@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from saguaro import hit_tables as build_hit_tables
+from saguaro import hit_tables
 from saguaro.cli import main
 from simulator.hits import TABLES, EmpiricalHit, load_tables, measured
 
@@ -53,7 +53,7 @@ def test_runs_pool_by_prompt_split_by_task_and_a_later_run_replaces_a_prompt(tmp
     both = ["p/a", "p/b"]
     old = make_run(tmp_path / "old", [(both, [0, 2], [3, 0]), (both, [2, 1], [1, 0])])
     new = make_run(tmp_path / "new", [(["p/a"], [1], [0]), (["p/a"], [2], [5]), (["p/a"], [0], [2])])
-    table = build_hit_tables.build([old, new])
+    table = hit_tables.build([old, new])
     entries = by_name(table)
     whole, a, b = entries[("p", 0.7, 0.5)], entries[("p/alpha", 0.7, 0.5)], entries[("p/beta", 0.7, 0.5)]
     # p/a comes from the new run only (3 rounds: 2 rejected, 1 all accepted); p/b from the old (2 rounds)
@@ -62,17 +62,17 @@ def test_runs_pool_by_prompt_split_by_task_and_a_later_run_replaces_a_prompt(tmp
     assert (whole["prompts"], whole["rounds"], whole["runs"], ranks_of(whole)) == (2, 5, ["new", "old"], [3, 2])
     assert [r["run"] for r in table["runs"]] == ["old", "new"]
     # the other order: the old run's p/a rounds win
-    again = by_name(build_hit_tables.build([new, old]))
+    again = by_name(hit_tables.build([new, old]))
     assert again[("p/alpha", 0.7, 0.5)]["runs"] == ["old"] and again[("p/alpha", 0.7, 0.5)]["rounds"] == 2
 
 
 def test_keep_carries_over_only_the_entries_the_runs_do_not_measure(tmp_path):
     run = make_run(tmp_path / "run", [(["p/a", "p/b"], [0, 2], [3, 0]), (["p/a", "p/b"], [2, 1], [1, 0])])
-    fresh = build_hit_tables.build([run])
+    fresh = hit_tables.build([run])
     stale = {**fresh["entries"][0], "rounds": -1}
     other = {**fresh["entries"][0], "workload": "q", "rounds": -2}
     keep = {"runs": [{"run": "gone", "target": "t", "draft": "d"}], "entries": [stale, other]}
-    table = build_hit_tables.build([run], keep)
+    table = hit_tables.build([run], keep)
     entries = by_name(table)
     assert entries[("p", 0.7, 0.5)]["rounds"] == 4  # measured again: the run's entry (2 rounds × 2 prompts)
     assert entries[("q", 0.7, 0.5)]["rounds"] == -2  # not measured: kept
@@ -94,13 +94,13 @@ def test_the_cli_writes_the_table_and_says_what_is_wrong_in_one_line(tmp_path, c
 def test_the_readme_hit_rate_counts_the_outcomes_the_schedule_holds(tmp_path):
     # outcomes (k, rank) with K = 2: (0, 3) (2, 0) (2, 1) (1, 0) (0, 0) (2, 5)
     rounds = [(["p/a", "p/b"], [0, 2], [3, 0]), (["p/a", "p/b"], [2, 1], [1, 0]), (["p/a", "p/b"], [0, 2], [0, 5])]
-    model = by_name(build_hit_tables.build([make_run(tmp_path / "run", rounds)]))[("p", 0.7, 0.5)]["model"]
+    model = by_name(hit_tables.build([make_run(tmp_path / "run", rounds)]))[("p", 0.7, 0.5)]["model"]
     # F = (1, 1, 2): hits are rank < F_k: (0, 0), (2, 0), (2, 1), (1, 0) -> 4 of 6
-    assert build_hit_tables.measured_hit_rate(model, (1, 1, 2)) == (pytest.approx(4 / 6), 6)
-    assert build_hit_tables.measured_hit_rate(model, (4, 1, 6)) == (pytest.approx(1.0), 6)
+    assert hit_tables.measured_hit_rate(model, (1, 1, 2)) == (pytest.approx(4 / 6), 6)
+    assert hit_tables.measured_hit_rate(model, (4, 1, 6)) == (pytest.approx(1.0), 6)
     with pytest.raises(ValueError, match="K \\+ 1 = 3"):
-        build_hit_tables.measured_hit_rate(model, (1, 1))
-    assert "| p | 0.7 | 0.5 | 2 | 6 | 6 |" in build_hit_tables.markdown({"entries": [
+        hit_tables.measured_hit_rate(model, (1, 1))
+    assert "| p | 0.7 | 0.5 | 2 | 6 | 6 |" in hit_tables.markdown({"entries": [
         {"workload": "p", "temperature": 0.7, "C": 0.5, "prompts": 2, "rounds": 6, "model": model}]})
 
 

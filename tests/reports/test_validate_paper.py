@@ -8,50 +8,50 @@ import pytest
 
 from saguaro.cli import main
 from saguaro.commands.validate import PAIRS
-from saguaro.validation import paper as paper_table
+from saguaro.validation import paper
 from theory import Strategy
 
 ROUNDS = 2000  # small: a fit takes about 20 simulations of this many rounds (a few seconds)
-LLAMA = paper_table.HEADLINE["llama"]
-SD_TPS = paper_table.PAPER["llama"].sd_tps  # 161.8 tok/s
+LLAMA = paper.HEADLINE["llama"]
+SD_TPS = paper.PAPER["llama"].sd_tps  # 161.8 tok/s
 
 
 @pytest.fixture(scope="module")
 def llama_alpha() -> float:
-    return paper_table.fit_alpha(LLAMA, SD_TPS, ROUNDS, seed=0)
+    return paper.fit_alpha(LLAMA, SD_TPS, ROUNDS, seed=0)
 
 
 def test_fitted_alpha_reproduces_the_sd_figure_on_its_own_draws(llama_alpha):
-    sd = paper_table.decode_tps(LLAMA, Strategy.SD, llama_alpha, ROUNDS, seed=0)
+    sd = paper.decode_tps(LLAMA, Strategy.SD, llama_alpha, ROUNDS, seed=0)
     assert sd == pytest.approx(SD_TPS, rel=0.01)
 
 
 def test_fitted_alpha_reproduces_the_sd_figure_on_other_draws(llama_alpha):
     # at 2000 rounds SD tok/s varies by 1.4% (one standard deviation, 20 seeds) at a fixed α, and the fitted α
     # carries as much noise again: 5% is about 2.5 σ of the difference (false alarm ≈ 1% if the draws change)
-    sd = paper_table.decode_tps(LLAMA, Strategy.SD, llama_alpha, ROUNDS, seed=7)
+    sd = paper.decode_tps(LLAMA, Strategy.SD, llama_alpha, ROUNDS, seed=7)
     assert sd == pytest.approx(SD_TPS, rel=0.05)
 
 
 def test_a_wrong_alpha_misses_the_sd_figure(llama_alpha):
     # negative control: the 5% tolerance above does reject an α 0.1 off
-    sd = paper_table.decode_tps(LLAMA, Strategy.SD, llama_alpha - 0.1, ROUNDS, seed=7)
+    sd = paper.decode_tps(LLAMA, Strategy.SD, llama_alpha - 0.1, ROUNDS, seed=7)
     assert sd != pytest.approx(SD_TPS, rel=0.05)
 
 
 def test_qwen_is_fitted_to_the_implied_sd_over_ar_ratio():
-    result = paper_table.reproduce(paper_table.HEADLINE["qwen3"], ROUNDS, seed=0)
+    result = paper.reproduce(paper.HEADLINE["qwen3"], ROUNDS, seed=0)
     assert result["simulated"]["sd_over_ar"] == pytest.approx(2.3 / 1.49, rel=0.01)
     assert result["paper"]["ssd_tps"] is None and result["relative_error"]["ssd_tps"] is None
 
 
 def test_an_unreachable_sd_figure_is_refused():
     with pytest.raises(ValueError, match="cannot be fitted"):
-        paper_table.fit_alpha(replace(LLAMA, K=1), SD_TPS, ROUNDS, seed=0)  # K = 1: at most 2 tokens a round
+        paper.fit_alpha(replace(LLAMA, K=1), SD_TPS, ROUNDS, seed=0)  # K = 1: at most 2 tokens a round
 
 
 def test_the_command_pairs_are_the_headline_setups():
-    assert PAIRS == tuple(paper_table.HEADLINE)
+    assert PAIRS == tuple(paper.HEADLINE)
 
 
 def test_the_command_prints_both_tables_and_writes_the_figures(tmp_path, capsys):

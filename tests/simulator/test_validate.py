@@ -101,4 +101,4 @@ def test_replaying_rounds_of_several_K_is_refused_with_a_reason():
                                                 "draft_forwards": 0})])
     with pytest.raises(ValueError, match="several K"):
         simulate_like(timing, [rounds])
-    assert simulate_like(timing, [[r for r in rounds if r.K == 2]]) > 0  # one K replays as before
+    assert simulate_like(timing, [[r for r in rounds if r.K == 2]]) > 0  # one K replays

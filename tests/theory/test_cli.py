@@ -40,7 +40,7 @@ def test_speedup_json(capsys) -> None:
 
 
 def test_speedup_per_sequence_does_not_rise_with_batch_under_either_miss_policy(capsys) -> None:
-    # Issue 11's repro: a random backup and a build of 3 verifies made the old form 2.4x faster at b = 16.
+    # A random backup and a build of 3 verifies: the paper's batch form comes out 2.4x faster at b = 16.
     argv = [*SPEEDUP, "--p-hit", "0.7", "--t-p", "3", "--e-miss", "1", "--t-b", "0", "--batch", "1", "16"]
     per_row = run_json(argv, capsys)
     whole = run_json([*argv, "--miss-policy", "whole-batch"], capsys)

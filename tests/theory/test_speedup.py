@@ -158,7 +158,7 @@ def test_per_sequence_speed_never_rises_with_batch(p_hit, E_hit, miss_fraction, 
 
 
 def test_negative_control_the_papers_batch_form_rises_with_batch_when_the_build_outlasts_the_verify() -> None:
-    # The repro of issue 11: random backup (E_miss 1, T_b 0), T_p = 3, p_hit 0.7. The paper's form credits the
+    # A random backup (E_miss 1, T_b 0), T_p = 3, p_hit 0.7. The paper's form credits the
     # hit rows' tokens and charges the abandoned build: 2.4x faster per sequence at b = 16 than at b = 1.
     E_hit, b = expected_tokens(0.8, 4), np.array([1, 16])
     s = 0.7**b
