@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from saguaro.validation.engine import measured_tokens_per_s, variants
+from saguaro.validation.measured import measured_tokens_per_s, variants
 
 
 def spread(values: list[float]) -> float:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import repeatability
-from saguaro.validation import engine as validation
+from saguaro.validation.measured import measured_tokens_per_s, variants
 from saguaro.validation.studies import REPORTS, unpack
 
 
@@ -48,10 +48,9 @@ def test_rows_are_the_measured_speeds_of_the_configurations_both_runs_have(inter
     assert set(rows) == {"sd K=3 T=0 b=1", "sd K=5 T=0 b=1", "ssd K=3 B=8 geometric neural T=0 b=1",
                          "ssd K=5 B=8 geometric neural T=0 b=1"}
     for run in (interleaved, k235):
-        measured = {key.split("/", 1)[1]: validation.measured_tokens_per_s(r)
-                    for key, (_, r) in validation.variants(run).items()}
+        speeds = {key.split("/", 1)[1]: measured_tokens_per_s(r) for key, (_, r) in variants(run).items()}
         for name, row in rows.items():
-            assert row["tokens_per_s"][run.name] == pytest.approx(measured[name])
+            assert row["tokens_per_s"][run.name] == pytest.approx(speeds[name])
     for row in rows.values():
         speeds = list(row["tokens_per_s"].values())
         assert row["spread"] == pytest.approx(max(speeds) / min(speeds) - 1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from saguaro.cli import main
-from saguaro.validation import engine as validation
+from saguaro.validation import measured
 
 SESSION = "2026-12-01-avx512"  # bench runs 18:43-20:01 UTC and two calibrations, 18:42 and 19:05
 
@@ -151,9 +151,9 @@ def test_the_lookups_rates_per_position_multiply_to_its_measured_all_accepted_sh
     from simulator.hits import is_draft_sourced
 
     folder = run_folder(session, "fast-backups")
-    rows = next(r for s, r in validation.variants(folder).values()
+    rows = next(r for s, r in measured.variants(folder).values()
                 if s.get("backup") == "lookup" and s.get("budget") == 4)
-    alphas = validation.lookup_alphas(rows)
+    alphas = measured.lookup_alphas(rows)
     assert alphas is not None and len(alphas) == 4
     proposed = [k for r in rows for i, k in enumerate(r.accepted) if not is_draft_sourced(r, i)]
     assert float(np.prod(alphas)) == pytest.approx(sum(k == 4 for k in proposed) / len(proposed))
