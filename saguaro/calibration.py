@@ -216,7 +216,8 @@ def prefill_points(contexts: list[int], batches: list[int]) -> list[tuple[int, i
 # 371, 431, 401), and the first point's three repeats are all a calibration has of that shape.
 WARM_BUILDS = 2
 # Builds timed with the target idle, per point (--builds-alone): the fit's build line is then fitted on them and
-# scaled by the builds beside the verify (simulator.fit). Two a point: stop 39's spread up to 1.4x within a pair.
+# scaled by the builds beside the verify (simulator.fit). Two a point: two in a row differed by up to 1.4x
+# (2026-12-04, reports/2026-12-cpu-prediction-accuracy).
 ALONE_BUILDS = 2
 
 
@@ -243,7 +244,8 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
 
     points = prefill_points(contexts, args.batch)
     # Warm-up at the first timed point's own shape: the first forwards of a process are slow, and a warm-up at
-    # K + 1 tokens left the first timed prefill ~29% dear (stop 22), bending the prefill fit's intercept.
+    # K + 1 tokens left the first timed prefill ~29% dear (2-core EPYC, 2026-12-01), bending the prefill fit's
+    # intercept.
     prefill(points[0][1], keep=False, b=points[0][0])
     for i, (b, n) in enumerate(points, 1):  # the longest at batch 1 last: it is kept as the base
         state, target_ms, draft_ms = prefill(n, keep=(b, n) == (1, max(contexts)), b=b)
@@ -251,7 +253,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
             base = state
         records.append(_prefill_record(b, n, target_ms, draft_ms))
         summary["prefill_ms"][f"{b}x{n}"] = {"target": round(target_ms, 1), "draft": round(draft_ms, 1)}
-        # a line each: on an AVX2-only host the batch-8 prefills take 24-43 s apiece (stop 37: 200 s in all)
+        # a line each: on an AVX2-only host the batch-8 prefills take 24-43 s apiece (200 s in all, 2026-12-03)
         say(f"prefilled {b} x {n} tokens, target and draft ({i} of {len(points)})")
     rounds = TargetRounds(target, ids, K, widths=verify_widths(K), temperature=getattr(args, "temperature", 0.0))
     warm_builds = WARM_BUILDS
@@ -275,7 +277,8 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
             # One draft step too, first feeding one token a row, then two, as SD's first step does after a
             # round that accepted all K (x_K and the bonus). With two lengths the fit tells a proposal's own
             # cost from its steps'; with two widths, a step's cost per row from its fixed cost even at batch 1.
-            # The int4 pair's SD step took 29.5 ms at width 1 and 35.3 at width 2 (stop 28's Spec-Bench run):
+            # The int4 pair's SD step took 29.5 ms at width 1 and 35.3 at width 2 (its Spec-Bench run of
+            # 2026-12-02, reports/2026-12-cpu-lowbit-vs-llamacpp):
             # fitted from width 1 alone, SD at K 1 came out 7-9% fast, and leveling to it put every draft
             # forward (builds and backups too) ~18% dear.
             one = _ms(worker.ask("sd", b, reps, 1, 1))
@@ -307,7 +310,7 @@ def measure(args, target, ids: list[int], worker: _Worker, say) -> tuple[list[di
                     worker.conn.send(("build", b, B))
                     worker.recv()  # ("started", t): the build is under way
                     # One verify beside it, then wait for it, as an SSD round runs them. Verifying on until
-                    # the build ended (stops 18-28) kept the target busy through builds the engine finishes
+                    # the build ended would keep the target busy through builds the engine finishes
                     # alone: the int4 pair's one-branch build took 115-202 ms that way, 123 (median) in the engine.
                     verify = _ms([timed(K + 1)])[0]
                     builds += _ms(worker.recv())

@@ -13,7 +13,8 @@ import importlib
 import logging
 import sys
 
-COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve", "calibrate")
+COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve", "calibrate",
+                             "validate")
 
 
 class CliError(Exception):

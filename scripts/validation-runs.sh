@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# The runs behind reports/cpu-default-pair-validation (issue 11): a calibration, the engine configurations
-# on held-out HumanEval prompts, an SD reference on the served prompts, and SSD served at four rates.
+# The held-out runs of reports/2026-12-cpu-prediction-accuracy: a calibration, the engine configurations on
+# held-out HumanEval prompts, an SD reference on the served prompts, and SSD served at four rates.
 # Run it alone on the machine (SSD needs its own core; anything else computing voids its figures).
 # Settings: OUT (runs/validation), PARTS ("calibrate serve b4 b2 k t07 fast": which parts, in this order), DTYPE
 # (the target's, for the calibration and every run alike: auto, bfloat16 where the CPU multiplies in it at speed),
 # SERVE_RATES (the served SSD's request rates, "0.1 0.2 0.4 inf": scale them to the host's speed; an AVX2-only
 # host running float32 is about four times slower, "0.025 0.05 0.1 inf"), CALIBRATE_BATCH (the calibration's batch
-# sizes, "1 2 4 8": batch 8 for the served runs' builds, 2 for the AR step's knee and the small builds; stop 37's
-# "1 4 8" put AR at batch 2 +54% and the batch-2 SSD rows 16-24% slow on an AVX2-only host).
-# Then: scripts/validate_ssd.py and scripts/validate_serving.py on the folders (see the report's README).
+# sizes, "1 2 4 8": batch 8 for the served runs' builds, 2 for the AR step's knee and the small builds; without
+# batch 2, an AVX2-only host's AR at batch 2 came out +54% and its batch-2 SSD rows 16-24% slow, 2026-12-03).
+# Then: saguaro validate engine and saguaro validate serving on the folders (docs/validation.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/.venv/bin"
 out="${OUT:-runs/validation}"
 read -r -a parts <<< "${PARTS:-calibrate serve b4 b2 k t07 fast}"
-prompts="$root/reports/cpu-default-pair-validation/prompts.jsonl"   # HumanEval/100-107
+prompts="$root/reports/2026-12-cpu-prediction-accuracy/prompts.jsonl"   # HumanEval/100-107
 dtype="${DTYPE:-auto}"
 model=(--dtype "$dtype" --draft-int8 --threads 1)
 # interleaved: prompt by prompt across the variants, so that the machine's level (it moves by up to ~15% within
-# the hour here) is the same for each run folder's SD variants, which level the calibration (validate_ssd.py)
+# the hour here) is the same for each run folder's SD variants, which level the calibration (saguaro validate)
 engine=(--prompts "$prompts" -n 8 --max-new-tokens 128 --ignore-eos "${model[@]}" --warmup 1 --order interleaved
         --no-progress --out "$out")
 mkdir -p "$out"

@@ -13,11 +13,12 @@ row weighted by 1/time so that small and large forwards count alike in relative 
 - a proposal's own cost beyond its forwards, p_call (one call of the draft: its set-up, the stacking of q
   and the tokens), added once to every SD proposal, neural backup and cache build. It is fitted only where
   the SD proposals span two lengths K or more (`saguaro calibrate` times one step beside its K steps): at one
-  K it cannot be told from K times a step. It fitted 0 for the int4 pair: stop 28's SD K 1, predicted 8-9%
-  fast from a calibration at K 3, was short of its first step's second row (below), not of a call cost;
+  K it cannot be told from K times a step. It fitted 0 for the int4 pair: its SD K 1 on 2026-12-02
+  (reports/2026-12-cpu-lowbit-vs-llamacpp), predicted 8-9% fast from a calibration at K 3, was short of its first step's
+  second row (below), not of a call cost;
 - a record may say its first step's width (`first_width`): `saguaro calibrate` times SD's one-step proposal
   feeding one token a row and two, so that even at batch 1 the fit sees the cost of a row (the int4 draft's
-  step: 29.5 ms feeding one, 35.3 feeding two, in stop 28's Spec-Bench run);
+  step: 29.5 ms feeding one, 35.3 feeding two, in its Spec-Bench run of 2026-12-02);
 - the SSD neural backup: the same shape fitted on the backups alone when the records hold three or more
   at two batch sizes and two contexts or more. The worker's masked pass over the batch is not SD's drafting:
   in the default pair's calibration its per-row cost was 2.8 ms a forward against SD's 0.8, so a pooled fit
@@ -32,7 +33,7 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   pair's calibrations 64 branches at context 512 took 4.3-4.7 s and 128 took 12-14 s, and a line through
   4-128 branches missed the batch-1 builds the engine runs at both ends (16 branches took 0.79-0.85 of the
   line's time, 4 branches 1.16-1.34 times it). With it the build fit's error on seven calibrations fell
-  from 10-21% to 9-15%, and validation round 9's budget-16 rows from −4..−14% to +2..−8%;
+  from 10-21% to 9-15%, and the budget-16 rows of the held-out runs of 2026-12-01 from −4..−14% to +2..−8%;
 - every context term is only as good as the contexts the records span: `saguaro calibrate --context`
   times the forwards at the workload's contexts (a calibration at 60-100 tokens under-predicted the
   verify, the draft and the build at ~300 by 15-50%);
@@ -52,7 +53,7 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   batch sizes (else the line's intercept and per-row slope cannot be told from the one-row offset: the
   former shape is fitted); u_kv only when batch 1 spans two contexts or more;
 - the step's knee in batch: on a host without fast small GEMMs the step is not a line in the batch either. On
-  stop 35's AVX2-only EPYC (float32) the default pair's step took 450, 900 and 1150 ms at batch 1, 2 and 4: the
+  an AVX2-only EPYC (float32, 2026-12-03) the default pair's step took 450, 900 and 1150 ms at batch 1, 2 and 4: the
   second row doubled the cost and the next two added a quarter. A line through them (the one-row terms can
   only raise batch 1) put batch 2 at 702-766 ms, and AR at batch 2 was predicted 19% fast. As the verify does,
   when the AR rounds span four batch sizes or more, or three with batch 1 (the one-row terms then take the
@@ -80,11 +81,12 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   `FittedTiming.leveled` takes an SD run's rounds (the run a planner has anyway: α and hits come from it) and
   scales the target's forwards by its verifies' total over the fit's and the draft's forwards (draft,
   backup, build, prefill) by the same ratio of its drafts: the calibration keeps the shapes (rows, context,
-  branches, interference), the run sets the level. A ratio of totals, not a median of per-round ratios
-  (stops 26-28): tokens/s is a ratio of totals, so a run's slow rounds count in it. On stop 29's unsteady
-  host a run's verify had a mean 1.08-1.12 times its median, and the median left that run's own SD rows
-  8-11% fast; with totals, 61 of 73 held-out rows of stops 26-29 fell within 10% instead of 52, and 19 of
-  stop 27's 20 served figures within 15% instead of 17. A ratio within `LEVEL_DEAD_BAND` of 1 is left unapplied:
+  branches, interference), the run sets the level. A ratio of totals, not a median of per-round ratios:
+  tokens/s is a ratio of totals, so a run's slow rounds count in it. On an unsteady host (the int4 runs of
+  2026-12-02 02:52) a run's verify had a mean 1.08-1.12 times its median, and the median left that run's own
+  SD rows 8-11% fast; with totals, 61 of 73 held-out rows of 2026-12-01 and 12-02 fell within 10% instead of
+  52, and 19 of the 20 served figures of 2026-12-01 21:50 within 15% instead of 17
+  (reports/2026-12-cpu-prediction-accuracy). A ratio within `LEVEL_DEAD_BAND` of 1 is left unapplied:
   that close, it is as likely the fit's shape at the run's K as the machine (a run at the calibration's level
   measured 0.97 and 0.96 against its SD K 5 rounds, and applied, that moved five of its six SSD predictions
   4-5 points further off);
@@ -96,18 +98,18 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   batch size, its rounds marked level "build"; `build_level` is, per batch size, their total build time over
   the fitted line's at their shapes (rounds whose cache was built for their own batch). Those rounds inform
   nothing else. `with_build_level()` scales the line by it (linear in the batch between the sizes measured,
-  held beyond). It is not applied by default: on stop 32's held-out runs (an hour of runs, the calibration
-  after them) it measured ×0.88, ×0.91 and ×1.07 at batch 1, 4 and 8, and applied, it put 11 of 21 engine
-  rows within 10% instead of 16 and 8 of 20 served figures within 15% instead of 14: the builds of those
-  runs cost what the harness said, not what the engine's rounds at the end of the calibration cost. (Stop 38
-  reported the harness's build alone flat in the context from 128 to 512: its script rolled a 128-token cache
-  "forward" to 256 and 512, which KVState.rollback now refuses, so every one of those builds ran at 128. Timed
-  alone at 64 and 512 by stop 39's calibration, batch 1 with 16 branches took 494-513 and 938-984 ms);
+  held beyond). It is not applied by default: on the held-out runs of 2026-12-02 10:50 (an hour of runs, the
+  calibration after them; reports/2026-12-cpu-prediction-accuracy) it measured ×0.88, ×0.91 and ×1.07 at batch 1, 4
+  and 8, and applied, it put 11 of 21 engine rows within 10% instead of 16 and 8 of 20 served figures within
+  15% instead of 14: the builds of those runs cost what the harness said, not what the engine's rounds at the
+  end of the calibration cost. The harness's build alone grows with the context: at 64 and 512 tokens, batch 1
+  with 16 branches took 494-513 and 938-984 ms (2026-12-04);
 - builds alone (`saguaro calibrate --builds-alone`, records marked level "alone", an experiment): the build
   line is fitted on the builds timed with the target idle, and `build_beside` is the median of the builds
   beside the verify over that line (the records' SSD builds, the calibration's and any run's). Beside the
-  calibration's verify a build ran ×0.96-1.57 its time alone (stop 39, 24 points, median ×1.15). On stop 38's
-  held-out runs with stop 39's calibration, 7 of 11 engine rows came within 10% this way against 10 of 11 with
+  calibration's verify a build ran ×0.96-1.57 its time alone (a calibration of 2026-12-04 11:40, 24 points,
+  median ×1.15). On the held-out runs of 2026-12-04 09:02 with that calibration, 7 of 11 engine rows came
+  within 10% this way against 10 of 11 with
   the line through the builds beside, and 12 of 20 served figures within 15% against 8: no better overall, so
   the builds beside stay the default. At one shape (batch 1, 8 branches, context 64) the build beside the
   verify took ×1.5 its time alone in one calibration and ×1.0-1.2 in four shorter ones 40 minutes later, the
@@ -485,7 +487,7 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     alone = [r for r in decode if r.strategy is not Strategy.SSD]
     verifies = [r for r in alone if r.strategy is not Strategy.AR]
     if decode_fit is not None and len(verifies) >= 3 and len({r.batch_size * (r.K + 1) for r in verifies}) >= 2:
-        alone = verifies  # the AR step has its own fit: the one-token steps no longer bend the verify's
+        alone = verifies  # the AR step has its own fit: the one-token steps must not bend the verify's
     plain = alone if len(alone) >= 3 else decode
     verify, knee, errors["verify"] = _fit_verify(plain)
     counts["verify"] = len(plain)

@@ -181,7 +181,7 @@ class EmpiricalHit:
             raise ValueError(f"not a rank table ({err}): expected rejected, all_accepted, tail_r") from None
 
 
-def _draft_sourced(record: RoundRecord, row: int) -> bool:
+def is_draft_sourced(record: RoundRecord, row: int) -> bool:
     """The row's speculation was the draft's own (SD, a cache hit, or the neural backup)."""
     if record.hit is None or record.hit[row]:
         return True
@@ -202,7 +202,7 @@ def outcome_ranks(records: list[RoundRecord]) -> tuple[int, dict[int, list[int]]
         if not r.is_decode or r.outcome_rank is None:
             continue
         for row, (k, rank) in enumerate(zip(r.accepted, r.outcome_rank)):
-            if rank is None or not _draft_sourced(r, row):
+            if rank is None or not is_draft_sourced(r, row):
                 continue
             (accepted_all if k == K else rejected[k]).append(rank)
     return K, rejected, accepted_all
@@ -257,7 +257,7 @@ def alpha_per_position(records: list[RoundRecord], draft_sourced: bool = True) -
             continue
         K = max(K, r.K)
         for row, k in enumerate(r.accepted):
-            if _draft_sourced(r, row) != draft_sourced:
+            if is_draft_sourced(r, row) != draft_sourced:
                 continue
             for i in range(min(k + 1, r.K)):
                 reached[i] = reached.get(i, 0) + 1

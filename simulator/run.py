@@ -88,7 +88,7 @@ class SimConfig:
     needs q at temperature > 0: vocab × 2 in bf16; 0 when greedy). `prefill_overlap` (SSD): the target
     announces each prefill to the draft worker, which prefills the joiners' draft side meanwhile, as the
     engine does since its Prefill message; False: the worker prefills them only when the round that brings
-    them arrives, before their backup (engines before that message: records up to stop 21)."""
+    them arrives, before their backup (engines before that message: commit fbc55c0 of 2026-12-01 added it)."""
 
     policy: Policy
     timing: TimingModel

@@ -9,8 +9,9 @@ K and the budget may be "auto", as the engine's are (`Scenario.resolve` settles 
   least its floor (`engine.ssd.policy.least_budget`): one guess per outcome (K + 1) for the uniform
   schedule, one guess in all for the geometric one. Here: the largest B from that floor up whose build
   (batch·B branches, at the workload's mean context) the timing model puts within that share of SSD's
-  verify, else the floor. With the floor at K + 1 for both, run D of stop 28 (int4 target, HumanEval, K 3)
-  was predicted at budget 4 where the engine ran one guess (0-0-0-1): −33% on its tokens/s;
+  verify, else the floor. With the floor at K + 1 for both, the int4 target's HumanEval run at K 3 of
+  2026-12-02 00:49 (reports/2026-12-cpu-lowbit-vs-llamacpp) was predicted at budget 4 where the engine ran
+  one guess (0-0-0-1): −33% on its tokens/s;
 - K "auto": the engine picks, round by round, the K with the most tokens per unit time from the running α
   and the timings it measured. With α and the timings holding still that settles on one K, so here each K in
   1..`AUTO_K_MAX` (with its own auto budget) is simulated and the fastest in decode tokens/s is kept. The

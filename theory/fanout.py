@@ -104,7 +104,7 @@ def integer_fanout(alpha: float, r: float, K: int, B: int, scale: float = 1.0) -
     most likely; (3) given those, with c each, the other B − m·c guesses go to the B − m·c largest steps
     `P(k)·(h(F+1) − h(F))`, F ≥ c, which decrease in F (`_spread` finds the cut-off step exactly, without a
     loop over guesses); (4) the best of these schedules over m is the optimum. Cost O(K²·64) whatever B
-    (milliseconds at B = 10^6), where the dynamic programme `_integer_fanout_dp` takes O((K+1)·B²).
+    (milliseconds at B = 10^6), where the dynamic programme `integer_fanout_dp` takes O((K+1)·B²).
 
     Ties between equally good schedules go to the one that gives more to the earlier outcomes (the
     lexicographically largest; with no outcome able to reach c, all of B goes to k = 0). Exact ties come out of
@@ -250,8 +250,8 @@ def separable_fanout(gain: npt.ArrayLike, B: int, larger_first: bool = False) ->
     return F
 
 
-def _integer_fanout_dp(alpha: float, r: float, K: int, B: int, scale: float = 1.0) -> IntArray:
-    """The reference `integer_fanout` is checked against (tests, scripts/bench_fanout.py): a dynamic programme
+def integer_fanout_dp(alpha: float, r: float, K: int, B: int, scale: float = 1.0) -> IntArray:
+    """The reference `integer_fanout` is checked against (tests, benchmarks/fanout.py): a dynamic programme
     over outcomes and budget, exact for any separable objective, in O((K+1)·B²) time. Ties: larger F_k first.
     """
     weights = outcome_probabilities(alpha, K)  # [K+1]

@@ -32,9 +32,9 @@ MANY_SSD_ENGINES = 4
 @dataclass
 class BenchOutcome:
     run_dir: RunDir
-    ran: int  # units run in this session
-    skipped: int  # units already done before this session
-    errors: int  # result lines with an error, in this session
+    ran: int  # units run by this invocation
+    skipped: int  # units already done before this invocation (a resumed run)
+    errors: int  # result lines with an error, in this invocation
     unavailable: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
 

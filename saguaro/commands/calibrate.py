@@ -1,7 +1,7 @@
 """`saguaro calibrate`: timed forwards that tell the simulator what an SD run cannot about SSD on this
 machine, at the contexts the workload will have (--context). For the default pair on a 2-core CPU that takes
 about two minutes where the CPU has fast bfloat16 GEMMs (AVX-512), about nine (--batch 1 2 4) to sixteen
-(--batch 1 4 8) on an AVX2-only one (float32, a five-row verify of 1.3 s: stops 35-37); the progress lines say
+(--batch 1 4 8) on an AVX2-only one (float32, a five-row verify of 1.3 s, 2026-12-03); the progress lines say
 what is left at the pace so far.
 
 One long prompt (real prompt text repeated to the largest --context) is prefilled ONCE by the target here
@@ -23,7 +23,7 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
 - for each --budget B, --repeats times in turn: the verify alone, then one build of SSD's cache (the glue
   forward, then the K-step branch decode of batch·B branches, each branch a copy of its sequence's KV) with
   one verify beside it, then the wait for the build, as an SSD round runs them (verifying on until the
-  build ended, as stops 18-28 did, kept the target busy through build time the engine's worker has alone:
+  build ended would keep the target busy through build time the engine's worker has alone:
   the int4 pair's one-branch build took 115-202 ms that way, 123 ms (median) in the engine's rounds, and
   114-136 ms timed this way; two untimed builds go first, as a fresh worker's first build ran 10-30% slow).
   Each pair's busy verify over its lone one is the verify's slowdown (the interference factor of this
@@ -32,8 +32,8 @@ timed forward is rolled back too, so nothing is prefilled twice. At each context
   branches and context, as they are when SSD runs. With --builds-alone, the first two pairs of a point are
   each followed by one build with the target idle, written as a record marked level "alone": the fit's build
   line then comes from them, scaled by the median of the builds beside the verify over it (an experiment:
-  on stop 39's calibration it put 7 of 11 held-out engine rows within 10% against 10 for the line through
-  the builds beside, 12 of 20 served figures within 15% against 8; simulator/README.md).
+  on a calibration of 2026-12-04 it put 7 of 11 held-out engine rows within 10% against 10 for the line
+  through the builds beside, 12 of 20 served figures within 15% against 8; simulator/README.md).
 
 Then the engine itself runs SSD for --link-tokens tokens on the prompt at the shortest context (K 1, one
 guess per outcome, the draft worker as SSD starts it): in the rounds that hit with a build shorter than the
@@ -44,9 +44,9 @@ rounds: the fit's link comes from them). With --build-tokens N, the engine's SSD
 calibration's K and middle --budget (uniform fan-out, neural backup) at each --batch size for N tokens a row,
 on the same prompt (a batch's rows a token shorter each), and its rounds are written too, marked level
 "build": the fit measures their builds against its build line, per batch size (`simulator.fit`: the build
-level; `validate_ssd.py --build-level` applies it). An experiment, off by default: the harness's builds ran
-12-37% dearer than the engine's within minutes on this 2-core VM, but on stop 32's held-out runs the level
-made the predictions worse. Should the engine's SSD fail in either run, the timed points are written all the
+level; `saguaro validate engine --build-level` applies it). An experiment, off by default: the harness's builds
+ran 12-37% dearer than the engine's within minutes on a 2-core VM, but on the held-out runs of 2026-12-02 10:50
+(reports/2026-12-cpu-prediction-accuracy) the level made the predictions worse. Should the engine's SSD fail in either run, the timed points are written all the
 same, without a link or a build level.
 
 The records go to --out (JSONL, the engine's round-record schema, one record per timed forward or pair):

@@ -88,7 +88,7 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant-group-size", type=int, choices=GROUP_SIZES, default=32, help="int4's group size")
     head = ("quantise the {0}'s output head too, untied from the embedding (whose lookup stays float); needs "
             "--{0}-quant int8 or int4. int8 costs almost no accuracy at ~0.6x the bf16 head's time, int4 ~0.3x with "
-            "a visibly larger KL (reports/cpu-lowbit-accuracy) (default: the head in float)")
+            "a visibly larger KL (reports/2026-12-cpu-lowbit-accuracy) (default: the head in float)")
     p.add_argument("--target-head-quant", choices=("int8", "int4"), help=head.format("target"))
     p.add_argument("--draft-head-quant", choices=("int8", "int4"), help=head.format("draft"))
 

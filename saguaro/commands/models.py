@@ -4,9 +4,11 @@
   saguaro models list [--cache DIR]
   saguaro models verify [--cache DIR]
   saguaro models clean [--cache DIR]
+  saguaro models hit-tables RUN_DIR... [--keep OLD_TABLE] [--out simulator/data/hit_tables.json] [--markdown T.md]
 
 The cache is --cache, else $SAGUARO_CACHE, else ~/.cache/saguaro. `provision` rebuilds a damaged
-entry; `clean` removes temp folders left by interrupted builds (provision does too).
+entry; `clean` removes temp folders left by interrupted builds (provision does too). `hit-tables` builds the
+simulator's shipped hit tables from SD bench runs (saguaro/hit_tables.py; no torch).
 """
 
 from __future__ import annotations
@@ -51,10 +53,29 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for action in actions.choices.values():
         action.add_argument("--cache", type=Path, metavar="DIR",
                             help="model cache folder (default: $SAGUARO_CACHE, else ~/.cache/saguaro)")
+    _add_hit_tables(actions)
     return p
 
 
+def _add_hit_tables(actions) -> None:
+    from saguaro.cli import HelpFormatter
+
+    hits = actions.add_parser(
+        "hit-tables", formatter_class=HelpFormatter,
+        help="build the simulator's hit tables from SD bench runs (where each bonus stood among the draft's guesses)",
+        description="Pool SD (or SSD) `saguaro bench` run folders into the hit table the simulator ships: one entry "
+                    "per (prompt set, T, C) and per task; a later run replaces an earlier one's rounds of the same "
+                    "prompt.")
+    hits.add_argument("runs", nargs="+", type=Path, help="saguaro bench run folders")
+    hits.add_argument("--keep", type=Path, help="an existing table whose entries the runs do not measure are kept")
+    hits.add_argument("--out", type=Path, help="where the table goes (default: the simulator's shipped "
+                                               "simulator/data/hit_tables.json)")
+    hits.add_argument("--markdown", type=Path, help="also write the per-entry Markdown table here")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.models_action == "hit-tables":
+        return _hit_tables(args)
     from engine import model_cache, provision
 
     root = model_cache.resolve_cache_root(args.cache, os.environ)
@@ -190,4 +211,22 @@ def _verify(provision, model_cache, root: Path) -> int:
         raise model_cache.CorruptCacheError(
             f"{len(repairs)} cache folder(s) failed verification; repair with: {'; '.join(repairs)}"
         )
+    return 0
+
+
+def _hit_tables(args: argparse.Namespace) -> int:
+    from saguaro.hit_tables import write
+    from simulator.hits import TABLES
+
+    out = args.out or TABLES
+    table = write(args.runs, out, keep=args.keep, markdown_out=args.markdown)
+    for e in table["entries"]:
+        m = e["model"]
+        fit = m.get("power_law") or {}
+        print(f"{e['workload']:<32} T={e['temperature']:<4g} C={e['C']:<4g} prompts={e.get('prompts', '-'):<3} "
+              f"rounds={e.get('rounds', '-'):<5} outcomes={m['outcomes']:<5} alpha={m['alpha']} r={fit.get('r')} "
+              f"r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}")
+    print(f"wrote {out}")
+    if args.markdown:
+        print(f"wrote {args.markdown}")
     return 0

@@ -134,7 +134,7 @@ def render(figure: Figure, data: ReportData, out_dir: Path) -> Rendered:
     return Rendered(figure, png, csv_path, rows, fig, list(data.notes))
 
 
-# -- helpers the figure functions share --------------------------------------------------------------
+# -- what the figure functions share -----------------------------------------------------------------
 AXIS_LABELS = {
     "K": "K (draft tokens per round)",
     "budget": "fan-out budget B = Σ F_k (guesses)",

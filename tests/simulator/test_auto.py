@@ -76,8 +76,8 @@ def test_budget_auto_has_a_floor_and_a_cap():
 @pytest.mark.parametrize("schedule", ["uniform", "geometric"])
 @pytest.mark.parametrize("K", [1, 3, 6])
 def test_budget_auto_floor_is_the_engines(schedule, K):
-    """The simulator's floor is the engine's (`least_budget`): with the uniform floor for both, stop 28's
-    int4 run at K 3 (engine: one guess, 0-0-0-1) was predicted at budget 4, 33% slow."""
+    """The simulator's floor is the engine's (`least_budget`): with the uniform floor for both, the int4 run at
+    K 3 of 2026-12-02 (engine: one guess, 0-0-0-1) was predicted at budget 4, 33% slow."""
     from engine.config import SpeculativeConfig
     from engine.ssd.policy import least_budget
 

@@ -134,7 +134,7 @@ def test_trace_and_constant_timing(tmp_path):
 
 @pytest.mark.parametrize("miss_policy", ["per-row", "whole-batch"])
 def test_per_sequence_speed_does_not_rise_with_batch_under_either_miss_policy(miss_policy, tmp_path):
-    # Issue 11's repro (fewer rounds): a build of 3 verifies and a random backup at p_hit 0.7. Crediting hits
+    # A build of 3 verifies and a random backup at p_hit 0.7 (fewer rounds than the theory test): crediting hits
     # from a dropped build once made b = 16 2.4x faster per sequence than b = 1.
     path = tmp_path / "out.json"
     argv = ["simulate", "--K", "4", "--batch", "1", "16", "--timing", "constant", "--t-verify-ms", "10",

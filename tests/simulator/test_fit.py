@@ -210,7 +210,7 @@ def test_the_interference_factor_comes_from_verifies_next_to_the_builds():
 
 
 def test_builds_timed_alone_give_the_line_and_the_builds_beside_the_verify_its_factor():
-    """The calibration's builds beside its verify ran x1.05-2.2 their time alone, by context (stop 38), the
+    """The calibration's builds beside its verify ran x1.05-2.2 their time alone, by context (2026-12-04), the
     engine's x1.1-1.2: the line is fitted on the builds alone (exact here, though the builds beside are not a
     line in the context) and scaled by the median of the builds beside over it; without builds alone, the line
     is fitted on the builds beside and bends with them."""
@@ -305,7 +305,7 @@ def test_a_one_row_step_cheaper_than_the_line_gets_no_one_row_terms():
 
 
 def _concave_step(b, c):
-    """Stop 35's AVX2-only host (float32): the second row doubles the step, the next two add a quarter."""
+    """An AVX2-only host (float32, 2026-12-03): the second row doubles the step, the next two add a quarter."""
     return {1: 440.0, 2: 860.0, 4: 1060.0, 8: 1460.0}[b] + 0.07 * b * c
 
 
@@ -362,14 +362,14 @@ def test_the_neural_backup_gets_its_own_fit():
     want = lambda b, c: 4 * (BACKUP[0] + BACKUP[1] * b + BACKUP[2] * b * c)  # noqa: E731
     assert fitted.backup_ms(Backup.NEURAL, 8, 4, 113) == pytest.approx(want(8, 113), rel=1e-6)
     assert fitted.draft_ms(8, 4, 113) < 0.95 * want(8, 113)  # the pooled draft fit, SD's drafting mostly
-    # backups at one batch size cannot give a per-row cost: the pooled fit serves them, as before
+    # backups at one batch size cannot give a per-row cost: the pooled fit serves them
     one_batch = fit_timing(_records([r for r in _draft_points() if r["batch_size"] == 4 or r["strategy"] == "sd"]))
     assert one_batch.backup is None
     assert one_batch.backup_ms(Backup.NEURAL, 2, 4, 100) == pytest.approx(one_batch.draft_ms(2, 4, 100))
 
 
 def test_with_its_own_step_fit_the_verify_is_fitted_on_verifies_alone():
-    """AR steps with a small context cost (the default pair: 4 × 512 422 ms, 4 × 64 383) no longer pull the
+    """AR steps with a small context cost (the default pair: 4 × 512 422 ms, 4 × 64 383) do not pull the
     verify's context term down (its verify at 4 × 512: 822 ms, 4 × 64: 651)."""
     records = [_point("ar", b, c, verify_ms=380.0 + 0.02 * b * c) for b in (1, 2, 4) for c in (64, 512)]
     records += [_point("sd", b, c, verify_ms=V_TRUE[0] + V_TRUE[1] * 5 * b + V_TRUE[2] * b * c, draft_ms=100.0)
@@ -377,7 +377,7 @@ def test_with_its_own_step_fit_the_verify_is_fitted_on_verifies_alone():
     fitted = fit_timing(_records(records))
     assert fitted.verify == pytest.approx(V_TRUE, rel=1e-6)
     assert fitted.verify_ms(1, 1, 512) == pytest.approx(380.0 + 0.02 * 512, rel=1e-6)
-    # AR at one batch size: no step fit of its own, so its rows stay in the verify's, as before
+    # AR at one batch size: no step fit of its own, so its rows stay in the verify's
     single = fit_timing(_records([r for r in records if r["strategy"] == "sd" or r["batch_size"] == 4]))
     assert single.decode is None and single.counts["verify"] == 6
 
@@ -400,7 +400,7 @@ def test_the_prefill_gets_its_quadratic_attention_term():
     assert fitted.prefill_attention[0] == pytest.approx(p_att, rel=1e-6)
     for b, t in ((1, 51), (1, 86), (7, 86), (2, 1024)):
         assert fitted.prefill_ms(Strategy.SSD, b, t) == pytest.approx(true(b, t), rel=1e-6)
-    # two prefills cannot tell the attention from the line: the line alone, as before
+    # two prefills cannot tell the attention from the line: the line alone
     two = fit_timing(_records([prefill(1, 64), prefill(1, 512)] + decode))
     assert two.prefill_attention == (0.0, 0.0)
     assert two.prefill_ms(Strategy.SSD, 1, 512) == pytest.approx(true(1, 512))
@@ -543,7 +543,7 @@ def test_a_proposals_own_cost_is_told_from_its_steps_at_two_lengths():
     """SD proposals at K 1 and K 3 (`saguaro calibrate` times both): the fit recovers a call's own cost and the
     step's, and SD's draft, the neural backup and the build each pay the call once. From K 3 alone the call
     cost cannot be told from a third of a step's (its column is dropped): K 3 is still right, K 1 comes out
-    short, as the int4 pair's SD K 1 did at stop 28 (predicted 8-9% fast from a calibration at K 3)."""
+    short, as the int4 pair's SD K 1 did on 2026-12-02 (predicted 8-9% fast from a calibration at K 3)."""
     call = 9.0
     step = lambda b, c: D_TRUE[0] + D_TRUE[1] * b + D_TRUE[2] * b * c  # noqa: E731
     points = [_point("sd", b, c, K=K, verify_ms=V_TRUE[0] + V_TRUE[1] * b * (K + 1) + V_TRUE[2] * b * c,
@@ -569,7 +569,7 @@ def test_batch_one_steps_at_two_widths_give_the_per_row_cost():
     """A calibration at batch 1 times SD's one-step proposal feeding one token and two (`first_width`): the fit
     recovers the draft's per-row cost from them, and with it SD's dearer first step after all accepted. From
     width 1 alone the per-row cost is folded into the fixed one: a 2-wide step comes out short (the int4
-    pair's SD K 1, predicted 7-9% fast at stop 28)."""
+    pair's SD K 1, predicted 7-9% fast on 2026-12-02)."""
     step = lambda rows, c: D_TRUE[0] + D_TRUE[1] * rows + D_TRUE[2] * c  # noqa: E731  (batch 1: kv = context)
     verify = lambda K, c: V_TRUE[0] + V_TRUE[1] * (K + 1) + V_TRUE[2] * c  # noqa: E731
     points = [_point("sd", 1, c, K=3, verify_ms=verify(3, c), draft_ms=3 * step(1, c), first_width=1)

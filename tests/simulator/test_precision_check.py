@@ -1,20 +1,15 @@
-"""A calibration predicts the precision it timed: simulate --fit/--level and the validate scripts refuse a run or
+"""A calibration predicts the precision it timed: simulate --fit/--level and saguaro validate refuse a run or
 another calibration that states another dtype or low-bit scheme (dtype auto resolves per machine, so a bfloat16
 calibration beside a float32 run is easy to make), and compare older files on what they state."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from saguaro.calibration_files import check_same_precision, precision
 from saguaro.cli import main
-from saguaro.commands.simulate import check_same_precision, precision
 from tests.simulator.synthetic import engine_run, write_jsonl
-
-ROOT = Path(__file__).resolve().parents[2]
-STOP26 = ROOT / "reports" / "cpu-default-pair-validation" / "stop26"
-sys.path.insert(0, str(ROOT / "scripts"))
 
 CALIBRATED = {"target": "qwen-coder-1.5b", "draft": "qwen-coder-0.5b", "dtype": "bfloat16", "draft_int8": True,
               "target_quant": None, "target_head_quant": None, "draft_quant": "int8-dynamic", "draft_head_quant": None,
@@ -75,17 +70,3 @@ def test_files_that_state_no_precision_are_not_refused(tmp_path):
     old = write_jsonl(tmp_path / "old.jsonl", engine_run("sd", 2, 1, 60))  # no summary, no config: nothing stated
     check_same_precision([old], [sd_run(tmp_path / "r", dtype="float32")])
     check_same_precision([calibration(tmp_path / "c")], [old])
-
-
-def test_validate_ssd_refuses_a_float32_calibration_for_bfloat16_runs(tmp_path, capsys):
-    import validate_ssd
-
-    folders = [next((STOP26 / "runs").glob("*-k5ref"))]
-    source = STOP26 / "calibration-1842.jsonl"
-    cal = tmp_path / "calibration-f32.jsonl"
-    cal.write_text(source.read_text())
-    summary = json.loads(source.with_suffix(".summary.json").read_text())
-    summary["inputs"]["dtype"] = "float32"
-    cal.with_suffix(".summary.json").write_text(json.dumps(summary))
-    assert validate_ssd.main([*map(str, folders), "--calibration", str(cal), "--rounds", "100"]) == 2
-    assert "dtype bfloat16 (not float32)" in capsys.readouterr().err

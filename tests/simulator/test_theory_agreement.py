@@ -52,7 +52,7 @@ SSD_CASES = [
     (0.8, 4, 0.9, 0.5, Backup.NEURAL, 0.4),
     (0.7, 3, 0.6, 1.6, Backup.NEURAL, 0.3),  # the cache build outlasts the verify: rounds stretch
     (0.85, 6, 0.8, 0.9, Backup.RANDOM, 0.0),
-    (0.8, 4, 0.7, 3.0, Backup.RANDOM, 0.0),  # issue 11: a long build and a random backup
+    (0.8, 4, 0.7, 3.0, Backup.RANDOM, 0.0),  # a long build and a random backup
 ]
 
 

@@ -1,8 +1,8 @@
 """Validation machinery, on synthetic engine runs: fit on a calibration run, predict six other runs.
 
 Synthetic runs follow the round structure the engine records (tests/simulator/synthetic.py), so the
-fitted simulator must predict their tokens/s within the issue's 10%; real-engine runs replace them when
-the engine writes records.
+fitted simulator must predict their tokens/s within 10%; `saguaro validate` does the same on real engine runs
+(tests/reports/test_validate_engine.py).
 """
 
 from dataclasses import replace
@@ -101,66 +101,4 @@ def test_replaying_rounds_of_several_K_is_refused_with_a_reason():
                                                 "draft_forwards": 0})])
     with pytest.raises(ValueError, match="several K"):
         simulate_like(timing, [rounds])
-    assert simulate_like(timing, [[r for r in rounds if r.K == 2]]) > 0  # one K replays as before
-
-
-def _validate_serving():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "validate_serving.py"
-    spec = importlib.util.spec_from_file_location("validate_serving", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("validate_serving", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_a_concurrency_1_point_is_simulated_one_request_at_a_time():
-    """A closed-loop point's requests were sent as the previous one finished: replayed at the measured send
-    times, a simulation slower than the run overlapped them (the stop-21 concurrency-1 point: TTFT +43%)."""
-    from simulator import ConstantTiming, IidAcceptance, Policy
-
-    vs = _validate_serving()
-    timing = ConstantTiming(t_verify_ms=100.0, t_draft_ms=10.0, t_prefill_ms=300.0)
-    policy, acceptance = Policy("sd", K=2), IidAcceptance(0.0)  # 1 token a round of 120 ms: 20 tokens 2.6 s
-    # the run was faster than this timing: each request sent 1 s after the previous one
-    closed = [{"point": "concurrency=1", "concurrency": 1, "scheduled_s": None, "arrival_s": float(i),
-               "prompt_tokens": 50, "new_tokens": 20} for i in range(4)]
-    got = vs.predict(timing, policy, acceptance, None, closed, max_num_seqs=8, seeds=2)
-    assert got["ttft_p50"] == pytest.approx(300.0) and got["ttft_p99"] == pytest.approx(300.0)
-    assert got["tpot_p50"] == pytest.approx(120.0)
-    # the same requests on a schedule (an open-loop point) do overlap: they queue behind each other's rounds
-    scheduled = [{**r, "point": "rate=1", "concurrency": None, "scheduled_s": r["arrival_s"]} for r in closed]
-    opened = vs.predict(timing, policy, acceptance, None, scheduled, max_num_seqs=8, seeds=2)
-    assert opened["ttft_p99"] > 300.0 and opened["tpot_p99"] > 120.0
-    assert vs.closed_loop_concurrency(closed) == 1 and vs.closed_loop_concurrency(scheduled) is None
-
-
-def test_served_validation_fits_several_calibrations_as_one(tmp_path):
-    """validate_serving.py --calibration A B: one fit over both calibrations' records (the table their records in a
-    single file give), and neither's alone (stop 32's served runs and its two calibrations)."""
-    import json
-    from pathlib import Path
-
-    from tests.simulator.test_validate_script import pooled_calibration
-
-    vs = _validate_serving()
-    stop32 = Path(__file__).resolve().parents[2] / "reports" / "cpu-default-pair-validation" / "stop32"
-    runs = stop32 / "runs"
-    calibrations = [runs / "calibration.jsonl", stop32 / "calibration-b1248.jsonl"]
-    pooled = pooled_calibration(tmp_path, *calibrations)
-
-    def predicted(*paths: Path) -> list[dict]:
-        out = tmp_path / "served.json"
-        code = vs.main([str(next((runs / "serving").glob("*-serve-ssd-c1"))), "--calibration", *map(str, paths),
-                        "--sd-run", str(next(runs.glob("*-sd-reference-served"))),
-                        "--server-rounds", str(runs / "serving" / "serve-ssd-8-rounds.jsonl"),
-                        "--max-num-seqs", "8", "--seeds", "2", "--json", str(out)])
-        assert code == 0
-        return [row["predicted"] for row in json.loads(out.read_text())["rows"]]
-
-    both = predicted(*calibrations)
-    assert both == predicted(pooled)
-    assert all(predicted(path) != both for path in calibrations)
+    assert simulate_like(timing, [[r for r in rounds if r.K == 2]]) > 0  # one K replays

@@ -17,7 +17,7 @@ from theory import (
     outcome_probabilities,
     uniform_fanout,
 )
-from theory.fanout import _integer_fanout_dp, round_largest_remainder
+from theory.fanout import integer_fanout_dp, round_largest_remainder
 from theory.powerlaw import miss_rate
 
 FAST = settings(deadline=None, max_examples=40)
@@ -157,7 +157,7 @@ def test_integer_fanout_matches_the_dynamic_programme(s) -> None:
     comes within 1e-13 relative (+1e-14 for the DP's own rounding) of the best."""
     alpha, r, K, B, scale = s["alpha"], s["r"], s["K"], s["B"], s["scale"]
     F = integer_fanout(alpha, r, K, B, scale)
-    reference = _integer_fanout_dp(alpha, r, K, B, scale)
+    reference = integer_fanout_dp(alpha, r, K, B, scale)
     assert F.dtype.kind == "i" and F.shape == (K + 1,) and F.sum() == B and (F >= 0).all()
     hit = expected_hit_probability(F, alpha, r, scale)
     reference_hit = expected_hit_probability(reference, alpha, r, scale)
@@ -220,7 +220,7 @@ def test_equally_likely_outcomes_favour_the_earlier(r, K, B, scale) -> None:
 def test_integer_fanout_edge_cases(alpha, r, K, B, scale, expected) -> None:
     assert integer_fanout(alpha, r, K, B, scale).tolist() == expected
     if B <= 60 and scale < 1e3:
-        assert _integer_fanout_dp(alpha, r, K, B, scale).tolist() == expected
+        assert integer_fanout_dp(alpha, r, K, B, scale).tolist() == expected
 
 
 @pytest.mark.parametrize(("alpha", "r", "K", "scale"), [(0.8, 1.0, 7, 1.0), (0.9, 2.5, 7, 0.5), (0.6, 0.5, 4, 1.0)])
