@@ -11,7 +11,7 @@ Per sequence and round the worker keeps, for each of its `branches` (= the budge
 Plus the glue logits, (K+1) · V float32 per row while the glue runs. The estimate is for one sequence at
 `context` tokens; a batch needs that many times more. While it builds, the worker's resident memory grows
 over what it keeps (forks, the model's activations, the allocator), so the check charges PEAK_OVER_KEPT
-times the estimate: measured with scripts/measure_memory.py on SmolLM2-135M (batch 8-32, budget 8-24, T = 0,
+times the estimate: measured with benchmarks/memory.py on SmolLM2-135M (batch 8-32, budget 8-24, T = 0,
 README), the worker's peak less ~1 GiB for the model and runtime was 1.0-2.2 times this estimate.
 
 `memory_limit` turns the same estimate into an admission limit: the scheduler admits a sequence only while
