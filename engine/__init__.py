@@ -19,7 +19,7 @@ _EXPORTS = {
     "ServingStats": "engine.metrics",
     "SamplingParams": "engine.sampling_params",
     "SpeculativeConfig": "engine.config",
-    "load_model": "engine.models",
+    "load_model": "engine.loading.models",
     "Strategy": "theory.glossary",
     "Backup": "theory.glossary",
 }

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from engine.quantize import WeightOnlyLinear  # noqa: E402
+from engine.loading.weight_only import WeightOnlyLinear  # noqa: E402
 
 SHAPES = [(1536, 8960), (8960, 1536), (1536, 151936)]  # (in, out)
 MS = (1, 5)

@@ -38,7 +38,7 @@ TEXTS = (
 
 def variant(base, name: str):
     """A quantised deep copy of `base` for 'int8' or 'int4-gN'; `base` itself for 'bf16'."""
-    from engine.quantize import quantize_weights
+    from engine.loading.quantize import quantize_weights
 
     if name == "bf16":
         return base, None
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=None)
     args = p.parse_args(argv)
 
-    from engine.models import load_model
-    from engine.quantize import model_bytes
+    from engine.loading.models import load_model
+    from engine.loading.quantize import model_bytes
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=torch.bfloat16, cache_dir=args.cache_dir)

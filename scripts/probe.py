@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from engine.models import TORCH_DTYPES, resolve_dtype
+from engine.loading.devices import TORCH_DTYPES, resolve_dtype
 
 torch.set_num_threads(1)
 dtype = resolve_dtype("auto")

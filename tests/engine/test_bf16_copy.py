@@ -11,9 +11,9 @@ import logging
 import pytest
 import torch
 
-from engine import bf16_copy, model_cache, models, provision
-from engine.model_cache import CorruptCacheError
-from engine.models import load_model
+from engine.loading import bf16_copy, model_cache, models, provision
+from engine.loading.model_cache import CorruptCacheError
+from engine.loading.models import load_model
 from tests.engine.test_model_cache_faults import ALIAS, packaged  # noqa: F401 (fixture)
 from tests.engine.test_provision import converter, site  # noqa: F401 (fixtures)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import gguf_metadata, provision
+from engine.loading import gguf_metadata, provision
 from tests.engine.test_lowbit_cache import smoke_gguf
 
 

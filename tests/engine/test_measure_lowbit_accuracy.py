@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models import quantize_model, tiny_model
+from engine.loading.quantize import quantize_model
+from engine.loading.tiny import tiny_model
 
 _PATH = Path(__file__).resolve().parents[2] / "scripts" / "measure_lowbit_accuracy.py"
 _SPEC = importlib.util.spec_from_file_location("measure_lowbit_accuracy", _PATH)
@@ -28,7 +29,7 @@ def result():
     variants = {
         "self": lambda: reference,
         "int8": lambda: quantize_model(copy.deepcopy(reference), "int8", dtype=torch.bfloat16),
-        "int4-g32": lambda: quantize_model(copy.deepcopy(reference), "int4", 32, dtype=torch.bfloat16),
+        "int4-g32": lambda: quantize_model(copy.deepcopy(reference), "int4", dtype=torch.bfloat16),
         "missing": lambda: None,
     }
     return script.measure(reference, variants, PROMPT_SETS, new_tokens=12)

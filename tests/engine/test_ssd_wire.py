@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from engine.ssd.messages import (Join, MalformedMessage, Prefill, Round, Source, Speculation, Stop, decode,
                                  encode)
 from engine.ssd.sparse import SparseQ
-from engine.ssd.transport import (FRAME_BYTES, TARGET_RANK, Endpoint, from_frame, host_store, rest_bytes,
-                                  to_wire, unpack)
+from engine.ssd.transport import DRAFT_RANK, TARGET_RANK, connect, host_store, join_store
+from engine.ssd.wire import FRAME_BYTES, from_frame, rest_bytes, to_wire, unpack
 
 V = 50
 TIMEOUT_S = 30.0
@@ -90,7 +90,7 @@ def test_a_frame_whose_header_is_not_one_is_refused():
 
 
 def _dense_check(q: torch.Tensor, tokens: torch.Tensor) -> bool:
-    """The check decode made before issue 12, on the dense q: the reference the sparse checks must agree with."""
+    """The check on the dense q (a [B, K, V] mask): the reference the checks on the support must agree with."""
     B, K = tokens.shape
     return not B or (bool(torch.isfinite(q).all()) and not bool((q < 0).any())
                      and torch.allclose(q.sum(-1), torch.ones(B, K), atol=1e-3)
@@ -141,7 +141,7 @@ def test_messages_cross_a_real_gloo_link_and_back():
 
     def echo():
         try:
-            peer = Endpoint.connect(address, torch.device("cpu"), TIMEOUT_S)
+            peer = connect(join_store(address, TIMEOUT_S), DRAFT_RANK, torch.device("cpu"), TIMEOUT_S)
             for _ in sent:
                 peer.send(peer.recv(TIMEOUT_S), TIMEOUT_S)
             peer.close()
@@ -150,7 +150,7 @@ def test_messages_cross_a_real_gloo_link_and_back():
 
     child = threading.Thread(target=echo, daemon=True)
     child.start()
-    target = Endpoint(store, TARGET_RANK, "127.0.0.1", torch.device("cpu"), TIMEOUT_S)
+    target = connect(store, TARGET_RANK, torch.device("cpu"), TIMEOUT_S)
     try:
         for msg in sent:
             target.send(msg, TIMEOUT_S)
