@@ -61,7 +61,6 @@ class DraftWorkerProposer:
         self.pad_id = pad_id
         self.device = device
         self.draft = draft  # the draft in the target's process, for the synchronous SD fallback (None: AR)
-        self.fault: str | None = None
         # Per current row: its row in the worker's last speculation, or the Join that will introduce it.
         self.rows: list[int | Join] = []
         self.worker_rows = 0
@@ -169,12 +168,11 @@ class DraftWorkerProposer:
 
     def fallback(self, err: Exception, what: str = "failed") -> Proposer:
         """Stop the worker and return the proposer that goes on in its place (rows still to be admitted)."""
-        self.fault = f"{type(err).__name__}: {err}"
         self.close()
         how = ("synchronous speculative decoding with the draft in the target process" if self.draft is not None
                else "autoregressive decoding")
         log.warning("SSD draft worker %s (%s); stopped it and continuing with %s (the output distribution is "
-                    "unchanged)", what, self.fault, how)
+                    "unchanged)", what, f"{type(err).__name__}: {err}", how)
         if self.draft is not None:
             return InProcessDraft(self.draft, self.spec, self.pad_id, self.device)
         return NoDraft(self.V, self.device)

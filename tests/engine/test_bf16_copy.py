@@ -22,7 +22,7 @@ COPY_WEIGHTS = f"{bf16_copy.SUBFOLDER}/model.safetensors"
 
 @pytest.fixture
 def loaded_from(monkeypatch):
-    """Records the folder every from_pretrained call in engine.models reads its weights from."""
+    """Records the folder every from_pretrained call in engine.loading.models reads its weights from."""
     seen = []
     real = models.AutoModelForCausalLM.from_pretrained
 
