@@ -82,7 +82,7 @@ def closeness(ref: list[torch.Tensor], other: list[torch.Tensor]) -> tuple[float
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="alias, folder or .gguf (engine.models.load_model)")
+    p.add_argument("--model", default="smollm2-135m", help="alias, folder or .gguf (engine.loading.models.load_model)")
     p.add_argument("--variants", nargs="+", default=["bf16", "int8", "int4-g32", "int4-g128"])
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per variant")
     p.add_argument("--warmup", type=int, default=4)

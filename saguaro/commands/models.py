@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 # Kept here, not imported, so that building the parser never imports torch (engine/__init__ does);
-# tests/engine/test_provision.py checks these against engine.provision.
+# tests/engine/test_provision.py checks these against engine.loading.provision.
 GROUP_CHOICES = ("default", "smoke", "all")
 ALIAS_CHOICES = ("qwen-coder-1.5b", "qwen-coder-0.5b", "smollm2-135m")
 
@@ -112,7 +112,7 @@ def _report(alias: str, result) -> None:
 
 
 def _provision_lowbit(provision, root: Path, args: argparse.Namespace) -> int:
-    """The low-bit entries (engine.lowbit_cache), built tensor by tensor from each GGUF."""
+    """The low-bit entries (engine.loading.lowbit_cache), built tensor by tensor from each GGUF."""
     import time
 
     from engine.loading import lowbit_cache

@@ -104,7 +104,7 @@ def test_a_cache_that_cannot_be_written_still_loads_with_a_warning(
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(model_cache, "write_manifest", read_only)
-    with caplog.at_level(logging.WARNING, logger="engine.bf16_copy"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.bf16_copy"):
         loaded = load_model(ALIAS, cache_dir=root, dtype=torch.bfloat16)
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     assert any("cannot keep a bfloat16 copy" in r.getMessage() for r in caplog.records)

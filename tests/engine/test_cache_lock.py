@@ -83,7 +83,7 @@ def test_holder_is_recorded_while_held_and_removed_after(tmp_path):
 def test_a_waiter_names_the_holder_once_then_gets_the_lock(other_process, caplog):
     root, child = other_process
     timer = release_later(child, 1.0)
-    with caplog.at_level(logging.WARNING, logger="engine.cache_lock"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.cache_lock"):
         with model_cache.key_lock(root, KEY, timeout_s=60) as held:
             assert held
     timer.join()

@@ -160,3 +160,40 @@ def test_messages_cross_a_real_gloo_link_and_back():
         child.join(TIMEOUT_S)
         target.close()
     assert not errors
+
+
+class _Done:
+    def wait(self, timeout=None) -> bool:
+        return True
+
+
+class _QueueGroup:
+    """A process group of two in one process: what one side sends, the other receives, in order."""
+
+    def __init__(self, outbox: list, inbox: list):
+        self.outbox, self.inbox = outbox, inbox
+
+    def send(self, tensors, peer, tag):
+        self.outbox.append(tensors[0].clone())
+        return _Done()
+
+    def recv(self, tensors, peer, tag):
+        tensors[0].copy_(self.inbox.pop(0))
+        return _Done()
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_link_made_by_another_backend_carries_the_messages():
+    to_draft, to_target = [], []
+    backends = {TARGET_RANK: _QueueGroup(to_draft, to_target), DRAFT_RANK: _QueueGroup(to_target, to_draft)}
+    backend = lambda store, rank, device, timeout: backends[rank]  # noqa: E731
+    target = connect(None, TARGET_RANK, torch.device("cpu"), TIMEOUT_S, backend)
+    draft = connect(None, DRAFT_RANK, torch.device("cpu"), TIMEOUT_S, backend)
+    for msg in _messages():
+        target.send(msg, TIMEOUT_S)
+        draft.send(draft.recv(TIMEOUT_S), TIMEOUT_S)
+        back = target.recv(TIMEOUT_S)
+        assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg)))
+    assert to_draft == [] and to_target == []  # every transfer sent was received

@@ -1,4 +1,4 @@
-"""`saguaro models provision --lowbit` builds the low-bit entries straight from the GGUFs (engine.lowbit_cache)."""
+"""`saguaro models provision --lowbit` builds the low-bit entries straight from the GGUFs (engine.loading.lowbit_cache)."""
 
 from engine.loading import lowbit_cache, provision
 from saguaro.cli import main
