@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from engine.models import TORCH_DTYPES, resolve_dtype
+from engine.loading.devices import TORCH_DTYPES, resolve_dtype
 
 
 def probe(seconds: float) -> tuple[str, list[float], list[float]]:

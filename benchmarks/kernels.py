@@ -2,7 +2,7 @@
 
 For each real-shaped layer (Qwen2.5-1.5B: 1536->8960, 8960->1536 and the 1536->151936 head) this
 compares bf16 F.linear, torch's weight-only int4 (`_weight_int4pack_mm_for_cpu`, group 32, as
-engine/quantize.py) and torchao's CPU paths that load from the PyPI wheel:
+engine/loading/weight_only.py) and torchao's CPU paths that load from the PyPI wheel:
 
 * da8w8: `Int8DynamicActivationInt8WeightConfig` (per-token int8 activations, per-channel int8
   weights) -> `torch._int_mm` (u8s8 on AVX512-VNNI without AMX), which also sums the int8 weight's
@@ -29,7 +29,7 @@ import warnings
 import torch
 from torch import nn
 
-from engine.quantize import WeightOnlyLinear
+from engine.loading.weight_only import WeightOnlyLinear
 
 SHAPES = [(1536, 8960), (8960, 1536), (1536, 151936)]  # (in, out)
 MS = (1, 5)

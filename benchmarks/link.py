@@ -23,10 +23,11 @@ def _echo(address: str, count: int) -> None:
     """The worker's side of --wire: receive each message's transfers and send them back unchanged."""
     import torch
 
-    from engine.ssd.transport import FRAME_BYTES, Endpoint, from_frame, rest_bytes
+    from engine.ssd.transport import DRAFT_RANK, connect, join_store
+    from engine.ssd.wire import FRAME_BYTES, from_frame, rest_bytes
 
     torch.set_num_threads(1)
-    peer = Endpoint.connect(address, torch.device("cpu"), 60.0)
+    peer = connect(join_store(address, 60.0), DRAFT_RANK, torch.device("cpu"), 60.0)
     for _ in range(count):
         wire = [peer._recv_one((FRAME_BYTES,), torch.uint8, 60.0)]
         rest = from_frame(wire[0])[1]
@@ -61,14 +62,15 @@ def wire(B: int, K: int, V: int, repeats: int) -> None:
     import torch.multiprocessing as mp
 
     from engine.ssd.messages import decode, encode
-    from engine.ssd.transport import TARGET_RANK, Endpoint, from_frame, host_store, rest_bytes, to_wire, unpack
+    from engine.ssd.transport import TARGET_RANK, connect, host_store
+    from engine.ssd.wire import from_frame, rest_bytes, to_wire, unpack
 
     torch.set_num_threads(1)  # as the target's round on a two-core machine
     settings = [("T = 0", 1), ("T = 0.7, top-k 50", 50), ("T = 0.7 (dense q)", 0)]
     store, address = host_store("tcp://127.0.0.1:0", 60.0)
     child = mp.get_context("spawn").Process(target=_echo, args=(address, len(settings) * (repeats + 1)))
     child.start()
-    link = Endpoint(store, TARGET_RANK, "127.0.0.1", torch.device("cpu"), 60.0)
+    link = connect(store, TARGET_RANK, torch.device("cpu"), 60.0)
     print(f"| setting (batch {B}, K = {K}, V = {V}) | bytes | transfers | encode ms | send + echo ms | decode ms |")
     print("|---|---|---|---|---|---|")
     for name, S in settings:

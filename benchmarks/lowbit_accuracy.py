@@ -11,9 +11,9 @@ and q (variant):
 - greedy agreement: the fraction of positions where argmax q == argmax p;
 - mean KL(p || q) in nats and mean total variation ½ Σ |p - q|, over all positions of the set (pooled).
 
-Variants: `int8` and `int4-gN` quantise the float32 weights at load (engine.models.load_quantized's fallback),
+Variants: `int8` and `int4-gN` quantise the float32 weights at load (engine.loading.models.load_quantized's fallback),
 the layers left in float in `--float-dtype` (bfloat16, as the engine runs them); `cache-int8` / `cache-int4-gN`
-read the low-bit cache built from the GGUF (engine.lowbit_cache), skipped with a line when there is none;
+read the low-bit cache built from the GGUF (engine.loading.lowbit_cache), skipped with a line when there is none;
 a `-head-int8` / `-head-int4` suffix (e.g. `cache-int4-g32-head-int8`) quantises the output head too, which
 every other low-bit variant keeps in `--float-dtype`; `bf16` is the whole model in bfloat16, for scale.
 
@@ -155,7 +155,7 @@ def table(result: dict) -> str:
 def parse_variant(name: str) -> tuple[bool, str | None, int, str | None]:
     """(from the low-bit cache, scheme or None for bf16, group size, head scheme or None) of a variant name;
     ValueError if unknown. A `-head-int8` / `-head-int4` suffix quantises the output head too (int4 with the
-    variant's group size; engine.quantize.quantize_head)."""
+    variant's group size; engine.loading.quantize.quantize_head)."""
     body, _, head = name.partition("-head-")
     cached = body.startswith("cache-")
     body = body.removeprefix("cache-")
@@ -176,19 +176,22 @@ def parse_variant(name: str) -> tuple[bool, str | None, int, str | None]:
 
 def builders(spec: str, names: Sequence[str], float_dtype: torch.dtype, cache_dir: str | None
              ) -> dict[str, Callable[[], nn.Module | None]]:
-    from engine import lowbit_models, models
+    from engine.config import QuantConfig
+    from engine.loading import lowbit_cache
+    from engine.loading.models import load_model
+    from engine.loading.quantize import cast_unquantized, quantize_model
 
     def build(name: str) -> Callable[[], nn.Module | None]:
         cached, scheme, group, head_quant = parse_variant(name)
 
         def make() -> nn.Module | None:
             if scheme is None:
-                return models.load_model(spec, dtype=torch.bfloat16, cache_dir=cache_dir).model
+                return load_model(spec, dtype=torch.bfloat16, cache_dir=cache_dir).model
             if cached:
-                model = lowbit_models.lowbit_cached(spec, scheme, group, cache_dir, head_quant=head_quant)
-                return None if model is None else lowbit_models.cast_unquantized(model, float_dtype).eval()
-            model = models.load_model(spec, dtype=torch.float32, cache_dir=cache_dir).model
-            return lowbit_models.quantize_model(model, scheme, group, dtype=float_dtype, head_quant=head_quant)
+                model = lowbit_cache.load(str(spec), scheme, group, cache_dir, head_quant=head_quant)
+                return None if model is None else cast_unquantized(model, float_dtype).eval()
+            model = load_model(spec, dtype=torch.float32, cache_dir=cache_dir).model
+            return quantize_model(model, QuantConfig(scheme, group, head_quant), dtype=float_dtype)
 
         return make
 
@@ -226,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lowbit_accuracy: {err}", file=sys.stderr)
         return 2
 
-    from engine.models import TORCH_DTYPES, load_model
+    from engine.loading.devices import TORCH_DTYPES
+    from engine.loading.models import load_model
     from saguaro.prompts import load_prompts
 
     if args.threads:

@@ -38,7 +38,7 @@ TEXTS = (
 
 def variant(base, name: str):
     """A quantised deep copy of `base` for 'int8' or 'int4-gN'; `base` itself for 'bf16'."""
-    from engine.quantize import quantize_weights
+    from engine.loading.quantize import quantize_weights
 
     if name == "bf16":
         return base, None
@@ -82,7 +82,7 @@ def closeness(ref: list[torch.Tensor], other: list[torch.Tensor]) -> tuple[float
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="alias, folder or .gguf (engine.models.load_model)")
+    p.add_argument("--model", default="smollm2-135m", help="alias, folder or .gguf (engine.loading.models.load_model)")
     p.add_argument("--variants", nargs="+", default=["bf16", "int8", "int4-g32", "int4-g128"])
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per variant")
     p.add_argument("--warmup", type=int, default=4)
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=None)
     args = p.parse_args(argv)
 
-    from engine.models import load_model
-    from engine.quantize import model_bytes
+    from engine.loading.models import load_model
+    from engine.loading.quantize import model_bytes
 
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=torch.bfloat16, cache_dir=args.cache_dir)

@@ -84,11 +84,12 @@ def time_llamacpp(gguf: Path, tokens: tuple[int, ...], context: int, reps: int, 
 
 
 def time_torch(which: str, target: str, tokens: tuple[int, ...], context: int, reps: int) -> dict[int, float]:
+    from engine.config import QuantConfig
     from engine.kv_cache import KVState
-    from engine.models import load_model, load_quantized
+    from engine.loading.models import load_model, load_quantized
 
     if which == "int4":
-        model = load_quantized(target, "int4", 32, dtype=torch.bfloat16, head_quant="int8").model
+        model = load_quantized(target, QuantConfig("int4", 32, head="int8"), dtype=torch.bfloat16).model
     else:
         model = load_model(target, dtype=torch.bfloat16).model
     generator = torch.Generator().manual_seed(0)

@@ -1,5 +1,11 @@
 """The generation engine: AR, synchronous SD and asynchronous SSD on transformers models.
 
+A request's path: `LLM` (llm) or `AsyncLLM` (async_llm) -> the one decode loop (decode_loop: scheduler,
+sequence) -> each round, a proposer (strategies/: ar, sd, ssd) drafts x and q (drafting; SSD's draft worker
+in ssd/, behind a channel) -> the target verifies them (verifier, sampling, kv_cache) -> the sequence emits
+its tokens (outputs) and the round is recorded (recorder, metrics). Models come from loading/ (catalogue,
+provisioning, caches, GGUF, quantisation); settings are frozen dataclasses (config, sampling_params).
+
 Names are imported on first use, so that `engine.config` or `engine.sampling_params` (plain
 dataclasses) can be read by the CLI and the benchmark configuration without importing torch.
 """
@@ -19,7 +25,8 @@ _EXPORTS = {
     "ServingStats": "engine.metrics",
     "SamplingParams": "engine.sampling_params",
     "SpeculativeConfig": "engine.config",
-    "load_model": "engine.models",
+    "QuantConfig": "engine.config",
+    "load_model": "engine.loading.models",
     "Strategy": "theory.glossary",
     "Backup": "theory.glossary",
 }

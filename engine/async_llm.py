@@ -94,7 +94,7 @@ class AsyncLLM:
         llm.serving = True
         self._rounds_file = open(rounds_path, "a", encoding="utf-8") if rounds_path is not None else None
         if self._rounds_file is not None:
-            self.loop.on_record = self._write_round
+            self.loop.recorder.on_record = self._write_round
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -183,8 +183,8 @@ class AsyncLLM:
         self._thread.join(timeout=60.0)
         self.llm.serving = False
         if self._rounds_file is not None:
-            self.loop.release_records()
-            self.loop.on_record = None
+            self.loop.recorder.release()
+            self.loop.recorder.on_record = None
             self._rounds_file.close()
             self._rounds_file = None
         if self.llm.loop is not None:

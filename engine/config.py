@@ -8,12 +8,14 @@ from enum import Enum
 from theory.glossary import Backup, Strategy
 
 DTYPES = ("float32", "bfloat16", "float16")
-QUANTS = ("int8", "int4")  # weight-only low-bit schemes (engine.quantize); None = the float weights
+QUANTS = ("int8", "int4")  # weight-only low-bit schemes (engine.loading.weight_only); None = the float weights
 # The draft may also use dynamic int8 (int8 weights and int8 activations, torch.ao): 2.3x faster than
-# weight-only int8 for the 0.5B draft here (41 vs 95 ms a step). Not for the target: its per-tensor
-# activation scale spans the rows of a forward, so the target's p would depend on what shares the batch.
-DRAFT_QUANTS = QUANTS + ("int8-dynamic",)
-QUANT_GROUP_SIZES = (32, 64, 128)  # int4 groups along in_features (engine.quantize.GROUP_SIZES)
+# weight-only int8 for the 0.5B draft (41 vs 95 ms a step, one thread of a 2-core AMD EPYC). Not for the
+# target: its per-tensor activation scale spans the rows of a forward, so the target's p would depend on
+# what shares the batch.
+DYNAMIC_INT8 = "int8-dynamic"
+DRAFT_QUANTS = QUANTS + (DYNAMIC_INT8,)
+QUANT_GROUP_SIZES = (32, 64, 128)  # int4 groups along in_features (engine.loading.weight_only.GROUP_SIZES)
 AUTO_K_MAX = 8  # the largest K that K="auto" may choose
 
 
@@ -152,11 +154,6 @@ class SpeculativeConfig:
             raise ValueError(f"confidence_stop must be a probability in (0, 1], or None; got {self.confidence_stop}")
 
     @property
-    def varies_K(self) -> bool:
-        """The SD proposer may draft fewer than K tokens in a round (adaptive K or a confidence stop)."""
-        return self.adaptive or self.confidence_stop is not None
-
-    @property
     def fanouts(self) -> tuple[int, ...]:
         """F_0..F_K, with the uniform default filled in."""
         return self.fanout if self.fanout is not None else (3,) * (self.K + 1)
@@ -167,21 +164,63 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class QuantConfig:
+    """Low-bit weights of one model (engine.loading.quantize).
+
+    scheme      "int8" (symmetric, one scale per output channel) or "int4" (asymmetric, grouped by
+                `group_size` along in_features): weight-only low-bit Linear layers on torch's CPU kernels.
+                A draft may also be "int8-dynamic": int8 activations too (torch.ao), the fastest CPU draft.
+    group_size  int4's group: 32, 64 or 128.
+    head        None (the output head in float) or "int8" / "int4": the output head low-bit too, untied from
+                the embedding, whose lookup stays float (engine.loading.quantize.quantize_head).
+    """
+
+    scheme: str
+    group_size: int = 32
+    head: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheme not in DRAFT_QUANTS:
+            raise ValueError(f"unknown quantisation scheme {self.scheme!r}: use one of {', '.join(QUANTS)}, "
+                             f"or {DYNAMIC_INT8} for a draft")
+        if self.group_size not in QUANT_GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
+                             f"got {self.group_size!r}")
+        if self.head is not None and self.head not in QUANTS:
+            raise ValueError(f"unknown quantisation scheme {self.head!r} for the output head: use one of "
+                             f"{', '.join(QUANTS)}, or head=None for a float head")
+        if self.head is not None and self.scheme == DYNAMIC_INT8:
+            raise ValueError(f"head={self.head!r} does not apply to {DYNAMIC_INT8}, whose output head is dynamic "
+                             "int8 already: drop head, or use the scheme 'int8' / 'int4'")
+
+    @classmethod
+    def of(cls, value: QuantConfig | str | None) -> QuantConfig | None:
+        """`value` as a QuantConfig: a scheme name alone ("int4") takes the default group size and a float head."""
+        if value is None or isinstance(value, QuantConfig):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        raise ValueError(f"a quantisation must be a QuantConfig, a scheme name ({', '.join(DRAFT_QUANTS)}) or None, "
+                         f"got {value!r}")
+
+    @property
+    def dynamic(self) -> bool:
+        """Dynamic int8 (torch.ao, draft only) rather than weight-only low-bit layers."""
+        return self.scheme == DYNAMIC_INT8
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Which models run where, and how.
 
     dtype / draft_dtype  float weights and activations (draft_dtype None: as dtype); with a quantised
                    model, the dtype of the layers left in float (embeddings, norms, output head).
-    target_quant / draft_quant  None (float weights), "int8" (per channel) or "int4" (asymmetric, grouped
-                   by quant_group_size along in_features): weight-only low-bit Linear layers on the CPU
-                   kernels (engine.quantize). A low-bit target is the target: SD and SSD are exact with
-                   respect to the model loaded, not to its float weights.
-                   The draft may also be "int8-dynamic" (dynamic int8 activations too: the fastest draft on
-                   CPU; q is whatever it computes, and verification uses exactly that q).
-    draft_int8     the short name for draft_quant="int8-dynamic" (kept in step with it).
-    target_head_quant / draft_head_quant  None (the output head in float, as dtype) or "int8" / "int4": the
-                   output head low-bit too, quantised at load and untied from the embedding (whose lookup
-                   stays float); needs target_quant / draft_quant "int8" or "int4" (engine.quantize.quantize_head).
+    target_quant / draft_quant  None (float weights) or a QuantConfig (a scheme name alone, such as "int4",
+                   is taken as QuantConfig("int4")): weight-only low-bit Linear layers on the CPU kernels
+                   (engine.loading.quantize). A low-bit target is the target: SD and SSD are exact with respect
+                   to the model loaded, not to its float weights. The draft may also be "int8-dynamic"
+                   (dynamic int8 activations too: the fastest draft on CPU; q is whatever it computes, and
+                   verification uses exactly that q).
     """
 
     target: str
@@ -190,16 +229,12 @@ class EngineConfig:
     speculative: SpeculativeConfig = SpeculativeConfig()
     dtype: str = "bfloat16"
     draft_dtype: str | None = None  # None: same as dtype
-    draft_int8: bool = False  # alias of draft_quant="int8-dynamic"
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     chat_template: bool = True  # wrap text prompts in the tokenizer's chat template
     cache_dir: str | None = None  # where models are downloaded to / looked up (None: the default cache)
-    target_quant: str | None = None
-    draft_quant: str | None = None
-    quant_group_size: int = 32
-    target_head_quant: str | None = None
-    draft_head_quant: str | None = None
+    target_quant: QuantConfig | None = None
+    draft_quant: QuantConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy(self.strategy))
@@ -207,36 +242,12 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
-        for name, allowed in (("target_quant", QUANTS), ("draft_quant", DRAFT_QUANTS)):
-            value = getattr(self, name)
-            if value is not None and value not in allowed:
-                why = (" (int8-dynamic is for the draft only: its activation scale spans the batch, so the "
-                       "target's distribution would depend on what shares it)" if value == "int8-dynamic" else "")
-                raise ValueError(
-                    f"{name} must be None (float weights) or one of {', '.join(allowed)}, got {value!r}{why}"
-                )
-        if self.quant_group_size not in QUANT_GROUP_SIZES:
-            raise ValueError(
-                f"quant_group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
-                f"got {self.quant_group_size!r}"
-            )
-        if self.draft_int8:
-            if self.draft_quant not in (None, "int8-dynamic"):
-                raise ValueError(
-                    f"draft_int8=True means draft_quant='int8-dynamic', which conflicts with "
-                    f"draft_quant={self.draft_quant!r}: give only draft_quant"
-                )
-            object.__setattr__(self, "draft_quant", "int8-dynamic")
-        object.__setattr__(self, "draft_int8", self.draft_quant == "int8-dynamic")
-        for model, head, body in (("target", self.target_head_quant, self.target_quant),
-                                  ("draft", self.draft_head_quant, self.draft_quant)):
-            if head is not None and head not in QUANTS:
-                raise ValueError(f"{model}_head_quant must be None (a float output head) or one of "
-                                 f"{', '.join(QUANTS)}, got {head!r}")
-            if head is not None and body not in QUANTS:
-                raise ValueError(f"{model}_head_quant={head!r} needs {model}_quant 'int8' or 'int4' (got {body!r}): "
-                                 f"set {model}_quant, or drop {model}_head_quant")
-        if self.draft_quant == "int8-dynamic" and self.draft_dtype not in (None, "float32"):
+        object.__setattr__(self, "target_quant", QuantConfig.of(self.target_quant))
+        object.__setattr__(self, "draft_quant", QuantConfig.of(self.draft_quant))
+        if self.target_quant is not None and self.target_quant.dynamic:
+            raise ValueError(f"target_quant {DYNAMIC_INT8} is for the draft only: its activation scale spans the "
+                             "batch, so the target's distribution would depend on what shares it; use int8 or int4")
+        if self.draft_quant is not None and self.draft_quant.dynamic and self.draft_dtype not in (None, "float32"):
             raise ValueError(f"a dynamic int8 draft keeps its other layers in float32: drop "
                              f"draft_dtype={self.draft_dtype!r} (or use draft_quant 'int8' / 'int4')")
         if self.strategy is not Strategy.AR and self.draft is None:
@@ -247,7 +258,7 @@ class EngineConfig:
             raise ValueError("confidence_stop is implemented for sd only; drop it for ssd (adaptive K works for both)")
         if self.target_quant is not None and not self.device.startswith("cpu"):
             raise ValueError(
-                f"target_quant={self.target_quant!r} runs on CPU kernels only: use device='cpu' "
+                f"target_quant {self.target_quant.scheme} runs on CPU kernels only: use device='cpu' "
                 f"or drop target_quant (got device={self.device!r})"
             )
         placement = self.speculative.placement
@@ -255,17 +266,12 @@ class EngineConfig:
         draft_device = placement.draft_device if own_process else self.device
         if self.draft_quant is not None and self.strategy is not Strategy.AR and not draft_device.startswith("cpu"):
             raise ValueError(
-                f"draft_quant={self.draft_quant!r} runs on CPU kernels only: put the draft on the CPU "
+                f"draft_quant {self.draft_quant.scheme} runs on CPU kernels only: put the draft on the CPU "
                 f"(device / draft_device 'cpu') or drop draft_quant (the draft runs on {draft_device!r})"
             )
 
     @property
-    def draft_load_dtype(self) -> str:
-        """The dtype the draft's weights are read in: float32 when it is quantised (the closest low-bit
-        model comes from full-precision weights), else draft_dtype, else dtype."""
-        return "float32" if self.draft_quant else self.draft_float_dtype
-
-    @property
     def draft_float_dtype(self) -> str:
         """The draft's float dtype: all of it, or, quantised, the layers left in float (float32 for dynamic int8)."""
-        return "float32" if self.draft_quant == "int8-dynamic" else self.draft_dtype or self.dtype
+        dynamic = self.draft_quant is not None and self.draft_quant.dynamic
+        return "float32" if dynamic else self.draft_dtype or self.dtype

@@ -20,24 +20,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from engine.kv_cache import KVState, right_aligned
-from engine.metrics import RoundRecord, ServingStats, ms_since
+from engine.metrics import ServingStats, ms_since
 from engine.outputs import Chunk, TokenLogprob
+from engine.recorder import RoundRecorder
 from engine.sampling import RowSampling, sample, warp_rows
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
-from engine.ssd.messages import MalformedMessage
-from engine.ssd.transport import DraftUnavailable
-from engine.strategies.base import Proposal, Proposer
+from engine.strategies.base import Proposal, Proposer, RoundTelemetry
 from engine.verifier import verify
 
 log = logging.getLogger(__name__)
-PROPOSER_FAULTS = (DraftUnavailable, MalformedMessage)
 
 
 class QueueFull(RuntimeError):
@@ -55,15 +52,12 @@ class DecodeLoop:
         self.state = KVState(target, 0, device)  # the target's cache: every committed token but `pending`
         self.running: list[Sequence] = []
         self.pending = torch.zeros(0, dtype=torch.long, device=device)  # [B] newest token of each row
-        self.records: list[RoundRecord] | None = None  # round records are kept while this is a list
-        self.on_record: Callable[[RoundRecord], None] | None = None
+        self.recorder = RoundRecorder()  # the round records (kept while recorder.records is a list)
         self.stats = ServingStats(strategy=proposer.name)
         self.fault: str | None = None  # why the SSD worker was replaced (None while it serves, or never used)
-        self.rounds = 0
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: set[str] = set()
-        self._held: RoundRecord | None = None  # the last decode record, until the next round fills in its outcome
         self._just_prefilled = False  # the last step prefilled joiners and ran no round
 
     # -- from any thread ----------------------------------------------------------------------
@@ -100,7 +94,7 @@ class DecodeLoop:
         if self.running and not self._just_prefilled:
             chunks += self._round()
         if not self.running:
-            self.release_records()  # no next round will fill in the held record
+            self.recorder.release()  # no next round will fill in the held record
         self.stats.running, self.stats.waiting = len(self.running), len(self.scheduler.waiting)
         return chunks
 
@@ -147,21 +141,20 @@ class DecodeLoop:
             self.pending = torch.cat([self.pending, first[keep].to(self.device)])
             self.running += joined
             self.proposer.admit(joined)  # SD: the draft's prefill; SSD: sent with the next round
-        self._record(RoundRecord(
-            strategy=self.proposer.name, round=self.rounds, batch_size=len(seqs), K=self.proposer.K, context_len=0,
-            accepted=[0] * len(seqs), emitted=[1] * len(seqs), draft_ms=ms_since(t1), verify_ms=verify_ms,
-            round_ms=ms_since(t0), draft_forwards=0, phase="prefill", tokens=max(len(s.prompt_ids) for s in seqs),
-        ))
+        self.recorder.prefill(self.proposer.name, self.proposer.K, len(seqs), max(len(s.prompt_ids) for s in seqs),
+                              verify_ms=verify_ms, draft_ms=ms_since(t1), round_ms=ms_since(t0))
         return [c for c in chunks if c is not None]
 
-    def _propose(self, rows: RowSampling) -> Proposal:
+    def _propose(self, rows: RowSampling) -> tuple[Proposal, RoundTelemetry]:
+        """The proposer's speculation and its account of drafting it (after a fault, its replacement's)."""
         try:
-            return self.proposer.propose(rows)
-        except PROPOSER_FAULTS as err:
-            self._fall_back(err)
-            return self.proposer.propose(rows)
+            proposal = self.proposer.propose(rows)
+        except self.proposer.faults as err:
+            self.fall_back(err)
+            proposal = self.proposer.propose(rows)
+        return proposal, self.proposer.last_round
 
-    def _fall_back(self, err: Exception, what: str = "failed") -> None:
+    def fall_back(self, err: Exception, what: str = "failed") -> None:
         """Swap the failed SSD worker for the fallback proposer, which takes over every running row."""
         self.fault = f"SSD draft worker {what}: {type(err).__name__}: {err}"
         replacement = self.proposer.fallback(err, what)
@@ -177,7 +170,7 @@ class DecodeLoop:
         generators = [s.generator for s in self.running]
         context_len = int(self.state.lengths.max())
         t0 = time.perf_counter()
-        proposal = self._propose(rows)
+        proposal, telemetry = self._propose(rows)
         x, K = proposal.tokens, proposal.tokens.shape[1]
 
         t1 = time.perf_counter()
@@ -199,27 +192,13 @@ class DecodeLoop:
             seq.metrics.accepted_hist[k] += 1
         emitted = [len(c.token_ids) if c else 0 for c in chunks]
         self.pending = result.bonus.to(self.device)
-        self._count_round(proposal, accepted, emitted, K)
-        record = RoundRecord(
-            strategy=self.proposer.name, round=self.rounds, batch_size=len(self.running), K=K, context_len=context_len,
-            accepted=accepted, emitted=emitted, draft_ms=proposal.draft_ms, verify_ms=verify_ms,
-            round_ms=ms_since(t0), draft_forwards=proposal.draft_forwards, hit=proposal.hit,
-            cache_build_ms=proposal.cache_build_ms, branches=proposal.branches, backup=proposal.backup,
-            wait_ms=proposal.draft_ms if proposal.hit is not None else None, fanout=proposal.fanout,
-            backup_ms=proposal.backup_ms, prompt_index=[s.index for s in self.running],
-        )
-        held = self._held
-        if held is not None:
-            if proposal.previous_outcome_hit is not None and held.hit is not None:
-                held.outcome_hit = proposal.previous_outcome_hit
-            if proposal.previous_outcome_rank is not None and len(proposal.previous_outcome_rank) == held.batch_size:
-                held.outcome_rank = proposal.previous_outcome_rank
-        self.release_records()
-        self._record(record, hold=K > 0)
+        self._count_round(telemetry, accepted, emitted, K)
+        self.recorder.decode(self.proposer.name, K, context_len, accepted, emitted, verify_ms, ms_since(t0),
+                             [s.index for s in self.running], telemetry)
         self._retire()
         return [c for c in chunks if c is not None]
 
-    def _count_round(self, proposal: Proposal, accepted: list[int], emitted: list[int], K: int) -> None:
+    def _count_round(self, telemetry: RoundTelemetry, accepted: list[int], emitted: list[int], K: int) -> None:
         s = self.stats
         s.rounds += 1
         s.row_rounds += len(accepted)
@@ -228,27 +207,10 @@ class DecodeLoop:
         if K:
             s.accepted += sum(accepted)
             s.rejections += sum(k < K for k in accepted)
-        if proposal.previous_outcome_hit is not None:
-            looked_up = [h for h in proposal.previous_outcome_hit if h is not None]
+        if telemetry.previous_outcome_hit is not None:
+            looked_up = [h for h in telemetry.previous_outcome_hit if h is not None]
             s.ssd_lookups += len(looked_up)
             s.ssd_hits += sum(looked_up)
-
-    def _record(self, record: RoundRecord, hold: bool = False) -> None:
-        """Keep the record (in `records` at once) and hand it to `on_record`; with `hold`, only once the next
-        round has told how its outcome stood against the draft's guesses (`release_records` forces it)."""
-        self.rounds += 1
-        if self.records is not None:
-            self.records.append(record)
-        if hold:
-            self._held = record
-        elif self.on_record is not None:
-            self.on_record(record)
-
-    def release_records(self) -> None:
-        """Hand a held decode record to `on_record` now, with whatever it has been told so far."""
-        held, self._held = self._held, None
-        if held is not None and self.on_record is not None:
-            self.on_record(held)
 
     def _count_finished(self, seqs: list[Sequence]) -> None:
         self.stats.requests_finished += sum(s.finish_reason != "abort" for s in seqs)

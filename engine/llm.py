@@ -7,7 +7,6 @@ thread of its own for requests that arrive over time (the server).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import secrets
@@ -19,12 +18,13 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig, QuantConfig, SpeculativeConfig
 from engine.decode_loop import DecodeLoop
+from engine.loading.devices import AUTO_DTYPE, TORCH_DTYPES, check_device, resolve_dtype
+from engine.loading.models import engine_model
 from engine.metrics import RunMetrics
-from engine.models import AUTO_DTYPE, TORCH_DTYPES, resolve_dtype
 from engine.outputs import Chunk, Generation
-from engine.prompt_input import check_prompts, check_text, is_single_prompt, token_ids
+from engine.prompt_input import check_prompts, encode_chat, encode_ids, encode_text, eos_ids, is_single_prompt, pad_id
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence
@@ -47,17 +47,6 @@ def _vocab_size(model: PreTrainedModel) -> int:
     return model.get_input_embeddings().num_embeddings
 
 
-def _eos_ids(model: PreTrainedModel, tokenizer) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return frozenset(ids)
-
-
 class LLM:
     """A target model, an optional draft, and a strategy (AR, SD, SSD).
 
@@ -71,14 +60,13 @@ class LLM:
     dtype / draft_dtype: float dtype of a model loaded by name (a model object keeps its own); with low-bit
     weights, the dtype of the layers left in float. "auto" (the default) is bfloat16 where the device
     multiplies in it at speed (a CUDA GPU with bf16, a CPU with AVX-512 or AMX), else float32 on a CPU
-    (float16 on an older GPU): `engine.models.resolve_dtype`; `llm.config.dtype` says what was chosen.
-    target_quant / draft_quant: None, "int8" or "int4" (grouped by quant_group_size): weight-only low-bit
-    Linear layers on the CPU (engine.quantize). A model given by name comes from the low-bit cache when there
-    is one, else from its float32 weights quantised at load; a model object is quantised as a copy (the
-    caller's object is left as it was). draft_int8=True is draft_quant="int8". A low-bit target is the
-    target: SD and SSD sample exactly what AR with that low-bit target samples.
-    target_head_quant / draft_head_quant: None (the output head in float) or "int8" / "int4" for a low-bit
-    model's head too, untied from its embedding (engine.quantize.quantize_head).
+    (float16 on an older GPU): `engine.loading.devices.resolve_dtype`; `llm.config.dtype` says what was chosen.
+    target_quant / draft_quant: None (float weights), a scheme name ("int8", "int4"; the draft also
+    "int8-dynamic") or a `QuantConfig` (scheme, int4 group size, output head): low-bit Linear layers on the
+    CPU (engine.loading.quantize). A model given by name comes from the low-bit cache when there is one, else
+    from its float32 weights quantised at load; a model object is quantised as a copy (the caller's object is
+    left as it was). A low-bit target is the target: SD and SSD sample exactly what AR with that low-bit
+    target samples.
     """
 
     def __init__(
@@ -90,12 +78,8 @@ class LLM:
         speculative: SpeculativeConfig | None = None,
         dtype: str = AUTO_DTYPE,
         draft_dtype: str | None = None,
-        draft_int8: bool = False,
-        target_quant: str | None = None,
-        draft_quant: str | None = None,
-        quant_group_size: int = 32,
-        target_head_quant: str | None = None,
-        draft_head_quant: str | None = None,
+        target_quant: QuantConfig | str | None = None,
+        draft_quant: QuantConfig | str | None = None,
         device: str = "cpu",
         threads: int | None = None,
         chat_template: bool = True,
@@ -116,42 +100,37 @@ class LLM:
             speculative=speculative or SpeculativeConfig(),
             dtype=dtype,
             draft_dtype=draft_dtype,
-            draft_int8=draft_int8,
             device=device,
             threads=threads,
             chat_template=chat_template,
             cache_dir=None if cache_dir is None else str(cache_dir),
             target_quant=target_quant,
             draft_quant=draft_quant,
-            quant_group_size=quant_group_size,
-            target_head_quant=target_head_quant,
-            draft_head_quant=draft_head_quant,
         )
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
         if self.config.strategy is Strategy.SSD:
-            from engine.ssd.process import preflight
+            from engine.ssd.placement import preflight
 
             preflight(self.config.speculative.placement)  # a taken port, an unguarded script: before loading
         if threads is not None:
             torch.set_num_threads(threads)
-        from engine.models import check_device
-
         self.device = check_device(device)  # a missing device is refused before any model loads
         self.loop: DecodeLoop | None = None
         config = self.config
-        self.target, self.tokenizer = self._load(target, dtype, cache_dir, tokenizer, config.target_quant,
-                                                 config.target_head_quant)
+        self.target, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
+                                                     device=self.device, cache_dir=cache_dir)
+        self.tokenizer = tokenizer or loaded_tokenizer
         self.draft = self._draft_given = None
         if draft is not None and config.strategy is not Strategy.AR:
-            self.draft, _ = self._load(draft, config.draft_float_dtype, cache_dir, None, config.draft_quant,
-                                       config.draft_head_quant)
+            self.draft, _ = engine_model(draft, config.draft_quant, dtype=TORCH_DTYPES[config.draft_float_dtype],
+                                         device=self.device, cache_dir=cache_dir)
             self._check_vocab()
             # SSD's worker process rebuilds a draft given as a model from its weights (the exact
             # model passed, before quantisation, which the worker applies), and one given by alias /
             # path by loading it the same way.
             self._draft_given = draft if isinstance(draft, PreTrainedModel) else None
-        self.eos_ids = _eos_ids(self.target, self.tokenizer)
-        self.pad_id = _pad_id(self.tokenizer, self.eos_ids, self.target.get_input_embeddings().num_embeddings)
+        self.eos_ids = eos_ids(self.target, self.tokenizer)
+        self.pad_id = pad_id(self.tokenizer, self.eos_ids, self.target.get_input_embeddings().num_embeddings)
         self.vocab_size = self.target.get_output_embeddings().out_features  # also for quantised heads
         self._seq_ids = itertools.count()
         self.serving = False  # True while an AsyncLLM drives the loop
@@ -160,29 +139,6 @@ class LLM:
         self._start_proposer()
 
     # -- construction -------------------------------------------------------------------------
-    def _load(self, spec, dtype: str, cache_dir, tokenizer, quant: str | None = None, head_quant: str | None = None):
-        group = self.config.quant_group_size
-        if isinstance(spec, PreTrainedModel):
-            if quant is None:
-                return spec.to(self.device).eval(), tokenizer
-            from engine.models import is_quantized, quantize_model
-
-            if is_quantized(spec):
-                raise ValueError("this model object already has low-bit layers: pass its float weights "
-                                 "with target_quant / draft_quant, or pass it without them")
-            # A copy: the caller's model stays as it was (it may be the draft, or a reference).
-            return quantize_model(copy.deepcopy(spec), quant, group, head_quant=head_quant).eval(), tokenizer
-        if quant is not None:
-            from engine.models import load_quantized
-
-            loaded = load_quantized(spec, quant, group, dtype=TORCH_DTYPES[dtype], cache_dir=cache_dir,
-                                    head_quant=head_quant)
-            return loaded.model, tokenizer or loaded.tokenizer
-        from engine.models import load_model
-
-        loaded = load_model(spec, dtype=TORCH_DTYPES[dtype], device=self.device, cache_dir=cache_dir)
-        return loaded.model, tokenizer or loaded.tokenizer
-
     def _check_vocab(self) -> None:
         vt, vd = _vocab_size(self.target), _vocab_size(self.draft)
         if vt != vd:
@@ -198,26 +154,26 @@ class LLM:
         if strategy is Strategy.SD:
             self.loop.proposer = InProcessDraft(self.draft, spec, self.pad_id, self.device)
         elif strategy is Strategy.SSD:
+            from engine.ssd.channel import open_channel
             from engine.ssd.memory import check_budget, memory_limit
-            from engine.strategies.ssd import FAULTS, DraftWorkerProposer, open_channel
+            from engine.ssd.placement import draft_device_for
+            from engine.strategies.ssd import DraftWorkerProposer
 
             if spec.budget != "auto" and self.draft is not None:  # "auto" sizes itself to the verify
                 branches = spec.budget if isinstance(spec.budget, int) else max(
                     sum(spec.fanouts), sum(spec.fanout_backup or ()))
-                from engine.ssd.process import draft_device_for
-
-                # in process the draft sits on the target's device; its own process picks as process.py does
+                # in process the draft sits on the target's device; its own process picks as the channel does
                 draft_device = (self.device if spec.placement.in_process
                                 else draft_device_for(self.device, spec.placement.draft_device))
                 check_budget(self.draft, spec.K, branches, draft_device)
                 self.loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
-            opener = open_channel(self.draft, self._draft_given, self.config, spec, self.pad_id, self.device)
+            opener = open_channel(self.draft, self._draft_given, self.config, self.pad_id, self.device)
             proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device, draft=self.draft)
             self.loop.proposer = proposer
             try:  # start the worker now, so that loading its model is not charged to the first request
                 proposer.start()
-            except FAULTS as err:
-                self.loop._fall_back(err, "did not start")
+            except proposer.faults as err:
+                self.loop.fall_back(err, "did not start")
         else:
             raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
         self.loop.stats.strategy = self.loop.proposer.name
@@ -263,37 +219,13 @@ class LLM:
         if self.target is None:
             raise ValueError("this LLM is closed: build a new one")
         if isinstance(prompt, str):
-            check_text(prompt)
-            if not prompt.strip():
-                raise ValueError("empty prompt: give some text (or token ids)")
-            if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer: pass prompts as lists of token ids")
-            chat = self.config.chat_template if chat is None else chat
-            if chat and getattr(self.tokenizer, "chat_template", None):
-                return self.encode_chat([{"role": "user", "content": prompt}])
-            ids = list(self.tokenizer(prompt)["input_ids"])
-            if not ids:
-                raise ValueError(f"the prompt {prompt[:40]!r} encodes to no tokens with this tokenizer: give other text")
-            return ids
-        ids = token_ids(prompt)
-        if not ids:
-            raise ValueError("empty prompt: give at least one token id")
-        vocab = _vocab_size(self.target)
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}")
-        return ids
+            return encode_text(self.tokenizer, prompt, self.config.chat_template if chat is None else chat)
+        return encode_ids(prompt, _vocab_size(self.target))
 
     def encode_chat(self, messages: Seq[dict]) -> list[int]:
         """Token ids of a conversation ([{"role": "system" | "user" | "assistant", "content": str}, ...])
         through the tokenizer's chat template, ready for the assistant's answer."""
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model has no chat template: send a plain completion prompt instead")
-        if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
-            raise ValueError("messages must be a non-empty list of {role, content} with text content")
-        for i, m in enumerate(messages):
-            check_text(m["content"], f"message {i}'s content")
-        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return encode_chat(self.tokenizer, messages)
 
     def make_sequence(self, prompt_ids: list[int], params: SamplingParams, *, index: int = 0,
                       request_id: str | None = None, seed: int | None = None,
@@ -351,12 +283,12 @@ class LLM:
         self._check_idle()
         seqs = self._sequences(prompts, params)
         start = time.perf_counter()
-        records = self.loop.records = []
+        records = self.loop.recorder.records = []
         try:
             for chunk in self._drive(seqs):
                 pass
         finally:
-            self.loop.records = None
+            self.loop.recorder.records = None
         metrics = RunMetrics(strategy=self.config.strategy.value,
                              K=0 if self.config.strategy is Strategy.AR else self.config.speculative.K,
                              wall_s=time.perf_counter() - start, requests=[s.metrics for s in seqs], rounds=records)
@@ -402,13 +334,3 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _pad_id(tokenizer, eos_ids, n_embeddings: int) -> int:
-    """The id padded positions carry (they are masked, so any id the embedding table has will do): the
-    tokenizer's pad id when the model has a row for it, else the smallest eos id, else 0. A tokenizer may
-    define a pad token past the model's vocabulary (an added token the embeddings were never resized for)."""
-    for candidate in (getattr(tokenizer, "pad_token_id", None), *sorted(eos_ids or ())):
-        if candidate is not None and 0 <= candidate < n_embeddings:
-            return int(candidate)
-    return 0

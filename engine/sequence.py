@@ -28,7 +28,6 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" or "abort"
     text: str = ""
-    abort_requested: bool = False
     sent_chars: int = 0  # text already streamed
     cut_at_stop: bool = False  # the text was cut before a stop string
     metrics: RequestMetrics = field(init=False)

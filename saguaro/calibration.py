@@ -35,11 +35,12 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int, temperatur
 
     import torch
 
+    from engine.drafting import draft_tokens
     from engine.kv_cache import KVState
     from engine.sampling import RowSampling
     from engine.sampling_params import SamplingParams
     from engine.ssd.sparse import RANK_DEPTH, TopLogits
-    from engine.ssd.tree import decode_branches, draft_compact, draft_tokens
+    from engine.ssd.tree import decode_branches, draft_compact
 
     torch.set_num_threads(threads)
     if cores and hasattr(os, "sched_setaffinity"):
@@ -111,9 +112,9 @@ class _Worker:
     def __init__(self, recipe, threads: int, ids: list[int], K: int, temperature: float = 0.0):
         import torch.multiprocessing as mp
 
-        from engine.ssd.process import _cores
+        from engine.ssd.placement import worker_cores
 
-        cores, _ = _cores(threads)
+        cores, _ = worker_cores(threads)
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, recipe, threads, cores, ids, K, temperature),
@@ -368,9 +369,7 @@ def _engine_ssd(args, config, llm, spec, batches: list[list[list[int]]], tokens:
     threads = torch.get_num_threads()
     try:
         with LLM(llm.target, str(args.draft), strategy="ssd", speculative=spec, tokenizer=llm.tokenizer,
-                 dtype=args.dtype, draft_int8=config.draft_int8, draft_quant=config.draft_quant,
-                 quant_group_size=config.quant_group_size, draft_head_quant=config.draft_head_quant,
-                 cache_dir=args.cache) as ssd:
+                 dtype=args.dtype, draft_quant=config.draft_quant, cache_dir=args.cache) as ssd:
             sampling = lambda n: SamplingParams(temperature=args.temperature, max_new_tokens=n,  # noqa: E731
                                                 stop_on_eos=False, seed=0)
             if warmup:

@@ -48,7 +48,7 @@ class TargetRounds:
         self.device = torch.device("cpu")
         self.ar = NoDraft(self.V, self.device)
         self.loop = DecodeLoop(target, self.ar, pad_id=0, device=self.device, scheduler=SchedulerConfig())
-        self.loop.records = []
+        self.loop.recorder.records = []
         self.sd: dict[int, FixedDraft] = {}  # width -> the proposer of its fixed tokens
 
     def batch(self, base, b: int) -> None:
@@ -61,7 +61,7 @@ class TargetRounds:
 
         loop, c = self.loop, int(base.lengths.max())
         params = SamplingParams(temperature=self.temperature, stop_on_eos=False, max_new_tokens=10**9)
-        loop.release_records()
+        loop.recorder.release()
         loop.running = []
         for i in range(b):
             seq = Sequence(seq_id=i, request_id=f"calibrate-{i}", index=i, prompt_ids=self.ids[:c], params=params,
@@ -86,10 +86,10 @@ class TargetRounds:
         loop = self.loop
         loop.proposer = self.ar if T == 1 else self.sd[T]
         before = loop.state.lengths.clone()
-        loop.records.clear()
+        loop.recorder.records.clear()
         loop.step()
         end = time.perf_counter()
-        record = loop.records[-1]
+        record = loop.recorder.records[-1]
         if len(loop.running) != len(before):
             raise RuntimeError("a calibration row left the decode loop's batch")
         loop.state.rollback(loop.state.lengths - before)  # exact: the batch as it was before the round

@@ -133,7 +133,7 @@ def gguf_path(spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | 
       `<cache>/<key>.gguf` on first use (again whenever that file has been removed; delete it freely);
     - a .gguf path: itself; a cache folder provisioned from a local .gguf file: that file, if it is still there.
     """
-    from engine import cache_lock, model_cache, provision
+    from engine.loading import cache_lock, model_cache, provision
 
     root = model_cache.resolve_cache_root(cache_dir, os.environ)
     alias, path = str(spec), Path(spec).expanduser()

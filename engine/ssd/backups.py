@@ -2,7 +2,7 @@
 
 The verifier is exact for any proposal only when given the distribution the tokens were really drawn
 from: uniform for random tokens, a point mass for the deterministic prompt-lookup draft. (The neural
-backup is the draft drafting just in time: engine.ssd.tree.draft_tokens.)
+backup is the draft drafting just in time: engine.ssd.tree.draft_compact.)
 """
 
 from __future__ import annotations

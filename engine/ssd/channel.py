@@ -1,20 +1,66 @@
-"""The draft worker in the target's own process: the same DraftWorker, called directly.
+"""The typed boundary between SSD's proposer (engine.strategies.ssd) and its draft worker: a `Channel`.
 
-No overlap (the cache is built before the answer returns), identical results, and statistical
-tests can run tens of thousands of sequences without a second process.
+Two implementations: `InProcessChannel` calls the same DraftWorker directly in the target's process (no
+overlap, identical results, so statistical tests can run tens of thousands of sequences without a second
+process), and `ProcessChannel` talks to a worker in its own OS process (engine.ssd.process) over a
+`Transport` (engine.ssd.transport). `open_channel` picks one from the placement.
+
+The process channel starts the worker with torch.multiprocessing "spawn" and watches it while it starts: it
+polls the store for the worker's JOINED and READY keys and the process's liveness, so a worker that dies before
+it connects or while it loads its model is noticed at once (not at the start deadline). Closing always reaps
+the child: STOP, join, then terminate / kill if it does not leave. Faults surface as `FAULTS`.
 """
 
 from __future__ import annotations
 
-import torch
+import logging
+import os
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
 
-from engine.config import SpeculativeConfig
+import torch
+import torch.multiprocessing as mp
+
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.loading.recipe import DraftRecipe, draft_recipe
 from engine.ssd.draft_worker import DraftWorker
-from engine.ssd.messages import Prefill, Round, Speculation
+from engine.ssd.lifetime import explain_exit, spawn_with_sigint_blocked
+from engine.ssd.messages import MalformedMessage, Prefill, Round, Speculation, Stop
+from engine.ssd.placement import draft_device_for, uses_nccl, worker_cores
+from engine.ssd.process import JOINED_KEY, READY_KEY, SPEC_KEY, WorkerSpec, serve
+from engine.ssd.transport import TARGET_RANK, Backend, DraftUnavailable, Transport, connect, host_store, process_group
+
+log = logging.getLogger(__name__)
+FAULTS = (DraftUnavailable, MalformedMessage)  # what an exchange may raise: the worker is lost
+POLL_S = 0.05
+JOIN_S = 10.0
+
+
+class Channel(Protocol):
+    """The target's handle on a draft worker: one Round out, one Speculation back, in order."""
+
+    in_step: bool  # False while an exchange is under way: a stream broken off mid-way is out of step
+
+    def wait_ready(self) -> None:
+        """Block until the worker can answer (interruptible: nothing has been sent yet)."""
+
+    def prefetch(self, msg: Prefill) -> None:
+        """Announce prompts about to join, so the worker prefills them while the target does (no answer)."""
+
+    def exchange(self, msg: Round) -> Speculation:
+        """Send a Round and return the worker's answer (raises one of FAULTS)."""
+
+    def close(self) -> None:
+        """Stop the worker; safe to call twice and after a fault."""
 
 
 class InProcessChannel:
-    target_threads = None
+    """The draft worker in the target's own process: the same DraftWorker, called directly."""
+
+    in_step = True
 
     def __init__(self, draft: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device):
         self.worker = DraftWorker(draft, spec, pad_id, device)
@@ -32,3 +78,173 @@ class InProcessChannel:
 
     def close(self) -> None:
         self.worker = None
+
+
+class ProcessChannel:
+    """The target's side of a draft worker process.
+
+    take_cores  on a CPU-only pair, set the target's torch threads to the cores the worker leaves it while the
+                worker runs (given back at close); off when the caller fixed the thread count.
+    backend     makes the link's process group on both sides (engine.ssd.transport.process_group).
+    """
+
+    def __init__(self, recipe: DraftRecipe, spec: SpeculativeConfig, pad_id: int, target_device: torch.device, *,
+                 take_cores: bool = False, backend: Backend = process_group):
+        placement = spec.placement
+        self.spec = spec
+        self.deadline_s = placement.deadline_s
+        self.start_deadline_s = placement.start_deadline_s
+        cuda = target_device.type == "cuda"
+        draft_device = draft_device_for(target_device, placement.draft_device)
+        nccl = uses_nccl(target_device, draft_device)
+        # the worker's cores: only when both sides compute on the CPU (a GPU side needs no core of its own)
+        on_cpu = not cuda and draft_device.type == "cpu"
+        cores, self.target_threads = worker_cores(placement.draft_threads) if on_cpu else (None, None)
+        store, address = host_store(placement.init_method, placement.start_deadline_s)
+        ws = WorkerSpec(recipe, spec, pad_id, address, str(draft_device), placement.draft_threads, cores,
+                        placement.start_deadline_s, placement.faults, parent_pid=os.getpid(),
+                        death_signal=threading.current_thread() is threading.main_thread(), nccl=nccl,
+                        backend=backend)
+        self.process = None
+        self.store = store
+        self.endpoint: Transport | None = None
+        self.ready = False  # the worker has built its model
+        self.in_step = True  # False while an exchange is under way: a stream broken off mid-way is out of step
+        self.fault: DraftUnavailable | None = None  # a Prefill that could not be sent, for the next exchange to raise
+        self.posting: threading.Thread | None = None  # the last Prefill's send, under way while the worker builds
+        self.threads_before: int | None = None  # the target's torch threads before it gave the worker its cores
+        self.address = address
+        self.started = time.monotonic()
+        if placement.external:
+            store.set(SPEC_KEY, pickle.dumps(ws))  # the hand-started worker reads its settings here
+            log.warning("waiting for a draft worker: run `python -m engine.ssd.process %s` on the draft host", address)
+        else:
+            self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
+        try:
+            if self.process is not None:  # a Ctrl-C held while it starts is raised here, and reaps it below
+                spawn_with_sigint_blocked(self.process.start)
+                log.info("starting the draft worker (pid %d) on %s ...", self.process.pid, draft_device)
+            self._await(JOINED_KEY, "connect")
+            target_comm = torch.device("cuda", target_device.index or 0) if nccl else torch.device("cpu")
+            self.endpoint = connect(store, TARGET_RANK, target_comm, placement.start_deadline_s, backend)
+        except RuntimeError as err:  # DraftUnavailable included
+            self.close()
+            raise DraftUnavailable(f"the draft worker did not connect: {err}") from None
+        except BaseException:  # Ctrl-C while it starts: reap it before leaving
+            self.close()
+            raise
+        if take_cores and self.target_threads:
+            self.threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.target_threads)  # the draft has its own core(s) now
+
+    def _await(self, key: str, what: str) -> None:
+        """Wait for the worker to set `key`, watching the process: a worker that died is reported at once."""
+        deadline = time.monotonic() + self.start_deadline_s
+        while not self.store.check([key]):
+            if self.process is not None and not self.process.is_alive():
+                code = self.process.exitcode
+                raise DraftUnavailable(f"the draft worker process left before it could {what} ({explain_exit(code)})")
+            if time.monotonic() > deadline:
+                raise DraftUnavailable(f"the draft worker did not {what} within {self.start_deadline_s:g} s")
+            time.sleep(POLL_S)
+
+    def wait_ready(self) -> None:
+        """Block until the worker has built its model (the first exchange only); interruptible, as nothing
+        has been sent yet."""
+        if not self.ready:
+            self._await(READY_KEY, "load its model")
+            self.ready = True
+            log.info("draft worker ready in %.1f s", time.monotonic() - self.started)
+
+    def prefetch(self, msg: Prefill) -> None:
+        """Announce prompts about to join, so the worker prefills them while the target does. Sent from a thread:
+        a gloo send completes only once the worker posts its receive, which it does between rounds, so sent here
+        it held the target until the worker's cache build ended. The next exchange (or close) waits for that
+        thread before its own message, so the stream keeps its order; several Prefills go one after another.
+        Skipped while the worker is still loading its model or between the two halves of an exchange; a link
+        that fails here is reported by the next exchange."""
+        if self.endpoint is None or self.endpoint.broken or not self.in_step or self.fault is not None:
+            return
+        if not self.ready:
+            if not self.store.check([READY_KEY]):
+                return
+            self.ready = True
+        endpoint, before = self.endpoint, self.posting
+
+        def send() -> None:
+            if before is not None:
+                before.join()
+            if self.fault is None:
+                try:
+                    endpoint.send(msg, self.deadline_s)
+                except DraftUnavailable as err:
+                    self.fault = err  # the stream may hold half a message: the next exchange reports the fault
+
+        self.posting = threading.Thread(target=send, name="saguaro-prefill", daemon=True)
+        self.posting.start()
+
+    def _posted(self, timeout_s: float | None = None) -> bool:
+        """Wait for the Prefills under way (each send has its own deadline); False if one still is."""
+        if self.posting is not None:
+            self.posting.join(timeout_s)
+            if self.posting.is_alive():
+                return False
+            self.posting = None
+        return True
+
+    def exchange(self, msg: Round) -> Speculation:
+        self.wait_ready()
+        if self.endpoint is None or (self.process is not None and not self.process.is_alive()):
+            raise DraftUnavailable("the draft worker is not running")
+        self._posted()  # the worker takes a Prefill after its build, before it can take this Round
+        if self.fault is not None:
+            raise self.fault
+        if not self.in_step:
+            raise DraftUnavailable("an earlier exchange with the draft worker broke off mid-way")
+        # The first answer also prefills the batch; a long prefill is fine until the start deadline.
+        timeout_s = self.deadline_s if msg.round else max(self.deadline_s, self.start_deadline_s)
+        self.in_step = False
+        self.endpoint.send(msg, timeout_s)
+        reply = self.endpoint.recv(timeout_s, expect_K=(msg.K, msg.K_miss), expect_V=msg.V)
+        self.in_step = True
+        if not isinstance(reply, Speculation):
+            raise DraftUnavailable(f"the draft worker answered {type(reply).__name__}, not a speculation")
+        return reply
+
+    def close(self) -> None:
+        """Stop the worker and reap it; safe to call twice and after a fault."""
+        # STOP only on a stream in step; a worker still loading its model is not waited for.
+        orderly = self._posted(2.0) and self.endpoint is not None and not self.endpoint.broken and self.in_step
+        if orderly and (self.process is None or self.process.is_alive()):
+            try:
+                self.endpoint.send(Stop(), 2.0)
+            except DraftUnavailable:
+                orderly = False
+        if self.process is not None and self.process.pid is not None:
+            self.process.join(JOIN_S if orderly and self.ready else 0.5)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(JOIN_S)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+        if not self._posted(2.0):  # a Prefill still waits on a worker now gone: its send fails, the link is closed
+            log.info("a Prefill to the draft worker is still under way at close")
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
+        if self.threads_before is not None:  # the draft's core(s) are free again: the target takes them back
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = None
+
+
+def open_channel(draft: torch.nn.Module | None, given: torch.nn.Module | None, config: EngineConfig, pad_id: int,
+                 device: torch.device) -> Callable[[], Channel]:
+    """A function that starts the draft worker: in process (on `draft`, the engine's draft model), or in its own
+    process from a recipe (`given`: the model object the caller passed, None if passed by name)."""
+    spec = config.speculative
+    if spec.placement.in_process:
+        return lambda: InProcessChannel(draft, spec, pad_id, device)
+    recipe = draft_recipe(given, config)
+    take_cores = config.threads is None and device.type == "cpu"
+    return lambda: ProcessChannel(recipe, spec, pad_id, device, take_cores=take_cores)

@@ -80,7 +80,7 @@ def spawn_with_sigint_blocked(start: Callable[[], None]) -> None:
     object to the child can take as long as the child's imports) a Ctrl-C is held and raised once `start`
     returns, so the target owns a started worker it can stop. A Ctrl-C the kernel hands to another thread
     (OpenMP's, a progress bar's) while this thread blocks it runs the held handler there. Ignoring SIGINT around
-    the fork, as this did before, discarded such a Ctrl-C (the kernel drops an ignored signal on delivery).
+    the fork instead would discard such a Ctrl-C (the kernel drops an ignored signal on delivery).
     This is how multiprocessing's own resource tracker is started. From a thread other than the main one
     `start` runs as it is (only the main thread gets KeyboardInterrupt; the worker still ignores SIGINT from
     its first line), and so it does without `pthread_sigmask` (Windows: no process group Ctrl-C to share)."""

@@ -242,8 +242,8 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
 
 def _check_q(q: SparseQ, tokens: Tensor) -> None:
     """q [B, K, V] is a distribution that gives each drawn token mass, checked on the form it crossed in: a dense
-    [B, K, V] mask per check cost ~8 ms a round at B = 4, V = 151936 on one core (issue 12). The support's values
-    are scattered-added into zeros by SparseQ.dense, so its row sums and its mass at a token are those of q."""
+    [B, K, V] mask per check cost ~8 ms a round at B = 4, V = 151936 on one CPU core. The support's values are
+    scattered-added into zeros by SparseQ.dense, so its row sums and its mass at a token are those of q."""
     values = q.values  # [B, K, S] or [B, K, V]
     if not values.numel():
         return

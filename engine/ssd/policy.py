@@ -15,7 +15,7 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
 - Budget "auto": B scaled by verify_ms / build_ms (smoothed) so building the cache fits in one verify.
   Under adaptive K the branches' length changes from round to round and the build time grows with
   branches × length, so what is fitted is the branch tokens B·K; the budget of a build whose branches are
-  K long is that over K (with a fixed K the same rule as before).
+  K long is that over K (with a fixed K: B scaled by verify_ms / build_ms).
 - Backup AUTO: Cor. 16 (theory.backup.best_backup) between the neural and the lookup backup, with the
   measured p_hit, E_hit, E_miss, T_p and T_b.
 """

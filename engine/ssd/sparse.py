@@ -1,4 +1,4 @@
-"""Compact forms of what the draft worker keeps per branch and sends per round (issue 13's bounded memory).
+"""Compact forms of what the draft worker keeps per branch and sends per round, so its memory stays bounded.
 
 - `SparseQ`: a draft distribution q [..., V] kept as its support. At temperature 0 (and for the lookup
   backup's point mass) the support is one token; with top-k it is at most k tokens. The dense q is rebuilt
@@ -129,7 +129,7 @@ class TopLogits:
         """Rank of each row's bonus (ids [N, M], bonus [N], excluded [N], −1 = none): tokens other than the
         excluded one ranked above it. Exact below M − 1; a bonus outside the kept M is reported as M (its
         true rank is at least M − 1, so no fan-out the cache can use, F < M, would have held it); an excluded
-        bonus gets V, as engine.ssd.speculation_cache.bonus_ranks."""
+        bonus gets V, as engine.drafting.bonus_ranks."""
         M = self.depth
         at = self.ids == bonus[:, None]  # [N, M]
         found = at.any(-1)

@@ -5,8 +5,8 @@ drafted (and, under outcome k, rejected) token x_{k+1} excluded: the residual ma
 there. For k = K they are the top F_K tokens of the draft's next-token distribution after x_K.
 Ranking uses the draft's logits (ties to the lower id), so it is defined at temperature 0 too.
 
-`bonus_ranks` measures the same ranking from the other side: where the verified bonus t* stood. With
-fan-out F the outcome is in the cache exactly when its rank is below F, so one run's ranks tell what any
+engine.drafting.bonus_ranks measures the same ranking from the other side: where the verified bonus t* stood.
+With fan-out F the outcome is in the cache exactly when its rank is below F, so one run's ranks tell what any
 fan-out schedule would have hit (the empirical hit model, simulator.calibrate).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.ssd.sparse import TopLogits, ranked_ids
+from engine.ssd.sparse import TopLogits
 from engine.ssd.tree import Branches
 
 
@@ -51,29 +51,6 @@ def guesses(logits: Tensor | TopLogits, x: Tensor, fanouts: list[tuple[int, ...]
                 ts.append(t)
     as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
     return as_long(rows), as_long(ks), as_long(ts)
-
-
-def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
-    """Rank of each row's bonus token t* in the draft's ranking that `guesses` uses: logits [N, V] at the
-    outcome's position (k+1), excluded [N] the rejected draft token x_{k+1} (−1 when all K were accepted).
-
-    rank = tokens other than the excluded one that rank above t* (higher logit, or equal and a lower id),
-    so `guesses` with fan-out F holds t* iff rank < F. An excluded t* (impossible after a rejection) has
-    rank V, never guessed.
-    """
-    logits = logits.float()
-    ids = torch.arange(logits.shape[-1], device=logits.device)  # [V]
-    mine = logits.gather(-1, bonus[:, None])  # [N, 1]
-    above = (logits > mine) | ((logits == mine) & (ids < bonus[:, None]))  # [N, V]
-    rank = above.sum(-1)  # [N]
-    excluded_above = above.gather(-1, excluded.clamp(min=0)[:, None])[:, 0] & (excluded >= 0)  # [N]
-    rank = rank - excluded_above.long()
-    return torch.where(bonus == excluded, logits.shape[-1], rank).tolist()
-
-
-def ranked_top(logits: Tensor, n: int) -> list[list[list[int]]]:
-    """The n best tokens of each row of logits [B, R, V], best first, equal logits in increasing id."""
-    return ranked_ids(logits, n).tolist()
 
 
 class SpeculationCache:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.drafting import draft_steps
 from engine.kv_cache import KVState
-from engine.sampling import Generators, RowSampling, sample, saguaro, warp_rows
+from engine.sampling import Generators, RowSampling
 from engine.ssd.sparse import SparseQ, TopLogits
 
 
@@ -34,62 +35,6 @@ class Branches:
     ranking: TopLogits  # [N, K, M] the draft's best tokens at y_1..y_K (to rank the next guesses)
 
 
-def draft_tokens(
-    state: KVState,
-    first: Tensor,
-    first_valid: Tensor | None,
-    K: int,
-    saguaro_top: tuple[int, ...],
-    C: float,
-    params: RowSampling,
-    generator: Generators,
-    active: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Feed `first` [N, T] (holes where not valid) then draft K tokens with K forwards in total (SD's
-    proposal, SSD's neural backup and its branches all draft this way).
-
-    `params` and `generator` are per row (a branch uses its sequence's settings and random stream).
-    Rows where `active` [N] is False only get holes after `first` (their results are to be ignored).
-    Returns tokens [N, K], q [N, K, V] (σ_{F,C} when C < 1, n_top = saguaro_top[i] at position i+1)
-    and the raw logits [N, K, V] (float32). The last token is sampled, not fed.
-    """
-    logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
-    return draft_from(state, logits, K, saguaro_top, C, params, generator, active)
-
-
-def draft_from(
-    state: KVState,
-    logits: Tensor,
-    K: int,
-    saguaro_top: tuple[int, ...],
-    C: float,
-    params: RowSampling,
-    generator: Generators,
-    active: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`draft_tokens` once `first` is fed: `logits` [N, V] are the draft's logits after it."""
-    ys, qs, zs = [], [], []
-    for y, q, z in _steps(state, logits, K, saguaro_top, C, params, generator, active):
-        ys.append(y)
-        qs.append(q)
-        zs.append(z)
-    return torch.stack(ys, 1), torch.stack(qs, 1), torch.stack(zs, 1)
-
-
-def _steps(state: KVState, logits: Tensor, K: int, saguaro_top: tuple[int, ...], C: float, params: RowSampling,
-           generator: Generators, active: Tensor | None):
-    """Yield (y [N], q [N, V] float32, logits [N, V]) for draft positions 1..K, feeding each y but the last."""
-    for i in range(K):
-        q = warp_rows(logits, params)  # [N, V]
-        if C < 1:
-            q = saguaro(q, saguaro_top[i], C)
-        y = sample(q, generator)  # [N]
-        yield y, q.float(), logits
-        if i < K - 1:
-            valid = None if active is None else active[:, None]
-            logits = state.extend(y[:, None], valid)[:, -1].float()
-
-
 def draft_compact(
     state: KVState,
     first: Tensor,
@@ -102,14 +47,15 @@ def draft_compact(
     depth: int,
     active: Tensor | None = None,
 ) -> tuple[Tensor, SparseQ, TopLogits]:
-    """`draft_tokens` with the same draws, keeping q as its support and the logits as their best `depth`
-    tokens step by step, so no [N, K, V] tensor is built unless q itself is dense (T > 0 without top-k).
-    Returns tokens [N, K], q [N, K, V] and the ranking [N, K, depth]."""
+    """Feed `first` [N, T] (holes where not valid) then draft K tokens (engine.drafting.draft_tokens, the same
+    draws), keeping q as its support and the logits as their best `depth` tokens step by step, so no [N, K, V]
+    tensor is built unless q itself is dense (T > 0 without top-k). Rows where `active` [N] is False only get
+    holes after `first`. Returns tokens [N, K], q [N, K, V] and the ranking [N, K, depth]."""
     logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
     N, V = logits.shape
     ys, qs, ranks = [], [], []
     dense: Tensor | None = None  # [N, K, V], made at the first step whose q is dense
-    for i, (y, q, z) in enumerate(_steps(state, logits, K, saguaro_top, C, params, generator, active)):
+    for i, (y, q, z) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active)):
         ys.append(y)
         ranks.append(TopLogits.of(z, depth).ids)  # [N, M]
         kept = SparseQ.of(q)

@@ -9,17 +9,19 @@ import torch
 
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
-from engine.strategies.base import Proposal
+from engine.strategies.base import Proposal, RoundTelemetry
 from engine.verifier import Verification
 
 
 class NoDraft:
     name = "ar"
     K = 0
+    faults = ()
 
     def __init__(self, vocab_size: int, device: torch.device):
         self.vocab_size = vocab_size
         self.device = device
+        self.last_round = RoundTelemetry()  # drafting costs nothing
 
     def prefetch(self, seqs: list[Sequence]) -> None:
         pass
@@ -33,7 +35,7 @@ class NoDraft:
     def propose(self, rows: RowSampling) -> Proposal:
         n = len(rows)
         return Proposal(torch.zeros(n, 0, dtype=torch.long, device=self.device),
-                        torch.zeros(n, 0, self.vocab_size, device=self.device), draft_ms=0.0, draft_forwards=0)
+                        torch.zeros(n, 0, self.vocab_size, device=self.device))
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         pass
@@ -54,4 +56,4 @@ class FixedDraft(NoDraft):
         self.q = torch.zeros(*x.shape, vocab_size, device=x.device).scatter_(-1, x[..., None], 1.0)  # [b, K, V]
 
     def propose(self, rows: RowSampling) -> Proposal:
-        return Proposal(self.x, self.q, draft_ms=0.0, draft_forwards=0)
+        return Proposal(self.x, self.q)

@@ -20,12 +20,19 @@ from engine.verifier import Verification
 
 @dataclass
 class Proposal:
-    """K draft tokens per row and the distribution each was drawn from, with what it cost."""
+    """K draft tokens per row and the distribution each was drawn from: what verification needs."""
 
     tokens: Tensor  # [B, K] x
     q: Tensor  # [B, K, V]
-    draft_ms: float  # drafting on the critical path (SSD: the wait for the worker's answer)
-    draft_forwards: int  # draft forwards on the critical path
+
+
+@dataclass
+class RoundTelemetry:
+    """What drafting a round cost and how it went, as the proposer saw it: the loop's recorder reads it after
+    the round (`Proposer.last_round`) into the round's record (engine.metrics.RoundRecord, same field names)."""
+
+    draft_ms: float = 0.0  # drafting on the critical path (SSD: the wait for the worker's answer)
+    draft_forwards: int = 0  # draft forwards on the critical path
     # SSD only
     hit: list[bool] | None = None  # per row: the speculation came from the cache
     cache_build_ms: float | None = None  # the worker's build of the cache that was just looked up
@@ -41,6 +48,10 @@ class Proposal:
 class Proposer(Protocol):
     name: str  # "ar", "sd" or "ssd": what the round records say
     K: int
+    last_round: RoundTelemetry  # the telemetry of the last `propose`
+    # What `propose` raises when the proposer is lost; () when it cannot be. A proposer that can be lost also
+    # has `fallback(err, what) -> Proposer`: it stops, and returns the proposer that takes its rows over.
+    faults: tuple[type[Exception], ...]
 
     def admit(self, seqs: list[Sequence]) -> None:
         """Rows joining at the end of the batch; each one's newest output token is not yet verified-fed."""
@@ -52,7 +63,7 @@ class Proposer(Protocol):
         """Only these rows (indices into the current batch, increasing) go on."""
 
     def propose(self, rows: RowSampling) -> Proposal:
-        """The next speculation for every row (raises a fault of the draft worker for SSD)."""
+        """The next speculation for every row; sets `last_round` (raises one of `faults`)."""
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         """The outcome (k, t*) of the speculation just verified."""

@@ -7,8 +7,8 @@ was fed tail, x_1..x_{K−1}; after k accepted it drops x_{k+1}..x_{K−1}: max(
 A row that joins (or every row, when SD takes over from a failed SSD worker) is prefilled with its
 prompt and output so far but the newest token, which is its tail.
 
-Each round also measures where the verified bonus t* stood in the draft's ranking (engine.ssd.
-speculation_cache.bonus_ranks), so an SD run tells what any SSD fan-out would have hit: after a rejection
+Each round also measures where the verified bonus t* stood in the draft's ranking (engine.drafting.
+bonus_ranks), so an SD run tells what any SSD fan-out would have hit: after a rejection
 at position k+1 from the logits drafted there, after all K accepted from the logits the next round's feed
 of [x_K, t*] gives at x_K (hence one round late, and unknown for a row that finished then).
 
@@ -26,13 +26,12 @@ import torch
 from torch import Tensor
 
 from engine.config import SpeculativeConfig
+from engine.drafting import bonus_ranks, draft_from
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ms_since
-from engine.sampling import RowSampling, sample, saguaro, warp_rows
+from engine.sampling import RowSampling
 from engine.sequence import Sequence
-from engine.ssd.speculation_cache import bonus_ranks
-from engine.ssd.tree import draft_from
-from engine.strategies.base import Proposal
+from engine.strategies.base import Proposal, RoundTelemetry
 from engine.strategies.lookahead import Lookahead
 from engine.verifier import Verification
 
@@ -45,6 +44,7 @@ def draft_seed(seed: int) -> int:
 
 class InProcessDraft:
     name = "sd"
+    faults = ()
 
     def __init__(self, draft: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device):
         self.draft = draft
@@ -58,6 +58,7 @@ class InProcessDraft:
         self.generators: list[torch.Generator] = []
         self.ranks: list[int | None] = []  # per row of the last round: its bonus's rank (None: not yet known)
         self.late: list[int | None] = []  # per row: where its all-accepted outcome's rank goes in `ranks`
+        self.last_round = RoundTelemetry()
 
     def prefetch(self, seqs: list[Sequence]) -> None:
         pass
@@ -85,16 +86,14 @@ class InProcessDraft:
         fed = self.state.extend(tokens, valid)  # [B, W, V]
         previous = self._late_ranks(fed)
         K, logits = self.lookahead.choose(), fed[:, -1].float()
-        if self.spec.confidence_stop is None:
-            self.x, q, self.z = draft_from(self.state, logits, K, self.spec.saguaro_top(), self.spec.C, rows,
-                                           self.generators)  # [B, K], [B, K, V], [B, K, V]
-            forwards = K
-        else:
-            self.x, q, self.z, forwards = draft_until_unsure(self.state, logits, K, self.spec, rows, self.generators)
+        self.x, q, self.z = draft_from(self.state, logits, K, self.spec.saguaro_top(), self.spec.C, rows,
+                                       self.generators, stop_below=self.spec.confidence_stop)  # [B, K'], [B, K', V] x2
         self.K = self.x.shape[1]
+        forwards = self.K + (self.K < K)  # the tail's feed included; a stopped block fed its last token to look
         draft_ms = ms_since(t0)
         self.lookahead.drafted(forwards, draft_ms)
-        return Proposal(self.x, q, draft_ms=draft_ms, draft_forwards=forwards, previous_outcome_rank=previous)
+        self.last_round = RoundTelemetry(draft_ms=draft_ms, draft_forwards=forwards, previous_outcome_rank=previous)
+        return Proposal(self.x, q)
 
     def _late_ranks(self, fed: Tensor) -> list[int | None] | None:
         """Fill in the ranks of last round's all-accepted outcomes from the draft's logits at x_K (the
@@ -130,32 +129,3 @@ class InProcessDraft:
 
     def close(self) -> None:
         pass
-
-
-def draft_until_unsure(state: KVState, logits: Tensor, K: int, spec: SpeculativeConfig, rows: RowSampling,
-                       generators: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor, int]:
-    """`draft_from` that stops before position i > 1 when the draft's top probability there (softmax of its
-    raw logits, so that greedy rows can stop too) is below `spec.confidence_stop` in every row.
-
-    The stop looks only at the draft's own logits, never at the target, so the shorter block is verified
-    exactly like a block of that length chosen in advance. Returns x [B, K'], q [B, K', V], the logits
-    [B, K', V] and the draft forwards made (the tail's feed included), with 1 <= K' <= K.
-    """
-    ys, qs, zs = [], [], []
-    forwards = 1  # the tail's feed, in propose
-    for i in range(K):
-        if i > 0 and bool((logits.softmax(-1).amax(-1) < spec.confidence_stop).all()):
-            # x_i was fed only to look at position i + 1; it ends the block, so it goes back to unfed
-            state.rollback(torch.ones(logits.shape[0], dtype=torch.long, device=logits.device))
-            break
-        q = warp_rows(logits, rows)  # [B, V]
-        if spec.C < 1:
-            q = saguaro(q, spec.saguaro_top()[i], spec.C)
-        y = sample(q, generators)  # [B]
-        ys.append(y)
-        qs.append(q.float())
-        zs.append(logits)
-        if i < K - 1:
-            logits = state.extend(y[:, None])[:, -1].float()  # [B, V]
-            forwards += 1
-    return torch.stack(ys, 1), torch.stack(qs, 1), torch.stack(zs, 1), forwards

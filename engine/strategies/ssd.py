@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -35,25 +34,24 @@ from engine.config import SpeculativeConfig
 from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
+from engine.ssd.channel import FAULTS, Channel
 from engine.ssd.lifetime import sigint_deferred
 from engine.ssd.messages import Join, MalformedMessage, Prefill, Round, Source
 from engine.ssd.transport import DraftUnavailable
 from engine.strategies.ar import NoDraft
-from engine.strategies.base import Proposal, Proposer
-from engine.strategies.lookahead import SSDLookahead
+from engine.strategies.base import Proposal, Proposer, RoundTelemetry
 from engine.strategies.sd import InProcessDraft, draft_seed
+from engine.strategies.ssd_lookahead import SSDLookahead
 from engine.verifier import Verification
 
-from engine.ssd.process import ModelRecipe
-
 log = logging.getLogger(__name__)
-FAULTS = (DraftUnavailable, MalformedMessage)
 
 
 class DraftWorkerProposer:
     name = "ssd"
+    faults = FAULTS
 
-    def __init__(self, open_channel: Callable[[], object], spec: SpeculativeConfig, vocab_size: int, pad_id: int,
+    def __init__(self, open_channel: Callable[[], Channel], spec: SpeculativeConfig, vocab_size: int, pad_id: int,
                  device: torch.device, draft: torch.nn.Module | None = None):
         self.spec = spec
         self.K = spec.K  # length of the last speculation
@@ -63,7 +61,6 @@ class DraftWorkerProposer:
         self.pad_id = pad_id
         self.device = device
         self.draft = draft  # the draft in the target's process, for the synchronous SD fallback (None: AR)
-        self.fault: str | None = None
         # Per current row: its row in the worker's last speculation, or the Join that will introduce it.
         self.rows: list[int | Join] = []
         self.worker_rows = 0
@@ -74,7 +71,8 @@ class DraftWorkerProposer:
         self.verify_ms = 0.0
         self.exchanges = 0
         self.open_channel = open_channel
-        self.channel = None
+        self.channel: Channel | None = None
+        self.last_round = RoundTelemetry()
 
     def start(self) -> None:
         """Start the worker (raises one of FAULTS if it cannot)."""
@@ -99,7 +97,7 @@ class DraftWorkerProposer:
 
     def propose(self, rows: RowSampling) -> Proposal:
         going_on = {r for r in self.rows if isinstance(r, int)}
-        if not going_on and not getattr(self.channel, "in_step", True):
+        if not going_on and self.channel is not None and not self.channel.in_step:
             self._restart()  # an exchange broke off mid-way (not by Ctrl-C, which waits): a fresh worker
         joins = [r for r in self.rows if isinstance(r, Join)]
         alive = [b in going_on for b in range(self.worker_rows)]
@@ -138,14 +136,14 @@ class DraftWorkerProposer:
                 s is Source.NEURAL for s in spec.source) else None, spec.cache_build_ms if any(alive) else None,
                 asked, spec.branches)
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
-        return Proposal(
-            # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)
-            spec.tokens.to(self.device), spec.q.to(self.device).dense(), draft_ms=wait_ms, draft_forwards=0,
-            hit=spec.hits,
-            cache_build_ms=spec.cache_build_ms, branches=spec.branches, backup=",".join(backups) or None,
-            backup_ms=spec.backup_ms, fanout=spec.fanout, previous_outcome_hit=previous,
+        self.last_round = RoundTelemetry(
+            draft_ms=wait_ms, draft_forwards=0, hit=spec.hits, cache_build_ms=spec.cache_build_ms,
+            branches=spec.branches, backup=",".join(backups) or None, backup_ms=spec.backup_ms, fanout=spec.fanout,
+            previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,
         )
+        # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)
+        return Proposal(spec.tokens.to(self.device), spec.q.to(self.device).dense())
 
     def _miss_length(self, K: int) -> int:
         """Adaptive K: the length for a round in which no row hits and the neural backup drafts every row. That
@@ -170,22 +168,18 @@ class DraftWorkerProposer:
 
     def fallback(self, err: Exception, what: str = "failed") -> Proposer:
         """Stop the worker and return the proposer that goes on in its place (rows still to be admitted)."""
-        self.fault = f"{type(err).__name__}: {err}"
         self.close()
         how = ("synchronous speculative decoding with the draft in the target process" if self.draft is not None
                else "autoregressive decoding")
         log.warning("SSD draft worker %s (%s); stopped it and continuing with %s (the output distribution is "
-                    "unchanged)", what, self.fault, how)
+                    "unchanged)", what, f"{type(err).__name__}: {err}", how)
         if self.draft is not None:
             return InProcessDraft(self.draft, self.spec, self.pad_id, self.device)
         return NoDraft(self.V, self.device)
 
     def close(self) -> None:
         if self.channel is not None:
-            self.channel.close()
-            threads = getattr(self.channel, "threads_before", None)
-            if threads is not None:  # the draft's core(s) are free again: the target (or its SD fallback) takes them
-                torch.set_num_threads(threads)
+            self.channel.close()  # a worker process's core(s) go back to the target (or its SD fallback)
             self.channel = None
 
 
@@ -193,71 +187,3 @@ def _draft_prompt(seq: Sequence) -> list[int]:
     """What the worker prefills for a joining sequence: every token but its newest (the backup feeds that one).
     A Prefill and the Join after it must agree on it exactly, or the worker prefills again."""
     return seq.prompt_ids + seq.output_ids[:-1]
-
-
-def open_channel(draft, given, config, spec: SpeculativeConfig, pad_id: int, device: torch.device
-                 ) -> Callable[[], object]:
-    """A function that starts the draft worker: in process (on `draft`, the engine's draft model), or in
-    its own process from a recipe (`given`: the model object the caller passed, None if passed by name)."""
-    from engine.ssd.channel import InProcessChannel
-    from engine.ssd.process import ProcessChannel
-
-    if spec.placement.in_process:
-        return lambda: InProcessChannel(draft, spec, pad_id, device)
-    recipe = draft_recipe(given, config)
-
-    def start() -> ProcessChannel:
-        channel = ProcessChannel(recipe, spec, pad_id, device)
-        if channel.target_threads and config.threads is None and device.type == "cpu":
-            channel.threads_before = torch.get_num_threads()  # given back when the worker stops (close)
-            torch.set_num_threads(channel.target_threads)  # the draft has its own core(s) now
-        return channel
-
-    return start
-
-
-def draft_recipe(given, config) -> ModelRecipe:
-    """How the worker process rebuilds the draft. A draft passed by alias / path is loaded there the
-    same way (dtype, low-bit scheme, cache_dir); one passed as a model object travels as its config and
-    weights (quantised there), so the worker drafts with exactly that model, even if it was changed after
-    loading (a fine-tuned or perturbed copy whose name_or_path still names the original). Quantisation is
-    deterministic, so the worker's low-bit draft is the one SD would use in the target's process."""
-    low_bit = dict(quant=config.draft_quant, group_size=config.quant_group_size,
-                   float_dtype=config.draft_float_dtype, head_quant=config.draft_head_quant)
-    if given is not None:
-        from engine.models import is_quantized
-
-        if is_quantized(given):
-            raise ValueError("an int8-quantised draft object (or any low-bit one) cannot be sent to SSD's worker "
-                             "process: pass the float model (or its alias / path) with draft_quant='int8' / 'int4'")
-        plain = ModelRecipe.from_model(given)
-        return LowBitRecipe(config=plain.config, state=plain.state, **low_bit)
-    return LowBitRecipe(path=config.draft, dtype=config.draft_load_dtype, cache_dir=config.cache_dir, **low_bit)
-
-
-@dataclass
-class LowBitRecipe(ModelRecipe):
-    """A ModelRecipe whose draft the worker quantises after building it (`quant` None: as ModelRecipe).
-
-    quant       None, "int8" or "int4" (engine.quantize), int4 grouped by `group_size`.
-    float_dtype the dtype of the layers left in float, for a draft loaded by path (a draft sent as weights
-                keeps their dtype, as the in-process one does).
-    """
-
-    quant: str | None = None
-    group_size: int = 32
-    float_dtype: str = "bfloat16"
-    head_quant: str | None = None  # the output head's scheme (engine.quantize.quantize_head); None: float
-
-    def build(self, device: torch.device) -> torch.nn.Module:
-        if self.quant is None:
-            return super().build(device)
-        if device.type != "cpu":
-            raise ValueError(f"a {self.quant} draft runs on CPU kernels only, not on {device}: use draft_device cpu")
-        from engine.models import TORCH_DTYPES, load_quantized, quantize_model
-
-        if self.path is not None:
-            return load_quantized(self.path, self.quant, self.group_size, dtype=TORCH_DTYPES[self.float_dtype],
-                                  cache_dir=self.cache_dir, head_quant=self.head_quant).model
-        plain = ModelRecipe(config=self.config, state=self.state)
-        return quantize_model(plain.build(device), self.quant, self.group_size, head_quant=self.head_quant)

@@ -22,7 +22,7 @@ DEFAULT_SYSTEMS = OURS + ("hf", "hf-assisted")  # llama.cpp is an optional extra
 SPECULATIVE = ("sd", "ssd", "hf-assisted")
 SCHEDULES = ("uniform", "geometric")
 BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: engine.models.resolve_dtype, when the run starts
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: engine.loading.devices.resolve_dtype, when the run starts
 ORDERS = ("interleaved", "grouped")
 AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/reports/test_cli_defaults.py checks they agree)
 
@@ -113,7 +113,7 @@ def _positive_ints(name: str, values: tuple, minimum: int = 1, allow_empty: bool
 class BenchConfig:
     """Everything that decides what is measured; saved as config.json in the run folder.
 
-    `target` / `draft` are model specs for engine.models.load_model (aliases, folders, GGUF files);
+    `target` / `draft` are model specs for engine.loading.models.load_model (aliases, folders, GGUF files);
     tests hand Bench already-built models instead and put a description here.
     `fanout_alpha` / `fanout_r`: the α and r from which the geometric schedule (Thm 12's integer
     optimum) is computed for each (K, budget).

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from engine import SamplingParams
-from engine.models import resolve_dtype
+from engine.loading.devices import resolve_dtype
 from saguaro.bench.config import BenchConfig, Variant
 from saguaro.bench.others import OtherLoad, disturbed_reason
 from saguaro.bench.summary import summarize

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.config import DYNAMIC_INT8, QuantConfig
 from saguaro.bench.config import BenchConfig, Variant
 from saguaro.peers import (
     LLAMACPP_SYSTEMS,
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 class Models:
     """The target, the draft (None when no system needs one) and the tokenizer (None: token-id prompts).
 
-    `dtype` / `draft_dtype` / `draft_int8` say how they were loaded and `draft_spec` from where: SSD's
+    `dtype` / `draft_dtype` / `draft_quant` say how they were loaded and `draft_spec` from where: SSD's
     draft worker loads the draft in its own process by that recipe (an int8 model object cannot be sent to
     it); without a `draft_spec` (models built in memory) the worker gets the draft object's weights.
     """
@@ -46,31 +47,32 @@ class Models:
     tokenizer: object | None = None
     dtype: str = "float32"
     draft_dtype: str = "float32"
-    draft_int8: bool = False
     draft_spec: str | None = None
-    draft_quant: str | None = None  # "int8" / "int4": SSD's worker quantises the draft it loads by this recipe
-    quant_group_size: int = 32
-    draft_head_quant: str | None = None
+    draft_quant: QuantConfig | None = None  # low-bit: SSD's worker quantises the draft it loads by this recipe
 
     @classmethod
     def load(cls, config: BenchConfig) -> "Models":
-        from engine.models import TORCH_DTYPES, load_model, load_quantized
+        from engine.loading.devices import TORCH_DTYPES
+        from engine.loading.models import load_model, load_quantized
 
-        def load(spec: str, dtype: str, quant: str | None, head_quant: str | None = None):
+        def load(spec: str, dtype: str, quant: QuantConfig | None):
             if quant is None:
                 return load_model(spec, dtype=TORCH_DTYPES[dtype])
-            # weight-only low-bit (from the low-bit cache when it has the model); float layers in `dtype`
-            return load_quantized(spec, quant, config.quant_group_size, dtype=TORCH_DTYPES[dtype],
-                                  head_quant=head_quant)
+            # low-bit (from the low-bit cache when it has the model); float layers in `dtype`
+            return load_quantized(spec, quant, dtype=TORCH_DTYPES[dtype])
 
-        target = load(config.target, config.dtype, config.target_quant, config.target_head_quant)
-        draft, draft_quant = None, config.draft_quant or ("int8-dynamic" if config.draft_int8 else None)
-        dtype = "float32" if draft_quant == "int8-dynamic" else config.draft_dtype or config.dtype
+        def quant(scheme: str | None, head: str | None) -> QuantConfig | None:
+            return None if scheme is None else QuantConfig(scheme, config.quant_group_size, head)
+
+        target = load(config.target, config.dtype, quant(config.target_quant, config.target_head_quant))
+        draft_scheme = config.draft_quant or (DYNAMIC_INT8 if config.draft_int8 else None)  # --draft-int8: the same
+        draft_quant = quant(draft_scheme, config.draft_head_quant)
+        dtype = "float32" if draft_quant is not None and draft_quant.dynamic else config.draft_dtype or config.dtype
+        draft = None
         if any(s in ("sd", "ssd", "hf-assisted") for s in config.systems):
-            draft = load(config.draft, dtype, draft_quant, config.draft_head_quant).model
-        return cls(target.model, draft, target.tokenizer, config.dtype, dtype, draft_quant == "int8-dynamic",
-                   config.draft if draft is not None else None, draft_quant, config.quant_group_size,
-                   config.draft_head_quant)
+            draft = load(config.draft, dtype, draft_quant).model
+        return cls(target.model, draft, target.tokenizer, config.dtype, dtype,
+                   config.draft if draft is not None else None, draft_quant)
 
 
 @dataclass
@@ -129,8 +131,7 @@ class Systems:
                 self._engines[key] = LLM(
                     m.target, draft, strategy=v.system, speculative=spec, tokenizer=m.tokenizer,
                     threads=None if ssd else self.config.threads, dtype=m.dtype, draft_dtype=m.draft_dtype,
-                    draft_quant=m.draft_quant if by_recipe else None, quant_group_size=m.quant_group_size,
-                    draft_head_quant=m.draft_head_quant if by_recipe else None,
+                    draft_quant=m.draft_quant if by_recipe else None,
                 )
                 self._threads[key] = torch.get_num_threads()
             finally:

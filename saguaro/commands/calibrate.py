@@ -149,8 +149,16 @@ def _config(args):
     from engine.config import EngineConfig
 
     return EngineConfig(target=str(args.target), draft=str(args.draft), strategy="ssd", dtype=args.dtype,
-                        draft_int8=args.draft_int8, threads=args.threads,
-                        cache_dir=None if args.cache is None else str(args.cache), **quant_kwargs(args))
+                        threads=args.threads, cache_dir=None if args.cache is None else str(args.cache),
+                        **quant_kwargs(args))
+
+
+def quant_inputs(config) -> dict:
+    """The low-bit settings as the calibration's inputs record them (the CLI flags' names and values)."""
+    target, draft = config.target_quant, config.draft_quant
+    return {"draft_int8": draft is not None and draft.dynamic, "target_quant": target and target.scheme,
+            "target_head_quant": target and target.head, "draft_quant": draft and draft.scheme,
+            "draft_head_quant": draft and draft.head}
 
 
 def run(args) -> int:
@@ -158,15 +166,14 @@ def run(args) -> int:
     resolve_dtypes(args)  # the summary and the records say which dtype auto took
     config = _config(args)
     from engine import LLM
-    from engine.strategies.ssd import draft_recipe
+    from engine.loading.recipe import draft_recipe
 
     start = time.perf_counter()
     say = lambda text: print(f"calibrate: {text} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)  # noqa: E731
     say("loading the target here and the draft in its own process")
     recipe = draft_recipe(None, config)  # the worker loads the draft as SSD's worker does (dtype, low-bit scheme)
     with LLM(args.target, strategy="ar", dtype=args.dtype, threads=args.threads, cache_dir=args.cache,
-             target_quant=config.target_quant, target_head_quant=config.target_head_quant,
-             quant_group_size=config.quant_group_size) as llm:
+             target_quant=config.target_quant) as llm:
         target = llm.target
         if args.prompt_ids:
             ids = list(args.prompt_ids)
@@ -222,9 +229,7 @@ def run(args) -> int:
     summary["fit"] = fit_summary(args.out)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     summary["inputs"] = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
-                         "draft_int8": config.draft_int8, "target_quant": config.target_quant,
-                         "target_head_quant": config.target_head_quant, "draft_quant": config.draft_quant,
-                         "draft_head_quant": config.draft_head_quant, "quant_group_size": config.quant_group_size,
+                         **quant_inputs(config), "quant_group_size": args.quant_group_size,
                          "threads": args.threads, "draft_threads": args.draft_threads,
                          "K": args.K, "temperature": args.temperature, "budgets": args.budget,
                          "batches": args.batch, "contexts": args.context,

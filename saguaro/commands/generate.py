@@ -53,7 +53,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: engine.models.resolve_dtype
+DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: engine.loading.devices.resolve_dtype
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -78,7 +78,8 @@ GROUP_SIZES = (32, 64, 128)
 
 
 def add_quant_flags(p: argparse.ArgumentParser) -> None:
-    """Low-bit weights per model (engine.config.EngineConfig target_quant / draft_quant / quant_group_size)."""
+    """Low-bit weights per model (engine.config.QuantConfig: scheme, group size, head; EngineConfig target_quant /
+    draft_quant)."""
     p.add_argument("--target-quant", choices=QUANTS,
                    help="weight-only low-bit target: int4 (grouped, asymmetric) or int8 (per channel), on torch's CPU "
                         "kernels; embeddings, norms and the head stay in --dtype (default: float weights)")
@@ -94,10 +95,24 @@ def add_quant_flags(p: argparse.ArgumentParser) -> None:
 
 
 def quant_kwargs(args) -> dict:
-    """The LLM keyword arguments of add_quant_flags."""
-    return {"target_quant": args.target_quant, "draft_quant": args.draft_quant,
-            "quant_group_size": args.quant_group_size, "target_head_quant": args.target_head_quant,
-            "draft_head_quant": args.draft_head_quant}
+    """The LLM keyword arguments of add_quant_flags (and --draft-int8, the short form of --draft-quant
+    int8-dynamic): a QuantConfig per low-bit model, None for float weights. ValueError for flags that contradict."""
+    from engine.config import DYNAMIC_INT8, QuantConfig
+
+    draft = args.draft_quant
+    if getattr(args, "draft_int8", False):
+        if draft not in (None, DYNAMIC_INT8):
+            raise ValueError(f"--draft-int8 means --draft-quant {DYNAMIC_INT8}: drop one of them (got --draft-quant "
+                             f"{draft})")
+        draft = DYNAMIC_INT8
+    kwargs = {}
+    for model, scheme, head in (("target", args.target_quant, args.target_head_quant),
+                                ("draft", draft, args.draft_head_quant)):
+        if head is not None and scheme not in QUANTS:
+            raise ValueError(f"--{model}-head-quant {head} needs --{model}-quant int8 or int4 (got {scheme}): set "
+                             f"--{model}-quant, or drop --{model}-head-quant")
+        kwargs[f"{model}_quant"] = None if scheme is None else QuantConfig(scheme, args.quant_group_size, head)
+    return kwargs
 
 
 DTYPE_HELP = ("float dtype of the models; auto (the default): bfloat16 where the device multiplies in it at speed "
@@ -107,7 +122,7 @@ DTYPE_HELP = ("float dtype of the models; auto (the default): bfloat16 where the
 
 def resolve_dtypes(args) -> None:
     """--dtype and --draft-dtype with auto replaced by what it means on --device (what loads is what is said)."""
-    from engine.models import resolve_dtype
+    from engine.loading.devices import resolve_dtype
 
     device = getattr(args, "device", "cpu")
     args.dtype = resolve_dtype(args.dtype, device)
@@ -207,7 +222,7 @@ def describe_models(args) -> str:
 @contextlib.contextmanager
 def loading(args):
     """Progress lines around building the engine (wrap the LLM construction only): "loading ... ..." and
-    "... loaded in 4.2 s". The engine logs each model it loads (engine.models) and SSD's worker start."""
+    "... loaded in 4.2 s". The engine logs each model it loads (engine.loading.models) and SSD's worker start."""
     start = time.perf_counter()
     log.info("loading %s ...", describe_models(args))
     yield
@@ -224,7 +239,7 @@ def load_llm(args, spec, **options):
         return LLM(
             args.target, args.draft if args.strategy != "ar" else None,
             strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
-            draft_int8=args.draft_int8, **quant_kwargs(args), device=args.device, threads=args.threads,
+            **quant_kwargs(args), device=args.device, threads=args.threads,
             cache_dir=args.cache, max_num_seqs=args.max_num_seqs, **options,
         )
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 # Kept here, not imported, so that building the parser never imports torch (engine/__init__ does);
-# tests/engine/test_provision.py checks these against engine.provision.
+# tests/engine/test_provision.py checks these against engine.loading.provision.
 GROUP_CHOICES = ("default", "smoke", "all")
 ALIAS_CHOICES = ("qwen-coder-1.5b", "qwen-coder-0.5b", "smollm2-135m")
 
@@ -76,7 +76,7 @@ def _add_hit_tables(actions) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.models_action == "hit-tables":
         return _hit_tables(args)
-    from engine import model_cache, provision
+    from engine.loading import model_cache, provision
 
     root = model_cache.resolve_cache_root(args.cache, os.environ)
     if args.models_action == "provision":
@@ -102,7 +102,9 @@ def _clean(model_cache, root: Path, *, quiet: bool) -> int:
         if not quiet:
             print(f"nothing to clean in {root}" if not root.is_dir() else f"{root} is not writable")
         return 0
-    removed, busy = model_cache.clean_leftovers(root)
+    from engine.loading.leftovers import clean_leftovers
+
+    removed, busy = clean_leftovers(root)
     for leftover in removed:
         print(f"removed {leftover.path} ({_gib(leftover.size)}) left by an interrupted build")
     for leftover in busy:
@@ -131,10 +133,10 @@ def _report(alias: str, result) -> None:
 
 
 def _provision_lowbit(provision, root: Path, args: argparse.Namespace) -> int:
-    """The low-bit entries (engine.lowbit_cache), built tensor by tensor from each GGUF."""
+    """The low-bit entries (engine.loading.lowbit_cache), built tensor by tensor from each GGUF."""
     import time
 
-    from engine import lowbit_cache
+    from engine.loading import lowbit_cache
 
     models = [args.gguf] if args.gguf is not None else list(provision.GROUPS.get(args.which, (args.which,)))
     for model in models:
@@ -155,7 +157,7 @@ def _provision(provision, root: Path, which: str, rebuild: bool) -> int:
     for alias in aliases:
         _report(alias, provision.provision(alias, root, rebuild=rebuild))
     if provision.DEFAULT_TARGET in aliases and provision.DEFAULT_DRAFT in aliases:
-        from engine.models import check_compatible, vocabulary
+        from engine.loading.vocabulary import check_compatible, vocabulary
 
         target = root / provision.PACKAGED[provision.DEFAULT_TARGET].key
         check_compatible(target, root / provision.PACKAGED[provision.DEFAULT_DRAFT].key)
@@ -186,7 +188,9 @@ def _list(provision, model_cache, root: Path) -> int:
     for folder in model_cache.list_folders(root):
         if folder.name not in known:
             print(f"{'(local gguf)':16} {_state(provision, folder):16} {folder}")
-    for leftover in model_cache.find_leftovers(root):
+    from engine.loading.leftovers import find_leftovers
+
+    for leftover in find_leftovers(root):
         print(f"{'(leftover)':16} {_gib(leftover.size):16} {leftover.path}: temp folder of an interrupted "
               "build; `saguaro models clean` removes it")
     return 0

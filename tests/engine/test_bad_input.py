@@ -94,7 +94,7 @@ def test_speculative_strategy_without_draft_is_refused(target):
         (["generate", "hi", "--top-p", "2"], "top_p must be in (0, 1]"),
         (["generate", "hi", "--target", "/no/such/model"], "/no/such/model"),
         (["generate", "hi", "--budget", "lots"], "--budget must be an integer or 'auto'"),
-        (["generate", "hi", "--draft-int8", "--draft-quant", "int4"], "draft_int8=True means draft_quant='int8-dynamic'"),
+        (["generate", "hi", "--draft-int8", "--draft-quant", "int4"], "--draft-int8 means --draft-quant int8-dynamic"),
         (["generate", "hi", "--target-quant", "int4", "--device", "cuda"], "CPU kernels only"),
     ],
 )
@@ -117,15 +117,14 @@ def test_cli_process_exits_2_without_traceback():
 
 def test_an_int8_draft_is_loaded_in_float32_whatever_the_targets_dtype():
     from engine.config import EngineConfig
+    from engine.loading.recipe import draft_recipe
 
-    config = EngineConfig(target="t", draft="d", strategy="ssd", dtype="bfloat16", draft_int8=True)
-    assert config.draft_load_dtype == "float32"
-    assert EngineConfig(target="t", draft="d", strategy="sd", dtype="bfloat16").draft_load_dtype == "bfloat16"
+    config = EngineConfig(target="t", draft="d", strategy="ssd", dtype="bfloat16", draft_quant="int8-dynamic")
+    assert config.draft_float_dtype == "float32" and draft_recipe(None, config).dtype == "float32"
+    assert EngineConfig(target="t", draft="d", strategy="sd", dtype="bfloat16").draft_float_dtype == "bfloat16"
     # a weight-only low-bit draft: draft_dtype is then the dtype of the layers left in float
     config = EngineConfig(target="t", draft="d", strategy="sd", draft_dtype="bfloat16", draft_quant="int8")
-    assert (config.draft_load_dtype, config.draft_float_dtype) == ("float32", "bfloat16")
-    # draft_int8 is dynamic int8 (torch.ao), whose other layers stay float32
+    assert config.draft_float_dtype == "bfloat16"
+    # int8-dynamic (torch.ao) keeps its other layers float32
     with pytest.raises(ValueError, match="keeps its other layers in float32"):
-        EngineConfig(target="t", draft="d", strategy="sd", draft_dtype="bfloat16", draft_int8=True)
-    with pytest.raises(ValueError, match="conflicts with draft_quant='int4'"):
-        EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int4", draft_int8=True)
+        EngineConfig(target="t", draft="d", strategy="sd", draft_dtype="bfloat16", draft_quant="int8-dynamic")

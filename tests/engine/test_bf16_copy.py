@@ -11,9 +11,9 @@ import logging
 import pytest
 import torch
 
-from engine import bf16_copy, model_cache, models, provision
-from engine.model_cache import CorruptCacheError
-from engine.models import load_model
+from engine.loading import bf16_copy, model_cache, models, provision
+from engine.loading.model_cache import CorruptCacheError
+from engine.loading.models import load_model
 from tests.engine.test_model_cache_faults import ALIAS, packaged  # noqa: F401 (fixture)
 from tests.engine.test_provision import converter, site  # noqa: F401 (fixtures)
 
@@ -22,7 +22,7 @@ COPY_WEIGHTS = f"{bf16_copy.SUBFOLDER}/model.safetensors"
 
 @pytest.fixture
 def loaded_from(monkeypatch):
-    """Records the folder every from_pretrained call in engine.models reads its weights from."""
+    """Records the folder every from_pretrained call in engine.loading.models reads its weights from."""
     seen = []
     real = models.AutoModelForCausalLM.from_pretrained
 
@@ -104,7 +104,7 @@ def test_a_cache_that_cannot_be_written_still_loads_with_a_warning(
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(model_cache, "write_manifest", read_only)
-    with caplog.at_level(logging.WARNING, logger="engine.bf16_copy"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.bf16_copy"):
         loaded = load_model(ALIAS, cache_dir=root, dtype=torch.bfloat16)
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     assert any("cannot keep a bfloat16 copy" in r.getMessage() for r in caplog.records)

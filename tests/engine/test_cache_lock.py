@@ -16,21 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from engine import cache_lock, model_cache, provision
-from engine.cache_lock import LockTimeoutError
+from engine.loading import cache_lock, model_cache, provision
+from engine.loading.cache_lock import LockTimeoutError
 from tests.engine.test_model_cache_faults import assert_one_line_error, run_cli
 
 KEY = "some-key"
 WAIT_MESSAGE = "waiting for the model cache lock held by pid"
 
-# Loads engine/cache_lock.py by path (no engine package import, so no torch): a fast child.
+# Imports only engine.loading.cache_lock (the engine packages import their modules on first use, so no torch):
+# a fast child.
 HOLDER_SCRIPT = """
-import importlib.util, sys
+import sys
 from pathlib import Path
-spec = importlib.util.spec_from_file_location("cache_lock", sys.argv[1])
-cache_lock = sys.modules["cache_lock"] = importlib.util.module_from_spec(spec)  # dataclasses need it there
-spec.loader.exec_module(cache_lock)
-with cache_lock.hold(Path(sys.argv[2])):
+from engine.loading import cache_lock
+with cache_lock.hold(Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.read()  # until the test closes our stdin
 """
@@ -46,7 +45,7 @@ def hold_elsewhere():
     children: list[subprocess.Popen] = []
 
     def start(path: Path) -> subprocess.Popen:
-        child = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, cache_lock.__file__, str(path)],
+        child = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, str(path)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         children.append(child)
         assert child.stdout.readline().strip() == "held"
@@ -84,7 +83,7 @@ def test_holder_is_recorded_while_held_and_removed_after(tmp_path):
 def test_a_waiter_names_the_holder_once_then_gets_the_lock(other_process, caplog):
     root, child = other_process
     timer = release_later(child, 1.0)
-    with caplog.at_level(logging.WARNING, logger="engine.cache_lock"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.cache_lock"):
         with model_cache.key_lock(root, KEY, timeout_s=60) as held:
             assert held
     timer.join()

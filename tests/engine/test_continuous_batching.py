@@ -197,11 +197,11 @@ def test_a_joiners_first_token_streams_from_the_prefill_step_before_any_round(ta
         llm.loop.submit(a)
         first = llm.loop.step()
         assert [(c.request_id, len(c.token_ids)) for c in first] == [("a", 1)]  # the prefill's token, no round
-        records = llm.loop.rounds  # records so far (the prefill's)
+        records = llm.loop.recorder.count  # records so far (the prefill's)
         b = llm.make_sequence(PROMPTS[1], GREEDY, request_id="b")
         llm.loop.submit(b)
         second = llm.loop.step()  # a round for "a" before "b" is admitted: joiners cannot starve running rows
-        assert {c.request_id for c in second} == {"a"} and llm.loop.rounds == records + 1
+        assert {c.request_id for c in second} == {"a"} and llm.loop.recorder.count == records + 1
         third = llm.loop.step()
         assert [(c.request_id, len(c.token_ids)) for c in third] == [("b", 1)]
         while llm.loop.has_work:

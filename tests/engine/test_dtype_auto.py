@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import models
-from engine.models import AUTO_DTYPE, fast_bfloat16, resolve_dtype
+from engine.loading import devices
+from engine.loading.devices import AUTO_DTYPE, fast_bfloat16, resolve_dtype
 
 
 def cpu_flags() -> set[str]:
@@ -25,20 +25,20 @@ def cpu_flags() -> set[str]:
 
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
 def test_a_named_dtype_is_kept_whatever_the_device_can_do(name, monkeypatch):
-    monkeypatch.setattr(models, "fast_bfloat16", lambda device: pytest.fail("a named dtype needs no probe"))
+    monkeypatch.setattr(devices, "fast_bfloat16", lambda device: pytest.fail("a named dtype needs no probe"))
     assert resolve_dtype(name) == name
 
 
 @pytest.mark.parametrize("fast, expected", [(True, "bfloat16"), (False, "float32")])
 def test_auto_on_a_cpu_is_bfloat16_only_where_it_is_fast(fast, expected, monkeypatch):
-    monkeypatch.setattr(models, "fast_bfloat16", lambda device: fast)
+    monkeypatch.setattr(devices, "fast_bfloat16", lambda device: fast)
     assert resolve_dtype(AUTO_DTYPE, "cpu") == expected
 
 
 @pytest.mark.parametrize("fast, expected", [(True, "bfloat16"), (False, "float16")])
 def test_auto_on_a_gpu_is_bfloat16_or_else_float16(fast, expected, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(models, "fast_bfloat16", lambda device: fast and device.type == "cuda")
+    monkeypatch.setattr(devices, "fast_bfloat16", lambda device: fast and device.type == "cuda")
     assert resolve_dtype(AUTO_DTYPE, "cuda:0") == expected
 
 
@@ -75,7 +75,7 @@ def test_llm_loads_a_folder_in_what_auto_chose_and_says_so(fast, expected, tmp_p
     from engine import LLM, SamplingParams
     from tests.engine.test_models import save_tiny
 
-    monkeypatch.setattr(models, "fast_bfloat16", lambda device: fast)
+    monkeypatch.setattr(devices, "fast_bfloat16", lambda device: fast)
     folder = save_tiny(tmp_path / "tiny", vocab_size=64)
     with LLM(str(folder)) as llm:  # dtype left at its default, auto
         assert llm.config.dtype == str(expected).removeprefix("torch.")

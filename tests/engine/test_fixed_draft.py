@@ -15,6 +15,6 @@ def test_fixed_draft_proposes_its_tokens_from_a_point_mass_every_round():
         assert torch.equal(proposal.tokens, x)
         assert proposal.q.shape == (2, 3, 9) and torch.equal(proposal.q.sum(-1), torch.ones(2, 3))
         assert torch.equal(proposal.q.argmax(-1), x)
-        assert (proposal.draft_ms, proposal.draft_forwards) == (0.0, 0)
+        assert (draft.last_round.draft_ms, draft.last_round.draft_forwards) == (0.0, 0)
     draft.admit([]), draft.retire([]), draft.observe(None, 1.0), draft.close()  # NoDraft's no-ops
     assert NoDraft(9, torch.device("cpu")).K == 0  # the subclass's K does not leak into NoDraft's

@@ -1,4 +1,4 @@
-"""One parse of a GGUF's metadata per conversion (engine/gguf_metadata.py), on SmolLM2-135M's real GGUF.
+"""One parse of a GGUF's metadata per conversion (engine/loading/gguf_metadata.py), on SmolLM2-135M's real GGUF.
 
 gguf's GGUFReader is slow on a vocabulary (~3 s for SmolLM2, ~18 s for Qwen2.5): the float32 conversion
 (provision.convert_gguf) and the low-bit build each parse the file once, and write what they wrote before.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import gguf_metadata, provision
+from engine.loading import gguf_metadata, provision
 from tests.engine.test_lowbit_cache import smoke_gguf
 
 

@@ -33,8 +33,8 @@ def test_rollback_per_row_restores_the_shorter_prefix():
 
 
 def test_rollback_refuses_a_negative_or_too_long_drop_and_keeps_the_cache():
-    """A negative drop once looked like a roll-forward (the lengths grew, the cache did not): stop 38's
-    build_alone.py "rolled" a 128-token cache to 256 and 512 and timed every build at 128."""
+    """A negative drop would look like a roll-forward (the lengths grow, the cache does not): a timing script
+    that "rolled" a 128-token cache to 256 and 512 this way timed every build at 128."""
     import pytest
 
     model = tiny_lm(2)

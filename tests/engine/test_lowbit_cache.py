@@ -1,4 +1,4 @@
-"""The low-bit cache built straight from the GGUF (engine/lowbit_cache.py).
+"""The low-bit cache built straight from the GGUF (engine/loading/lowbit_cache.py, lowbit_convert.py, gguf_blocks.py).
 
 The exact-mapping tests: GGUF Q4_0 / Q4_1 / Q4_K blocks become int4 group-32 layers whose weights equal the
 GGUF's own dequantisation up to the bfloat16 rounding of each group's scale and zero. First on synthetic
@@ -16,8 +16,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from engine import lowbit_cache, model_cache, provision
-from engine.quantize import WeightOnlyLinear
+from engine.loading import gguf_blocks, lowbit_cache, model_cache, provision
+from engine.loading.weight_only import WeightOnlyLinear
 
 BF16_REL = 2.0**-8  # bfloat16 rounding: at most this relative error
 
@@ -53,7 +53,7 @@ def gguf_rows(qtype: T, rows: int = 32, cols: int = 512, seed: int = 0) -> np.nd
 def test_q4_blocks_map_exactly_onto_int4_group_32(qtype):
     raw = gguf_rows(qtype)
     expected = torch.from_numpy(dequantize(raw, qtype))  # [32, 512] float32: the GGUF's own values
-    q, scale, zero = lowbit_cache._q4_codes(raw, qtype)
+    q, scale, zero = gguf_blocks.q4_codes(raw, qtype)
     assert q.shape == (32, 512) and q.dtype == np.uint8 and q.max() <= 15
     # In float32 the int4 form is the GGUF's value (only the order of float operations differs).
     as_int4 = (torch.from_numpy(q).float() - 8) * torch.from_numpy(scale).repeat_interleave(32, 1) \
@@ -77,31 +77,31 @@ def test_q4k_nibble_order_is_the_ggufs():
     raw[0, 16:] = 0
     raw[0, 16 + 5] = 0x0A | (0x03 << 4)  # byte 5 of chunk 0: value 5 gets 10 (group 0), value 37 gets 3 (group 1)
     raw[0, 16 + 32 + 7] = 0x0F << 4  # byte 7 of chunk 1: value 64 + 32 + 7 = 103 gets 15 (group 3)
-    q, _, _ = lowbit_cache._q4_codes(raw, T.Q4_K)
+    q, _, _ = gguf_blocks.q4_codes(raw, T.Q4_K)
     nonzero = {int(i): int(q[0, i]) for i in np.flatnonzero(q[0])}
     assert nonzero == {5: 10, 37: 3, 103: 15}
 
 
 def test_nibble_packing_round_trips():
     q = torch.randint(0, 16, (48, 64), dtype=torch.uint8)
-    packed = lowbit_cache._pack_nibbles(q)
+    packed = gguf_blocks.pack_nibbles(q)
     assert packed.shape == (48, 32) and torch.equal(packed[:, 0], q[:, 0] | (q[:, 1] << 4))
-    assert torch.equal(lowbit_cache._unpack_nibbles(packed), q)
+    assert torch.equal(gguf_blocks.unpack_nibbles(packed), q)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q4_K])
 def test_codes_packed_straight_from_the_gguf_bytes_are_the_packed_codes(qtype):
-    """The build packs from the GGUF's bytes (_q4_packed); it must equal packing the unpacked codes."""
+    """The build packs from the GGUF's bytes (q4_packed); it must equal packing the unpacked codes."""
     raw = gguf_rows(qtype, rows=24, cols=1024, seed=5)
     order = np.random.default_rng(1).permutation(24)  # the build permutes llama's Q/K rows first
     for rows in (raw, raw[order]):
-        q, scale, zero = lowbit_cache._q4_codes(rows, qtype)
-        packed, packed_scale, packed_zero = lowbit_cache._q4_packed(rows, qtype)
+        q, scale, zero = gguf_blocks.q4_codes(rows, qtype)
+        packed, packed_scale, packed_zero = gguf_blocks.q4_packed(rows, qtype)
         assert packed.shape == (24, 512) and packed.dtype == np.uint8
-        assert torch.equal(torch.from_numpy(packed), lowbit_cache._pack_nibbles(torch.from_numpy(q)))
+        assert torch.equal(torch.from_numpy(packed), gguf_blocks.pack_nibbles(torch.from_numpy(q)))
         assert np.array_equal(packed_scale, scale) and np.array_equal(packed_zero, zero)
     with pytest.raises(ValueError, match="no exact int4 form"):
-        lowbit_cache._q4_packed(raw, T.Q6_K)
+        gguf_blocks.q4_packed(raw, T.Q6_K)
 
 
 @pytest.mark.parametrize("qtype", [T.Q6_K, T.Q4_K, T.Q8_0, T.F16], ids=lambda t: t.name)
@@ -116,8 +116,8 @@ def test_float_tensors_dequantised_in_slabs_equal_the_whole_dequantisation(qtype
     else:
         raw = quantize(rng.standard_normal((37, 512)).astype(np.float32), qtype)
     want = torch.from_numpy(dequantize(raw, qtype).astype(np.float32)).to(torch.bfloat16)
-    monkeypatch.setattr(lowbit_cache, "SLAB_BYTES", raw.nbytes // 37 * 5)  # 5 rows a slab: 8 slabs, one short
-    got = lowbit_cache._bfloat16_rows(raw, qtype)
+    monkeypatch.setattr(gguf_blocks, "SLAB_BYTES", raw.nbytes // 37 * 5)  # 5 rows a slab: 8 slabs, one short
+    got = gguf_blocks.bfloat16_rows(raw, qtype)
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
 
 

@@ -1,4 +1,4 @@
-"""A low-bit target is the target: SD and SSD stay exact relative to the model actually loaded (issue 15).
+"""A low-bit target is the target: SD and SSD stay exact relative to the model actually loaded.
 
 Greedy: SD and SSD with an int4 target and an int8 draft emit exactly greedy AR's tokens on that int4 target
 (whose tokens differ from the float target's, so the check is not vacuous). The SSD worker process gets the
@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from engine.config import DraftPlacement, EngineConfig
-from engine.models import tiny_pair
-from engine.quantize import WeightOnlyLinear
-from engine.strategies.ssd import draft_recipe
+from engine.config import DraftPlacement, EngineConfig, QuantConfig
+from engine.loading.recipe import draft_recipe
+from engine.loading.tiny import tiny_pair
+from engine.loading.weight_only import WeightOnlyLinear
 from tests.engine.tiny import (
     FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
 )
@@ -34,7 +34,7 @@ from tests.engine.tiny import (
 # out_features % 16; every Linear but the (kept) output head fits both.
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
-LOW_BIT = dict(target_quant="int4", draft_quant="int8", quant_group_size=32)
+LOW_BIT = dict(target_quant=QuantConfig("int4", group_size=32), draft_quant="int8")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_the_worker_recipe_builds_the_same_low_bit_draft(pair, quant):
         in_process = llm.draft
         recipe = draft_recipe(llm._draft_given, config)
     rebuilt = recipe.build(torch.device("cpu"))
-    assert (recipe.quant, recipe.path) == (quant, None)
+    assert (recipe.quant, recipe.path) == (QuantConfig(quant), None)
     assert sum(isinstance(m, WeightOnlyLinear) for m in rebuilt.modules()) == 7
     ids = torch.tensor([PROMPTS[2]])
     assert torch.equal(rebuilt(ids).logits, in_process(ids).logits)
@@ -122,7 +122,7 @@ def test_a_low_bit_draft_object_is_refused_by_the_worker_recipe(pair):
 
 
 # -- statistical ----------------------------------------------------------------------------------
-N = 20_000  # V, STEPS, PROMPT and the helpers: tiny.py
+N = 20_000  # V, STEPS, PROMPT and the enumeration and chi-square functions: tiny.py
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
 
 

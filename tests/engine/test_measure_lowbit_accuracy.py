@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from benchmarks import lowbit_accuracy as script
-from engine.models import quantize_model, tiny_model
+from engine.loading.quantize import quantize_model
+from engine.loading.tiny import tiny_model
 
 PROMPT_SETS = {"a": [[1, 2, 3, 4], [5, 6]], "b": [[7, 8, 9, 10, 11, 12]]}
 
@@ -20,7 +21,7 @@ def result():
     variants = {
         "self": lambda: reference,
         "int8": lambda: quantize_model(copy.deepcopy(reference), "int8", dtype=torch.bfloat16),
-        "int4-g32": lambda: quantize_model(copy.deepcopy(reference), "int4", 32, dtype=torch.bfloat16),
+        "int4-g32": lambda: quantize_model(copy.deepcopy(reference), "int4", dtype=torch.bfloat16),
         "missing": lambda: None,
     }
     return script.measure(reference, variants, PROMPT_SETS, new_tokens=12)

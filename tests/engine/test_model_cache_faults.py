@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine import model_cache, models, provision
-from engine.model_cache import CorruptCacheError, ProvisioningError
-from engine.models import check_device, load_model, tiny_model
+from engine.loading import leftovers, model_cache, models, provision
+from engine.loading.devices import check_device
+from engine.loading.model_cache import CorruptCacheError, ProvisioningError
+from engine.loading.models import load_model
+from engine.loading.tiny import tiny_model
 from saguaro import cli
 from tests.engine.test_models import save_tiny
 from tests.engine.test_provision import converter, fake_package, site  # noqa: F401 (fixtures)
@@ -208,7 +210,7 @@ def test_clean_keeps_the_temp_folder_of_a_build_in_progress(tmp_path, killed_bui
     root = tmp_path / "cache"
     building = killed_build(root, "some-key")
     with model_cache.key_lock(root, "some-key"):
-        removed, busy = model_cache.clean_leftovers(root)
+        removed, busy = leftovers.clean_leftovers(root)
     assert removed == [] and [b.path for b in busy] == [building] and building.exists()
 
 
@@ -274,7 +276,7 @@ def test_a_truncated_or_foreign_gguf_is_refused_before_conversion(tmp_path, cut,
     message = "not a GGUF file" if cut == "not_gguf" else "truncated or damaged"
     with pytest.raises(ProvisioningError, match=message):
         load_model(path, cache_dir=tmp_path / "cache")
-    assert model_cache.find_leftovers(tmp_path / "cache") == []
+    assert leftovers.find_leftovers(tmp_path / "cache") == []
     status, _, err = run_cli(["models", "provision", "--gguf", str(path), "--cache", str(tmp_path / "cache")],
                              capsys)
     assert_one_line_error(status, err, str(path))
@@ -282,7 +284,7 @@ def test_a_truncated_or_foreign_gguf_is_refused_before_conversion(tmp_path, cut,
 
 @pytest.mark.parametrize("cut", [1000, "not_gguf"])
 def test_the_low_bit_build_refuses_a_truncated_or_foreign_gguf_as_conversion_does(tmp_path, cut):
-    from engine import lowbit_cache
+    from engine.loading import lowbit_convert
 
     path = tmp_path / "model.gguf"
     data = write_gguf(path)
@@ -290,7 +292,7 @@ def test_the_low_bit_build_refuses_a_truncated_or_foreign_gguf_as_conversion_doe
     message = "not a GGUF file" if cut == "not_gguf" else "truncated or damaged"
     (tmp_path / "out").mkdir()
     with pytest.raises(ProvisioningError, match=message):
-        lowbit_cache.convert(path, tmp_path / "out")
+        lowbit_convert.convert(path, tmp_path / "out")
 
 
 def test_a_complete_gguf_passes_the_check(tmp_path):

@@ -11,8 +11,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from engine import model_cache, provision
-from engine.models import LoadedModel, check_compatible, int8_dynamic, load_model, tiny_model, tiny_pair
+from engine.loading import model_cache, provision
+from engine.loading.models import LoadedModel, load_model
+from engine.loading.quantize import int8_dynamic
+from engine.loading.tiny import tiny_model, tiny_pair
+from engine.loading.vocabulary import check_compatible
 
 
 def tiny_tokenizer(vocab_size: int = 32, *, swap: bool = False) -> PreTrainedTokenizerFast:

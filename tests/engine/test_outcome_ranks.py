@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from engine.ssd.speculation_cache import bonus_ranks, guesses
+from engine.drafting import bonus_ranks
+from engine.ssd.speculation_cache import guesses
 from tests.engine.tiny import noisy_copy, tiny_lm
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import model_cache, provision
-from engine.model_cache import CorruptCacheError, ProvisioningError
-from engine.models import load_model, tiny_model
-from engine.provision import GgufPart, MissingPackageError, PackagedGguf, WrongHashError
+from engine.loading import model_cache, provision
+from engine.loading.model_cache import CorruptCacheError, ProvisioningError
+from engine.loading.models import load_model
+from engine.loading.provision import GgufPart, MissingPackageError, PackagedGguf, WrongHashError
+from engine.loading.tiny import tiny_model
 from saguaro import cli
 from saguaro.commands import models as models_command
 from tests.engine.test_models import save_tiny
@@ -289,7 +290,7 @@ def test_cli_list_shows_aliases_and_state(tmp_path, capsys):
 @pytest.mark.slow
 def test_default_pair_provisions_loads_shares_vocab_and_generates():
     """The real Qwen-Coder pair from the user cache (minutes on first use, seconds afterwards)."""
-    from engine.models import check_compatible
+    from engine.loading.vocabulary import check_compatible
 
     target = load_model(provision.DEFAULT_TARGET, dtype=torch.bfloat16)
     draft = load_model(provision.DEFAULT_DRAFT, dtype=torch.bfloat16)

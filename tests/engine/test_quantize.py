@@ -7,8 +7,10 @@ import torch
 from torch import nn
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from engine.models import tiny_model, tiny_pair
-from engine.quantize import GROUP_SIZES, Scheme, WeightOnlyLinear, quantize_int4, quantize_weights
+from engine.config import QuantConfig
+from engine.loading.quantize import quantize_weights
+from engine.loading.tiny import tiny_model, tiny_pair
+from engine.loading.weight_only import GROUP_SIZES, Scheme, WeightOnlyLinear, quantize_int4
 
 SCHEMES = [("int8", 32)] + [("int4", g) for g in GROUP_SIZES]
 # [out_features, in_features] that every scheme above accepts (int4 needs N % 16, K % group size).
@@ -177,34 +179,49 @@ def test_scheme_enum_is_accepted():
     assert layer.scheme is Scheme.INT8
 
 
-# -- settings: target_quant / draft_quant / quant_group_size -----------------------------------------
-def test_engine_settings_refuse_unknown_schemes_and_group_sizes():
-    from engine.config import EngineConfig
+# -- settings: QuantConfig, target_quant / draft_quant ------------------------------------------------------
+def test_quant_settings_refuse_unknown_schemes_and_group_sizes():
+    from engine.config import EngineConfig, QuantConfig
 
-    with pytest.raises(ValueError, match="target_quant must be None .* or one of int8, int4, got 'int3'"):
+    with pytest.raises(ValueError, match="unknown quantisation scheme 'int3': use one of int8, int4"):
         EngineConfig(target="t", target_quant="int3")
-    with pytest.raises(ValueError, match="draft_quant must be None .* or one of int8, int4, int8-dynamic, got 'fp8'"):
+    with pytest.raises(ValueError, match="unknown quantisation scheme 'fp8': use one of int8, int4, or int8-dynamic"):
         EngineConfig(target="t", draft="d", strategy="sd", draft_quant="fp8")
-    with pytest.raises(ValueError, match="quant_group_size must be one of 32, 64, 128, got 48"):
-        EngineConfig(target="t", target_quant="int4", quant_group_size=48)
+    with pytest.raises(ValueError, match="group_size must be one of 32, 64, 128, got 48"):
+        QuantConfig("int4", group_size=48)
+    with pytest.raises(ValueError, match="a QuantConfig, a scheme name"):
+        EngineConfig(target="t", target_quant=4)
     with pytest.raises(ValueError, match="CPU kernels only"):
         EngineConfig(target="t", target_quant="int8", device="cuda")
     with pytest.raises(ValueError, match="CPU kernels only"):
         EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int4", device="cuda")
 
 
-def test_draft_int8_is_an_alias_of_draft_quant_int8_dynamic():
-    from engine.config import EngineConfig
+def test_a_scheme_name_is_its_quant_config_with_the_defaults():
+    from engine.config import EngineConfig, QuantConfig
 
-    alias = EngineConfig(target="t", draft="d", strategy="sd", draft_int8=True)
-    assert (alias.draft_quant, alias.draft_int8, alias.draft_load_dtype) == ("int8-dynamic", True, "float32")
-    named = EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int8-dynamic")
-    assert named.draft_int8 and named == alias
-    assert not EngineConfig(target="t", draft="d", strategy="sd", draft_quant="int8").draft_int8
-    with pytest.raises(ValueError, match="draft_int8=True means draft_quant='int8-dynamic', which conflicts"):
-        EngineConfig(target="t", draft="d", strategy="sd", draft_int8=True, draft_quant="int4")
+    named = EngineConfig(target="t", draft="d", strategy="sd", target_quant="int4", draft_quant="int8-dynamic")
+    assert named.target_quant == QuantConfig("int4", group_size=32, head=None)
+    assert named.draft_quant.dynamic and named.draft_float_dtype == "float32"
+    assert named == EngineConfig(target="t", draft="d", strategy="sd", target_quant=QuantConfig("int4"),
+                                 draft_quant=QuantConfig("int8-dynamic"))
     with pytest.raises(ValueError, match="int8-dynamic is for the draft only"):
         EngineConfig(target="t", target_quant="int8-dynamic")
+
+
+def test_the_cli_draft_int8_flag_is_draft_quant_int8_dynamic():
+    from argparse import Namespace
+
+    from engine.config import QuantConfig
+    from saguaro.commands.generate import quant_kwargs
+
+    flags = dict(target_quant=None, draft_quant=None, quant_group_size=32, target_head_quant=None,
+                 draft_head_quant=None)
+    assert quant_kwargs(Namespace(**flags, draft_int8=True)) == {"target_quant": None,
+                                                                "draft_quant": QuantConfig("int8-dynamic")}
+    assert quant_kwargs(Namespace(**{**flags, "draft_quant": "int8-dynamic"}, draft_int8=True))["draft_quant"].dynamic
+    with pytest.raises(ValueError, match="--draft-int8 means --draft-quant int8-dynamic: drop one of them"):
+        quant_kwargs(Namespace(**{**flags, "draft_quant": "int4"}, draft_int8=True))
 
 
 def test_the_api_defaults_to_auto_like_the_cli():
@@ -225,8 +242,8 @@ def inspect_default(function, name):
 def test_llm_quantises_target_and_draft_by_the_settings():
     target, draft = tiny_pair(vocab_size=48, seed=0)
     spec = SpeculativeConfig(K=2)
-    with LLM(target, draft, strategy="sd", speculative=spec, target_quant="int4", draft_quant="int8",
-             quant_group_size=64) as llm:
+    with LLM(target, draft, strategy="sd", speculative=spec, target_quant=QuantConfig("int4", group_size=64),
+             draft_quant="int8") as llm:
         t_layers = [m for m in llm.target.modules() if isinstance(m, WeightOnlyLinear)]
         d_layers = [m for m in llm.draft.modules() if isinstance(m, WeightOnlyLinear)]
         # group 64 fits only the [32, 64] down_proj of each layer; the other 12 layers have K = 32
@@ -234,7 +251,7 @@ def test_llm_quantises_target_and_draft_by_the_settings():
         assert llm.target.quantization["skipped_by_shape"] == 12
         assert {m.scheme for m in d_layers} == {Scheme.INT8} and len(d_layers) == 7
         assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_new_tokens
-    with LLM(target, draft, strategy="sd", draft_int8=True) as llm:  # dynamic int8 (torch.ao), the fastest draft
+    with LLM(target, draft, strategy="sd", draft_quant="int8-dynamic") as llm:  # torch.ao: the fastest draft
         assert {type(m) for m in llm.draft.modules()} >= {torch.ao.nn.quantized.dynamic.Linear}
         assert not any(isinstance(m, WeightOnlyLinear) for m in llm.target.modules())
     # the caller's models were quantised as copies
@@ -252,7 +269,7 @@ def quantize_weights_copy(model):
 
 
 def test_quantize_model_casts_only_the_float_layers_and_keeps_ties():
-    from engine.models import quantize_model
+    from engine.loading.quantize import quantize_model
 
     model = tiny_model(vocab_size=48, seed=0)
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as in Qwen2.5 1.5B
@@ -265,10 +282,8 @@ def test_quantize_model_casts_only_the_float_layers_and_keeps_ties():
 
 
 def test_load_quantized_reads_the_low_bit_cache_when_it_has_the_model(tmp_path, monkeypatch):
-    import types
-
-    import engine
-    from engine.models import load_quantized
+    from engine.loading import lowbit_cache
+    from engine.loading.models import load_quantized
 
     tiny_model(vocab_size=48, seed=2).save_pretrained(tmp_path / "m")
     asked = []
@@ -277,11 +292,9 @@ def test_load_quantized_reads_the_low_bit_cache_when_it_has_the_model(tmp_path, 
         asked.append((spec, scheme, group_size, cache_dir, head_quant))
         return None
 
-    fake = types.SimpleNamespace(load=no_cache)
-    monkeypatch.setattr(engine, "lowbit_cache", fake, raising=False)
-    monkeypatch.setitem(__import__("sys").modules, "engine.lowbit_cache", fake)
+    monkeypatch.setattr(lowbit_cache, "load", no_cache)
     # No low-bit cache: the float32 weights are quantised at load, the float layers cast to dtype.
-    loaded = load_quantized(tmp_path / "m", "int4", 32, dtype=torch.bfloat16, cache_dir=tmp_path / "c")
+    loaded = load_quantized(tmp_path / "m", "int4", dtype=torch.bfloat16, cache_dir=tmp_path / "c")
     assert asked == [(str(tmp_path / "m"), "int4", 32, tmp_path / "c", None)]
     assert sum(isinstance(m, WeightOnlyLinear) for m in loaded.model.modules()) == 14
     assert loaded.model.lm_head.weight.dtype == torch.bfloat16
@@ -289,12 +302,12 @@ def test_load_quantized_reads_the_low_bit_cache_when_it_has_the_model(tmp_path, 
     assert torch.equal(loaded.model.model.layers[0].mlp.up_proj.packed, reference.model.layers[0].mlp.up_proj.packed)
     # A low-bit cache that has it: its model is used as it is (only the float layers cast).
     cached = quantize_model_copy(tiny_model(vocab_size=48, seed=3), "int8")
-    fake.load = lambda *args, **kwargs: cached
+    monkeypatch.setattr(lowbit_cache, "load", lambda *args, **kwargs: cached)
     with LLM(str(tmp_path / "m"), target_quant="int8", dtype="float32") as llm:
         assert llm.target is cached and llm.target.lm_head.weight.dtype == torch.float32
 
 
 def quantize_model_copy(model, scheme):
-    from engine.models import quantize_model
+    from engine.loading.quantize import quantize_model
 
-    return quantize_model(model, scheme, 32)
+    return quantize_model(model, scheme)

@@ -1,4 +1,4 @@
-"""A low-bit output head (head_quant, issue 15): untied from the embedding, same code for the cache and the
+"""A low-bit output head (QuantConfig.head): untied from the embedding, same code for the cache and the
 at-load path, refused where it cannot apply, and SD / SSD exact relative to the model with it."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from engine.config import DraftPlacement
-from engine.lowbit_models import load_quantized, quantize_model
-from engine.models import int8_dynamic, tiny_model, tiny_pair
-from engine.quantize import Scheme, WeightOnlyLinear, quantize_head, quantize_weights
+from engine.config import DraftPlacement, QuantConfig
+from engine.loading.models import load_quantized
+from engine.loading.quantize import int8_dynamic, quantize_head, quantize_model, quantize_weights
+from engine.loading.tiny import tiny_model, tiny_pair
+from engine.loading.weight_only import Scheme, WeightOnlyLinear
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
@@ -59,20 +60,20 @@ def test_quantize_weights_and_the_cache_path_give_the_same_head():
 
 def test_load_quantized_passes_head_quant_on_the_at_load_path(tmp_path):
     tiny_model(vocab_size=48, seed=2).save_pretrained(tmp_path / "m")
-    loaded = load_quantized(tmp_path / "m", "int4", 32, dtype=torch.bfloat16, cache_dir=tmp_path / "c",
-                            head_quant="int4")
+    loaded = load_quantized(tmp_path / "m", QuantConfig("int4", head="int4"), dtype=torch.bfloat16,
+                            cache_dir=tmp_path / "c")
     assert isinstance(loaded.model.lm_head, WeightOnlyLinear) and loaded.model.lm_head.scheme is Scheme.INT4
     assert loaded.model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert loaded.model.quantization["head_quant"] == "int4"
-    plain = load_quantized(tmp_path / "m", "int4", 32, dtype=torch.bfloat16, cache_dir=tmp_path / "c")
+    plain = load_quantized(tmp_path / "m", "int4", dtype=torch.bfloat16, cache_dir=tmp_path / "c")
     assert type(plain.model.lm_head) is torch.nn.Linear and plain.model.quantization["head_quant"] is None
 
 
 def test_bad_head_settings_are_refused_with_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="unknown quantisation scheme 'int3'"):
-        quantize_model(tied(), "int4", 32, head_quant="int3")
-    with pytest.raises(ValueError, match="drop head_quant"):
-        quantize_model(tiny_model(vocab_size=48), "int8-dynamic", 32, head_quant="int8")
+        quantize_model(tied(), QuantConfig("int4", head="int3"))
+    with pytest.raises(ValueError, match="output head is dynamic int8 already: drop head"):
+        quantize_model(tiny_model(vocab_size=48), QuantConfig("int8-dynamic", head="int8"))
     with pytest.raises(ValueError, match="drop head_quant"):
         quantize_head(int8_dynamic(tiny_model(vocab_size=48)), "int8")
     with pytest.raises(ValueError, match="does not fit the int4 kernel"):  # 40 rows: int4 needs a multiple of 16
@@ -88,9 +89,9 @@ def test_bad_head_settings_are_refused_with_what_to_do(tmp_path):
 def low_bit_pair():
     """An int4 target with an int4 head and an int8 draft with an int8 head, quantised once (deterministic)."""
     target, draft = tiny_pair(vocab_size=48, seed=0, logit_scale=4.0)
-    return (quantize_model(copy.deepcopy(target), "int4", 32, head_quant="int4"),
-            quantize_model(copy.deepcopy(draft), "int8", 32, head_quant="int8"),
-            quantize_model(copy.deepcopy(target), "int4", 32))
+    return (quantize_model(copy.deepcopy(target), QuantConfig("int4", head="int4")),
+            quantize_model(copy.deepcopy(draft), QuantConfig("int8", head="int8")),
+            quantize_model(copy.deepcopy(target), "int4"))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from tests.engine.tiny import (
     FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
 )
 
-# The 8-token target8 and its draft8: fixtures in conftest.py; V, STEPS, PROMPT and the helpers: tiny.py.
+# The 8-token target8 and its draft8: fixtures in conftest.py; V, STEPS, PROMPT and the enumeration and chi-square functions: tiny.py.
 N = 20_000
 
 

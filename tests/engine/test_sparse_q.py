@@ -5,13 +5,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.drafting import bonus_ranks, draft_tokens
 from engine.kv_cache import KVState
 from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
 from engine.ssd.messages import MalformedMessage, Source, Speculation, decode, encode, payload_shapes
 from engine.ssd.sparse import SparseQ, TopLogits, ranked_ids
-from engine.ssd.speculation_cache import bonus_ranks
-from engine.ssd.tree import draft_compact, draft_tokens
+from engine.ssd.tree import draft_compact
 from tests.engine.tiny import tiny_lm
 
 

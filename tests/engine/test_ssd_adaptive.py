@@ -11,7 +11,7 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, EngineConfig
 from engine.ssd.messages import Join, MalformedMessage, Round, decode, encode
 from engine.ssd.policy import DraftPolicy
-from engine.strategies.lookahead import SSDLookahead
+from engine.strategies.ssd_lookahead import SSDLookahead
 from theory.adaptive import miss_share
 from tests.engine.tiny import noisy_copy, tiny_lm
 
@@ -171,7 +171,7 @@ def test_a_round_where_every_row_misses_is_drafted_at_the_miss_length_by_the_neu
 
 
 def test_the_miss_length_is_sds_choice_with_the_drafts_time_in_full():
-    from engine.strategies.lookahead import SSDLookahead
+    from engine.strategies.ssd_lookahead import SSDLookahead
 
     lookahead = SSDLookahead(SpeculativeConfig(K=6, adaptive=True))
     lookahead.admit(1)
@@ -187,7 +187,7 @@ def test_the_miss_length_is_sds_choice_with_the_drafts_time_in_full():
 
 
 def test_ssd_does_not_choose_branches_whose_build_outlasts_the_verify():
-    from engine.strategies.lookahead import SSDLookahead
+    from engine.strategies.ssd_lookahead import SSDLookahead
 
     def lookahead(builds: dict[int, float]) -> SSDLookahead:
         la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True))
@@ -208,7 +208,7 @@ def test_ssd_does_not_choose_branches_whose_build_outlasts_the_verify():
 
 
 def test_one_measured_build_length_is_scaled_not_read_flat():
-    from engine.strategies.lookahead import SSDLookahead
+    from engine.strategies.ssd_lookahead import SSDLookahead
 
     la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True))
     la.admit(1)
@@ -223,7 +223,7 @@ def test_one_measured_build_length_is_scaled_not_read_flat():
 def test_k_climbs_one_step_past_what_was_measured():
     """HumanEval, int4 target: a run went from K = 1 straight to 8 before any build was timed, and stayed (its
     builds grow faster than their length). K now goes at most one past the longest build timed."""
-    from engine.strategies.lookahead import SSDLookahead
+    from engine.strategies.ssd_lookahead import SSDLookahead
 
     la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True))
     la.admit(1)

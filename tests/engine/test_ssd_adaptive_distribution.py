@@ -28,7 +28,7 @@ SCHEDULE = (3, 1, 2)  # the K asked for, in turn
 @pytest.fixture
 def cycling_K(monkeypatch):
     turns = itertools.cycle(SCHEDULE)
-    monkeypatch.setattr("engine.strategies.lookahead.SSDLookahead.choose", lambda self: next(turns))
+    monkeypatch.setattr("engine.strategies.ssd_lookahead.SSDLookahead.choose", lambda self: next(turns))
     # The length offered for a round where no row hits: K itself here (the schedule alone decides), or 1 in the
     # test of that path (set `miss_length[0]`).
     miss_length = [None]

@@ -6,7 +6,6 @@ critical path. A round with a miss or a joiner needs the KV for its backup or pr
 The tokens must not change either way (greedy SSD equals AR).
 """
 
-import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement

@@ -1,6 +1,6 @@
 """The SSD engine samples from exactly the target's distribution in every regime (statistical).
 
-Same design as test_sd_distribution.py (the same enumeration and chi-square helpers, in tiny.py): a tiny
+Same design as test_sd_distribution.py (the same enumeration and chi-square functions, in tiny.py): a tiny
 8-token model, N independent sequences generated as one batch (so batch ≥ 2 in every regime, each row
 with its own outcome, hit or miss), the first three tokens compared with the exact distribution.
 False-alarm rate: each test rejects at p < 1e-3 with fixed seeds (deterministic suite). The negative

@@ -4,8 +4,8 @@ different GPUs; a CPU side, or both ranks on one GPU, goes over gloo with CPU te
 import pytest
 import torch
 
-from engine.ssd import process
-from engine.ssd.process import draft_device_for, uses_nccl
+from engine.ssd import placement
+from engine.ssd.placement import draft_device_for, uses_nccl
 
 cpu, gpu0, gpu1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
 
@@ -20,7 +20,7 @@ cpu, gpu0, gpu1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cu
     (2, gpu0, "cpu", cpu),
 ])
 def test_the_worker_device_by_default_and_as_asked(monkeypatch, gpus, target, asked, want):
-    monkeypatch.setattr(process.torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(placement.torch.cuda, "device_count", lambda: gpus)
     assert draft_device_for(target, asked) == want
 
 

@@ -16,9 +16,9 @@ import torch
 
 from engine import SpeculativeConfig
 from engine.config import DraftPlacement
-from engine.ssd.channel import InProcessChannel
+from engine.loading.recipe import DraftRecipe
+from engine.ssd.channel import InProcessChannel, ProcessChannel
 from engine.ssd.messages import Join, Prefill, Round
-from engine.ssd.process import ModelRecipe, ProcessChannel
 from engine.ssd.transport import DraftUnavailable
 from tests.engine.tiny import tiny_lm
 
@@ -29,7 +29,7 @@ PROMPTS = {1: [1, 2, 3, 4, 5], 2: [7, 8], 3: [9, 10, 11]}
 
 
 @dataclass
-class SlowRecipe(ModelRecipe):
+class SlowRecipe(DraftRecipe):
     """The draft, built in the worker process, sleeping `forward_s` in each forward."""
 
     forward_s: float = 0.0

@@ -2,7 +2,7 @@
 
 The Round that brings the joiners then takes their draft KV from that prefill instead of prefilling on the
 target's critical path. It is used only when it holds every joiner with the same prompt (announced prompts
-that finished at their first token are dropped); anything else is prefilled as before. The draft's KV is the
+that finished at their first token are dropped); anything else is prefilled with the Round. The draft's KV is the
 same either way, so the speculations are too.
 """
 

@@ -12,8 +12,8 @@ import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, EngineConfig, WorkerFaults
-from engine.models import int8_dynamic
-from engine.strategies.ssd import draft_recipe
+from engine.loading.quantize import int8_dynamic
+from engine.loading.recipe import draft_recipe
 from saguaro.prompts import load_prompts
 from tests.engine.tiny import noisy_copy
 

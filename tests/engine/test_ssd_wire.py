@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from engine.ssd.messages import (Join, MalformedMessage, Prefill, Round, Source, Speculation, Stop, decode,
                                  encode)
 from engine.ssd.sparse import SparseQ
-from engine.ssd.transport import (FRAME_BYTES, TARGET_RANK, Endpoint, from_frame, host_store, rest_bytes,
-                                  to_wire, unpack)
+from engine.ssd.transport import DRAFT_RANK, TARGET_RANK, connect, host_store, join_store
+from engine.ssd.wire import FRAME_BYTES, from_frame, rest_bytes, to_wire, unpack
 
 V = 50
 TIMEOUT_S = 30.0
@@ -90,7 +90,7 @@ def test_a_frame_whose_header_is_not_one_is_refused():
 
 
 def _dense_check(q: torch.Tensor, tokens: torch.Tensor) -> bool:
-    """The check decode made before issue 12, on the dense q: the reference the sparse checks must agree with."""
+    """The check on the dense q (a [B, K, V] mask): the reference the checks on the support must agree with."""
     B, K = tokens.shape
     return not B or (bool(torch.isfinite(q).all()) and not bool((q < 0).any())
                      and torch.allclose(q.sum(-1), torch.ones(B, K), atol=1e-3)
@@ -141,7 +141,7 @@ def test_messages_cross_a_real_gloo_link_and_back():
 
     def echo():
         try:
-            peer = Endpoint.connect(address, torch.device("cpu"), TIMEOUT_S)
+            peer = connect(join_store(address, TIMEOUT_S), DRAFT_RANK, torch.device("cpu"), TIMEOUT_S)
             for _ in sent:
                 peer.send(peer.recv(TIMEOUT_S), TIMEOUT_S)
             peer.close()
@@ -150,7 +150,7 @@ def test_messages_cross_a_real_gloo_link_and_back():
 
     child = threading.Thread(target=echo, daemon=True)
     child.start()
-    target = Endpoint(store, TARGET_RANK, "127.0.0.1", torch.device("cpu"), TIMEOUT_S)
+    target = connect(store, TARGET_RANK, torch.device("cpu"), TIMEOUT_S)
     try:
         for msg in sent:
             target.send(msg, TIMEOUT_S)
@@ -160,3 +160,40 @@ def test_messages_cross_a_real_gloo_link_and_back():
         child.join(TIMEOUT_S)
         target.close()
     assert not errors
+
+
+class _Done:
+    def wait(self, timeout=None) -> bool:
+        return True
+
+
+class _QueueGroup:
+    """A process group of two in one process: what one side sends, the other receives, in order."""
+
+    def __init__(self, outbox: list, inbox: list):
+        self.outbox, self.inbox = outbox, inbox
+
+    def send(self, tensors, peer, tag):
+        self.outbox.append(tensors[0].clone())
+        return _Done()
+
+    def recv(self, tensors, peer, tag):
+        tensors[0].copy_(self.inbox.pop(0))
+        return _Done()
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_link_made_by_another_backend_carries_the_messages():
+    to_draft, to_target = [], []
+    backends = {TARGET_RANK: _QueueGroup(to_draft, to_target), DRAFT_RANK: _QueueGroup(to_target, to_draft)}
+    backend = lambda store, rank, device, timeout: backends[rank]  # noqa: E731
+    target = connect(None, TARGET_RANK, torch.device("cpu"), TIMEOUT_S, backend)
+    draft = connect(None, DRAFT_RANK, torch.device("cpu"), TIMEOUT_S, backend)
+    for msg in _messages():
+        target.send(msg, TIMEOUT_S)
+        draft.send(draft.recv(TIMEOUT_S), TIMEOUT_S)
+        back = target.recv(TIMEOUT_S)
+        assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg)))
+    assert to_draft == [] and to_target == []  # every transfer sent was received

@@ -1,4 +1,4 @@
-"""The draft worker's life (issue 13): a worker that dies while it starts is noticed at once, a worker dies with
+"""The draft worker's life: a worker that dies while it starts is noticed at once, a worker dies with
 its parent at every stage, Ctrl-C inside generate() leaves SSD running and exact, a taken rendezvous port is
 refused in one line before any model loads. Tiny models; each test starts at most one worker process."""
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
-NOTICE_S = 30.0  # far below the 300 s start deadline it used to take, far above a loaded 2-core machine's noise
+NOTICE_S = 30.0  # far below the 300 s start deadline, far above a loaded 2-core machine's noise
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def test_the_worker_and_its_resource_tracker_die_with_a_killed_parent(tmp_path, 
 
 # -- Ctrl-C inside generate() --------------------------------------------------------------------------
 def _interrupt_in_exchange(llm, monkeypatch, at_call: int) -> None:
-    """SIGINT lands just after a round was sent, before its answer is read (the desync of issue 13)."""
+    """SIGINT lands just after a round was sent, before its answer is read (unguarded, the stream would fall out of step)."""
     endpoint = llm.proposer.channel.endpoint
     real_recv, calls = endpoint.recv, []
 

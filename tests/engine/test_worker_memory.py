@@ -9,7 +9,7 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
 from engine.scheduler import MemoryLimit, Scheduler, SchedulerConfig
 from engine.sequence import Sequence
-from engine.ssd.memory import SHARE, PEAK_OVER_KEPT, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
+from engine.ssd.memory import PEAK_OVER_KEPT, SHARE, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
 from engine.ssd.sparse import RANK_DEPTH
 from tests.engine.tiny import tiny_lm
 
@@ -97,12 +97,13 @@ def test_ssd_admits_what_the_workers_memory_holds_and_outputs_are_unchanged(monk
 
 def test_an_int8_draft_is_estimated_like_its_float_self_and_ssd_starts_with_it():
     # dynamic int8 swaps the head for a module whose .weight is a method: the estimate reads out_features
-    from engine.models import int8_dynamic
+    from engine.loading.quantize import int8_dynamic
 
     draft = tiny_lm(seed=1)
     expected = worker_bytes_per_sequence(draft, 3, 6)
     assert worker_bytes_per_sequence(int8_dynamic(tiny_lm(seed=1)), 3, 6) == expected
     spec = SpeculativeConfig(K=2, budget=4, placement=DraftPlacement(in_process=True))
-    with LLM(tiny_lm(seed=0), tiny_lm(seed=1), strategy="ssd", speculative=spec, draft_int8=True, threads=1) as llm:
+    with LLM(tiny_lm(seed=0), tiny_lm(seed=1), strategy="ssd", speculative=spec, draft_quant="int8-dynamic",
+             threads=1) as llm:
         out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=6, stop_on_eos=False))
         assert llm.strategy_in_use == "ssd" and len(out[0].token_ids) == 6

@@ -1,4 +1,4 @@
-"""Tiny seeded models built from a config in memory, and the enumeration and chi-square helpers of the
+"""Tiny seeded models built from a config in memory, and the enumeration and chi-square functions of the
 statistical exactness tests, shared by the engine tests (the fixtures built from them are in conftest.py)."""
 
 from __future__ import annotations

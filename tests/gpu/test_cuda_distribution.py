@@ -1,6 +1,6 @@
 """SD and SSD on CUDA sample from exactly the target's distribution (statistical, real code path).
 
-The design and helpers of tests/engine/test_sd_distribution.py, with the engine on cuda:0: a tiny 8-token
+The design and functions of tests/engine/test_sd_distribution.py, with the engine on cuda:0: a tiny 8-token
 model, N sequences generated as one batch, the first three tokens compared by chi-square with the exact
 distribution, enumerated on the CPU in float64. False-alarm rate 1e-3 per test with fixed seeds (CUDA
 kernels may still make a run's draws differ from the CPU's, never their distribution). The negative control

@@ -6,7 +6,7 @@ import torch
 import torch.multiprocessing as mp
 
 from engine.ssd.messages import Join, Round
-from engine.ssd.transport import TARGET_RANK, Endpoint, host_store
+from engine.ssd.transport import TARGET_RANK, connect, host_store
 from tests.gpu.devices import gpu_count
 from tests.gpu.nccl_peer import TIMEOUT_S, echo
 
@@ -19,7 +19,7 @@ def test_a_round_crosses_nccl_to_another_process_and_back():
     store, address = host_store("tcp://127.0.0.1:0", TIMEOUT_S)
     child = mp.get_context("spawn").Process(target=echo, args=(address, "cuda:1"), daemon=True)
     child.start()
-    endpoint = Endpoint(store, TARGET_RANK, "127.0.0.1", torch.device("cuda:0"), TIMEOUT_S)
+    endpoint = connect(store, TARGET_RANK, torch.device("cuda:0"), TIMEOUT_S)
     join = Join(seq_id=3, prompt=[1, 2, 3], pending=4, temperature=0.7, top_k=5, top_p=0.9, seed=9)
     sent = Round(round=2, accepted=[0, 2], bonus=[5, 6], alive=[True, False], verify_ms=1.5, joins=[join])
     try:

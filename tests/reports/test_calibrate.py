@@ -189,8 +189,8 @@ def test_a_draft_that_cannot_load_exits_2_with_the_workers_reason(pair, tmp_path
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--target-head-quant", "int8"], "target_head_quant='int8' needs target_quant"),
-    (["--draft-int8", "--draft-quant", "int4"], "draft_int8=True means draft_quant='int8-dynamic'"),
+    (["--target-head-quant", "int8"], "--target-head-quant int8 needs --target-quant int8 or int4"),
+    (["--draft-int8", "--draft-quant", "int4"], "--draft-int8 means --draft-quant int8-dynamic"),
 ])
 def test_bad_quant_flags_exit_2_before_loading(flags, message, tmp_path, capsys):
     assert main(["calibrate", "--target", str(tmp_path / "never-loaded"), "--out", str(tmp_path / "x.jsonl"),
@@ -203,8 +203,8 @@ def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatc
     an SSD run with the same flags loads (the worker gets SSD's own recipe), and the summary says which."""
     import saguaro.commands.calibrate as command
     from engine.config import EngineConfig
-    from engine.quantize import WeightOnlyLinear
-    from engine.strategies.ssd import draft_recipe
+    from engine.loading.recipe import draft_recipe
+    from engine.loading.weight_only import WeightOnlyLinear
 
     target, draft = pair
     recipes, targets = [], []
@@ -222,7 +222,7 @@ def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatc
     assert any(isinstance(m, WeightOnlyLinear) and m.scheme.value == "int4" for m in targets[0].modules())
     ssd = EngineConfig(target=str(target), draft=str(draft), strategy="ssd", dtype="float32", threads=1,
                        target_quant="int4", draft_quant="int8")
-    assert recipes == [draft_recipe(None, ssd)] and recipes[0].quant == "int8"
+    assert recipes == [draft_recipe(None, ssd)] and recipes[0].quant.scheme == "int8"
 
 
 def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, capsys):

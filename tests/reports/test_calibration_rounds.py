@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.kv_cache import KVState
-from engine.models import tiny_model
+from engine.loading.tiny import tiny_model
 from saguaro.calibration_rounds import TargetRounds, ragged
 from tests.engine.tiny import spy_on_sdpa
 
@@ -57,7 +57,7 @@ def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(ta
     mask, lengths, keys = state.mask.clone(), state.lengths.clone(), state.cache.layers[0].keys.clone()
     for _ in range(2):
         t0, t1 = rounds.step(T)
-        record = rounds.loop.records[-1]
+        record = rounds.loop.recorder.records[-1]
         assert (record.strategy, record.K, record.batch_size, record.context_len) == (
             "ar" if T == 1 else "sd", T - 1, b, c)
         assert record.phase == "decode" and len(record.accepted) == b

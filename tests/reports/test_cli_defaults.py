@@ -46,10 +46,10 @@ def scalar(value):
 def api_defaults() -> dict[str, tuple[str, object]]:
     """name -> (where, default) for every setting of the API a command line could offer."""
     from engine import LLM, SamplingParams
-    from engine.config import DraftPlacement, SpeculativeConfig
+    from engine.config import DraftPlacement, QuantConfig, SpeculativeConfig
 
     out: dict[str, tuple[str, object]] = {}
-    for cls in (SamplingParams, SpeculativeConfig, DraftPlacement):
+    for cls in (SamplingParams, SpeculativeConfig, DraftPlacement, QuantConfig):
         for f in dataclasses.fields(cls):
             if f.default is not dataclasses.MISSING:
                 out[f.name] = (cls.__name__, f.default)
@@ -64,7 +64,7 @@ def api_defaults() -> dict[str, tuple[str, object]]:
 # CLI dest of an API setting, where the names differ; "not:" = the flag says the opposite of the setting
 RENAMED = {"stop_on_eos": "not:ignore_eos", "chat_template": "not:no_chat_template", "cache_dir": "cache",
            "external": "external_draft", "stop_token_ids": "stop_token_id", "K": "Ks", "C": "C", "backup": "backup", "schedule": "schedule",
-           "budget": "budget", "batch": "batch_size"}
+           "budget": "budget", "batch": "batch_size", "group_size": "quant_group_size"}
 # API settings a command has no flag for, or sets on purpose to something else: the reason
 NOT_FLAGS = {
     "strategy": "LLM picks SD when a draft is given; the CLI always has a draft, and says sd",
@@ -117,8 +117,8 @@ def test_every_shared_setting_has_the_api_default(command):
         assert value == scalar(api), f"saguaro {command}: --{dest} defaults to {value!r}, {where}.{name} to {api!r}"
         compared.append(name)
     # the settings every one of these commands shares with the API
-    assert {"dtype", "K", "C", "K_min", "draft_cost", "confidence_stop", "draft_dtype", "draft_int8",
-            "threads"} <= set(compared)
+    assert {"dtype", "K", "C", "K_min", "draft_cost", "confidence_stop", "draft_dtype", "draft_quant",
+            "group_size", "threads"} <= set(compared)
     if command in ("generate", "bench"):
         assert {"temperature", "max_new_tokens"} <= set(compared)
     if command == "generate":

@@ -10,8 +10,9 @@ import types
 
 import pytest
 
-from engine import SamplingParams, provision
-from engine.model_catalog import SMOKE_MODEL, GgufPart, PackagedGguf
+from engine import SamplingParams
+from engine.loading import provision
+from engine.loading.catalog import SMOKE_MODEL, GgufPart, PackagedGguf
 from saguaro.bench import BenchConfig, start
 from saguaro.peers import LLAMACPP_SKIP, LlamaCppPeer, gguf_path, llamacpp_missing
 from tests.reports.conftest import TOKEN_PROMPTS
@@ -206,7 +207,7 @@ def test_llamacpp_greedy_agrees_with_our_float_ar_on_the_same_gguf(tmp_path):
     import torch
 
     from engine import LLM
-    from engine.models import load_model
+    from engine.loading.models import load_model
 
     cfg = BenchConfig(target=SMOKE_MODEL, draft=SMOKE_MODEL, prompts="spec_bench", n_prompts=2, max_new_tokens=8,
                       stop_on_eos=False, systems=("llamacpp", "llamacpp-lookup", "ar"), dtype="float32", threads=1,

@@ -1,6 +1,6 @@
-"""`saguaro models provision --lowbit` builds the low-bit entries straight from the GGUFs (engine.lowbit_cache)."""
+"""`saguaro models provision --lowbit` builds the low-bit entries straight from the GGUFs (engine.loading.lowbit_cache)."""
 
-from engine import lowbit_cache, provision
+from engine.loading import lowbit_cache, provision
 from saguaro.cli import main
 
 
@@ -21,11 +21,11 @@ def test_lowbit_provisioning_builds_each_model_of_the_group(tmp_path, monkeypatc
 
 def test_lowbit_provisioning_of_the_smoke_model_loads_as_a_low_bit_model(tmp_path):
     # real: SmolLM2-135M's GGUF (Q4_1) is small; the entry is built and the engine loads it
-    from engine.models import load_quantized
-    from engine.quantize import WeightOnlyLinear
+    from engine.loading.models import load_quantized
+    from engine.loading.weight_only import WeightOnlyLinear
 
     assert main(["models", "provision", "--which", provision.SMOKE_MODEL, "--lowbit", "int4",
                  "--cache", str(tmp_path)]) == 0
-    loaded = load_quantized(provision.SMOKE_MODEL, "int4", 32, cache_dir=tmp_path)
+    loaded = load_quantized(provision.SMOKE_MODEL, "int4", cache_dir=tmp_path)
     assert any(isinstance(m, WeightOnlyLinear) for m in loaded.model.modules())
     assert not (tmp_path / provision.PACKAGED[provision.SMOKE_MODEL].key / "model.safetensors").exists()

@@ -1,7 +1,7 @@
 """transformers' assisted generation runs with our K and no early stop, and greedy peers agree."""
 
 from engine import SamplingParams
-from engine.models import tiny_model
+from engine.loading.tiny import tiny_model
 from saguaro.peers import hf_generate
 
 

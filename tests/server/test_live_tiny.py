@@ -19,7 +19,7 @@ from openai import OpenAI
 
 from engine import LLM, AsyncLLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, WorkerFaults
-from engine.models import tiny_pair
+from engine.loading.tiny import tiny_pair
 from server import ServerSettings
 from tests.server.conftest import running
 from tests.server.sse import parse, tokens

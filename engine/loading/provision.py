@@ -3,7 +3,7 @@
 A packaged model is a GGUF file cut into parts, one per wheel (`<package>/data/partNN.bin`), or a
 single GGUF inside one wheel. Provisioning finds each package's folder without importing it,
 streams the parts into one file while hashing them, refuses any hash that differs from the pinned
-one, and converts the file once into a safetensors folder in the model cache (engine/model_cache.py).
+one, and converts the file once into a safetensors folder in the model cache (engine/loading/model_cache.py).
 Weights are stored in float32: exactly the dequantised GGUF values; loading casts to the dtype asked.
 """
 
@@ -21,17 +21,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import cache_lock, model_cache
-from engine.model_cache import ProvisioningError
-from engine.model_catalog import (
-    DEFAULT_DRAFT,
-    DEFAULT_TARGET,
-    GROUPS,
-    PACKAGED,
-    SMOKE_MODEL,
-    GgufPart,
-    PackagedGguf,
-)
+from engine.loading import cache_lock, model_cache
+from engine.loading.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, GROUPS, PACKAGED, SMOKE_MODEL, GgufPart, PackagedGguf
+from engine.loading.model_cache import ProvisioningError
 
 # Callers spell these provision.PACKAGED etc.: the catalog is data, this module the entry point.
 __all__ = [
@@ -155,7 +147,7 @@ def _refused_if_damaged(path: Path) -> Iterator[None]:
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise a GGUF file into a plain float32 transformers folder (weights + tokenizer).
 
-    The GGUF's metadata is parsed once (engine/gguf_metadata.py): check_gguf and transformers' config,
+    The GGUF's metadata is parsed once (engine/loading/gguf_metadata.py): check_gguf and transformers' config,
     tokenizer and weight loaders would each parse it again (~18 s a parse for Qwen2.5's vocabulary).
     """
     with read_once_checked(gguf):
@@ -166,7 +158,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 def read_once_checked(gguf: Path) -> Iterator[None]:
     """gguf_metadata.read_once, with a file that is not a complete GGUF refused as check_gguf refuses it (the
     one parse happens as it starts)."""
-    from engine import gguf_metadata
+    from engine.loading import gguf_metadata
 
     with contextlib.ExitStack() as stack:
         with _refused_if_damaged(gguf):

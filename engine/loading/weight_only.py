@@ -1,9 +1,9 @@
-"""Weight-only int8 / int4 linear layers on torch's own CPU kernels (issue 15).
+"""Weight-only int8 / int4 linear layers on torch's own CPU kernels.
 
 CPU decoding at batch 1 is memory-bound: each token reads every weight once, so fewer bytes per
-weight means more tokens per second. `quantize_weights(model, "int8" | "int4")` swaps each
-nn.Linear for a `WeightOnlyLinear` that keeps packed low-bit weights and multiplies with
-`aten._weight_int8pack_mm` or `aten._weight_int4pack_mm_for_cpu` on bf16 activations.
+weight means more tokens per second. A `WeightOnlyLinear` keeps packed low-bit weights and multiplies
+with `aten._weight_int8pack_mm` or `aten._weight_int4pack_mm_for_cpu` on bf16 activations;
+engine.loading.quantize swaps a model's nn.Linear layers for them.
 
 The quantised model is a different model from the float one: when it is the target, speculative
 decoding is exact with respect to it (the low-bit target is the target), not to the float weights.
@@ -12,22 +12,18 @@ input turns the last-bit differences that attention makes between a (K+1)-token 
 step into bf16-sized ones: on real models greedy SD then matches AR only as closely as a bf16 model
 does (near-ties can flip). fp32 activations would avoid that but run 9-45x slower in these kernels.
 
-Shape limits of the kernels (torch 2.13, checked on this CPU; both kernels read out of bounds
-rather than raise when broken): int8 needs in_features % 16 == 0 (other widths crashed or
+Shape limits of the kernels (torch 2.13, checked on a 2-core AMD EPYC host; both kernels read out of
+bounds rather than raise when broken): int8 needs in_features % 16 == 0 (other widths crashed or
 returned garbage); int4 needs out_features % 16 == 0 and in_features % group_size == 0. A layer
 that does not fit stays as it was and is counted in the summary.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import logging
 
 import torch
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 GROUP_SIZES = (32, 64, 128)
 INT8_K_MULTIPLE = 16  # the int8 kernel has no tail loop over in_features
@@ -189,7 +185,7 @@ class WeightOnlyLinear(nn.Module):
         bias: torch.Tensor | None = None,
         group_size: int = 32,
     ) -> WeightOnlyLinear:
-        """A layer from codes already chosen (e.g. read from a GGUF by engine/lowbit_cache.py).
+        """A layer from codes already chosen (e.g. read from a GGUF by engine.loading.lowbit_cache).
 
         int8: `q` [N, K] int8, `scales` [N]; weight = q * scales[:, None]. int4: `q` [N, K] integer
         codes in 0..15, `scales` and `zeros` [N, K/group_size]; weight = (q - 8) * scale + zero per
@@ -224,124 +220,3 @@ class WeightOnlyLinear(nn.Module):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
         bias = None if bias is None else bias.detach().to(ACT_DTYPE).clone()
         return cls(scheme, k, n, packed, table, bias, group_size)
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantizeSummary:
-    """What `quantize_weights` did. Bytes count each storage once (tied weights are shared)."""
-
-    scheme: str
-    group_size: int | None  # None for int8
-    converted: int  # Linear layers replaced
-    skipped_by_name: int  # Linear layers left alone because a `skip` name matched
-    skipped_by_shape: int  # Linear layers left alone because the kernel cannot take their shape
-    skipped_names: tuple[str, ...]  # both kinds, in module order
-    model_bytes_before: int
-    model_bytes_after: int
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-
-def model_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters and buffers, each storage counted once."""
-    seen: dict[int, int] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-def _skipped(name: str, skip: tuple[str, ...]) -> bool:
-    # A skip entry matches a module name or its last component ("lm_head", "model.layers.0.mlp").
-    return any(name == s or name.endswith("." + s) for s in skip)
-
-
-def quantize_head(model: nn.Module, head_quant: str | None, group_size: int = 32) -> dict | None:
-    """The output head (`model.get_output_embeddings()`) as a WeightOnlyLinear in `head_quant` ("int8" per
-    channel, or "int4" grouped by `group_size`), in place, quantised from its weight as loaded; None does
-    nothing. Returns {"head_quant", "head_group_size"} or None.
-
-    A head tied to the input embedding is untied: the head gets its own low-bit copy and the embedding
-    lookup keeps its float table (and `config.tie_word_embeddings` becomes False, so no later tie_weights
-    puts the float table back as the head). At batch 1 the head of a 1.5B Qwen2.5 (151936 x 1536) reads
-    467 MB in bf16 per token, more than a third of an int4 body. ValueError if the head does not fit the
-    kernel, or is already low-bit in another scheme.
-    """
-    if head_quant is None:
-        return None
-    parsed = parse_scheme(head_quant, group_size)
-    info = {"head_quant": parsed.value, "head_group_size": group_size if parsed is Scheme.INT4 else None}
-    head = model.get_output_embeddings()
-    if isinstance(head, WeightOnlyLinear):
-        if head.scheme is parsed and (parsed is Scheme.INT8 or head.group_size == group_size):
-            return info  # already so (quantising twice would be a no-op at best)
-        raise ValueError(f"the output head is already {head.scheme.value}; load the model again to give it "
-                         f"head_quant={head_quant!r}")
-    if type(head) is not nn.Linear:
-        raise ValueError(f"head_quant needs a plain Linear output head, got {type(head).__name__} (a dynamic "
-                         "int8 model quantises its head already: drop head_quant)")
-    if head.weight.device.type != "cpu":
-        raise ValueError(f"the output head is on {head.weight.device}; weight-only int kernels here are CPU ones")
-    if not fits(parsed, head.out_features, head.in_features, group_size):
-        raise ValueError(f"the output head [{head.out_features}, {head.in_features}] does not fit the "
-                         f"{parsed.value} kernel; leave head_quant unset (None)")
-    model.set_output_embeddings(WeightOnlyLinear.from_linear(head, parsed, group_size))
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "tie_word_embeddings", False):
-        config.tie_word_embeddings = False
-    logger.info("output head [%d, %d] quantised to %s", head.out_features, head.in_features, parsed.value)
-    return info
-
-
-def quantize_weights(
-    model: nn.Module, scheme: str, group_size: int = 32, skip: tuple[str, ...] | list[str] = ("lm_head",),
-    head_quant: str | None = None,
-) -> dict:
-    """Replace every nn.Linear in `model` (in place) by a WeightOnlyLinear; return a summary dict.
-
-    Embeddings are not Linear modules and stay as they are; `skip` names Linear modules to keep
-    (by default the output head, which is often tied to the embeddings and sets the logits).
-    `head_quant` ("int8" / "int4", group `group_size`) then quantises the output head on its own, untied
-    from the embedding (`quantize_head`, as engine.lowbit_cache.load does). The model should be on the
-    CPU (the kernels are CPU ones). Keys: see `QuantizeSummary`, plus head_quant / head_group_size.
-    """
-    if head_quant is not None:
-        parse_scheme(head_quant, group_size)  # refused before any layer changes
-    parsed = parse_scheme(scheme, group_size)
-    skip = tuple(skip)
-    before = model_bytes(model)
-    converted, by_name, by_shape, skipped = 0, 0, 0, []
-    targets = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
-    for name, linear in targets:
-        if _skipped(name, skip):
-            by_name += 1
-            skipped.append(name)
-            continue
-        if not fits(parsed, linear.out_features, linear.in_features, group_size):
-            by_shape += 1
-            skipped.append(name)
-            logger.info("left %s [%d, %d] unquantised: shape does not fit %s",
-                        name, linear.out_features, linear.in_features, parsed.value)
-            continue
-        if linear.weight.device.type != "cpu":
-            raise ValueError(f"{name} is on {linear.weight.device}; weight-only int kernels here are CPU ones")
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, WeightOnlyLinear.from_linear(linear, parsed, group_size))
-        converted += 1
-    summary = QuantizeSummary(
-        scheme=parsed.value,
-        group_size=group_size if parsed is Scheme.INT4 else None,
-        converted=converted,
-        skipped_by_name=by_name,
-        skipped_by_shape=by_shape,
-        skipped_names=tuple(skipped),
-        model_bytes_before=before,
-        model_bytes_after=0,  # set below, after the head
-    )
-    head = quantize_head(model, head_quant, group_size) or {"head_quant": None, "head_group_size": None}
-    summary = dataclasses.replace(summary, model_bytes_after=model_bytes(model))
-    logger.info("quantised %d Linear layers to %s (%d kept by name, %d by shape): %d -> %d bytes",
-                converted, parsed.value, by_name, by_shape, before, summary.model_bytes_after)
-    return {**summary.as_dict(), **head}

@@ -2,7 +2,7 @@
 
 Converting a GGUF needs its metadata several times over: provision.check_gguf, transformers' config,
 tokenizer and weight loaders (the legacy ones run load_gguf_checkpoint, which makes its own GGUFReader),
-and the low-bit build's own reader (engine/lowbit_cache.py). gguf's GGUFReader reads every vocabulary and
+and the low-bit build's own reader (engine/loading/lowbit_cache.py). gguf's GGUFReader reads every vocabulary and
 merge string through a numpy.memmap slice (a Python __array_finalize__ per slice): ~3 s a parse for
 SmolLM2's 49k tokens, ~18 s for Qwen2.5's 151k. And transformers' get_gguf_hf_weights_map builds gguf's
 TensorNameMap (thousands of format calls) once per module. `read_once` makes all of these read the file

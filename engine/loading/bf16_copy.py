@@ -22,7 +22,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
-from engine import model_cache
+from engine.loading import model_cache
 
 logger = logging.getLogger(__name__)
 

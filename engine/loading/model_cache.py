@@ -7,9 +7,8 @@ stamps (mtime, ctime). Every use checks size and stamps (cheap) and re-hashes a 
 changed (a 7 GB fp32 model takes ~15 s), so a changed byte is never loaded; a file whose content
 still matches gets its new stamps written back. `verify=True` re-hashes every file.
 
-A build killed with SIGKILL leaves its temp folder behind; `find_leftovers` reports such folders
-and `clean_leftovers` removes them (only folders carrying our marker, and never one whose key is
-locked by a build in progress).
+A build killed with SIGKILL leaves its temp folder behind; engine.loading.leftovers finds and removes
+such folders.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engine import cache_lock
+from engine.loading import cache_lock
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ TEMP_SEPARATOR = "+"
 MANIFEST_FORMAT = 1
 ENV_CACHE = "SAGUARO_CACHE"
 HASH_CHUNK_BYTES = 8 << 20
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ProvisioningError(ValueError):
@@ -222,7 +221,7 @@ def key_lock(
     """Hold an exclusive lock on one cache key, so only one process builds it at a time.
 
     Yields True once held; with `wait=False` it yields False at once if another holder has it.
-    A held lock is waited for up to `timeout_s` seconds, naming its holder once (engine/cache_lock.py);
+    A held lock is waited for up to `timeout_s` seconds, naming its holder once (engine/loading/cache_lock.py);
     then cache_lock.LockTimeoutError (a ValueError) says which lock and what to do.
     """
     with contextlib.ExitStack() as stack:
@@ -242,49 +241,6 @@ def remove_stale_temps(root: Path, key: str) -> None:
         if stale.is_dir() and is_ours(stale):
             logger.warning("removing %s left by an interrupted conversion", stale)
             shutil.rmtree(stale)
-
-
-@dataclass(frozen=True)
-class Leftover:
-    """A temp folder that one of our builds (or discards) made and did not remove."""
-
-    path: Path
-    key: str  # the cache key whose lock guards it
-    size: int  # bytes
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def find_leftovers(root: Path) -> list[Leftover]:
-    """Our temp folders under `root` (named `TEMP_PREFIX<key>TEMP_SEPARATOR...` and marked as ours).
-
-    One being built right now is listed too; `clean_leftovers` skips those.
-    """
-    if not root.is_dir():
-        return []
-    found = []
-    for path in sorted(root.glob(f"{TEMP_PREFIX}*{TEMP_SEPARATOR}*")):
-        if path.is_dir() and not path.is_symlink() and is_ours(path):
-            key = path.name[len(TEMP_PREFIX):].split(TEMP_SEPARATOR, 1)[0]
-            found.append(Leftover(path, key, folder_bytes(path)))
-    return found
-
-
-def clean_leftovers(root: Path) -> tuple[list[Leftover], list[Leftover]]:
-    """Remove our leftover temp folders; returns (removed, skipped because a build holds the key)."""
-    removed, busy = [], []
-    for leftover in find_leftovers(root):
-        with key_lock(root, leftover.key, wait=False) as held:
-            if not held:
-                busy.append(leftover)
-                continue
-            if leftover.path.is_dir() and is_ours(leftover.path):
-                logger.info("removing %s left by an interrupted build", leftover.path)
-                shutil.rmtree(leftover.path)
-                removed.append(leftover)
-    return removed, busy
 
 
 def discard_folder(folder: Path) -> None:
@@ -309,7 +265,7 @@ def building(root: Path, key: str) -> Iterator[Path]:
         temp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{key}{TEMP_SEPARATOR}", dir=root))
     except OSError as err:
         raise _unwritable(root, err) from err
-    (temp / MARKER_NAME).write_text("built by saguaro (engine/model_cache.py)\n")
+    (temp / MARKER_NAME).write_text("built by saguaro (engine/loading/model_cache.py)\n")
     try:
         yield temp
     except BaseException:

@@ -1,0 +1,109 @@
+"""Drafting: the draft model proposes K tokens, each drawn from its q, with one forward per token after the
+first. SD's proposal (engine.strategies.sd), SSD's neural backup and its cache branches (engine.ssd.tree) all
+draft with `draft_steps`, in the same order of random draws.
+
+`bonus_ranks` reads the draft's ranking from the other side: where the verified bonus t* stood among the
+tokens the draft ranks above it. SSD's cache guesses the top F_k tokens of that ranking (engine.ssd.
+speculation_cache), so a run's ranks tell what any fan-out schedule would have hit, SD's runs included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from engine.kv_cache import KVState
+from engine.sampling import Generators, RowSampling, saguaro, sample, warp_rows
+
+
+def draft_steps(
+    state: KVState,
+    logits: Tensor,
+    K: int,
+    saguaro_top: tuple[int, ...],
+    C: float,
+    params: RowSampling,
+    generator: Generators,
+    active: Tensor | None = None,
+    stop_below: float | None = None,
+) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """Yield (y [N], q [N, V] float32, logits [N, V]) for draft positions 1..K, feeding each y but the last.
+
+    `logits` [N, V] are the draft's logits at position 1. q is the warped draft distribution, Saguaro's
+    σ_{F,C} when C < 1 (n_top = saguaro_top[i] at position i+1). `params` and `generator` are per row. Rows
+    where `active` [N] is False get holes (their results are to be ignored). `stop_below`: stop before a
+    position i > 1 whose top probability (softmax of the raw logits, so greedy rows can stop too) is below it
+    in every row; the last y, fed only to look there, goes back to unfed, so the block ends with it.
+    """
+    for i in range(K):
+        if i > 0 and stop_below is not None and bool((logits.softmax(-1).amax(-1) < stop_below).all()):
+            state.rollback(torch.ones(logits.shape[0], dtype=torch.long, device=logits.device))
+            return
+        q = warp_rows(logits, params)  # [N, V]
+        if C < 1:
+            q = saguaro(q, saguaro_top[i], C)
+        y = sample(q, generator)  # [N]
+        yield y, q.float(), logits
+        if i < K - 1:
+            valid = None if active is None else active[:, None]
+            logits = state.extend(y[:, None], valid)[:, -1].float()  # [N, V]
+
+
+def draft_from(
+    state: KVState,
+    logits: Tensor,
+    K: int,
+    saguaro_top: tuple[int, ...],
+    C: float,
+    params: RowSampling,
+    generator: Generators,
+    active: Tensor | None = None,
+    stop_below: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`draft_steps` collected: tokens [N, K'], q [N, K', V] and the draft's logits [N, K', V] (float32), with
+    K' = K unless `stop_below` ended the block early (1 <= K' <= K). A stop looks only at the draft's own logits,
+    never at the target, so the shorter block is verified exactly like a block of that length chosen in advance.
+    Draft forwards made, the one that gave `logits` included: K' + (K' < K)."""
+    ys, qs, zs = [], [], []
+    for y, q, z in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below):
+        ys.append(y)
+        qs.append(q)
+        zs.append(z)
+    return torch.stack(ys, 1), torch.stack(qs, 1), torch.stack(zs, 1)
+
+
+def draft_tokens(
+    state: KVState,
+    first: Tensor,
+    first_valid: Tensor | None,
+    K: int,
+    saguaro_top: tuple[int, ...],
+    C: float,
+    params: RowSampling,
+    generator: Generators,
+    active: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Feed `first` [N, T] (holes where not valid) then draft K tokens with K forwards in total: `draft_from`
+    on the logits after `first`. The last token is sampled, not fed."""
+    logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
+    return draft_from(state, logits, K, saguaro_top, C, params, generator, active)
+
+
+def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
+    """Rank of each row's bonus token t* in the draft's ranking: logits [N, V] at the outcome's position (k+1),
+    excluded [N] the rejected draft token x_{k+1} (−1 when all K were accepted).
+
+    rank = tokens other than the excluded one that rank above t* (higher logit, or equal and a lower id), so
+    SSD's guesses with fan-out F (engine.ssd.speculation_cache.guesses) hold t* iff rank < F. An excluded t*
+    (impossible after a rejection) has rank V, never guessed.
+    """
+    logits = logits.float()
+    ids = torch.arange(logits.shape[-1], device=logits.device)  # [V]
+    mine = logits.gather(-1, bonus[:, None])  # [N, 1]
+    above = (logits > mine) | ((logits == mine) & (ids < bonus[:, None]))  # [N, V]
+    rank = above.sum(-1)  # [N]
+    excluded_above = above.gather(-1, excluded.clamp(min=0)[:, None])[:, 0] & (excluded >= 0)  # [N]
+    rank = rank - excluded_above.long()
+    return torch.where(bonus == excluded, logits.shape[-1], rank).tolist()
