@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.kv_cache import cache_keyword
+
 
 SETS = ("spec_bench", "humaneval")
 DEFAULT_VARIANTS = ("int8", "int4-g32", "cache-int8", "cache-int4-g32")
@@ -55,7 +57,7 @@ def greedy_continuation(model: nn.Module, prompt: Sequence[int], new_tokens: int
     ids = torch.tensor([list(prompt)])  # [1, T]
     out: list[int] = []
     for _ in range(new_tokens):
-        logits = model(ids, cache=cache, use_cache=True).logits[0, -1]  # [V]
+        logits = model(ids, use_cache=True, **{cache_keyword(model): cache}).logits[0, -1]  # [V]
         token = int(logits.argmax())
         out.append(token)
         if token in eos_ids:

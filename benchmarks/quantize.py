@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from engine.kv_cache import cache_keyword
 from saguaro.environment import cpu_model
 
 TEXTS = (
@@ -54,12 +55,12 @@ def decode_ms(model, prompt_ids: torch.Tensor, steps: int, warmup: int) -> float
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)  # filled in place by each forward
-    out = model(prompt_ids, cache=cache, use_cache=True, logits_to_keep=1)  # prefill
+    out = model(prompt_ids, use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})  # prefill
     token = out.logits[:, -1:].argmax(-1)  # [1, 1]
     times = []
     for i in range(warmup + steps):
         start = time.perf_counter()
-        out = model(token, cache=cache, use_cache=True)
+        out = model(token, use_cache=True, **{cache_keyword(model): cache})
         token = out.logits[:, -1:].argmax(-1)
         if i >= warmup:
             times.append((time.perf_counter() - start) * 1e3)

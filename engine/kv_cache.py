@@ -17,9 +17,24 @@ that left.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword argument a model's forward takes its KV cache by: `cache` from transformers 5.24 (which
+    deprecates `past_key_values`), `past_key_values` before it (5.17 silently drops an unknown `cache=`, and the
+    forward then runs without its context)."""
+    return _cache_keyword(type(model))
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def right_aligned(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -83,7 +98,7 @@ class KVState:
             input_ids=tokens,
             attention_mask=attention,
             position_ids=positions,
-            cache=self.cache,
+            **{cache_keyword(self.model): self.cache},
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )

@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.kv_cache import KVState
+from engine.kv_cache import KVState, cache_keyword
 from tests.engine.kv_alone import alone
 from tests.engine.tiny import spy_on_sdpa, tiny_lm
 
@@ -103,6 +103,7 @@ def test_a_one_token_step_without_holes_still_gives_attention_a_mask_and_the_sam
     calls.clear()
     with torch.inference_mode():
         plain = model(input_ids=torch.tensor([[7]]), attention_mask=torch.ones(1, 7, dtype=torch.long),
-                      position_ids=torch.tensor([[6]]), cache=before.cache, use_cache=True).logits[:, -1]
+                      position_ids=torch.tensor([[6]]), use_cache=True,
+                      **{cache_keyword(model): before.cache}).logits[:, -1]
     assert calls and all(no_mask and gqa for no_mask, gqa in calls)
     assert torch.allclose(logits, plain, atol=ATOL)
