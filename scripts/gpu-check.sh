@@ -18,6 +18,7 @@
 # Settings: GPU_CHECK_DEVICE=cpu  a dry run of the same code on tiny shapes (about 5 minutes on 2 cores)
 #           GPU_CHECK_QUICK=1     the fewest configurations (the check's own test)
 #           GPU_CHECK_BUDGET_S    the whole check's limit in seconds (default 470 on a GPU, 900 on a CPU)
+#           GPU_CHECK_STEPS       a subset of the steps, e.g. "env canary greedy"
 #           PYTHON                the interpreter (default .venv/bin/python when there is one, else python3)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,6 +39,14 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export GPU_CHECK_COMMIT="${GPU_CHECK_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 # step:seconds on a GPU; a CPU dry run gets 1.8 times as long for each.
 steps="env:20 canary:20 greedy:60 tests:75 syncs:25 timings:100 e2e-agree:100 e2e-random:80"
+if [ -n "${GPU_CHECK_STEPS:-}" ]; then  # a subset, in this order
+    chosen=""
+    for entry in $steps; do
+        case " $GPU_CHECK_STEPS " in *" ${entry%%:*} "*) chosen="$chosen $entry" ;; esac
+    done
+    [ -n "$chosen" ] || { echo "gpu-check: GPU_CHECK_STEPS names no step of: $(echo "$steps" | sed "s/:[0-9]*//g")" >&2; exit 2; }
+    steps="$chosen"
+fi
 if [ "$device" = cpu ]; then total="${GPU_CHECK_BUDGET_S:-900}"; scale=18; else total="${GPU_CHECK_BUDGET_S:-470}"; scale=10; fi
 start=$SECONDS
 failed=0
