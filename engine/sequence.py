@@ -57,7 +57,7 @@ class Sequence:
             kept += 1
             if (p.stop_on_eos and token in self.eos_ids) or token in p.stop_token_ids:
                 self.finish_reason = "stop"
-            elif p.stop and self._cut_at_stop_string():
+            elif p.stop and len(self.output_ids) > p.min_tokens and self._cut_at_stop_string():
                 self.finish_reason = "stop"
             elif len(self.output_ids) >= p.max_new_tokens:
                 self.finish_reason = "length"
