@@ -30,10 +30,10 @@ from torch import Tensor
 
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ServingStats, ms_since
-from engine.outputs import Chunk, TokenLogprob
+from engine.outputs import Chunk
 from engine.recorder import RoundRecorder
+from engine.row_distribution import hold_back_stops, logprobs
 from engine.sampling import RowSampling, sample, warp_rows
-from engine.sampling_params import LogprobsMode
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
@@ -122,6 +122,9 @@ class DecodeLoop:
         if self.prefilling is None and not self._just_prefilled:
             joining = self.scheduler.admit(len(self.running))
             if joining:
+                now = time.perf_counter()
+                for seq in joining:
+                    seq.metrics.scheduled_s = now
                 self.prefilling = Prefilling(joining, KVState(self.target, len(joining), self.device), [0] * len(joining))
         joined = False
         if self.prefilling is not None:
@@ -199,12 +202,12 @@ class DecodeLoop:
     def _first_tokens(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[Chunk], Tensor]:
         """Sample the first token of each sequence whose prompt is complete (logits [J, V]); their chunks, and
         the tokens [J]."""
-        p = warp_rows(_hold_back_stops(logits[:, None], seqs)[:, 0].float(), RowSampling([s.params for s in seqs]))
+        p = warp_rows(hold_back_stops(logits[:, None], seqs)[:, 0].float(), RowSampling([s.params for s in seqs]))
         first = sample(p, [s.generator for s in seqs])  # [J]
         now = time.perf_counter()
         firsts = [[t] for t in first.tolist()]
         chunks = []
-        for seq, token, lp in zip(seqs, firsts, _logprobs(logits[:, None], p[:, None], firsts, seqs)):
+        for seq, token, lp in zip(seqs, firsts, logprobs(logits[:, None], p[:, None], firsts, seqs)):
             chunks.append(seq.append(token, lp, now))
             seq.metrics.target_forwards += 1
         self.stats.generation_tokens += len(seqs)
@@ -250,7 +253,7 @@ class DecodeLoop:
         t1 = time.perf_counter()
         block = torch.cat([self.pending[:, None], x.to(self.device)], dim=1)  # [B, K + 1]
         logits = self.state.extend(block)  # [B, K + 1, V]: position j predicts output token len(output_ids) + j
-        p = warp_rows(_hold_back_stops(logits, self.running).float(), rows)  # [B, K + 1, V]
+        p = warp_rows(hold_back_stops(logits, self.running).float(), rows)  # [B, K + 1, V]
         result = verify(x, proposal.q, p, generators)
         self.state.rollback(K - result.accepted.to(self.device))  # keep pending, x_1..x_k
         verify_ms = ms_since(t1)
@@ -260,7 +263,7 @@ class DecodeLoop:
         tokens = result.emitted(x)
         accepted = result.accepted.tolist()
         chunks = []
-        for seq, toks, lp, k in zip(self.running, tokens, _logprobs(logits, p, tokens, self.running), accepted):
+        for seq, toks, lp, k in zip(self.running, tokens, logprobs(logits, p, tokens, self.running), accepted):
             chunks.append(seq.append(toks, lp, now))
             seq.metrics.rounds += 1
             seq.metrics.target_forwards += 1
@@ -324,43 +327,3 @@ class DecodeLoop:
 
     def close(self) -> None:
         self.proposer.close()
-
-
-def _hold_back_stops(logits: Tensor, seqs: list[Sequence]) -> Tensor:
-    """logits [B, T, V] with the ids that would end row b set to -inf at the positions whose token would come
-    before its min_tokens (position j predicts output token len(output_ids) + j); the same tensor when no row
-    needs it."""
-    masked = logits
-    for b, seq in enumerate(seqs):
-        short = seq.params.min_tokens - len(seq.output_ids)  # positions of this row still held back
-        stops = seq.params.stops_before(seq.eos_ids) if short > 0 else ()
-        if stops:
-            if masked is logits:
-                masked = logits.clone()
-            masked[b, :short, list(stops)] = -torch.inf
-    return masked
-
-
-def _logprobs(logits: Tensor, p: Tensor, tokens: list[list[int]], seqs: list[Sequence]
-              ) -> list[list[TokenLogprob] | None]:
-    """Per row, each emitted token's log-probability (token i at position i) and the top N there, for the rows
-    that asked (None for the others): under the model's own log-softmax of logits [B, T, V] (RAW), or under
-    the distribution sampled, p [B, T, V] (PROCESSED)."""
-    out: list[list[TokenLogprob] | None] = []
-    for b, (toks, seq) in enumerate(zip(tokens, seqs)):
-        n = seq.params.logprobs
-        if n is None:
-            out.append(None)
-            continue
-        if seq.params.logprobs_mode is LogprobsMode.PROCESSED:
-            rows = p[b, : len(toks)].log()  # [T, V]
-        else:
-            rows = torch.log_softmax(logits[b, : len(toks)].float(), dim=-1)  # [T, V]
-        chosen = rows.gather(-1, torch.tensor(toks, device=rows.device)[:, None])[:, 0].tolist()
-        tops = torch.topk(rows, n, dim=-1) if n else None
-        lps = []
-        for i, (token, lp) in enumerate(zip(toks, chosen)):
-            top = tuple(zip(tops.indices[i].tolist(), tops.values[i].tolist())) if tops is not None else ()
-            lps.append(TokenLogprob(token, lp, top))
-        out.append(lps)
-    return out

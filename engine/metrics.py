@@ -93,6 +93,7 @@ class RequestMetrics:
 
     prompt_tokens: int
     arrival_s: float = 0.0
+    scheduled_s: float | None = None  # when it left the waiting queue for its prefill
     new_tokens: int = 0
     rounds: int = 0
     target_forwards: int = 0  # forwards of the target that included this sequence (prefill too)

@@ -33,6 +33,7 @@ class Chunk:
     finish_reason: str | None  # "stop" (EOS, a stop token or string), "length" or "abort"
     prompt_tokens: int
     output_tokens: int  # so far, this chunk included
+    scheduled_s: float | None = None  # time.perf_counter() when the request left the waiting queue (None: not yet)
 
 
 @dataclass

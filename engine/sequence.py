@@ -100,7 +100,7 @@ class Sequence:
             end = max(end, self.sent_chars)
             delta, self.sent_chars = self.text[self.sent_chars : end], end
         return Chunk(self.request_id, self.index, list(tokens), delta, logprobs, now_s, self.finished,
-                     self.finish_reason, len(self.prompt_ids), len(self.output_ids))
+                     self.finish_reason, len(self.prompt_ids), len(self.output_ids), self.metrics.scheduled_s)
 
     def output(self) -> RequestOutput:
         return RequestOutput(

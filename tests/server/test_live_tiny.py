@@ -153,7 +153,20 @@ def test_the_engines_own_checks_are_400s(live):
         outside = client.post("/v1/completions", json={"model": NAME, "prompt": [1, 64], "max_tokens": 2})
         too_long = client.post("/v1/completions", json={"model": NAME, "prompt": PROMPTS[0], "max_tokens": 600})
     assert outside.status_code == 400 and "token ids must be in [0, 64)" in outside.json()["error"]["message"]
-    assert too_long.status_code == 400 and "exceeds the model's context of 512" in too_long.json()["error"]["message"]
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_the_advertised_context_is_what_prompt_and_max_tokens_may_fill(live):
+    server, _ = live
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        card = client.get(f"/v1/models/{NAME}").json()
+        fill = {"model": NAME, "prompt": PROMPTS[2], "max_tokens": card["max_model_len"] - len(PROMPTS[2]),
+                "temperature": 0, "ignore_eos": True}
+        fits = client.post("/v1/completions", json=fill)
+        over = client.post("/v1/completions", json={**fill, "max_tokens": fill["max_tokens"] + 1})
+    assert card["id"] == NAME and card["max_model_len"] == server.ctx.model.room([])
+    assert fits.status_code == 200 and fits.json()["usage"]["total_tokens"] == card["max_model_len"]
+    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_closing_a_stream_frees_its_row(live):
