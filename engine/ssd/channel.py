@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 FAULTS = (DraftUnavailable, MalformedMessage)  # what an exchange may raise: the worker is lost
 POLL_S = 0.05
 JOIN_S = 10.0
+TERM_S = 1.0  # the worker has no SIGTERM handler, so one that is running dies at once; a stopped one gets SIGKILL
 
 
 class Channel(Protocol):
@@ -224,7 +225,7 @@ class ProcessChannel:
             self.process.join(JOIN_S if orderly and self.ready else 0.5)
             if self.process.is_alive():
                 self.process.terminate()
-                self.process.join(JOIN_S)
+                self.process.join(TERM_S)
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join()

@@ -223,3 +223,28 @@ def test_a_killed_ssd_worker_mid_stream_still_gives_the_ar_tokens(pair, expected
     assert events[-1] == "[DONE]" and tokens(events) == expected["long"]
     assert "fell back" in caplog.text
     assert not workers[0].is_running()
+
+
+def test_a_stopped_ssd_worker_stalls_the_stream_about_its_deadline_then_the_ar_tokens_go_on(pair, expected):
+    deadline_s = 2.0
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=deadline_s))
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    with serving(engine(pair, "ssd", speculative=spec)) as (server, aengine):
+        worker = next(c for c in psutil.Process().children(recursive=True)
+                      if c.pid not in before and "spawn_main" in " ".join(c.cmdline()))
+        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        arrivals = []
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                lines = []
+                for line in response.iter_lines():
+                    lines.append(line)
+                    arrivals.append(time.perf_counter())
+                    if len(lines) == 4:
+                        worker.suspend()  # SIGSTOP: alive, silent
+        assert aengine.stats().fallbacks == 1
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert tokens(parse(lines)) == expected["long"]
+    assert deadline_s <= max(gaps) < deadline_s + 3.0  # the deadline, then the worker is reaped and SD goes on
+    assert not worker.is_running()
