@@ -6,7 +6,7 @@ free port, sends each prompt alone for its solo output, runs the load, kills the
 seconds, then stops the server with SIGTERM and checks that it exits 0 with no child left. Writes soak.json and
 soak.md (the table of the serving report) into --out. Exit 0 when nothing was lost, hung or mismatched.
 
-    python -m benchmarks.soak --duration 540 --out reports/2026-12-cpu-serving-hardening/soak
+    python -m benchmarks.soak --duration 480 --out reports/2026-12-cpu-serving-hardening/soak
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def stop(proc: subprocess.Popen) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=540.0, help="seconds of load (at most 600)")
+    parser.add_argument("--duration", type=float, default=480.0, help="seconds of load (at most 600)")
     parser.add_argument("--kill-at", type=float, default=None, help="seconds into the load (default: a third)")
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--batch", type=int, default=4, help="the server's batch rows")

@@ -112,3 +112,12 @@ def test_rows_in_use_are_not_free_for_a_burst(target):
     llm.loop.submit(llm.make_sequence(SHORT, GREEDY, request_id="waiting"))
     with pytest.raises(QueueFull):
         llm.loop.submit(llm.make_sequence(SHORT, GREEDY, request_id="refused"))
+
+
+def test_accepted_tokens_are_counted_as_emitted_so_never_more_than_generated(target):
+    # The draft is the target: every draft token is accepted, but max_new_tokens=2 keeps one token of the round.
+    with LLM(target, noisy_copy(target, 0.0), strategy="sd", speculative=SpeculativeConfig(K=3)) as llm:
+        llm.generate([SHORT], SamplingParams(temperature=0, max_new_tokens=2, stop_on_eos=False))
+        stats = llm.loop.stats
+    assert (stats.generation_tokens, stats.accepted) == (2, 1)
+    assert (stats.drafts, stats.draft_tokens, stats.accepted_per_position) == (1, 3, (1, 0, 0))
