@@ -246,5 +246,5 @@ def test_a_stopped_ssd_worker_stalls_the_stream_about_its_deadline_then_the_ar_t
         assert aengine.stats().fallbacks == 1
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     assert tokens(parse(lines)) == expected["long"]
-    assert deadline_s <= max(gaps) < deadline_s + 3.0  # the deadline, then the worker is reaped and SD goes on
+    assert deadline_s <= max(gaps) < deadline_s + 5.0  # the deadline, the reap (1.5 s), SD goes on (was 12.9 s)
     assert not worker.is_running()
