@@ -125,7 +125,8 @@ class DecodeLoop:
                 now = time.perf_counter()
                 for seq in joining:
                     seq.metrics.scheduled_s = now
-                self.prefilling = Prefilling(joining, KVState(self.target, len(joining), self.device), [0] * len(joining))
+                state = KVState(self.target, len(joining), self.device)  # their own cache until they join
+                self.prefilling = Prefilling(joining, state, [0] * len(joining))
         joined = False
         if self.prefilling is not None:
             fed, joined = self._prefill_chunk()
@@ -188,7 +189,8 @@ class DecodeLoop:
             going_on = [j for j, seq in enumerate(done) if not seq.finished]
             if going_on:
                 rows = [complete[j] for j in going_on]
-                state = group.state if not rest and len(rows) == len(group.seqs) else group.state.fork(torch.tensor(rows))
+                whole = not rest and len(rows) == len(group.seqs)  # the common case: the group's cache as it is
+                state = group.state if whole else group.state.fork(torch.tensor(rows))
                 self._join([done[j] for j in going_on], state, first[going_on])
         self.recorder.prefill(self.proposer.name, self.proposer.K, len(group.seqs), max(len(p) for p in slices),
                               verify_ms=verify_ms, draft_ms=ms_since(t1), round_ms=ms_since(t0),

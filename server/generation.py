@@ -72,7 +72,8 @@ class Timeline:
         last, times = self.last, self.chunk_times_s
         latency = request_latency(self.arrival_s, times, self.chunk_tokens) if times else None
         return FinishedRequest(
-            latency=latency, finish_reason=(last.finish_reason if last is not None and last.finished else None) or ABORTED,
+            latency=latency,
+            finish_reason=(last.finish_reason if last is not None and last.finished else None) or ABORTED,
             prompt_tokens=last.prompt_tokens if last is not None else None, output_tokens=sum(self.chunk_tokens),
             max_tokens=max_tokens, arrival_s=self.arrival_s,
             scheduled_s=getattr(last, "scheduled_s", None) if last is not None else None,

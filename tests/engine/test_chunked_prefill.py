@@ -6,7 +6,7 @@ import pytest
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
 from engine.decode_loop import QueueFull
-from tests.engine.tiny import noisy_copy, tiny_lm
+from tests.engine.tiny import noisy_copy
 
 SHORT = [1, 2, 3]
 LONG = [(7 * i + 3) % 50 for i in range(40)]  # 40 prompt tokens: five chunks of 8

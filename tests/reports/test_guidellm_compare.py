@@ -51,7 +51,8 @@ def test_the_dataset_is_the_runs_prompts_in_order_with_the_output_length(tmp_pat
     run = run_folder(tmp_path, [Prompt("a", "c", "t", "first prompt"), Prompt("b", "c", "t", "second")])
     assert write_data(run.path, 32, tmp_path / "data.jsonl") == 2
     lines = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()]
-    assert lines == [{"prompt": "first prompt", "output_tokens_count": 32}, {"prompt": "second", "output_tokens_count": 32}]
+    assert lines == [{"prompt": "first prompt", "output_tokens_count": 32},
+                     {"prompt": "second", "output_tokens_count": 32}]
 
 
 def test_token_id_prompts_are_refused_for_guidellm(tmp_path, capsys):

@@ -38,7 +38,8 @@ def test_an_empty_key_file_is_refused_in_one_line(tmp_path, capsys):
     path = tmp_path / "key"
     path.write_text("\n")
     assert main(["serve", "--api-key-file", str(path), "--port", "0"]) == 2
-    assert capsys.readouterr().err.strip() == f"saguaro serve: error: --api-key-file {path} is empty: its first line is the key"
+    err = capsys.readouterr().err.strip()
+    assert err == f"saguaro serve: error: --api-key-file {path} is empty: its first line is the key"
 
 
 def test_the_draft_deadline_is_the_ssd_workers_deadline():
