@@ -3,16 +3,19 @@ strategy (the strategy is only a proposer: engine.strategies).
 
 One `step()`:
 1. take new requests and aborts (thread-safe: `submit` and `abort` may be called from another thread);
-2. admit waiting requests (engine.scheduler), prefill them as one batch, sample each one's first token;
-   they join the running batch (and the proposer: SD prefills its draft, SSD tells its worker), and the step
-   returns there, so their first tokens stream at once (the next step runs a round before admitting again);
+2. admit waiting requests (engine.scheduler) as a prefill group, and feed the target the next chunk of their
+   prompts: at most `max_prefill_tokens` tokens a step (chunked prefill), so a long prompt is fed over several
+   steps, each also running a round of the others. A row whose prompt is complete samples its first token and
+   joins the running batch (and the proposer: SD prefills its draft, SSD tells its worker); the step then returns,
+   so first tokens stream at once (the next step runs a round before admitting again);
 3. one round over the running batch: the proposer drafts x [B, K] from q; the target runs [pending, x] in
    one forward; rejection sampling keeps x_1..x_k and draws t* (exact for any q, engine.verifier); the
    target cache rolls back to the accepted prefix; every row emits x_1..x_k, t* as one chunk;
 4. finished and aborted rows leave.
 
 Every row has its own sampling settings and random stream, so a request's tokens do not depend on its
-batch-mates (and greedy outputs are the solo outputs, up to float rounding of block shapes).
+batch-mates (and greedy outputs are the solo outputs, up to float rounding of block shapes). min_tokens masks
+the ids that would end a row in the target's p only: verification is exact for any q, so the draft need not know.
 """
 
 from __future__ import annotations
@@ -20,14 +23,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ServingStats, ms_since
-from engine.outputs import Chunk, TokenLogprob
+from engine.outputs import Chunk
 from engine.recorder import RoundRecorder
+from engine.row_distribution import hold_back_stops, logprobs
 from engine.sampling import RowSampling, sample, warp_rows
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
@@ -41,6 +46,25 @@ class QueueFull(RuntimeError):
     """The engine's waiting queue is full: try again later (HTTP 503)."""
 
 
+@dataclass
+class Prefilling:
+    """Admitted sequences whose prompts the target is being fed, a chunk per step, in a cache of their own."""
+
+    seqs: list[Sequence]
+    state: KVState
+    fed: list[int]  # prompt tokens of each row already in `state`
+
+    def left(self, i: int) -> int:
+        return len(self.seqs[i].prompt_ids) - self.fed[i]
+
+    def keep(self, rows: list[int]) -> None:
+        """Only these rows (increasing, at least one) go on prefilling."""
+        if len(rows) < len(self.seqs):
+            self.state.select(torch.tensor(rows, dtype=torch.long))
+            self.seqs = [self.seqs[i] for i in rows]
+            self.fed = [self.fed[i] for i in rows]
+
+
 class DecodeLoop:
     def __init__(self, target: torch.nn.Module, proposer: Proposer, *, pad_id: int, device: torch.device,
                  scheduler: SchedulerConfig):
@@ -51,6 +75,7 @@ class DecodeLoop:
         self.scheduler = Scheduler(scheduler)
         self.state = KVState(target, 0, device)  # the target's cache: every committed token but `pending`
         self.running: list[Sequence] = []
+        self.prefilling: Prefilling | None = None  # the admitted group whose prompts are being fed
         self.pending = torch.zeros(0, dtype=torch.long, device=device)  # [B] newest token of each row
         self.recorder = RoundRecorder()  # the round records (kept while recorder.records is a list)
         self.stats = ServingStats(strategy=proposer.name)
@@ -59,14 +84,21 @@ class DecodeLoop:
         self._inbox: list[Sequence] = []
         self._aborts: set[str] = set()
         self._just_prefilled = False  # the last step prefilled joiners and ran no round
+        self._last_accepted: list[int] = []  # k of each row in the last round (SSD's hits by k come a round later)
 
     # -- from any thread ----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
         with self._lock:
             limit = self.scheduler.config.max_waiting
-            if limit is not None and len(self._inbox) + len(self.scheduler.waiting) >= limit:
+            if limit is not None and len(self._inbox) + len(self.scheduler.waiting) >= limit + self._free_rows():
                 raise QueueFull(f"the engine's waiting queue is full ({limit} requests): retry later")
             self._inbox.append(seq)
+
+    def _free_rows(self) -> int:
+        """Batch rows nobody holds now: requests that will take them at the next step do not wait."""
+        rows = self.scheduler.config.max_num_seqs
+        prefilling = len(self.prefilling.seqs) if self.prefilling is not None else 0
+        return 0 if rows is None else max(0, rows - len(self.running) - prefilling)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -75,7 +107,7 @@ class DecodeLoop:
     @property
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self.running or self.scheduler.waiting or self._inbox)
+            return bool(self.running or self.prefilling or self.scheduler.waiting or self._inbox)
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
@@ -86,16 +118,27 @@ class DecodeLoop:
         chunks = self._abort(aborts) if aborts else []
         # After a prefill the step returns, so that the joiners' first tokens reach their streams now rather than
         # after a whole round (TTFT); the next step then runs a round before it admits again, so a stream of
-        # arrivals cannot hold the running rows back for more than one prefill per round.
-        joining = [] if self._just_prefilled else self.scheduler.admit(len(self.running))
-        self._just_prefilled = bool(joining)
-        if joining:
-            chunks += self._prefill(joining)
-        if self.running and not self._just_prefilled:
+        # arrivals cannot hold the running rows back for more than one prefill chunk per round.
+        if self.prefilling is None and not self._just_prefilled:
+            joining = self.scheduler.admit(len(self.running))
+            if joining:
+                now = time.perf_counter()
+                for seq in joining:
+                    seq.metrics.scheduled_s = now
+                state = KVState(self.target, len(joining), self.device)  # their own cache until they join
+                self.prefilling = Prefilling(joining, state, [0] * len(joining))
+        joined = False
+        if self.prefilling is not None:
+            fed, joined = self._prefill_chunk()
+            chunks += fed
+        self._just_prefilled = joined
+        if self.running and not joined:
             chunks += self._round()
         if not self.running:
             self.recorder.release()  # no next round will fill in the held record
-        self.stats.running, self.stats.waiting = len(self.running), len(self.scheduler.waiting)
+        prefilling = len(self.prefilling.seqs) if self.prefilling is not None else 0
+        self.stats.running, self.stats.waiting = len(self.running) + prefilling, len(self.scheduler.waiting)
+        self.stats.cached_tokens = sum(len(s.prompt_ids) + len(s.output_ids) for s in self.running)
         return chunks
 
     def _abort(self, request_ids: set[str]) -> list[Chunk]:
@@ -103,6 +146,14 @@ class DecodeLoop:
         for seq in [s for s in self.scheduler.waiting if s.request_id in request_ids]:
             self.scheduler.waiting.remove(seq)
             chunks.append(seq.abort(now))
+        group = self.prefilling
+        if group is not None:
+            chunks += [s.abort(now) for s in group.seqs if s.request_id in request_ids]
+            rest = [i for i, s in enumerate(group.seqs) if not s.finished]
+            if rest:
+                group.keep(rest)
+            else:
+                self.prefilling = None
         for seq in self.running:
             if seq.request_id in request_ids and not seq.finished:
                 chunks.append(seq.abort(now))
@@ -110,40 +161,68 @@ class DecodeLoop:
         self._retire()
         return chunks
 
-    def _prefill(self, seqs: list[Sequence]) -> list[Chunk]:
-        """Prefill the joining prompts as one batch and sample each one's first token."""
+    def _prefill_chunk(self) -> tuple[list[Chunk], bool]:
+        """Feed the prefill group its next chunk, at most max_prefill_tokens prompt tokens (rows in order, each
+        its next slice); rows whose prompt is then complete sample their first token and join the running batch.
+        Returns their chunks and whether any row's prompt was complete."""
         t0 = time.perf_counter()
-        self.proposer.prefetch(seqs)  # SSD: the worker prefills the draft side meanwhile
-        state = KVState(self.target, len(seqs), self.device)
-        tokens, valid = right_aligned([s.prompt_ids for s in seqs], self.pad_id, self.device)
-        logits = state.extend(tokens, valid, logits_to_keep=1)[:, -1]  # [J, V]
-        p = warp_rows(logits.float(), RowSampling([s.params for s in seqs]))  # [J, V]
-        first = sample(p, [s.generator for s in seqs])  # [J]
+        group = self.prefilling
+        slices, room = [], self.scheduler.config.max_prefill_tokens
+        for i, seq in enumerate(group.seqs):
+            n = group.left(i) if room is None else min(group.left(i), room)
+            slices.append(seq.prompt_ids[group.fed[i]: group.fed[i] + n])
+            room = None if room is None else room - n
+        complete = [i for i, part in enumerate(slices) if part and len(part) == group.left(i)]
+        done = [group.seqs[i] for i in complete]
+        context_len = max(group.fed)
+        self.proposer.prefetch(done)  # SSD: the worker prefills their draft side meanwhile
+        tokens, valid = right_aligned(slices, self.pad_id, self.device)  # [J, T]: every row's newest token last
+        logits = group.state.extend(tokens, valid, logits_to_keep=1)[:, -1]  # [J, V]
+        for i, part in enumerate(slices):
+            group.fed[i] += len(part)
+        self.stats.prompt_tokens += sum(len(part) for part in slices)
+        chunks, first = self._first_tokens(done, logits[complete]) if complete else ([], None)
         verify_ms = ms_since(t0)
+        t1 = time.perf_counter()
+        rest = [i for i in range(len(group.seqs)) if i not in set(complete)]
+        if complete:
+            going_on = [j for j, seq in enumerate(done) if not seq.finished]
+            if going_on:
+                rows = [complete[j] for j in going_on]
+                whole = not rest and len(rows) == len(group.seqs)  # the common case: the group's cache as it is
+                state = group.state if whole else group.state.fork(torch.tensor(rows))
+                self._join([done[j] for j in going_on], state, first[going_on])
+        self.recorder.prefill(self.proposer.name, self.proposer.K, len(group.seqs), max(len(p) for p in slices),
+                              verify_ms=verify_ms, draft_ms=ms_since(t1), round_ms=ms_since(t0),
+                              context_len=context_len)
+        if rest:
+            group.keep(rest)
+        else:
+            self.prefilling = None
+        return chunks, bool(complete)
+
+    def _first_tokens(self, seqs: list[Sequence], logits: Tensor) -> tuple[list[Chunk], Tensor]:
+        """Sample the first token of each sequence whose prompt is complete (logits [J, V]); their chunks, and
+        the tokens [J]."""
+        p = warp_rows(hold_back_stops(logits[:, None], seqs)[:, 0].float(), RowSampling([s.params for s in seqs]))
+        first = sample(p, [s.generator for s in seqs])  # [J]
         now = time.perf_counter()
         firsts = [[t] for t in first.tolist()]
-        logprobs = _logprobs(p[:, None], firsts, seqs)
         chunks = []
-        for seq, token, lp in zip(seqs, firsts, logprobs):
+        for seq, token, lp in zip(seqs, firsts, logprobs(logits[:, None], p[:, None], firsts, seqs)):
             chunks.append(seq.append(token, lp, now))
             seq.metrics.target_forwards += 1
-        self.stats.prompt_tokens += sum(len(s.prompt_ids) for s in seqs)
         self.stats.generation_tokens += len(seqs)
-
-        keep = [i for i, s in enumerate(seqs) if not s.finished]
         self._count_finished([s for s in seqs if s.finished])
-        t1 = time.perf_counter()
-        if keep:
-            joined = [seqs[i] for i in keep]
-            if len(keep) < len(seqs):
-                state.select(torch.tensor(keep, dtype=torch.long))
-            self.state = KVState.concat([self.state, state])
-            self.pending = torch.cat([self.pending, first[keep].to(self.device)])
-            self.running += joined
-            self.proposer.admit(joined)  # SD: the draft's prefill; SSD: sent with the next round
-        self.recorder.prefill(self.proposer.name, self.proposer.K, len(seqs), max(len(s.prompt_ids) for s in seqs),
-                              verify_ms=verify_ms, draft_ms=ms_since(t1), round_ms=ms_since(t0))
-        return [c for c in chunks if c is not None]
+        return [c for c in chunks if c is not None], first
+
+    def _join(self, seqs: list[Sequence], state: KVState, first: Tensor) -> None:
+        """Sequences whose prompt is in `state` (one row each) and whose first token is `first` [J] join the
+        running batch."""
+        self.state = KVState.concat([self.state, state])
+        self.pending = torch.cat([self.pending, first.to(self.device)])
+        self.running += seqs
+        self.proposer.admit(seqs)  # SD: the draft's prefill; SSD: sent with the next round
 
     def _propose(self, rows: RowSampling) -> tuple[Proposal, RoundTelemetry]:
         """The proposer's speculation and its account of drafting it (after a fault, its replacement's)."""
@@ -175,7 +254,8 @@ class DecodeLoop:
 
         t1 = time.perf_counter()
         block = torch.cat([self.pending[:, None], x.to(self.device)], dim=1)  # [B, K + 1]
-        p = warp_rows(self.state.extend(block).float(), rows)  # [B, K + 1, V]
+        logits = self.state.extend(block)  # [B, K + 1, V]: position j predicts output token len(output_ids) + j
+        p = warp_rows(hold_back_stops(logits, self.running).float(), rows)  # [B, K + 1, V]
         result = verify(x, proposal.q, p, generators)
         self.state.rollback(K - result.accepted.to(self.device))  # keep pending, x_1..x_k
         verify_ms = ms_since(t1)
@@ -185,7 +265,7 @@ class DecodeLoop:
         tokens = result.emitted(x)
         accepted = result.accepted.tolist()
         chunks = []
-        for seq, toks, lp, k in zip(self.running, tokens, _logprobs(p, tokens, self.running), accepted):
+        for seq, toks, lp, k in zip(self.running, tokens, logprobs(logits, p, tokens, self.running), accepted):
             chunks.append(seq.append(toks, lp, now))
             seq.metrics.rounds += 1
             seq.metrics.target_forwards += 1
@@ -205,12 +285,32 @@ class DecodeLoop:
         s.row_tokens += sum(emitted)
         s.generation_tokens += sum(emitted)
         if K:
-            s.accepted += sum(accepted)
+            # An accepted draft token counts once emitted: a row cut short by a stop emits fewer than k + 1.
+            kept = [min(k, n) for k, n in zip(accepted, emitted)]
+            s.accepted += sum(kept)
             s.rejections += sum(k < K for k in accepted)
-        if telemetry.previous_outcome_hit is not None:
-            looked_up = [h for h in telemetry.previous_outcome_hit if h is not None]
-            s.ssd_lookups += len(looked_up)
-            s.ssd_hits += sum(looked_up)
+            s.drafts += len(accepted)
+            s.draft_tokens += K * len(accepted)
+            per_position = list(s.accepted_per_position) + [0] * (K - len(s.accepted_per_position))
+            for k in kept:
+                for i in range(k):
+                    per_position[i] += 1
+            s.accepted_per_position = tuple(per_position)  # a new tuple: a snapshot is never changed under a reader
+        if telemetry.backup_ms:
+            s.backup_s += telemetry.backup_ms / 1e3
+        if telemetry.previous_outcome_hit is not None:  # per row of the last round, whose k are _last_accepted
+            lookups, hits = list(s.ssd_lookups_by_k), list(s.ssd_hits_by_k)
+            for k, hit in zip(self._last_accepted, telemetry.previous_outcome_hit):
+                if hit is None:
+                    continue
+                if k >= len(lookups):
+                    lookups += [0] * (k + 1 - len(lookups))
+                    hits += [0] * (k + 1 - len(hits))
+                lookups[k] += 1
+                hits[k] += hit
+            s.ssd_lookups_by_k, s.ssd_hits_by_k = tuple(lookups), tuple(hits)
+            s.ssd_lookups, s.ssd_hits = sum(lookups), sum(hits)
+        self._last_accepted = accepted
 
     def _count_finished(self, seqs: list[Sequence]) -> None:
         self.stats.requests_finished += sum(s.finish_reason != "abort" for s in seqs)
@@ -229,23 +329,3 @@ class DecodeLoop:
 
     def close(self) -> None:
         self.proposer.close()
-
-
-def _logprobs(p: Tensor, tokens: list[list[int]], seqs: list[Sequence]) -> list[list[TokenLogprob] | None]:
-    """Per row, each emitted token's log-probability under p [B, T, V] (token i at position i), and the top N
-    of p there, for the rows that asked (None for the others)."""
-    out: list[list[TokenLogprob] | None] = []
-    for b, (toks, seq) in enumerate(zip(tokens, seqs)):
-        n = seq.params.logprobs
-        if n is None:
-            out.append(None)
-            continue
-        rows = p[b, : len(toks)]  # [T, V]
-        chosen = rows.gather(-1, torch.tensor(toks, device=rows.device)[:, None]).log()[:, 0].tolist()
-        tops = torch.topk(rows, n, dim=-1) if n else None
-        lps = []
-        for i, (token, lp) in enumerate(zip(toks, chosen)):
-            top = tuple(zip(tops.indices[i].tolist(), tops.values[i].log().tolist())) if tops is not None else ()
-            lps.append(TokenLogprob(token, lp, top))
-        out.append(lps)
-    return out

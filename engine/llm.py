@@ -56,7 +56,8 @@ class LLM:
     strategy: AR, SD or SSD; by default SD when a draft is given and AR otherwise (a draft is never
     silently left unused).
     max_num_seqs / max_prefill_tokens / max_waiting: the scheduler's limits (None: no limit, so one
-    generate() call runs all its prompts as one batch).
+    generate() call runs all its prompts as one batch); a prompt longer than max_prefill_tokens is prefilled in
+    chunks of that many tokens, one a step, between the rounds of the running sequences.
     dtype / draft_dtype: float dtype of a model loaded by name (a model object keeps its own); with low-bit
     weights, the dtype of the layers left in float. "auto" (the default) is bfloat16 where the device
     multiplies in it at speed (a CUDA GPU with bf16, a CPU with AVX-512 or AMX), else float32 on a CPU
@@ -136,6 +137,8 @@ class LLM:
         self.serving = False  # True while an AsyncLLM drives the loop
         self.loop = DecodeLoop(self.target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,
                                device=self.device, scheduler=scheduler)
+        if max_num_seqs is not None and self.max_context is not None:  # what a KV-cache usage is a share of
+            self.loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
         self._start_proposer()
 
     # -- construction -------------------------------------------------------------------------

@@ -93,6 +93,7 @@ class RequestMetrics:
 
     prompt_tokens: int
     arrival_s: float = 0.0
+    scheduled_s: float | None = None  # when it left the waiting queue for its prefill
     new_tokens: int = 0
     rounds: int = 0
     target_forwards: int = 0  # forwards of the target that included this sequence (prefill too)
@@ -235,11 +236,19 @@ class ServingStats:
     rounds: int = 0  # decode rounds (steps with at least one running sequence)
     row_rounds: int = 0  # sequence-rounds
     row_tokens: int = 0  # tokens emitted in those sequence-rounds
-    accepted: int = 0  # draft tokens accepted
+    accepted: int = 0  # draft tokens accepted and emitted (a row cut short by a stop counts what it emitted)
     rejections: int = 0  # sequence-rounds that rejected a draft token (α = accepted / (accepted + rejections))
+    drafts: int = 0  # sequence-rounds with a speculation (K > 0): vLLM's num_drafts
+    draft_tokens: int = 0  # draft tokens proposed, K per sequence-round: vLLM's num_draft_tokens
+    accepted_per_position: tuple[int, ...] = ()  # [i]: sequence-rounds whose draft token i + 1 was accepted
     ssd_lookups: int = 0
     ssd_hits: int = 0
+    ssd_lookups_by_k: tuple[int, ...] = ()  # [k]: cache lookups for an outcome of k accepted tokens
+    ssd_hits_by_k: tuple[int, ...] = ()
+    backup_s: float = 0.0  # SSD: the backup's drafting time on the critical path (cache misses)
     fallbacks: int = 0  # SSD worker faults (each switches to the fallback for good)
+    cached_tokens: int = 0  # tokens of the running sequences (prompt + output): what the target's KV cache holds
+    cache_capacity_tokens: int | None = None  # max_num_seqs × the model's context (None: no limit known)
 
     @property
     def tokens_per_round(self) -> float:

@@ -9,9 +9,10 @@ from engine.metrics import RequestMetrics, RunMetrics
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One emitted token's log-probability under the target's warped distribution, and the top N there
-    (ids with their log-probabilities, most probable first; ties to the lowest id). At temperature 0 the
-    warped distribution is a point mass: the chosen token has 0 and every other token −inf."""
+    """One emitted token's log-probability under the target, and the target's top N there (ids with their
+    log-probabilities, most probable first; ties to the lowest id). By default the model's own distribution
+    (SamplingParams.logprobs_mode RAW); with PROCESSED the one sampled from, which at temperature 0 is a point
+    mass: the chosen token has 0 and every other token −inf."""
 
     token_id: int
     logprob: float
@@ -32,6 +33,7 @@ class Chunk:
     finish_reason: str | None  # "stop" (EOS, a stop token or string), "length" or "abort"
     prompt_tokens: int
     output_tokens: int  # so far, this chunk included
+    scheduled_s: float | None = None  # time.perf_counter() when the request left the waiting queue (None: not yet)
 
 
 @dataclass

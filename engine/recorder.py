@@ -23,10 +23,11 @@ class RoundRecorder:
         self._held: RoundRecord | None = None  # the last decode record, until the next round fills in its outcome
 
     def prefill(self, strategy: str, K: int, rows: int, tokens: int, verify_ms: float, draft_ms: float,
-                round_ms: float) -> None:
-        """A prefill of `rows` joining prompts, the longest `tokens` long."""
+                round_ms: float, context_len: int = 0) -> None:
+        """A prefill (chunk) of `rows` joining prompts, the longest slice `tokens` long, after `context_len`
+        prompt tokens fed in earlier chunks (0 for a prompt prefilled whole)."""
         self._add(RoundRecord(
-            strategy=strategy, round=self.count, batch_size=rows, K=K, context_len=0, accepted=[0] * rows,
+            strategy=strategy, round=self.count, batch_size=rows, K=K, context_len=context_len, accepted=[0] * rows,
             emitted=[1] * rows, draft_ms=draft_ms, verify_ms=verify_ms, round_ms=round_ms, draft_forwards=0,
             phase="prefill", tokens=tokens,
         ))

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 MAX_LOGPROBS = 5  # top-N log-probabilities a request may ask for (OpenAI's limit)
 MAX_SEED = (1 << 63) - 1  # seeds travel as int64 (torch generators, the SSD worker's messages)
+
+
+class LogprobsMode(str, Enum):
+    """Which distribution `logprobs` reports (vLLM's names)."""
+
+    RAW = "raw_logprobs"  # the model's own: log-softmax of its logits, before min_tokens, temperature, top-k/p
+    PROCESSED = "processed_logprobs"  # the distribution actually sampled: after all of them
 
 
 @dataclass(frozen=True)
@@ -21,8 +29,13 @@ class SamplingParams:
                   seed and prompt give the same tokens whatever else shares the batch.
     stop          strings that end the output (the text is cut before the first one; it is not returned).
     stop_token_ids token ids that end the output (the token is kept, like EOS).
-    logprobs      None: no log-probabilities; N in 0..5: each emitted token's log-probability under the
-                  target's warped distribution, and the top N of that distribution.
+    logprobs      None: no log-probabilities; N in 0..5: each emitted token's log-probability and the top N
+                  of the target's distribution at that position.
+    logprobs_mode which distribution: RAW (default, as vLLM and OpenAI) the model's own log-softmax, before
+                  min_tokens, temperature and top-k/top-p; PROCESSED the one actually sampled from (at
+                  temperature 0 a point mass: 0 for the chosen token, -inf for the others).
+    min_tokens    the fewest tokens generated before EOS, a stop token or a stop string may end the output:
+                  until then those tokens get probability 0 (the target's p is renormalised without them).
     """
 
     temperature: float = 1.0
@@ -34,6 +47,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
+    logprobs_mode: LogprobsMode = LogprobsMode.RAW
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
@@ -59,10 +74,22 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", ids)
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in 0..{MAX_LOGPROBS} (or None), got {self.logprobs!r}")
+        try:
+            object.__setattr__(self, "logprobs_mode", LogprobsMode(self.logprobs_mode))
+        except ValueError:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(m.value for m in LogprobsMode)}, "
+                             f"got {self.logprobs_mode!r}") from None
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_tokens must be an integer in 0..max_new_tokens = 0..{self.max_new_tokens}, "
+                             f"got {self.min_tokens!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def stops_before(self, eos_ids: frozenset[int]) -> tuple[int, ...]:
+        """The ids min_tokens holds back: those that would end the output (EOS unless ignored, stop tokens)."""
+        return tuple(sorted((set(eos_ids) if self.stop_on_eos else set()) | set(self.stop_token_ids)))
 
     @property
     def warp_key(self) -> tuple:

@@ -1,9 +1,10 @@
 """Admission: which waiting requests join the running batch at the next step.
 
 First come, first served, within two limits: the most sequences in flight (`max_num_seqs`) and the most
-prompt tokens prefilled in one step (`max_prefill_tokens`). A prompt longer than the prefill limit is
-prefilled alone (it would otherwise never start). Requests join between rounds, so a long prefill delays
-one round of the running sequences, not their whole generation.
+prompt tokens prefilled in one step (`max_prefill_tokens`). A group of prompts that fits the prefill budget is
+prefilled in one step; a prompt longer than the budget is admitted alone and prefilled in chunks of at most that
+many tokens, one chunk a step between the rounds of the running sequences (engine.decode_loop), so a long
+prompt delays each round by at most one chunk, however long it is.
 
 A strategy whose memory grows with the batch (SSD's draft worker keeps a speculation cache per sequence)
 adds a third limit, `MemoryLimit`: a request joins only if the memory it would take (at its full length,
@@ -25,8 +26,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int | None = None  # None: no limit (generate() runs all its prompts as one batch)
-    max_prefill_tokens: int | None = None  # None: no limit
-    max_waiting: int | None = None  # None: no limit; else submit() beyond it raises QueueFull
+    max_prefill_tokens: int | None = None  # prompt tokens fed a step (chunked prefill); None: no limit
+    max_waiting: int | None = None  # None: no limit; else submit() beyond it (and the free rows) raises QueueFull
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_prefill_tokens", "max_waiting"):

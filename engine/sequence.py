@@ -57,7 +57,7 @@ class Sequence:
             kept += 1
             if (p.stop_on_eos and token in self.eos_ids) or token in p.stop_token_ids:
                 self.finish_reason = "stop"
-            elif p.stop and self._cut_at_stop_string():
+            elif p.stop and len(self.output_ids) > p.min_tokens and self._cut_at_stop_string():
                 self.finish_reason = "stop"
             elif len(self.output_ids) >= p.max_new_tokens:
                 self.finish_reason = "length"
@@ -100,7 +100,7 @@ class Sequence:
             end = max(end, self.sent_chars)
             delta, self.sent_chars = self.text[self.sent_chars : end], end
         return Chunk(self.request_id, self.index, list(tokens), delta, logprobs, now_s, self.finished,
-                     self.finish_reason, len(self.prompt_ids), len(self.output_ids))
+                     self.finish_reason, len(self.prompt_ids), len(self.output_ids), self.metrics.scheduled_s)
 
     def output(self) -> RequestOutput:
         return RequestOutput(

@@ -29,25 +29,27 @@ class Chunk(Protocol):
     finish_reason: str | None  # "stop" | "length" | "abort" | None
     prompt_tokens: int
     output_tokens: int  # cumulative
+    scheduled_s: float | None  # time.perf_counter() when the request left the engine's waiting queue
 
 
 class ServingStats(Protocol):
-    """A snapshot of the engine's counters (cumulative since start) and gauges."""
+    """A snapshot of the engine's counters (cumulative since start) and gauges (engine.metrics.ServingStats)."""
 
     running: int
     waiting: int
-    requests_finished: int
-    requests_aborted: int
     prompt_tokens: int
     generation_tokens: int
     rounds: int
-    row_rounds: int
-    row_tokens: int
     accepted: int
-    rejections: int
-    ssd_lookups: int
-    ssd_hits: int
+    drafts: int
+    draft_tokens: int
+    accepted_per_position: Sequence[int]
+    ssd_lookups_by_k: Sequence[int]
+    ssd_hits_by_k: Sequence[int]
+    backup_s: float
     fallbacks: int
+    cached_tokens: int
+    cache_capacity_tokens: int | None
     strategy: str
 
 
@@ -65,7 +67,8 @@ class ServedModel(Protocol):
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
 
     def room(self, prompt_ids: list[int]) -> int | None:
-        """The most new tokens a request with this prompt may ask for (None: no known limit)."""
+        """The most new tokens a request with this prompt may ask for (None: no known limit); for an empty
+        prompt, the most tokens prompt + max_tokens may hold (the served max_model_len)."""
 
 
 class ChunkStream(Protocol):

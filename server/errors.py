@@ -20,7 +20,7 @@ logger = logging.getLogger("server")
 class ErrorType(str, Enum):
     """OpenAI's `error.type` values, by what went wrong."""
 
-    INVALID_REQUEST = "invalid_request_error"  # 400, 404
+    INVALID_REQUEST = "invalid_request_error"  # 400, 404, 413
     AUTHENTICATION = "authentication_error"  # 401
     UNAVAILABLE = "service_unavailable_error"  # 503: queue full, shutting down
     SERVER = "server_error"  # 500: the engine failed
@@ -33,8 +33,12 @@ _TYPE_OF_STATUS = {
 }
 
 
+RETRY_AFTER_S = 1  # a 503's Retry-After: the waiting queue moves a row at a time, so soon is worth a try
+
+
 class APIError(Exception):
-    """An error answered to the client; `status` decides the HTTP status and `error.type`."""
+    """An error answered to the client; `status` decides the HTTP status and `error.type`. A 503 carries
+    Retry-After (RETRY_AFTER_S seconds)."""
 
     def __init__(self, status: HTTPStatus, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -51,7 +55,22 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type.value, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status.value)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status == HTTPStatus.SERVICE_UNAVAILABLE else None
+        return JSONResponse(self.body(), status_code=self.status.value, headers=headers)
+
+
+def context_length_exceeded(max_model_len: int, prompt_tokens: int, max_tokens: int | None, param: str) -> APIError:
+    """OpenAI's (and vLLM's) 400 for a request that does not fit the context: code `context_length_exceeded`.
+    max_tokens None: the prompt alone is too long (counted only as far as needed: `prompt_tokens` is a floor)."""
+    what = "messages" if param == "messages" else "prompt"
+    if max_tokens is None:
+        asked = f"your {what} has at least {prompt_tokens} tokens, which leaves no room for a completion"
+    else:
+        asked = (f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, "
+                 f"{max_tokens} in the completion)")
+    return APIError(HTTPStatus.BAD_REQUEST, f"This model's maximum context length is {max_model_len} tokens. However, "
+                    f"{asked}. Please reduce the length of the {what} or completion.", param=param,
+                    code="context_length_exceeded")
 
 
 def validation_message(err: RequestValidationError) -> tuple[str, str | None]:

@@ -25,6 +25,7 @@ from engine import EngineFailed, EngineStopped, QueueFull
 from server.context import ServingContext
 from server.engine_api import Chunk, ChunkStream, TokenLogprob
 from server.errors import APIError
+from server.metrics import FinishedRequest
 from server.responses import ResponseFormat
 from theory.latency import request_latency
 
@@ -53,16 +54,30 @@ class Job:
 
 @dataclass
 class Timeline:
-    """When the server got each chunk that carried tokens, from the request's arrival (perf_counter s)."""
+    """When the server got each chunk that carried tokens, from the request's arrival (perf_counter s), and how
+    the request ended."""
 
     arrival_s: float
     chunk_times_s: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    last: Chunk | None = None  # the newest chunk
 
     def record(self, chunk: Chunk) -> None:
+        self.last = chunk
         if chunk.token_ids:
             self.chunk_times_s.append(time.perf_counter())
             self.chunk_tokens.append(len(chunk.token_ids))
+
+    def finished(self, max_tokens: int) -> FinishedRequest:
+        last, times = self.last, self.chunk_times_s
+        latency = request_latency(self.arrival_s, times, self.chunk_tokens) if times else None
+        return FinishedRequest(
+            latency=latency,
+            finish_reason=(last.finish_reason if last is not None and last.finished else None) or ABORTED,
+            prompt_tokens=last.prompt_tokens if last is not None else None, output_tokens=sum(self.chunk_tokens),
+            max_tokens=max_tokens, arrival_s=self.arrival_s,
+            scheduled_s=getattr(last, "scheduled_s", None) if last is not None else None,
+            first_s=times[0] if times else None, last_s=times[-1] if times else None)
 
 
 def engine_error(err: Exception) -> APIError:
@@ -111,6 +126,7 @@ async def respond(ctx: ServingContext, request: Request, job: Job, arrival_s: fl
         await chunks.aclose()
         if isinstance(err, Exception) and not isinstance(err, ClientDisconnected):
             raise engine_error(err) from err
+        _finished(ctx, job, timeline)  # it reached the engine, and was aborted there
         raise
     if job.stream:
         return StreamingResponse(_events(ctx, job, first, chunks, timeline), media_type="text/event-stream",
@@ -123,7 +139,7 @@ async def respond(ctx: ServingContext, request: Request, job: Job, arrival_s: fl
         raise engine_error(err) from err
     finally:
         await chunks.aclose()
-        _finished(ctx, timeline)
+        _finished(ctx, job, timeline)
     return JSONResponse(job.format.response(**answer))
 
 
@@ -173,11 +189,10 @@ async def _events(ctx: ServingContext, job: Job, first: Chunk, chunks: ChunkStre
         yield _sse(engine_error(err).body())
     finally:
         await chunks.aclose()
-        _finished(ctx, timeline)
+        _finished(ctx, job, timeline)
     yield "data: [DONE]\n\n"
 
 
-def _finished(ctx: ServingContext, timeline: Timeline) -> None:
-    if timeline.chunk_times_s:
-        ctx.metrics.observe(request_latency(timeline.arrival_s, timeline.chunk_times_s, timeline.chunk_tokens))
+def _finished(ctx: ServingContext, job: Job, timeline: Timeline) -> None:
+    ctx.metrics.observe(timeline.finished(job.params.max_new_tokens))
     ctx.note_fallbacks()

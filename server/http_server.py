@@ -106,6 +106,7 @@ class HTTPServer:
             self._socket.close()
             if not self._engine_stopped:  # uvicorn stopped by itself: still stop the engine
                 await self._stop_engine()
+            self.ctx.close()
 
     def shutdown(self) -> None:
         """Start the drain (thread-safe; a second call only says it is already under way)."""

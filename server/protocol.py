@@ -1,19 +1,41 @@
 """OpenAI request bodies as pydantic models: types are strict, ranges checked, unknown fields ignored.
 
-What the engine cannot do is refused here with a 400 that says so (several prompts, n > 1, echo,
-penalties, logit bias, tools), rather than silently ignored.
+What the engine cannot do is refused here with a 400 that names the field (several prompts, n > 1, echo,
+penalties, logit bias, tools and tool_choice, functions, structured output, audio, predicted output, vLLM's
+guided decoding and beam search), rather than silently ignored. A field is refused only when it asks for
+something: its neutral value (null, "text", tool_choice "none", ...) is accepted.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from engine.sampling_params import MAX_LOGPROBS  # top-N log-probabilities a request may ask for
+from engine.sampling_params import MAX_LOGPROBS, LogprobsMode  # top-N log-probabilities a request may ask for
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+
+# Fields this server cannot honour: what each may be without asking for anything, and why the rest is refused.
+NOT_SUPPORTED = {
+    "response_format": ((None, {"type": "text"}), "structured output is not supported: leave it out or use "
+                                                   "{\"type\": \"text\"}"),
+    "tool_choice": ((None, "none"), "tools are not supported: leave it out or use \"none\""),
+    "functions": ((None, []), "function calling is not supported"),
+    "function_call": ((None, "none"), "function calling is not supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "modalities": ((None, ["text"]), "only text output is supported: leave it out or use [\"text\"]"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "guided_json": ((None,), "guided decoding is not supported"),
+    "guided_regex": ((None,), "guided decoding is not supported"),
+    "guided_choice": ((None,), "guided decoding is not supported"),
+    "guided_grammar": ((None,), "guided decoding is not supported"),
+    "structured_outputs": ((None,), "structured output is not supported"),
+    "use_beam_search": ((None, False), "beam search is not supported"),
+    "repetition_penalty": ((None, 1, 1.0), "penalties are not supported: leave it at 1"),
+    "min_p": ((None, 0, 0.0), "min_p is not supported: leave it at 0"),
+}
 
 
 class _Request(BaseModel):
@@ -38,9 +60,50 @@ class SamplingRequest(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # an extension (vLLM's)
+    min_tokens: int = Field(0, ge=0)  # an extension (vLLM's): EOS and stop tokens held back until then
+    stop_token_ids: list[int] | None = None  # an extension (vLLM's)
+    logprobs_mode: LogprobsMode = LogprobsMode.RAW  # an extension: "processed_logprobs" for the sampled distribution
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    use_beam_search: Any = None
+    repetition_penalty: Any = None
+    min_p: Any = None
+
+    @field_validator(*NOT_SUPPORTED)
+    @classmethod
+    def _not_supported(cls, value: Any, info: ValidationInfo) -> Any:
+        neutral, why = NOT_SUPPORTED[info.field_name]
+        if value in neutral:  # compared by ==: {"type": "text"} and 1.0 are neutral as written
+            return value
+        raise ValueError(why)
+
+    @field_validator("logprobs_mode", mode="before")
+    @classmethod
+    def _logprobs_mode(cls, mode: Any) -> LogprobsMode:
+        try:
+            return LogprobsMode(mode)
+        except ValueError:
+            raise ValueError(f"must be one of {', '.join(m.value for m in LogprobsMode)}") from None
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and any(t < 0 for t in ids):
+            raise ValueError("token ids must be >= 0")
+        return ids
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -13,6 +13,7 @@ the child: STOP, join, then terminate / kill if it does not leave. Faults surfac
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -30,13 +31,15 @@ from engine.ssd.draft_worker import DraftWorker
 from engine.ssd.lifetime import explain_exit, spawn_with_sigint_blocked
 from engine.ssd.messages import MalformedMessage, Prefill, Round, Speculation, Stop
 from engine.ssd.placement import draft_device_for, uses_nccl, worker_cores
-from engine.ssd.process import JOINED_KEY, READY_KEY, SPEC_KEY, WorkerSpec, serve
-from engine.ssd.transport import TARGET_RANK, Backend, DraftUnavailable, Transport, connect, host_store, process_group
+from engine.ssd.process import JOINED_KEY, READY_KEY, SECRET_VARIABLE, SPEC_KEY, WorkerSpec, serve
+from engine.ssd.transport import (TARGET_RANK, Backend, DraftUnavailable, Transport, check_answer, connect, host_store,
+                                  new_secret, process_group)
 
 log = logging.getLogger(__name__)
 FAULTS = (DraftUnavailable, MalformedMessage)  # what an exchange may raise: the worker is lost
 POLL_S = 0.05
 JOIN_S = 10.0
+TERM_S = 1.0  # the worker has no SIGTERM handler, so one that is running dies at once; a stopped one gets SIGKILL
 
 
 class Channel(Protocol):
@@ -101,10 +104,11 @@ class ProcessChannel:
         on_cpu = not cuda and draft_device.type == "cpu"
         cores, self.target_threads = worker_cores(placement.draft_threads) if on_cpu else (None, None)
         store, address = host_store(placement.init_method, placement.start_deadline_s)
+        secret = new_secret()
         ws = WorkerSpec(recipe, spec, pad_id, address, str(draft_device), placement.draft_threads, cores,
                         placement.start_deadline_s, placement.faults, parent_pid=os.getpid(),
                         death_signal=threading.current_thread() is threading.main_thread(), nccl=nccl,
-                        backend=backend)
+                        backend=backend, secret=secret)
         self.process = None
         self.store = store
         self.endpoint: Transport | None = None
@@ -116,8 +120,9 @@ class ProcessChannel:
         self.address = address
         self.started = time.monotonic()
         if placement.external:
-            store.set(SPEC_KEY, pickle.dumps(ws))  # the hand-started worker reads its settings here
-            log.warning("waiting for a draft worker: run `python -m engine.ssd.process %s` on the draft host", address)
+            store.set(SPEC_KEY, pickle.dumps(dataclasses.replace(ws, secret="")))  # its settings, without the secret
+            log.warning("waiting for a draft worker: run `%s=%s python -m engine.ssd.process %s` on the draft host",
+                        SECRET_VARIABLE, secret, address)
         else:
             self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
         try:
@@ -125,6 +130,8 @@ class ProcessChannel:
                 spawn_with_sigint_blocked(self.process.start)
                 log.info("starting the draft worker (pid %d) on %s ...", self.process.pid, draft_device)
             self._await(JOINED_KEY, "connect")
+            if not check_answer(store, JOINED_KEY, secret):
+                raise DraftUnavailable("a process joined the draft link without this run's secret")
             target_comm = torch.device("cuda", target_device.index or 0) if nccl else torch.device("cpu")
             self.endpoint = connect(store, TARGET_RANK, target_comm, placement.start_deadline_s, backend)
         except RuntimeError as err:  # DraftUnavailable included
@@ -224,7 +231,7 @@ class ProcessChannel:
             self.process.join(JOIN_S if orderly and self.ready else 0.5)
             if self.process.is_alive():
                 self.process.terminate()
-                self.process.join(JOIN_S)
+                self.process.join(TERM_S)
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join()

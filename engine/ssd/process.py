@@ -23,11 +23,13 @@ from engine.config import SpeculativeConfig, StartFault, WorkerFaults
 from engine.loading.recipe import DraftRecipe
 from engine.ssd.lifetime import WorkerExit, die_with_parent, ignore_sigint, silence_stderr
 from engine.ssd.messages import MalformedMessage, Prefill, Round, Stop
-from engine.ssd.transport import DRAFT_RANK, Backend, DraftUnavailable, connect, join_store, process_group
+from engine.ssd.transport import (DRAFT_RANK, Backend, DraftUnavailable, answer_challenge, connect, join_store,
+                                  process_group)
 
 log = logging.getLogger(__name__)
 SPEC_KEY = "saguaro/worker_spec"
-JOINED_KEY = "saguaro/worker_joined"  # set by the worker once connected to the store, before the group forms
+JOINED_KEY = "saguaro/worker_joined"  # the worker's answer to the challenge, once connected, before the group forms
+SECRET_VARIABLE = "SAGUARO_DRAFT_SECRET"  # a worker started by hand reads the run's secret here
 READY_KEY = "saguaro/worker_ready"  # set by the worker once its model is built
 IDLE_S = 7 * 24 * 3600.0  # the worker waits for the next batch as long as the link is up
 
@@ -47,6 +49,7 @@ class WorkerSpec:
     death_signal: bool = False  # Linux parent-death signal (only when the target's main thread started us)
     nccl: bool | None = None  # the link: NCCL between two GPUs, else gloo over CPU tensors (None: by `device`)
     backend: Backend = process_group  # makes the link's process group (engine.ssd.transport)
+    secret: str = ""  # the run's secret, which the worker proves it holds when it joins (never posted in the store)
 
 
 def serve(ws: WorkerSpec) -> None:
@@ -68,7 +71,7 @@ def serve(ws: WorkerSpec) -> None:
     if faults.at_start is StartFault.EXIT_BEFORE_JOINING:
         os._exit(WorkerExit.FAULT_INJECTED)
     store = join_store(ws.address, ws.connect_s)
-    store.set(JOINED_KEY, str(os.getpid()))
+    store.set(JOINED_KEY, answer_challenge(store, ws.secret))
     endpoint = connect(store, DRAFT_RANK, device if nccl else torch.device("cpu"), ws.connect_s, ws.backend)
     if faults.at_start is StartFault.EXIT_WHILE_LOADING:
         os._exit(WorkerExit.FAULT_INJECTED)
@@ -105,13 +108,18 @@ def serve(ws: WorkerSpec) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Start a draft worker by hand (e.g. on another host): `python -m engine.ssd.process tcp://host:port`."""
+    """Start a draft worker by hand (e.g. on another host): `SAGUARO_DRAFT_SECRET=... python -m engine.ssd.process
+    tcp://host:port`, with the secret and address the target logged."""
     if len(argv) != 1:
         print("usage: python -m engine.ssd.process tcp://TARGET_HOST:PORT", file=sys.stderr)
         return 2
+    secret = os.environ.get(SECRET_VARIABLE)
+    if not secret:
+        print(f"set {SECRET_VARIABLE} to the secret the target logged with its address", file=sys.stderr)
+        return 2
     store = join_store(argv[0], 300.0)
     ws: WorkerSpec = pickle.loads(store.get(SPEC_KEY))
-    ws.address, ws.cores, ws.parent_pid = argv[0], None, None
+    ws.address, ws.cores, ws.parent_pid, ws.secret = argv[0], None, None, secret
     del store
     serve(ws)
     return 0

@@ -8,16 +8,24 @@ is chosen: gloo on CPU, NCCL when the messages live on a CUDA device. Both sides
 which takes that factory as an argument, so a test can give a fake backend.
 
 The address is an init method `tcp://host:port`; the target hosts the store, port 0 picks a free port, and
-the draft connects to the same address, so it can run on another host (see engine/ssd/README.md). A timeout,
-a dead peer or a broken link raise DraftUnavailable; a message that does not decode, MalformedMessage. A
-message crosses in at most two transfers (engine.ssd.wire).
+the draft connects to the same address, so it can run on another host (see engine/ssd/README.md). The store
+listens on that host only (127.0.0.1 by default, never every interface unless the init method says 0.0.0.0),
+and so does gloo's link when the host is a loopback address. The store has no authentication of its own, so
+each run has a secret: the target posts a random challenge, the worker answers it with an HMAC keyed by the
+secret (handed to it through its spawn arguments, never a command line), and the target checks the answer
+before it forms the link. A timeout, a dead peer or a broken link raise DraftUnavailable; a message that does
+not decode, MalformedMessage. A message crosses in at most two transfers (engine.ssd.wire).
 """
 
 from __future__ import annotations
 
 import datetime
 import errno
+import hashlib
+import hmac
+import ipaddress
 import re
+import secrets
 import socket
 from collections.abc import Callable
 from typing import Protocol
@@ -70,42 +78,83 @@ def _port_taken(host: str, port: int) -> ValueError:
                       f"there): choose another, e.g. --init-method {init_address(host, 0)} (port 0 = a free one)")
 
 
+def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple]:
+    """The socket family and address `host` names (a name resolves to its first address)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as err:
+        raise ValueError(f"cannot resolve the host of {init_address(host, port)} ({err.strerror}): use an address "
+                         f"such as {init_address('127.0.0.1', port)}") from None
+    return family, address
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port only (port 0: a free one); ValueError when the port is taken."""
+    family, address = _address(host, port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store: TIME_WAIT is no conflict
+    try:
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise _port_taken(host, port) from None
+        if err.errno == errno.EACCES:
+            raise ValueError(f"port {port} needs privileges this process lacks: choose a port above 1023, "
+                             f"or {init_address(host, 0)} for a free one") from None
+        raise
+    return sock
+
+
 def check_port_free(init_method: str) -> None:
-    """ValueError if the target could not host the rendezvous at this fixed port (port 0 always can).
-    The store listens on every interface, so the port is probed there, the way the store binds it."""
+    """ValueError if the target could not host the rendezvous at this fixed port of its host (port 0 always can)."""
     host, port = parse_init_method(init_method)
-    if port == 0:
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store: TIME_WAIT is no conflict
-        try:
-            probe.bind(("", port))
-        except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise _port_taken(host, port) from None
-            if err.errno == errno.EACCES:
-                raise ValueError(f"port {port} needs privileges this process lacks: choose a port above 1023, "
-                                 f"or {init_address(host, 0)} for a free one") from None
-            raise
+    if port != 0:
+        _listen(host, port).close()
 
 
 def host_store(init_method: str, connect_s: float) -> tuple[dist.TCPStore, str]:
-    """The target's side of the rendezvous: start the store; returns it and the address the draft joins."""
+    """The target's side of the rendezvous: start the store, listening on the init method's host only, and post
+    its challenge (`answer_challenge`); returns it and the address the draft joins."""
     host, port = parse_init_method(init_method)
-    try:
-        store = dist.TCPStore(host, port, 2, True, timeout=datetime.timedelta(seconds=connect_s),
-                              wait_for_workers=False)
-    except dist.DistNetworkError as err:
-        if "EADDRINUSE" in str(err):  # taken since check_port_free, or by a socket it could not see
-            raise _port_taken(host, port) from None
-        raise
-    return store, init_address(host, store.port)
+    sock = _listen(host, port)
+    bound = sock.getsockname()[1]
+    store = dist.TCPStore(host, bound, 2, True, timeout=datetime.timedelta(seconds=connect_s), wait_for_workers=False,
+                          master_listen_fd=sock.detach())  # the store owns the socket from here
+    store.set(CHALLENGE_KEY, secrets.token_hex(16))
+    return store, init_address(host, bound)
 
 
 def join_store(init_method: str, connect_s: float) -> dist.TCPStore:
     """The draft's side of the rendezvous: a client of the store the target hosts."""
     host, port = parse_init_method(init_method)
     return dist.TCPStore(host, port, 2, False, timeout=datetime.timedelta(seconds=connect_s))
+
+
+CHALLENGE_KEY = "saguaro/challenge"
+
+
+def new_secret() -> str:
+    """A run's secret, which the draft worker proves it holds when it joins."""
+    return secrets.token_hex(32)
+
+
+def answer_challenge(store: dist.Store, secret: str) -> str:
+    """The draft's proof that it holds `secret`: an HMAC of the store's challenge (the secret never crosses)."""
+    return hmac.new(secret.encode(), store.get(CHALLENGE_KEY), hashlib.sha256).hexdigest()
+
+
+def check_answer(store: dist.Store, key: str, secret: str) -> bool:
+    """Whether the answer the draft left at `key` proves it holds `secret`."""
+    return hmac.compare_digest(store.get(key), answer_challenge(store, secret).encode())
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(_address(host, 0)[1][0]).is_loopback
+    except ValueError:
+        return False
 
 
 # -- the link ---------------------------------------------------------------------------------------
@@ -121,8 +170,15 @@ def process_group(store: dist.Store, rank: int, device: torch.device, timeout: d
         opts._timeout = timeout  # a hung peer fails the wait, as on gloo, instead of NCCL's own default
         return dist.ProcessGroupNCCL(store, rank, 2, opts)
     # The public constructor torch's own init_process_group/new_group use. Gloo binds the interface the host
-    # name resolves to (loopback when it resolves to none); GLOO_SOCKET_IFNAME picks another, as for any
+    # name resolves to (loopback when it resolves to none), or loopback when the store is on loopback (both
+    # sides are on this host: nothing need listen beyond it); GLOO_SOCKET_IFNAME picks another, as for any
     # torch.distributed job.
+    host = getattr(store, "host", "")
+    if host and is_loopback(host):
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        return dist.ProcessGroupGloo(store, rank, 2, options)
     return dist.ProcessGroupGloo(store, rank, 2, timeout=timeout)
 
 

@@ -69,12 +69,13 @@ def test_max_num_seqs_bounds_the_batch_and_the_rest_waits(target, draft, solo, s
     assert sum(r.phase == "prefill" for r in out.metrics.rounds) >= 2
 
 
-def test_max_prefill_tokens_splits_admission(target, solo):
+def test_max_prefill_tokens_splits_admission_and_chunks_a_longer_prompt(target, solo):
     with LLM(target, max_prefill_tokens=6) as llm:
         out = llm.generate(PROMPTS, GREEDY)
     prefills = [r for r in out.metrics.rounds if r.phase == "prefill"]
-    # 5 | 2+3 | 8 (alone: longer than the limit, prefilled by itself)
-    assert [r.batch_size for r in prefills] == [1, 2, 1]
+    # 5 | 2+3 | 8 (alone: longer than the limit, fed in chunks of 6 and 2)
+    assert [r.batch_size for r in prefills] == [1, 2, 1, 1]
+    assert [(r.tokens, r.context_len) for r in prefills] == [(5, 0), (3, 0), (6, 0), (2, 6)]
     assert [o.token_ids for o in out] == solo
 
 
@@ -163,10 +164,31 @@ def test_abort_of_a_running_request_frees_its_row_and_ends_its_stream(target, dr
 
 
 @pytest.mark.parametrize("strategy", ["ar", "sd", "ssd"])
-def test_logprobs_are_the_targets_warped_log_probabilities(target, draft, strategy):
-    from engine.sampling import warp
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logprobs_are_the_models_own_log_softmax_whatever_the_temperature(target, draft, strategy, temperature):
+    params = SamplingParams(temperature=temperature, top_k=20, max_new_tokens=8, stop_on_eos=False, seed=3,
+                            logprobs=3)
+    with engine(target, draft, strategy) as llm:
+        out = llm.generate([PROMPTS[0]], params)[0]
+    ids = PROMPTS[0] + out.token_ids
+    with torch.inference_mode():
+        raw = torch.log_softmax(target(torch.tensor([ids])).logits[0].double(), dim=-1)  # [T, V]: a direct forward
+    for i, lp in enumerate(out.logprobs):
+        pos = len(PROMPTS[0]) - 1 + i
+        assert lp.token_id == out.token_ids[i]
+        assert lp.logprob == pytest.approx(float(raw[pos, lp.token_id]), abs=1e-4) and lp.logprob < 0
+        top = torch.topk(raw[pos], 3)
+        assert [t for t, _ in lp.top] == top.indices.tolist()
+        assert [v for _, v in lp.top] == pytest.approx(top.values.tolist(), abs=1e-4)
 
-    params = SamplingParams(temperature=0.8, top_k=20, max_new_tokens=8, stop_on_eos=False, seed=3, logprobs=3)
+
+@pytest.mark.parametrize("strategy", ["ar", "sd", "ssd"])
+def test_processed_logprobs_are_the_targets_warped_log_probabilities(target, draft, strategy):
+    from engine.sampling import warp
+    from engine.sampling_params import LogprobsMode
+
+    params = SamplingParams(temperature=0.8, top_k=20, max_new_tokens=8, stop_on_eos=False, seed=3, logprobs=3,
+                            logprobs_mode=LogprobsMode.PROCESSED)
     with engine(target, draft, strategy) as llm:
         out = llm.generate([PROMPTS[0]], params)[0]
     assert len(out.logprobs) == len(out.token_ids) == 8

@@ -35,14 +35,18 @@ class FakeModel:
     strategy_in_use = "ssd"
     fault = None
 
-    def __init__(self, tokenizer: FakeTokenizer | None = None):
+    def __init__(self, tokenizer: FakeTokenizer | None = None, encode_s: float = 0.0):
         self.tokenizer = tokenizer if tokenizer is not None else FakeTokenizer()
         self.chats: list[list[dict]] = []
+        self.encoded_chars: list[int] = []  # the length of every text encoded
+        self.encode_s = encode_s  # how long encoding takes (a stand-in for a slow tokenizer)
 
     def room(self, prompt_ids: list[int]) -> int:
         return self.max_context - len(prompt_ids)
 
     def encode(self, text: str, chat: bool | None = None) -> list[int]:
+        self.encoded_chars.append(len(text))
+        time.sleep(self.encode_s)
         if not text.strip():
             raise ValueError("empty prompt: give some text (or token ids)")
         return [len(w) % VOCAB for w in text.split()]
@@ -80,7 +84,7 @@ class FakeEngine:
         return self._chunks(prompt_ids, params, request_id)
 
     async def _chunks(self, prompt_ids, params, request_id):
-        done = False
+        done, scheduled_s = False, time.perf_counter()
         self.stats_now.running += 1
         try:
             tokens, text, sent = [], "", 0
@@ -108,7 +112,7 @@ class FakeEngine:
                 sent += 1
                 yield Chunk(request_id=request_id, index=0, token_ids=ids, text=delta, logprobs=logprobs,
                             time_s=time.perf_counter(), finished=done, finish_reason=reason,
-                            prompt_tokens=len(prompt_ids), output_tokens=len(tokens))
+                            prompt_tokens=len(prompt_ids), output_tokens=len(tokens), scheduled_s=scheduled_s)
         finally:
             self.stats_now.running -= 1
             if not done:

@@ -87,9 +87,21 @@ def test_a_body_that_is_not_a_json_object_says_how_to_send_one(client):
         assert "must be a JSON object" in error_of(response, 400)["message"]
 
 
-def test_the_engines_value_error_is_passed_through_as_a_400(client):
+def test_the_engines_value_error_is_passed_through_as_a_400(client, fake):
+    fake.refuse = ValueError("prompt token ids must be in [0, 64)")
+    assert error_of(client.post("/v1/completions", json=COMPLETION), 400)["message"] == "prompt token ids must be in [0, 64)"
+
+
+def test_a_request_over_the_context_is_openais_context_length_exceeded(client):
     error = error_of(client.post("/v1/completions", json={**COMPLETION, "max_tokens": 63}), 400)
-    assert "exceeds the model's context of 64" in error["message"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert error["message"].startswith("This model's maximum context length is 64 tokens. However, you requested "
+                                       "65 tokens (2 in the prompt, 63 in the completion).")
+
+
+def test_chat_messages_over_the_context_name_the_messages(client):
+    error = error_of(client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 63}), 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
 
 
 def test_an_empty_text_prompt_is_a_400(client):

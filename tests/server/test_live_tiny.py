@@ -153,7 +153,20 @@ def test_the_engines_own_checks_are_400s(live):
         outside = client.post("/v1/completions", json={"model": NAME, "prompt": [1, 64], "max_tokens": 2})
         too_long = client.post("/v1/completions", json={"model": NAME, "prompt": PROMPTS[0], "max_tokens": 600})
     assert outside.status_code == 400 and "token ids must be in [0, 64)" in outside.json()["error"]["message"]
-    assert too_long.status_code == 400 and "exceeds the model's context of 512" in too_long.json()["error"]["message"]
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_the_advertised_context_is_what_prompt_and_max_tokens_may_fill(live):
+    server, _ = live
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        card = client.get(f"/v1/models/{NAME}").json()
+        fill = {"model": NAME, "prompt": PROMPTS[2], "max_tokens": card["max_model_len"] - len(PROMPTS[2]),
+                "temperature": 0, "ignore_eos": True}
+        fits = client.post("/v1/completions", json=fill)
+        over = client.post("/v1/completions", json={**fill, "max_tokens": fill["max_tokens"] + 1})
+    assert card["id"] == NAME and card["max_model_len"] == server.ctx.model.room([])
+    assert fits.status_code == 200 and fits.json()["usage"]["total_tokens"] == card["max_model_len"]
+    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_closing_a_stream_frees_its_row(live):
@@ -210,3 +223,28 @@ def test_a_killed_ssd_worker_mid_stream_still_gives_the_ar_tokens(pair, expected
     assert events[-1] == "[DONE]" and tokens(events) == expected["long"]
     assert "fell back" in caplog.text
     assert not workers[0].is_running()
+
+
+def test_a_stopped_ssd_worker_stalls_the_stream_about_its_deadline_then_the_ar_tokens_go_on(pair, expected):
+    deadline_s = 2.0
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=deadline_s))
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    with serving(engine(pair, "ssd", speculative=spec)) as (server, aengine):
+        worker = next(c for c in psutil.Process().children(recursive=True)
+                      if c.pid not in before and "spawn_main" in " ".join(c.cmdline()))
+        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        arrivals = []
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                lines = []
+                for line in response.iter_lines():
+                    lines.append(line)
+                    arrivals.append(time.perf_counter())
+                    if len(lines) == 4:
+                        worker.suspend()  # SIGSTOP: alive, silent
+        assert aengine.stats().fallbacks == 1
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert tokens(parse(lines)) == expected["long"]
+    assert deadline_s <= max(gaps) < deadline_s + 5.0  # the deadline, the reap (1.5 s), SD goes on (was 12.9 s)
+    assert not worker.is_running()
