@@ -79,9 +79,11 @@ class AlphaHitFit:
     resampled: tuple[HitParams, ...]
     points: tuple[TablePoint, ...]
     source: str
+    scatter: float = 0.0  # RMS over the tables of (the model's hit rate − the table's own), K 4, F 3 each
 
     def to_dict(self) -> dict:
-        return {"params": self.params.as_tuple(), "resampled": [p.as_tuple() for p in self.resampled],
+        return {"params": self.params.as_tuple(), "scatter": self.scatter,
+                "resampled": [p.as_tuple() for p in self.resampled],
                 "points": [{"workload": p.workload, "temperature": p.temperature, "alpha": p.alpha,
                             "counts": list(p.counts)} for p in self.points],
                 "source": self.source, "model": "ln scale = a + b ln(1 - alpha) + c T; miss = scale F^-r"}
@@ -92,7 +94,7 @@ class AlphaHitFit:
             points = tuple(TablePoint(p["workload"], float(p["temperature"]), float(p["alpha"]),
                                       tuple(int(c) for c in p["counts"])) for p in obj["points"])
             return AlphaHitFit(HitParams(*obj["params"]), tuple(HitParams(*p) for p in obj["resampled"]), points,
-                               str(obj["source"]))
+                               str(obj["source"]), float(obj.get("scatter", 0.0)))
         except (KeyError, TypeError) as err:
             raise ValueError(f"not an α hit-model fit ({err}): expected params, resampled, points, source") from None
 
@@ -170,17 +172,19 @@ class AlphaHit:
         return float(np.dot(weights, self.hit_prob(tuple(fanout), True, params=params)))
 
     def interval(self, fanout: tuple[int, ...], level: float = LEVEL) -> tuple[float, float, float]:
-        """(hit rate, low, high): the schedule's hit rate at this α and its bootstrap interval."""
+        """(hit rate, low, high): the schedule's hit rate at this α and its bootstrap interval (where the fit
+        itself could lie)."""
         rates = [self.hit_rate(self.alpha, fanout, p) for p in self.fit.resampled]
         tail = 100 * (1 - level) / 2
         low, high = np.percentile(rates, [tail, 100 - tail]) if rates else (np.nan, np.nan)
         return self.hit_rate(self.alpha, fanout), float(low), float(high)
 
     def describe(self, fanout: tuple[int, ...]) -> str:
-        """One line for a prediction's inputs: the model, its α and T, and this schedule's hit rate."""
+        """One line for a prediction's inputs: the model, its α and T, this schedule's hit rate, the fit's
+        interval and how far single tables stray from the fit."""
         rate, low, high = self.interval(fanout)
-        return (f"{self.source}: hits {rate:.3f} ({low:.3f}-{high:.3f}, {LEVEL:.0%} interval) at fan-out "
-                f"{'-'.join(map(str, fanout))}")
+        return (f"{self.source}: hits {rate:.3f} ({low:.3f}-{high:.3f}, the fit's {LEVEL:.0%} interval; single "
+                f"tables stray ±{self.fit.scatter:.3f} RMS from it) at fan-out {'-'.join(map(str, fanout))}")
 
 
 # -- fitting ----------------------------------------------------------------------------------------------
@@ -247,4 +251,17 @@ def fit_tables(tables: dict, source: str, resamples: int = RESAMPLES, seed: int 
         drawn = np.array([rng.multinomial(int(counts[i].sum()), counts[i] / counts[i].sum()) for i in chosen],
                          dtype=float)
         resampled.append(_maximize([points[i] for i in chosen], drawn, np.array(best.as_tuple())))
-    return AlphaHitFit(best, tuple(resampled), tuple(points), source)
+    return AlphaHitFit(best, tuple(resampled), tuple(points), source, _scatter(tables, points, best))
+
+
+def _scatter(tables: dict, points: list[TablePoint], params: HitParams, fanout: tuple[int, ...] = (3,) * 5) -> float:
+    """RMS over the fitted tables of the model's hit rate minus the table's own, for one schedule."""
+    models = {(e["workload"], float(e["temperature"])): EmpiricalHit.from_dict(e["model"])
+              for e in tables["entries"] if float(e["C"]) == 1.0}
+    gaps = []
+    for point in points:
+        table = models[(point.workload, point.temperature)]
+        schedule = fanout[: len(table.rejected)] + (fanout[-1],)
+        model = AlphaHit(point.alpha, point.temperature, AlphaHitFit(params, (), (), ""))
+        gaps.append(model.hit_rate(point.alpha, schedule) - table.hit_rate(point.alpha, schedule))
+    return float(np.sqrt(np.mean(np.square(gaps))))

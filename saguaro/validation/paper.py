@@ -130,7 +130,7 @@ def run_fit(fit: Fit, rounds: int, seed: int, hits: Callable[[float], object] | 
         res = result(row.run)
         error = _error(value, row.published)
         rows.append({"figure": row.figure, "run": row.run.label(), "over": row.over.label() if row.over else None,
-                     "published": row.published, "predicted": value, "error": error, "role": row.role,
+                     "batch": row.run.batch, "published": row.published, "predicted": value, "error": error, "role": row.role,
                      "hit_rate": res.hit_rate, "tokens_per_round": res.tokens_per_round,
                      "cycle_ms": row.cycle_ms,
                      "simulated_cycle_ms": draft_cycle_ms(res) if row.run.strategy is Strategy.SSD else None,
@@ -238,15 +238,17 @@ def table(results: list[dict]) -> str:
 
 def cycle_table(results: list[dict]) -> str:
     """The SSD draft's cycle a round, published (the log's "avg draft step") against simulated."""
-    lines = ["| pair | run | published cycle (ms) | simulated (ms) | error | hit rate | tokens a round |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| pair | run | published cycle (ms) | simulated (ms) | error | simulated hit rate | "
+             "tokens a round a sequence: published (tok/s × cycle ÷ batch) | simulated |",
+             "|---|---|---|---|---|---|---|---|"]
     for res in results:
         for row in res["rows"]:
             if row["cycle_ms"] is None:
                 continue
+            published = row["published"] * row["cycle_ms"] / 1e3 / row["batch"]
             lines.append(f"| {res['pair']} | {row['run']} | {row['cycle_ms']:.2f} | {row['simulated_cycle_ms']:.2f} | "
                          f"{100 * _error(row['simulated_cycle_ms'], row['cycle_ms']):+.1f}% | {row['hit_rate']:.3f} | "
-                         f"{row['tokens_per_round']:.2f} |")
+                         f"{published:.2f} | {row['tokens_per_round']:.2f} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

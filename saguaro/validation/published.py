@@ -100,10 +100,11 @@ FITTED = "fitted (α)"
 LOG_B1 = ("calibration: with its draft cycle (238 tok/s × 23.30 ms = 5.55 tokens a round) it sets the log engine's "
           "draft step (simulator.presets.ENGINES)")
 BATCH_NOTE = ("the log's own tokens a round per sequence (tokens/s × draft cycle ÷ batch) fall from 5.55 at batch 1 "
-              "to 4.9-5.1 at batch 2-8 while the simulated draft cycle matches the published one within 6%: the "
-              "rows keep batch 1's acceptance. Missing: what the reference does to a row's speculation at batch > 1 "
-              "(or how its 16 and 32 prompts differ from the SD run's 8). Settled by the accepted counts of those "
-              "runs (bench.py --verbose prints each round's)")
+              "to 5.09, 4.93, 5.14 and 5.21 at batch 2, 4, 8 and 16, while the simulated draft cycle matches the "
+              "published one within 4%: the simulated rows keep batch 1's acceptance, fitted to SD at batch 1. "
+              "Missing: what the reference does to a row's speculation at batch > 1 (or how the 16 and 32 prompts "
+              "of its batch-4 and batch-8 runs differ from the SD run's 8). Settled by the accepted tokens a round "
+              "of those runs (the reference's bench.py --verbose prints each round's)")
 QWEN_LOG_NOTE = ("the log engine's draft costs come from the Llama-3.2-1B draft; Qwen3-0.6B (28 layers against 16) "
                  "has its own. Missing: Qwen3-0.6B's draft-step cost in the reference engine; settled by its SD "
                  "round time or its draft-step profile (SSD_PROFILE=1) on the same prompts")
