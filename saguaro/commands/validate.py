@@ -5,13 +5,15 @@
       --server-rounds SERVER_ROUNDS.jsonl --max-num-seqs 8 [--terms] [--json OUT.json]
   saguaro validate audit [--only SET ...] [--out DIR] [--markdown TABLE.md] [--figure FIGURE.png]
   saguaro validate paper [--fits KEY ...] [--variants] [--rounds 3000] [--json TABLE.json]
+  saguaro validate defaults RUN_DIR... [--markdown TABLE.md]
 
 engine: every configuration of `saguaro bench` runs predicted from `saguaro calibrate` records plus the runs'
 own SD variants (α, hits and the machine's level), against the decode tokens/s each measured. serving: each
 load point of a `saguaro bench --url` run replayed, TTFT and TPOT (p50, p99) against the client's. audit: every
 held-out set of the committed studies (reports/*/manifest.json) predicted again with today's code. paper: the
 published GPU figures (the paper's batch-1 table and the reference engine's test log: Llama-3.1-70B and
-Qwen3-32B on H100s) next to the simulator's, one α fitted to each SD figure.
+Qwen3-32B on H100s) next to the simulator's, one α fitted to each SD figure. defaults: whether the command
+line's speculation defaults ran within 5% of the best configuration in each `saguaro bench` run.
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     paper.add_argument("--variants", action="store_true",
                        help="also the paper's fits with one choice moved at a time (hit model, engine, K)")
     paper.add_argument("--json", type=Path, help="also write every figure and its inputs as JSON")
+
+    defaults = actions.add_parser("defaults", help="the command line's speculation defaults against each run's best",
+                                  formatter_class=HelpFormatter)
+    defaults.add_argument("runs", type=Path, nargs="+", help="saguaro bench run folders with the defaults among "
+                                                             "their variants")
+    defaults.add_argument("--markdown", type=Path, help="also write the table to this file")
     return p
 
 
@@ -99,7 +107,8 @@ def _add_build_level(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    action = {"engine": _engine, "serving": _serving, "audit": _audit, "paper": _paper}[args.validate_action]
+    action = {"engine": _engine, "serving": _serving, "audit": _audit, "paper": _paper,
+              "defaults": _defaults}[args.validate_action]
     return action(args)
 
 
@@ -171,4 +180,16 @@ def _paper(args: argparse.Namespace) -> int:
                    + (" --variants" if args.variants else "") + f" --json {args.json}")
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(paper.payload(results, spread, command), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _defaults(args: argparse.Namespace) -> int:
+    from saguaro.validation.defaults import check, markdown
+
+    rows = check(args.runs)
+    text = markdown(rows)
+    print(text, end="")
+    print(f"{sum(r['within'] for r in rows)} of {len(rows)} within 5% of their run's best")
+    if args.markdown:
+        args.markdown.write_text(text)
     return 0
