@@ -128,7 +128,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--no-progress", action="store_true",
                    help="no progress lines on stderr (they show on a terminal, or always with saguaro -v)")
     add_client_flags(p)
-    p.set_defaults(_defaults={dest: p.get_default(dest) for dest in ENGINE_FLAGS})
+    # argparse's get_default skips a default of None and finds a hidden alias's SUPPRESS instead: None it is
+    p.set_defaults(_defaults={dest: None if p.get_default(dest) == argparse.SUPPRESS else p.get_default(dest)
+                              for dest in ENGINE_FLAGS})
     return p
 
 
