@@ -81,6 +81,16 @@ class DraftPlacement:
             raise ValueError(f"init_method must look like tcp://host:port, got {self.init_method!r}")
 
 
+# What `saguaro generate`, `serve` and `bench` run for a strategy when no speculation flag is given: the fastest
+# configurations measured on a 2-core CPU (reports/2026-12-cpu-speculation-defaults). K and budget "auto" follow
+# the times a run measures, so seeded output at T > 0 may differ from run to run (give -K and --budget for
+# repeatable output); SpeculativeConfig's own defaults below stay fixed for that reason.
+COMMAND_LINE_DEFAULTS: dict[Strategy, dict] = {
+    Strategy.SD: {"K": "auto"},
+    Strategy.SSD: {"K": "auto", "budget": "auto", "schedule": FanoutSchedule.GEOMETRIC},
+}
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculation settings (notation of docs/ssd.md).

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from saguaro.hit_choice import alpha_choice, hit_choice
 from simulator import ConstantHit, FittedTiming, IidAcceptance, PerPositionAcceptance, PowerLawHit, RooflineTiming
-from simulator.presets import PAIR_SOURCES
+from simulator.alpha_hits import AlphaHit
 from simulator.hits import EmpiricalHit
+from simulator.presets import ENGINE_SOURCES, PAIR_SOURCES
 
 
 def _source(args, flag: str, given: str = "given", default: str = "default: assumed, not measured") -> str:
@@ -37,9 +39,11 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
         given = [f"--{f}" for f in ("target", "draft") if getattr(args, f)] + (["--tp"] if args.tp else [])
         add("pair", f"{args.pair}: target {t.model.name} at TP {t.tp}, draft {d.model.name}",
             ", ".join(given) + " given" if given else PAIR_SOURCES.get(args.pair, "given"))
-        add("hardware", f"target {t.tp}× {t.hardware.name}, draft 1× {d.hardware.name} (SSD: its own device)",
-            "simulator/presets.py: datasheet peaks; efficiencies assumed; per-layer overhead calibrated")
-        add("timing", "roofline of the presets", "simulator/hardware.py")
+        add("hardware", f"target {t.tp}× {t.hardware.name}, draft 1× {d.hardware.name} (SSD: its own device)"
+            + ("; eager forwards" if t.eager else "; forwards replayed from CUDA graphs" if t.hardware.launch_overhead_us
+               is not None else ""),
+            "simulator/presets.py: datasheet peaks; efficiencies assumed; per-layer and launch overheads calibrated")
+        add("timing", f"roofline of the presets, engine {args.engine}", ENGINE_SOURCES[args.engine])
     else:
         add("pair, hardware", "none: the timing model below stands for them", "--timing / --fit")
         if isinstance(timing, FittedTiming):
@@ -55,7 +59,7 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
     if args.calibrate:
         add("acceptance", f"i.i.d., α = {acc.alpha:.3f}", f"measured: {args.calibrate}")
     elif isinstance(acc, IidAcceptance):
-        add("acceptance", f"i.i.d., α = {acc.alpha:g}", "--alpha " + _source(args, "alpha"))
+        add("acceptance", f"i.i.d., α = {acc.alpha:.3g}", alpha_choice(args)[1])
     elif isinstance(acc, PerPositionAcceptance):
         add("acceptance", "per position, α = " + ", ".join(f"{a:g}" for a in acc.alphas), "given")
     else:
@@ -76,8 +80,13 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
     elif isinstance(hits, EmpiricalHit):
         fit = hits.meta.get("power_law") or {}
         shape = f"; power-law fit r = {fit['r']:g} ({fit['r_ci95'][0]:g}..{fit['r_ci95'][1]:g})" if fit else ""
+        why = f"measured: {args.calibrate}" if args.calibrate else hit_choice(args, acc.alpha)[1]
         add("cache hits", f"measured ranks of the bonus among the draft's guesses{shape}; fan-out rule "
-            f"{args.fanout_rule}", hits.source)
+            f"{args.fanout_rule}", why)
+    elif isinstance(hits, AlphaHit):
+        rate, low, high = hits.interval((3,) * 5)
+        add("cache hits", f"α-model at α {hits.alpha:.3f}, T {hits.temperature:g} (e.g. {rate:.2f}, {low:.2f}-{high:.2f} "
+            f"of outcomes at K 4, F 3); fan-out rule {args.fanout_rule}", hits.source)
     if scenario.saguaro is not None:
         add("Saguaro table", f"C in {scenario.saguaro.C[0]:g}..{scenario.saguaro.C[-1]:g}", args.saguaro_table)
     if getattr(args, "miss_policy", None):

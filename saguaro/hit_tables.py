@@ -8,7 +8,8 @@ Several runs pool: the rounds of one (prompt set, T, C) are gathered prompt by p
 where two runs measured the same prompt at the same T and C, the later run replaces the earlier one's rounds
 of that prompt (so a longer rerun of a few prompts is not counted twice). `keep` carries over the entries of
 an existing table that the runs do not measure (for when the run folders that made them are gone); the
-table's `runs` then lists that table's runs too.
+table's `runs` then lists that table's runs too. Beside the table goes the α-model fitted to it
+(simulator.alpha_hits), which carries what the tables share to pairs without measured ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from saguaro.environment import environment
 from saguaro.runfolder import RunDir
+from simulator.alpha_hits import FIT_FILE, AlphaHitFit, fit_tables
 from simulator.hits import TABLES, EmpiricalHit, from_records, load_tables
 from simulator.records import parse_record
 from theory.fanout import uniform_fanout
@@ -148,11 +150,23 @@ def markdown(table: dict, budget: int = 8) -> str:
 
 def write(runs: list[Path], out: Path = TABLES, keep: Path | None = None, markdown_out: Path | None = None) -> dict:
     """Build the table from `runs` (with `keep`'s unmeasured entries) and write it to `out` (and its Markdown
-    rows to `markdown_out`); ValueError where a run cannot be read or a table cannot be kept."""
+    rows to `markdown_out`), and the α-model fitted to it beside it (alpha_hits.json: simulator.alpha_hits);
+    ValueError where a run cannot be read or a table cannot be kept."""
     table = build([Path(run) for run in runs], load_tables(keep) if keep else None)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
+    try:
+        write_alpha_model(table, out.with_name(FIT_FILE.name))
+    except ValueError as err:  # too few settings for the α-model: the table stands on its own
+        log.warning("the α-model beside %s was not fitted: %s", out, err)
     if markdown_out is not None:
         Path(markdown_out).write_text(markdown(table))
     return table
+
+
+def write_alpha_model(table: dict, out: Path = FIT_FILE) -> AlphaHitFit:
+    """The α-model fitted to a hit-table file's entries (simulator.alpha_hits.fit_tables), written to `out`."""
+    fit = fit_tables(table, table.get("pair", "the measured pair"))
+    Path(out).write_text(json.dumps(fit.to_dict(), indent=1) + "\n")
+    return fit

@@ -5,7 +5,9 @@ KV cache of every sequence, and does about 2·params FLOPs per row (plus attenti
 larger of the memory time and the compute time on accelerators that overlap the two (GPUs), their sum
 on this CPU (where the fit to measured timings says they do not overlap), plus a fixed cost per layer
 (kernel launches / Python; a preset may set a separate one for forwards on one device, the draft's) and,
-under tensor parallelism, two all-reduces per layer.
+under tensor parallelism, two all-reduces per layer. A GPU forward replayed from a CUDA graph (the default)
+pays the preset's per-layer cost; one launched eagerly, kernel by kernel from the host
+(`Deployment(eager=True)`), pays the preset's `launch_overhead_us` per layer on top.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ class Hardware:
     # fixed cost per layer of a forward on ONE device (tp = 1: the draft's steps, a small target), µs;
     # None: layer_overhead_us. The GPU presets calibrate it apart from the TP target's (simulator/presets.py)
     single_device_layer_overhead_us: float | None = None
+    # added per layer per forward when its kernels are launched one by one from the host (eager: no CUDA graph,
+    # no compiled graph), µs; None: not stated (the CPU preset's per-layer cost is the eager one already)
+    launch_overhead_us: float | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
         for field in ("mem_bandwidth_gb_s", "peak_tflops", "interconnect_gb_s", "memory_gb"):
             _positive(field, getattr(self, field), f" for hardware {self.name!r}")
-        optional = () if self.single_device_layer_overhead_us is None else ("single_device_layer_overhead_us",)
+        optional = tuple(f for f in ("single_device_layer_overhead_us", "launch_overhead_us")
+                         if getattr(self, f) is not None)
         for field in ("interconnect_latency_us", "layer_overhead_us", *optional):
             if not getattr(self, field) >= 0:
                 raise ValueError(f"{field} must be >= 0 for hardware {self.name!r}; got {getattr(self, field)!r}")
@@ -56,11 +62,15 @@ class Hardware:
     def usable_memory_gb(self) -> float:
         return self.memory_gb * self.usable_memory_fraction
 
-    def layer_overhead_for(self, tp: int) -> float:
-        """The fixed cost per layer (µs) of a forward on `tp` devices."""
+    def layer_overhead_for(self, tp: int, eager: bool = False) -> float:
+        """The fixed cost per layer (µs) of a forward on `tp` devices, replayed from a graph or (`eager`)
+        launched kernel by kernel."""
+        base = self.layer_overhead_us
         if tp == 1 and self.single_device_layer_overhead_us is not None:
-            return self.single_device_layer_overhead_us
-        return self.layer_overhead_us
+            base = self.single_device_layer_overhead_us
+        if eager and self.launch_overhead_us is not None:
+            base += self.launch_overhead_us
+        return base
 
 
 @dataclass(frozen=True)
@@ -100,11 +110,13 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Deployment:
-    """A model on `tp` devices of one kind (tensor parallel)."""
+    """A model on `tp` devices of one kind (tensor parallel); `eager`: its forwards launched kernel by kernel
+    from the host instead of replayed from a CUDA graph (the hardware's launch_overhead_us per layer)."""
 
     model: ModelSpec
     hardware: Hardware
     tp: int = 1
+    eager: bool = False
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -122,7 +134,7 @@ class Deployment:
         m, hw, tp = self.model, self.hardware, self.tp
         byte_ms = 1e3 / (hw.mem_bandwidth_gb_s * 1e9 * hw.mem_efficiency)
         flop_ms = 1e3 / (hw.peak_tflops * 1e12 * hw.flops_efficiency)
-        fixed_ms, fixed_per_row_ms = m.layers * hw.layer_overhead_for(tp) * 1e-3, 0.0
+        fixed_ms, fixed_per_row_ms = m.layers * hw.layer_overhead_for(tp, self.eager) * 1e-3, 0.0
         if tp > 1:  # two ring all-reduces of the activations per layer
             fixed_ms += 2 * m.layers * hw.interconnect_latency_us * 1e-3
             ring_bytes_per_row = m.hidden * m.dtype_bytes * 2.0 * (tp - 1) / tp

@@ -38,7 +38,8 @@ from simulator.acceptance import (
     Replay,
     Source,
 )
-from simulator.hits import EmpiricalHit, best_schedule, measured
+from simulator.alpha_hits import AlphaHit
+from simulator.hits import EmpiricalHit, best_schedule
 from simulator.link import LinkSpec
 from simulator.metrics import SimResult
 from simulator.run import Policy, SimConfig, simulate
@@ -80,11 +81,23 @@ class SaguaroTable:
         return tuple(float(np.interp(C, self.C, values)) for values in (self.alpha, self.r, self.scale))
 
 
+def default_hits(acceptance: AcceptanceModel | Replay) -> HitModel | None:
+    """The α-model at the acceptance's α (its mean over positions for per-position rates); None for replayed
+    records, which carry their own hits."""
+    if isinstance(acceptance, IidAcceptance):
+        return AlphaHit(min(acceptance.rate(Source.CACHE), 0.999))
+    if isinstance(acceptance, PerPositionAcceptance):
+        return AlphaHit(min(float(np.mean(acceptance.alphas_cache or acceptance.alphas)), 0.999))
+    return None
+
+
 @dataclass(frozen=True)
 class Scenario:
     timing: TimingModel
     acceptance: AcceptanceModel | Replay = field(default_factory=lambda: IidAcceptance(0.8))
-    hits: HitModel = field(default_factory=measured)  # the measured table (spec_bench, T = 0, C = 1)
+    # None: the α-model at the acceptance's α (simulator.alpha_hits; T = 0). A measured rank table
+    # (simulator.hits.measured, from_records) belongs to the pair it was measured on: pass it for that pair.
+    hits: HitModel | None = None
     saguaro: SaguaroTable | None = None
     fanout_rule: str = "geometric"
     miss_policy: MissPolicy = MissPolicy.PER_ROW  # SSD at batch > 1 when some rows miss
@@ -104,6 +117,8 @@ class Scenario:
         if self.fanout_rule not in FANOUT_RULES:
             raise ValueError(f"fanout_rule must be one of {', '.join(FANOUT_RULES)}; got {self.fanout_rule!r}")
         object.__setattr__(self, "miss_policy", MissPolicy(self.miss_policy))
+        if self.hits is None:
+            object.__setattr__(self, "hits", default_hits(self.acceptance))
         if self.rate_per_s is not None and self.output_len is None:
             raise ValueError("an open loop (rate_per_s) needs finite output lengths")
 
@@ -125,7 +140,7 @@ class Scenario:
         if budget < 1:
             raise ValueError(f"the fan-out budget B must be >= 1; got {budget}")
         acceptance, hits = self.models_at(C)
-        if self.fanout_rule == "uniform" or not isinstance(hits, (PowerLawHit, EmpiricalHit)):
+        if self.fanout_rule == "uniform" or not isinstance(hits, (PowerLawHit, EmpiricalHit, AlphaHit)):
             return tuple(int(f) for f in theory_uniform_fanout(K, budget))
         if isinstance(acceptance, IidAcceptance):
             alpha = acceptance.rate(Source.CACHE)
@@ -133,7 +148,7 @@ class Scenario:
             alpha = float(np.mean(acceptance.alphas_cache or acceptance.alphas))
         else:
             return tuple(int(f) for f in theory_uniform_fanout(K, budget))
-        if isinstance(hits, EmpiricalHit):
+        if isinstance(hits, (EmpiricalHit, AlphaHit)):
             return best_schedule(hits, alpha, K, budget)
         return tuple(int(f) for f in integer_fanout(alpha, hits.r, K, budget, hits.scale))
 

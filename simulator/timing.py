@@ -21,7 +21,8 @@ Every model answers the same questions, in milliseconds:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Protocol
 
 from theory.glossary import Backup, Strategy
@@ -102,8 +103,35 @@ class ConstantTiming:
 
 
 @dataclass(frozen=True)
+class EngineCosts:
+    """What an engine adds to the roofline's forwards, step by step (simulator.presets.ENGINES names some).
+
+    sd_extra_forward        SD drafts K + 1 forwards a round, the last feeding x_K into the draft's cache
+                            (the reference engine), instead of K with the first two tokens wide after an
+                            all-accepted round (this engine);
+    draft_layer_overhead_us the fixed cost per layer of each of the draft's forwards in place of the
+                            hardware's (None: the hardware's);
+    tree_step_overhead_ms   per tree-decode step of an SSD cache build, the worker's host work around the
+                            forward (laying out the tree's attention, choosing each branch's top F, filling
+                            the cache);
+    build_row_us            per branch row per tree-decode step (masks, top-F per branch, cache entries).
+    """
+
+    sd_extra_forward: bool = False
+    draft_layer_overhead_us: float | None = None
+    tree_step_overhead_ms: float = 0.0
+    build_row_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        _nonnegative(self, "tree_step_overhead_ms", "build_row_us")
+        if self.draft_layer_overhead_us is not None:
+            _nonnegative(self, "draft_layer_overhead_us")
+
+
+@dataclass(frozen=True)
 class RooflineTiming:
-    """Times from hardware and model specs (simulator.hardware): nothing measured, everything stated.
+    """Times from hardware and model specs (simulator.hardware) and the engine's own costs (`EngineCosts`):
+    nothing measured here, everything stated.
 
     Tree decoding reads each sequence's cache once for all its branches, so a branch costs a row of
     weights-times-activations but no extra cache traffic.
@@ -114,24 +142,41 @@ class RooflineTiming:
     random_backup_ms: float = 0.01  # assumed: uniform tokens, one small kernel
     lookup_backup_ms: float = 0.05  # assumed: an n-gram lookup over the prompt on the host
     sampling_overhead_ms: float = 0.0
+    engine: EngineCosts = field(default_factory=EngineCosts)
 
     def __post_init__(self) -> None:
         _nonnegative(self, "random_backup_ms", "lookup_backup_ms", "sampling_overhead_ms")
+
+    @cached_property
+    def _draft(self) -> Deployment:
+        """The draft's deployment with the engine's per-layer cost, where it states one."""
+        overhead = self.engine.draft_layer_overhead_us
+        if overhead is None:
+            return self.draft
+        hw = self.draft.hardware
+        field_name = "single_device_layer_overhead_us" if self.draft.tp == 1 else "layer_overhead_us"
+        return replace(self.draft, hardware=replace(hw, **{field_name: overhead}))
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         rows = batch * tokens
         return self.target.forward_ms(rows, batch * context, rows * (context + tokens))
 
     def _draft_step_ms(self, batch: int, rows: int, context: int) -> float:
-        return self.draft.forward_ms(rows, batch * context, rows * context)
+        return self._draft.forward_ms(rows, batch * context, rows * context)
 
     def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
+        if not K:
+            return 0.0
+        if self.engine.sd_extra_forward:  # K + 1 forwards one token wide: x_K goes in at the end of the round
+            return (K + 1) * self._draft_step_ms(batch, batch, context)
         first = self._draft_step_ms(batch, batch * first_width, context)
-        return first + (K - 1) * self._draft_step_ms(batch, batch, context) if K else 0.0
+        return first + (K - 1) * self._draft_step_ms(batch, batch, context)
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
         glue_ms = self._draft_step_ms(batch, batch * (K + 1), context)
-        return glue_ms + K * self._draft_step_ms(batch, branches, context + K)
+        step_ms = self._draft_step_ms(batch, branches, context + K)
+        host_ms = self.engine.tree_step_overhead_ms + branches * self.engine.build_row_us * 1e-3
+        return glue_ms + K * (step_ms + host_ms)
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
         if backup is Backup.NEURAL:
@@ -144,7 +189,7 @@ class RooflineTiming:
         return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
 
     def draft_prefill_ms(self, batch: int, tokens: int) -> float:
-        return self.draft.forward_ms(batch * tokens, 0, batch * tokens * (tokens + 1) // 2)
+        return self._draft.forward_ms(batch * tokens, 0, batch * tokens * (tokens + 1) // 2)
 
     def overhead_ms(self, strategy: Strategy) -> float:
         return self.sampling_overhead_ms

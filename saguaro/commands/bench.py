@@ -85,18 +85,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per request")
     g.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     g = p.add_argument_group("sweep axes (several values each: the grid is run)")
-    g.add_argument("-K", type=_K, nargs="+", default=[4], dest="Ks", metavar="K",
+    g.add_argument("-K", type=_K, nargs="+", dest="Ks", metavar="K",
                    help="draft tokens per round; auto = adaptive K (sd and ssd: each round's K in --K-min..8 from the "
-                        "running acceptance and draft/verify times)")
+                        "running acceptance and draft/verify times). Default: auto with sd or ssd among --systems "
+                        "(engine.config.COMMAND_LINE_DEFAULTS), else 4")
     g.add_argument("--K", "--lookahead", type=_K, nargs="+", dest="Ks", default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)
     add_adaptive_flags(g)
-    g.add_argument("--budget", type=_budget, nargs="+", default=[12],
+    g.add_argument("--budget", type=_budget, nargs="+",
                    help="SSD fan-out budget B = Σ F_k, or auto: the engine sizes it at run time so that the cache "
-                        "build fits inside one verify")
-    g.add_argument("--schedule", nargs="+", default=["uniform"], choices=SCHEDULES,
+                        "build fits inside one verify (default: auto, engine.config.COMMAND_LINE_DEFAULTS)")
+    g.add_argument("--schedule", nargs="+", choices=SCHEDULES,
                    help="SSD fan-out schedule for each budget: uniform, or geometric (Thm 12 optimum at "
-                        "--fanout-alpha; with --budget auto the engine's own, from the ranks the run measures)")
+                        "--fanout-alpha; with --budget auto the engine's own, from the ranks the run measures; "
+                        "default: geometric, engine.config.COMMAND_LINE_DEFAULTS)")
     g.add_argument("--fanout", type=_fanout, nargs="+", action="extend", metavar="F",
                    help="an explicit SSD schedule F_0 ... F_K instead (one K), e.g. --fanout 4 3 2 2 1")
     g.add_argument("--fanout-alpha", type=float, default=0.8, help="α for the geometric schedule")
@@ -126,18 +128,39 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--no-progress", action="store_true",
                    help="no progress lines on stderr (they show on a terminal, or always with saguaro -v)")
     add_client_flags(p)
-    p.set_defaults(_defaults={dest: p.get_default(dest) for dest in ENGINE_FLAGS})
+    # argparse's get_default skips a default of None and finds a hidden alias's SUPPRESS instead: None it is
+    p.set_defaults(_defaults={dest: None if p.get_default(dest) == argparse.SUPPRESS else p.get_default(dest)
+                              for dest in ENGINE_FLAGS})
     return p
+
+
+def sweep_defaults(args) -> tuple[list, list, list]:
+    """-K, --budget and --schedule as given, the unset ones from SD's and SSD's command-line defaults
+    (engine.config.COMMAND_LINE_DEFAULTS): K auto where sd or ssd runs, else 4; SSD's budget auto, geometric."""
+    from engine.config import COMMAND_LINE_DEFAULTS, Strategy
+
+    ssd = COMMAND_LINE_DEFAULTS[Strategy.SSD]
+    speculative = {"sd", "ssd"} & set(args.systems)
+    if args.Ks:
+        Ks = args.Ks
+    elif args.fanout:  # an explicit schedule says its K
+        Ks = [len(flat(args.fanout)) - 1]
+    else:
+        Ks = [COMMAND_LINE_DEFAULTS[Strategy.SD]["K"]] if speculative else [4]
+    budgets = args.budget or [ssd["budget"]]
+    schedules = args.schedule or [ssd["schedule"].value]
+    return Ks, budgets, schedules
 
 
 def config_from(args):
     from saguaro.bench.config import BenchConfig
 
+    Ks, budgets, schedules = sweep_defaults(args)
     return BenchConfig(
         target=args.target, draft=args.draft, prompts=args.prompts, n_prompts=args.num_prompts,
         categories=tuple(args.categories),
         prompt_order="file" if args.first else "round-robin", max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos,
-        systems=tuple(args.systems), Ks=tuple(args.Ks), budgets=tuple(args.budget), schedules=tuple(args.schedule),
+        systems=tuple(args.systems), Ks=tuple(Ks), budgets=tuple(budgets), schedules=tuple(schedules),
         fanout=tuple(flat(args.fanout)) if args.fanout else None,
         fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),
         backups=tuple(args.backup), temperatures=tuple(args.temperature), batch_sizes=tuple(args.batch_size),

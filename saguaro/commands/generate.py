@@ -148,22 +148,26 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:
     """K (or adaptive K), Saguaro's C and SSD's fan-out, budget and backup (generate and serve share them)."""
-    p.add_argument("-K", default="4", dest="K", metavar="K",
+    p.add_argument("-K", dest="K", metavar="K",
                    help="draft tokens per round, or auto: SD and SSD choose each round's K in --K-min..8 from the "
-                        "running acceptance and the measured draft and verify times (SSD: and its hit rate)")
+                        "running acceptance and the measured draft and verify times (SSD: and its hit rate). "
+                        "Default: auto for sd and ssd (engine.config.COMMAND_LINE_DEFAULTS, the fastest measured; "
+                        "seeded output at T > 0 then varies from run to run: give -K for repeatable output)")
     p.add_argument("--lookahead", "--K", dest="K", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_adaptive_flags(p)
     p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")
     p.add_argument("--fanout", type=int, nargs="+", metavar="F",
                    help="F_0..F_K: K + 1 integers, space-separated (e.g. --fanout 4 3 2 1 1)")
-    p.add_argument("--schedule", choices=["uniform", "given", "geometric"], default="uniform",
-                   help="SSD fan-out schedule (given = --fanout / --fanout-backup). geometric: Thm 12's until the run "
+    p.add_argument("--schedule", choices=["uniform", "given", "geometric"],
+                   help="SSD fan-out schedule (default: geometric, or given with --fanout; uniform: the budget spread "
+                        "evenly; given = --fanout / --fanout-backup). geometric: Thm 12's until the run "
                         "has measured where the bonus stands among the draft's guesses, then the best schedule for "
                         "those measured hit rates; with --budget auto it may shrink to one guess (the fastest "
                         "SSD on code here)")
     p.add_argument("--fanout-backup", type=int, nargs="+", metavar="F",
                    help="SSD F^b: fan-out after a backup round, K + 1 integers")
-    p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings)")
+    p.add_argument("--budget", help="SSD cache budget B = sum of F_k: an integer, or 'auto' (fit to timings; the "
+                                    "default for ssd, unless --fanout gives the schedule)")
     p.add_argument("--backup", choices=["neural", "random", "lookup", "auto"], default="neural",
                    help="SSD backup on a cache miss")
 
@@ -184,12 +188,28 @@ def parse_K(text) -> int | str:
     return whole_or_auto(text, "-K must be a whole number of draft tokens per round (>= 1) or auto")
 
 
+def speculation_defaults(args) -> dict:
+    """-K, --budget and --schedule as given, the unset ones from the strategy's command-line defaults
+    (engine.config.COMMAND_LINE_DEFAULTS); an explicit --fanout keeps its own schedule and budget."""
+    from engine.config import COMMAND_LINE_DEFAULTS, Strategy
+
+    defaults = dict(COMMAND_LINE_DEFAULTS.get(Strategy(getattr(args, "strategy", "sd")), {}))
+    if args.fanout or args.fanout_backup:
+        defaults.pop("budget", None)
+        defaults.pop("schedule", None)
+    K = defaults.get("K", "4") if args.K is None else args.K
+    budget = defaults.get("budget") if args.budget is None else args.budget
+    schedule = args.schedule or defaults.get("schedule", "uniform")
+    return {"K": K, "budget": budget, "schedule": getattr(schedule, "value", schedule)}
+
+
 def speculative_config(args, placement):
     """The SpeculativeConfig the flags of add_speculation_flags ask for, with the given placement."""
     from engine import SpeculativeConfig
 
-    budget = None if args.budget is None else whole_or_auto(args.budget, "--budget must be an integer or 'auto'")
-    K = parse_K(args.K)
+    chosen = speculation_defaults(args)
+    budget = None if chosen["budget"] is None else whole_or_auto(chosen["budget"], "--budget must be an integer or 'auto'")
+    K = parse_K(chosen["K"])
     if K == "auto" and not 1 <= args.K_min <= AUTO_K_MAX:
         raise ValueError(f"--K-min must be in 1..{AUTO_K_MAX} (the largest K that -K auto chooses), got {args.K_min}")
     if args.K_min != 1 and K != "auto":
@@ -203,7 +223,7 @@ def speculative_config(args, placement):
         raise ValueError(f"--confidence-stop is implemented for --strategy sd only, not {args.strategy}: drop it")
     return SpeculativeConfig(
         K=K, C=args.C, fanout=tuple(args.fanout) if args.fanout else None,
-        fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=args.schedule,
+        fanout_backup=tuple(args.fanout_backup) if args.fanout_backup else None, schedule=chosen["schedule"],
         budget=budget, backup=args.backup, placement=placement, K_min=args.K_min, draft_cost=args.draft_cost,
         confidence_stop=args.confidence_stop,
     )

@@ -6,6 +6,10 @@ with the reason. Every other point is simulated at full load (closed loop at its
 meet every target are sized for the arrival rate (with --headroom), and the best few are checked with
 Poisson arrivals at rate / replicas per replica, adding replicas until every target holds.
 
+With --placement it answers where SSD pays instead (saguaro/commands/placement.py): SSD with a device or
+core of its own against AR and SD with everything for the target, at the SLO, on presets (predicted), this
+machine's calibration (predicted) or its bench runs (measured).
+
 Targets: --metric M --target-ms X, and/or --ttft-ms, --tpot-ms, --itl-ms, --e2el-ms, all at --percentile.
 Metrics are theory.latency's (as vLLM's serving benchmark): ttft (arrival to first token), itl (gap between
 successive streamed chunks; a speculative round is one gap), tpot ((e2el − ttft) / (tokens − 1)), e2el.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 
+from saguaro.commands.placement import add_flags as add_placement_flags
 from saguaro.commands.simulate import (Progress, _write_json, add_scenario_flags, help_formatter, int_or_auto,
                                       scenario_inputs, table)
 
@@ -32,7 +37,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="capacity plan: best SD/SSD settings and replicas for latency targets",
                        description=__doc__, formatter_class=help_formatter())
     g = p.add_argument_group("demand and targets")
-    g.add_argument("--rate", type=float, required=True, help="arrival rate, requests per second (all replicas)")
+    g.add_argument("--rate", type=float, help="arrival rate, requests per second (all replicas); needed for a "
+                                              "capacity plan, not with --placement")
     g.add_argument("--metric", choices=METRICS, default="itl",
                    help="the primary metric, limited by --target-ms: itl (per streamed chunk), tpot, "
                         "ttft or e2el")
@@ -58,6 +64,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--C", type=float, nargs="+", default=[1.0],
                    help="Saguaro constants (C ≠ 1 needs --saguaro-table)")
     add_scenario_flags(p, rounds=2000)
+    g = p.add_argument_group("placement: where SSD pays (saguaro/commands/placement.py)")
+    add_placement_flags(g)
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="also write the plan and its inputs as JSON ('-' for stdout only)")
     g.add_argument("--markdown", action="store_true", help="tables in Markdown")
@@ -151,6 +159,12 @@ def run(args: argparse.Namespace) -> int:
     from saguaro.commands.simulate import _grid, scenario_from_args
     from simulator import plan
 
+    if args.placement:
+        from saguaro.commands.placement import run as placement
+
+        return placement(args)
+    if args.rate is None:
+        raise ValueError("a capacity plan needs --rate (requests per second); or ask --placement where SSD pays")
     targets = targets_from_args(args)
     scenario = scenario_from_args(args, None)
     if scenario.output_len is None:

@@ -176,6 +176,11 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--hardware", default="cpu", help="target hardware: cpu, h100, h200, a100")
     g.add_argument("--draft-hardware", help="draft hardware (default: --hardware)")
     g.add_argument("--tp", type=int, help="target tensor-parallel degree (default: the pair's)")
+    g.add_argument("--eager", action="store_true",
+                   help="forwards launched kernel by kernel (no CUDA graph): the preset's launch overhead per layer")
+    g.add_argument("--engine", default="saguaro", choices=["saguaro", "reference", "reference-log"],
+                   help="whose per-step costs (simulator.presets.ENGINES): this engine, the reference engine as the "
+                        "paper shows it, or as its test log times it")
     g = p.add_argument_group("timing")
     g.add_argument("--timing", choices=["roofline", "constant"], default="roofline",
                    help="timing model when --fit is not given")
@@ -191,7 +196,9 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--t-build-ms", type=float, help="constant timing: cache build T_p (default (K+1)·T_d)")
     g.add_argument("--t-backup-ms", type=float, help="constant timing: neural backup T_b (default K·T_d)")
     g = p.add_argument_group("acceptance and cache hits")
-    g.add_argument("--alpha", type=float, default=0.8, help="per-token acceptance rate α")
+    g.add_argument("--alpha", type=float,
+                   help="per-token acceptance rate α (default: the pair preset's, fitted to its published SD "
+                        "figure; the default pair's measured one; else 0.8, assumed)")
     g.add_argument("--alpha-per-position", type=_floats, nargs="+", metavar="ALPHA",
                    help="α_1 ... α_K: acceptance by position instead (space-separated)")
     g.add_argument("--alpha-lookup", type=float, help="acceptance rate of the prompt-lookup backup")
@@ -199,10 +206,12 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--calibrate", metavar="RECORDS",
                    help="measure α and the hit model (from the rounds' outcome ranks, SD or SSD) from engine "
                         "records instead of the flags")
-    g.add_argument("--hit-model", choices=["measured", "powerlaw", "constant"], default="measured",
-                   help="cache hits: measured (where the bonus stood among the draft's guesses, "
-                        "measured on the default pair, simulator/data/hit_tables.json; the entry of --hit-table "
-                        "nearest in --temperature and C), power-law misses a·F^(-r) per outcome, or a constant")
+    g.add_argument("--hit-model", choices=["auto", "measured", "alpha", "powerlaw", "constant"], default="auto",
+                   help="cache hits: auto (the pair's measured ranks where it has them, the default pair's; else "
+                        "alpha), measured (where the bonus stood among the draft's guesses on the default pair, "
+                        "simulator/data/hit_tables.json, the entry of --hit-table nearest in --temperature and C), "
+                        "alpha (the α-model fitted to those tables, carried to any pair through α and T), "
+                        "power-law misses a·F^(-r) per outcome, or a constant")
     g.add_argument("--hit-table", default="spec_bench", metavar="WORKLOAD",
                    help="measured hit model's workload: spec_bench, spec_bench/<task>, humaneval")
     g.add_argument("--r", type=float, default=1.0, help="power-law exponent r")
@@ -300,7 +309,7 @@ def fitted_from_args(args: argparse.Namespace):
 def timing_from_args(args: argparse.Namespace):
     """(timing model, target devices, draft hardware or None, fitted model or None)."""
     from simulator import ConstantTiming, Deployment, RooflineTiming, read_records
-    from simulator.presets import PAIRS, hardware_preset, model_preset
+    from simulator.presets import PAIRS, engine_preset, hardware_preset, model_preset
 
     if args.fit or args.level:
         fitted = fitted_from_args(args)
@@ -315,22 +324,18 @@ def timing_from_args(args: argparse.Namespace):
     tp = args.tp or pair_tp
     hardware = hardware_preset(args.hardware)
     draft_hw = hardware_preset(args.draft_hardware or args.hardware)
-    timing = RooflineTiming(Deployment(model_preset(args.target or target_name), hardware, tp),
-                            Deployment(model_preset(args.draft or draft_name), draft_hw, 1))
+    eager = getattr(args, "eager", False)
+    timing = RooflineTiming(Deployment(model_preset(args.target or target_name), hardware, tp, eager=eager),
+                            Deployment(model_preset(args.draft or draft_name), draft_hw, 1, eager=eager),
+                            engine=engine_preset(getattr(args, "engine", "saguaro")))
     return timing, tp, draft_hw, None
 
 
-def hit_model_from_args(args: argparse.Namespace):
-    """The hit model the flags ask for (`--calibrate` may replace it with the records' own)."""
-    from simulator import ConstantHit, PowerLawHit
-    from simulator.hits import measured
+def hit_model_from_args(args: argparse.Namespace, alpha: float | None = None):
+    """The hit model the flags ask for at acceptance α (`--calibrate` may replace it with the records' own)."""
+    from saguaro.hit_choice import alpha_choice, hit_choice
 
-    if args.hit_model == "powerlaw":
-        return PowerLawHit(args.r, args.scale)
-    if args.hit_model == "constant":
-        return ConstantHit(args.p_hit)
-    Cs = getattr(args, "C", None) or [1.0]
-    return measured(args.hit_table, args.temperature, Cs[0] if len(Cs) == 1 else 1.0)
+    return hit_choice(args, alpha_choice(args)[0] if alpha is None else alpha)[0]
 
 
 def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
@@ -339,8 +344,11 @@ def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
     from simulator.calibrate import calibrate
     from simulator.hits import from_records
 
+    from saguaro.hit_choice import alpha_choice
+
     timing, tp, draft_hw, fitted = timing_from_args(args)
-    hits = hit_model_from_args(args)
+    alpha = alpha_choice(args)[0]
+    hits = hit_model_from_args(args, alpha)
     if args.replay:
         acceptance = Replay(tuple(read_records(args.replay)))
     elif args.calibrate:
@@ -350,11 +358,11 @@ def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
         if any(r.outcome_rank is not None for r in records):
             hits = from_records(records, source=f"measured: {args.calibrate}")
         else:
-            hits = measured.hits or hits
+            hits = measured.hits or hit_model_from_args(args, measured.acceptance.alpha)
     elif args.alpha_per_position:
         acceptance = PerPositionAcceptance(tuple(flat(args.alpha_per_position)), alpha_lookup=args.alpha_lookup)
     else:
-        acceptance = IidAcceptance(args.alpha, alpha_lookup=args.alpha_lookup)
+        acceptance = IidAcceptance(alpha, alpha_lookup=args.alpha_lookup)
     latency = args.link_latency_ms
     if latency is None:
         latency = fitted.link_latency_ms if fitted else (draft_hw.interconnect_latency_us / 1e3 if draft_hw else 0.0)
@@ -387,16 +395,20 @@ def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
     """The inputs a run used, resolved (presets to model and hardware names, the hit model to its source) and
     as given (`flags`): what JSON output echoes so that a result file says what it is a result of."""
     from simulator import ConstantHit, FittedTiming, IidAcceptance, PerPositionAcceptance, PowerLawHit, Replay
+    from saguaro.hit_choice import alpha_choice, hit_choice
     from simulator import RooflineTiming
+    from simulator.alpha_hits import AlphaHit
     from simulator.hits import EmpiricalHit
 
     timing = scenario.timing
+    acc_alpha = getattr(scenario.acceptance, "alpha", 0.8)
     out: dict = {}
     if isinstance(timing, RooflineTiming):
         t, d = timing.target, timing.draft
         out["pair"] = {"preset": args.pair, "target": t.model.name, "draft": d.model.name, "target_tp": t.tp}
         out["hardware"] = {"target": t.hardware.name, "draft": d.hardware.name}
-        out["timing"] = {"source": "roofline of the model and hardware presets"}
+        out["timing"] = {"source": "roofline of the model and hardware presets", "engine": args.engine,
+                         "eager": args.eager}
     elif isinstance(timing, FittedTiming):
         out["pair"] = out["hardware"] = "those of the fitted records"
         out["timing"] = {"source": "fitted to engine records", "records": list(args.fit)}
@@ -413,11 +425,14 @@ def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
         out["acceptance"] = {"model": "per position", "alpha": list(acc.alphas)}
     elif isinstance(acc, IidAcceptance):
         out["acceptance"] = {"model": "i.i.d.", "alpha": acc.alpha,
-                             "source": f"measured: {args.calibrate}" if args.calibrate else "--alpha"}
+                             "source": f"measured: {args.calibrate}" if args.calibrate else alpha_choice(args)[1]}
     hits = scenario.hits
     if isinstance(hits, EmpiricalHit):
         out["hit_model"] = {"model": "measured", "source": hits.source, "hit_table": args.hit_table,
-                            "temperature": args.temperature}
+                            "temperature": args.temperature, "why": hit_choice(args, acc_alpha)[1]}
+    elif isinstance(hits, AlphaHit):
+        out["hit_model"] = {"model": "alpha", "source": hits.source, "alpha": hits.alpha,
+                            "temperature": hits.temperature, "params": list(hits.fit.params.as_tuple())}
     elif isinstance(hits, PowerLawHit):
         out["hit_model"] = {"model": "powerlaw", "r": hits.r, "scale": hits.scale}
     elif isinstance(hits, ConstantHit):

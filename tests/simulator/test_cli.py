@@ -67,10 +67,30 @@ def test_json_echoes_the_inputs_it_used(tmp_path):
     assert inputs["hardware"]["target"] == "H100-SXM5-80GB"
     assert inputs["timing"]["source"].startswith("roofline")
     assert inputs["acceptance"]["alpha"] == 0.7 and inputs["seed"] == 5
-    assert inputs["hit_model"]["model"] == "measured" and "spec_bench" in inputs["hit_model"]["source"]
+    # no rank table was measured on Llama: the α-model at the given α, not the default pair's table
+    assert inputs["hit_model"]["model"] == "alpha" and inputs["hit_model"]["alpha"] == 0.7
+    assert inputs["hit_model"]["source"].startswith("α-model fitted to")
     assert inputs["grid"]["K"] == [3] and inputs["grid"]["budget"] == [8] and inputs["grid"]["batch"] == [2]
     assert inputs["workload"]["output_len"] == "64" and inputs["workload"]["rounds"] == 300
     assert inputs["flags"]["alpha"] == 0.7
+
+
+def test_the_default_pair_takes_its_measured_table_and_alpha(tmp_path):
+    path = tmp_path / "default.json"
+    assert main(["simulate", "-K", "3", *FAST, "--json", str(path)]) == 0  # --pair qwen-coder on the CPU preset
+    inputs = json.loads(path.read_text())["inputs"]
+    assert inputs["hit_model"]["model"] == "measured" and "spec_bench" in inputs["hit_model"]["source"]
+    assert inputs["acceptance"]["alpha"] == pytest.approx(0.724, abs=0.001)  # the table's mean α, measured
+
+
+def test_a_paper_pair_takes_the_alpha_fitted_to_its_published_sd(tmp_path):
+    from simulator.presets import PAIR_ALPHA
+
+    path = tmp_path / "llama.json"
+    assert main(["simulate", "--pair", "llama", "--hardware", "h100", *FAST, "--json", str(path)]) == 0
+    inputs = json.loads(path.read_text())["inputs"]
+    assert inputs["acceptance"]["alpha"] == PAIR_ALPHA["llama"] and "published SD" in inputs["acceptance"]["source"]
+    assert inputs["hit_model"]["model"] == "alpha"
 
 
 def test_json_echoes_constant_timing_and_hits(tmp_path):
@@ -108,7 +128,7 @@ def test_help_shows_the_defaults_and_minus_k(command, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "-K K" in out or "-K K [K ...]" in out
     if command[0] != "theory":
-        assert "default: 0.8" in out and "default: qwen-coder" in out  # --alpha, --pair
+        assert "else 0.8, assumed" in out and "default: qwen-coder" in out  # --alpha, --pair
         assert "--batch BATCH [BATCH ...]" in out and "--batch-size" not in out
 
 

@@ -117,15 +117,15 @@ def test_a_budget_beyond_the_counted_ranks_is_split_in_the_power_laws_tail():
 
 
 def test_theory_simulate_and_plan_share_one_default_hit_model(capsys):
-    """The measured table is the default everywhere: `theory fanout`'s hit probability of a schedule is the
-    simulated SSD hit rate of that schedule (no new sequences: every lookup follows a verified round)."""
+    """One default where no pair is named (the α-model at α): `theory fanout`'s hit probability of a schedule
+    is the simulated SSD hit rate of that schedule (no new sequences: every lookup follows a verified round)."""
     from saguaro.cli import main
     from simulator import ClosedLoop, ConstantTiming, IidAcceptance, Policy, Scenario, SimConfig, simulate
 
     assert main(["theory", "fanout", "--alpha", "0.8", "--K", "4", "--B", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     fanout = tuple(int(f) for f in out["schedules"]["optimal_integer"])
-    model = Scenario(ConstantTiming()).hits  # the API's default model is the same table
+    model = Scenario(ConstantTiming()).hits  # the API's default model is the same α-model
     assert out["hit_model"].startswith(model.source)
     config = SimConfig(policy=Policy("ssd", K=4, fanout=fanout), timing=ConstantTiming(),
                        acceptance=IidAcceptance(0.8), hits=model, workload=ClosedLoop(1, output_len=None),

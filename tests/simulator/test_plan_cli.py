@@ -18,9 +18,8 @@ def test_plan_prints_its_assumptions_and_every_slo_metric_in_ms(capsys):
     assert main(["plan", "--rate", "1", "--itl-ms", "100", *QWEN3]) == 0
     out = capsys.readouterr().out
     for expected in ["assumptions", "qwen3: target Qwen3-32B at TP 4, draft Qwen3-0.6B", "docs/ssd.md §7",
-                     "target 4× H100-SXM5-80GB", "i.i.d., α = 0.8", "--alpha default: assumed, not measured",
-                     "measured ranks of the bonus among the draft's guesses",
-                     "measured: qwen-coder-1.5b + qwen-coder-0.5b, spec_bench, T=0, C=1",
+                     "target 4× H100-SXM5-80GB", "i.i.d., α = 0.69", "fitted to qwen3's published SD figure",
+                     "α-model at α 0.690", "α-model fitted to 10 rank tables",
                      "128 / 64 tokens", "Poisson, 1 requests/s", "0 / 300 rounds", "itl p99 <= 100 ms"]:
         assert expected in out, expected
     assert main(["plan", "--rate", "1", "--itl-ms", "100", "--hit-model", "powerlaw", *QWEN3]) == 0
@@ -48,7 +47,7 @@ def test_plan_json_echoes_its_inputs(tmp_path):
     assert inputs["flags"]["rate"] == 2.0 and inputs["flags"]["target_ms"] == 60.0 and inputs["seed"] == 0
     assert inputs["rate_per_s"] == 2.0 and inputs["slo"] == ["itl p99 <= 60 ms"]
     assert inputs["timing"]["source"] == "constant" and inputs["acceptance"]["alpha"] == 0.8
-    assert inputs["hit_model"]["model"] == "measured" and inputs["grid"]["batch"] == [1]
+    assert inputs["hit_model"]["model"] == "alpha" and inputs["grid"]["batch"] == [1]  # constant timing: no pair
     assert inputs["workload"]["output_len"] == "100"
     assert data["slo"] == ["itl p99 <= 60 ms"] and data["best"]["strategy"] == "ar"
     assert {row["assumption"] for row in data["assumptions"]} >= {"acceptance", "cache hits", "arrivals", "SLO"}

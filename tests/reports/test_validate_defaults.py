@@ -1,0 +1,50 @@
+"""`saguaro validate defaults` (saguaro/validation/defaults.py): the command line's speculation defaults against
+the best variant of each bench run."""
+
+import json
+
+import pytest
+
+from saguaro.cli import main
+from saguaro.validation.defaults import check, is_default
+
+
+def _run(tmp_path, name, variants):
+    path = tmp_path / name
+    path.mkdir()
+    (path / "summary.json").write_text(json.dumps({"variants": variants}))
+    (path / "config.json").write_text(json.dumps({"prompts": "humaneval"}))
+    return path
+
+
+def v(system, key, tps, T=0.0):
+    return {"system": system, "key": f"{system} {key} T={T:g} b=1", "temperature": T, "batch": 1, "tokens_per_s": tps}
+
+
+SWEEP = [v("ar", "", 4.0), v("sd", "K=3", 9.0), v("sd", "K=auto", 8.8), v("ssd", "K=3 B=8 uniform neural", 12.0),
+         v("ssd", "K=auto B=auto geometric neural", 10.0), v("ssd", "K=auto B=auto uniform neural", 11.0)]
+
+
+def test_the_defaults_are_recognised_by_their_keys():
+    assert is_default(v("sd", "K=auto", 1)) and not is_default(v("sd", "K=auto C=0.5", 1))
+    assert is_default(v("ssd", "K=auto B=auto geometric neural", 1))
+    assert not is_default(v("ssd", "K=auto B=auto uniform neural", 1)) and not is_default(v("ar", "", 1))
+
+
+def test_each_system_is_compared_with_its_own_best(tmp_path):
+    rows = {r["system"]: r for r in check([_run(tmp_path, "run", SWEEP)])}
+    assert rows["sd"]["ratio"] == pytest.approx(8.8 / 9.0) and rows["sd"]["within"]
+    assert rows["ssd"]["ratio"] == pytest.approx(10 / 12) and not rows["ssd"]["within"]  # the negative case
+
+
+def test_a_run_without_the_default_is_refused_in_one_line(tmp_path, capsys):
+    run = _run(tmp_path, "run", [v("sd", "K=3", 9.0)])
+    assert main(["validate", "defaults", str(run)]) == 2
+    assert "no sd variant runs the default" in capsys.readouterr().err
+
+
+def test_the_command_prints_the_table_and_the_count(tmp_path, capsys):
+    out = tmp_path / "t.md"
+    assert main(["validate", "defaults", str(_run(tmp_path, "run", SWEEP)), "--markdown", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| run | prompts | T |" in text and "1 of 2 within 5%" in text and out.read_text() in text
