@@ -1,5 +1,5 @@
 """What a decode step of a Llama-3.2-1B-shaped model costs on this GPU, eager against replayed from a CUDA graph,
-and how it splits into per-layer and per-forward costs (`python3 launch_overhead.py OUT.json` on a CUDA machine).
+and how it splits into per-layer and per-forward costs (`python -m benchmarks.launch_overhead OUT.json` on a CUDA machine).
 
 Random bf16 weights, batch 1, one new token a step over a fixed 512-position KV cache (attention reads all of
 it: a timing study, not a model). Two implementations:
