@@ -24,7 +24,7 @@ import time
 import torch
 from torch import Tensor
 
-from engine.kv_cache import KVState, right_aligned
+from engine.kv_cache import KVState, new_state, right_aligned
 from engine.metrics import ServingStats, ms_since
 from engine.outputs import Chunk, TokenLogprob
 from engine.recorder import RoundRecorder
@@ -49,7 +49,7 @@ class DecodeLoop:
         self.pad_id = pad_id
         self.device = device
         self.scheduler = Scheduler(scheduler)
-        self.state = KVState(target, 0, device)  # the target's cache: every committed token but `pending`
+        self.state = new_state(target, 0, device)  # the target's cache: every committed token but `pending`
         self.running: list[Sequence] = []
         self.pending = torch.zeros(0, dtype=torch.long, device=device)  # [B] newest token of each row
         self.recorder = RoundRecorder()  # the round records (kept while recorder.records is a list)
@@ -114,7 +114,7 @@ class DecodeLoop:
         """Prefill the joining prompts as one batch and sample each one's first token."""
         t0 = time.perf_counter()
         self.proposer.prefetch(seqs)  # SSD: the worker prefills the draft side meanwhile
-        state = KVState(self.target, len(seqs), self.device)
+        state = new_state(self.target, len(seqs), self.device)
         tokens, valid = right_aligned([s.prompt_ids for s in seqs], self.pad_id, self.device)
         logits = state.extend(tokens, valid, logits_to_keep=1)[:, -1]  # [J, V]
         p = warp_rows(logits.float(), RowSampling([s.params for s in seqs]))  # [J, V]

@@ -37,6 +37,13 @@ def _cache_keyword(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
+def new_state(model: torch.nn.Module, batch_size: int, device: torch.device) -> "KVState":
+    """An empty state of `batch_size` rows for `model`: a KVState, or the state a runner that wraps a model makes
+    for it (`new_kv_state`: the static slot cache of engine.compiled, the tensor-parallel target of engine.tp)."""
+    make = getattr(model, "new_kv_state", None)
+    return make(batch_size, device) if make is not None else KVState(model, batch_size, device)
+
+
 def right_aligned(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Pack token lists into a block whose rows end together (holes on the left).
 
@@ -152,6 +159,9 @@ class KVState:
     def concat(states: list["KVState"]) -> "KVState":
         """One state holding the rows of `states` in order. Narrower states get holes on the left, so every
         row's newest token stays in the last column (holes are masked: nothing else changes)."""
+        kind = type(states[0]) if states else KVState
+        if kind.concat is not KVState.concat:
+            return kind.concat(states)  # states of a runner's own kind (new_state)
         live = [s for s in states if s.batch_size]
         if len(live) <= 1:
             return live[0] if live else states[0]
