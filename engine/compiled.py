@@ -121,6 +121,9 @@ class SlotModel:
         return logits[:B, Tb - keep:]
 
     def _call(self, bucket: tuple[int, int, int], tokens: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        if not self.cache.layers[0].is_initialized:
+            # The cache allocates itself at its first forward, from the key states' shape: eagerly, not in a graph.
+            return _forward(self.model, self.cache, self.keyword, tokens, positions, mask)
         forward = self._forwards.get(bucket)
         if forward is None:
             forward = self._forwards[bucket] = self._build(bucket)
