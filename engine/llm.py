@@ -94,7 +94,7 @@ class LLM:
         max_num_seqs: int | None = None,
         max_prefill_tokens: int | None = None,
         max_waiting: int | None = None,
-        compile: CompileConfig | bool | None = None,
+        compile: CompileConfig | bool = False,
         tp: int = 1,
     ):
         if strategy is None:
