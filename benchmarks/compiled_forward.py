@@ -6,7 +6,11 @@ Three paths per (model, forward, batch), each after `--context` cached tokens pe
 * eager     the engine's default: engine.kv_cache.KVState (transformers' DynamicCache) and an eager forward;
 * static    the static slot cache of engine.static_cache with its bucket padding, run eagerly (what the cache
             itself costs or saves, apart from compiling);
-* compiled  the same, compiled once per bucket (engine.compiled: inductor on a CPU, CUDA graphs on CUDA).
+* compiled  the same, compiled once per bucket (engine.compiled: inductor on a CPU, CUDA graphs on CUDA);
+* tpN       with `--tp N`, the target only: eager forwards of a target sharded over N ranks (engine.tp).
+
+What compiling saves per forward, over the model's layers, is the per-layer launch overhead the simulator's
+presets state (`saved_per_layer_us`, at batch 1: (eager - compiled) / layers).
 
 Each forward is timed alone (device synchronised before and after), `--reps` times after `--warmup` untimed
 ones; the table gives the median and the compiled bucket's first call (its compile time). The models are the
@@ -16,6 +20,8 @@ Run it alone (timing):
 
     python -m benchmarks.compiled_forward --device cpu --batch 1 8 --out reports/<folder>
     python -m benchmarks.compiled_forward --device cuda --shapes qwen-coder --dtype bfloat16 --out <folder>
+
+From Python (a GPU check): `compare_forwards(device="cuda", shapes="qwen-coder")` returns the rows.
 """
 
 from __future__ import annotations
@@ -95,20 +101,26 @@ def time_forwards(state, block: int, batch: int, vocab: int, reps: int, warmup: 
     return times, first
 
 
-def measure(model: torch.nn.Module, role: str, block: int, batches: list[int], args, device: torch.device) -> list[dict]:
+def measure(model: torch.nn.Module, role: str, block: int, batches: list[int], args, device: torch.device,
+            tp_target=None) -> list[dict]:
+    """The rows of one model: each batch size on each path (and `tp_target`'s, the same model over ranks)."""
     from engine.compile_config import CompileConfig
     from engine.compiled import SlotModel
     from engine.kv_cache import KVState
 
     vocab = model.get_output_embeddings().out_features
+    layers = model.config.get_text_config().num_hidden_layers
     sync = synchronise(device)
     rows = []
+    paths = PATHS + ((f"tp{args.tp}",) if tp_target is not None else ())
     for batch in batches:
-        for path in PATHS:
+        for path in paths:
             settings = CompileConfig(max_len=args.context + block + 1, batch_buckets=(batch,),
                                      compiled=path == "compiled")
             if path == "eager":
                 state = KVState(model, batch, device)
+            elif path.startswith("tp"):
+                state = tp_target.new_kv_state(batch, device)
             else:
                 runner = SlotModel(model, settings, device, name=role, max_tokens=block, rows=batch)
                 state = runner.new_kv_state(batch, device)
@@ -116,7 +128,7 @@ def measure(model: torch.nn.Module, role: str, block: int, batches: list[int], a
             state.extend(context.to(device), logits_to_keep=1)  # the rows' past, prefilled eagerly
             times, first = time_forwards(state, block, batch, vocab, args.reps, args.warmup, sync)
             rows.append({"model": role, "forward": "verify" if role == "target" else "draft step", "tokens": block,
-                         "batch": batch, "context": args.context, "path": path,
+                         "batch": batch, "context": args.context, "layers": layers, "path": path,
                          "median_ms": statistics.median(times), "p10_ms": sorted(times)[len(times) // 10],
                          "p90_ms": sorted(times)[(9 * len(times)) // 10], "first_call_ms": first})
             logging.getLogger(__name__).info("%s %s b=%d %s: %.2f ms (first call %.0f ms)", role, rows[-1]["forward"],
@@ -125,21 +137,43 @@ def measure(model: torch.nn.Module, role: str, block: int, batches: list[int], a
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    """One line per (model, forward, batch): the median of each path and compiled's speedup over eager."""
-    lines = ["| model | forward | batch | eager ms | static ms | compiled ms | eager / compiled | compile s |",
-             "|---|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["model"], r["forward"], r["tokens"], r["batch"]) for r in rows}, key=lambda k: (k[0] != "target", k[3]))
+def summarise(rows: list[dict]) -> list[dict]:
+    """One line per (model, forward, batch): each path's median, compiled's speedup over eager, what it saves
+    per layer, and the compiled bucket's compile time."""
+    out = []
+    keys = sorted({(r["model"], r["forward"], r["tokens"], r["batch"]) for r in rows},
+                  key=lambda k: (k[0] != "target", k[3]))
     for model, forward, tokens, batch in keys:
-        by = {r["path"]: r for r in rows if (r["model"], r["forward"], r["tokens"], r["batch"]) == (model, forward, tokens, batch)}
-        eager, static, compiled = (by[p]["median_ms"] for p in PATHS)
-        compile_s = (by["compiled"]["first_call_ms"] - compiled) / 1e3
-        lines.append(f"| {model} | {forward} ({tokens} tok) | {batch} | {eager:.2f} | {static:.2f} | {compiled:.2f} | "
-                     f"{eager / compiled:.2f}x | {compile_s:.1f} |")
+        by = {r["path"]: r for r in rows if (r["model"], r["forward"], r["tokens"], r["batch"]) ==
+              (model, forward, tokens, batch)}
+        eager, compiled = by["eager"]["median_ms"], by["compiled"]["median_ms"]
+        line = {"model": model, "forward": f"{forward} ({tokens} tok)", "batch": batch,
+                **{f"{p}_ms": round(r["median_ms"], 3) for p, r in by.items()},
+                "eager_over_compiled": round(eager / compiled, 3),
+                "saved_per_layer_us": round((eager - compiled) / by["eager"]["layers"] * 1e3, 1),
+                "compile_s": round((by["compiled"]["first_call_ms"] - compiled) / 1e3, 1)}
+        out.append(line)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    summary = summarise(rows)
+    columns = list(summary[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(line.get(c, "")) for c in columns) + " |" for line in summary]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def compare_forwards(device: str = "cuda", shapes: str | None = "qwen-coder", dtype: str = "bfloat16",
+                     batches: tuple[int, ...] = (1, 8), K: int = 4, context: int = 256, reps: int = 20,
+                     warmup: int = 3) -> list[dict]:
+    """The per-forward rows for `shapes` (random weights) or, with shapes=None, the default pair by alias."""
+    argv = ["--device", device, "--dtype", dtype, "--batch", *map(str, batches), "-K", str(K), "--context",
+            str(context), "--reps", str(reps), "--warmup", str(warmup)] + (["--shapes", shapes] if shapes else [])
+    return run(parser().parse_args(argv))
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.compiled_forward", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--target", default="qwen-coder-1.5b", help="alias or folder (ignored with --shapes)")
@@ -152,12 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--tp", type=int, default=1, help="also time the target's forwards over this many ranks "
+                                                     "(eager, engine.tp; a model by alias only)")
     p.add_argument("--out", type=Path, help="folder for forward_times.json and forward_times.md")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("torch").setLevel(logging.WARNING)
+    return p
+
+
+def run(args) -> list[dict]:
+    """Measure every row the flags ask for."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tp > 1 and args.shapes:
+        raise ValueError("--tp loads the target by alias in every rank: drop --shapes")
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -166,8 +206,28 @@ def main(argv: list[str] | None = None) -> int:
             model = random_model(SHAPES[args.shapes][role == "draft"], dtype, device)
         else:
             model = named_model(args.target if role == "target" else args.draft, dtype, device)
-        rows += measure(model, role, block, args.batch, args, device)
+        tp_target = None
+        if role == "target" and args.tp > 1:
+            from engine.config import EngineConfig
+            from engine.tp import start_target
+
+            tp_target, _ = start_target(args.target, EngineConfig(target=args.target, dtype=args.dtype, tp=args.tp,
+                                                                  threads=args.threads), device)
+        try:
+            rows += measure(model, role, block, args.batch, args, device, tp_target)
+        finally:
+            if tp_target is not None:
+                tp_target.close()
         del model
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("torch").setLevel(logging.WARNING)
+    device = torch.device(args.device)
+    rows = run(args)
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                "torch": torch.__version__, "threads": torch.get_num_threads(),
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
@@ -177,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         models = f"random weights shaped as {args.shapes}" if args.shapes else f"{args.target} / {args.draft}"
         (args.out / "forward_times.json").write_text(json.dumps(
-            {"machine": machine, "models": models, "dtype": args.dtype, "K": args.K, "rows": rows}, indent=2) + "\n")
+            {"machine": machine, "models": models, "dtype": args.dtype, "K": args.K, "rows": rows,
+             "summary": summarise(rows)}, indent=2) + "\n")
         (args.out / "forward_times.md").write_text(f"{models}, {args.dtype}, K = {args.K}, context {args.context}, "
                                                    f"{machine['device']}, torch {machine['torch']}\n\n{text}\n")
     return 0

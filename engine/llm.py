@@ -213,8 +213,11 @@ class LLM:
     @property
     def max_context(self) -> int | None:
         limit = getattr(self.target.config, "max_position_embeddings", None)
-        if self.config.compile is not None:  # a row of the static cache holds max_len tokens
-            limit = min(limit or self.config.compile.max_len, self.config.compile.max_len)
+        if self.config.compile is not None:
+            # a row of the static cache holds max_len tokens; an SSD branch row drafts K past the speculation
+            room = self.config.compile.max_len - (self.config.speculative.K if self.config.strategy is Strategy.SSD
+                                                  else 0)
+            limit = min(limit or room, room)
         return limit
 
     @property

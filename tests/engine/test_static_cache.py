@@ -124,3 +124,21 @@ def test_a_row_longer_than_max_len_is_refused():
     state = new_state(slot_model(6, settings=CompileConfig(max_len=4, batch_buckets=(2,), compiled=False)), 1, CPU)
     with pytest.raises(ValueError, match="max_len"):
         state.extend(torch.tensor([[1, 2, 3, 4, 5]]))
+
+
+@pytest.mark.parametrize("strategy", ["ar", "sd", "ssd"])
+def test_a_request_as_long_as_the_cache_allows_runs_to_its_end_and_a_longer_one_is_refused(strategy):
+    from engine import LLM, SamplingParams, SpeculativeConfig
+    from engine.config import DraftPlacement
+    from tests.engine.tiny import noisy_copy
+
+    target = tiny_lm(0, scale=4.0)
+    spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
+    settings = CompileConfig(max_len=24, batch_buckets=(2,), compiled=False)
+    llm = LLM(target, None if strategy == "ar" else noisy_copy(target, 1.0), strategy=strategy, speculative=spec,
+              compile=settings)
+    room = llm.room([1, 2, 3])  # SSD's branch rows draft K past the speculation: its room is K shorter
+    longest = SamplingParams(temperature=0, max_new_tokens=room, stop_on_eos=False)
+    assert llm.generate([[1, 2, 3]], longest)[0].token_ids == LLM(target).generate([[1, 2, 3]], longest)[0].token_ids
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=room + 1))
