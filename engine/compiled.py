@@ -69,8 +69,8 @@ class SlotModel:
         self.name = name
         self.max_tokens = max(1, max_tokens)
         self.sdpa = attention == "sdpa"
-        self.cudagraphs = settings.compiled and settings.mode_for(device.type) == "reduce-overhead" \
-            and device.type == "cuda"
+        self.cudagraphs = (settings.compiled and device.type == "cuda"  # the modes that capture CUDA graphs
+                           and settings.mode_for(device.type) in ("reduce-overhead", "max-autotune"))
         self.cache = SlotCache(model.config.get_text_config().num_hidden_layers, rows, settings.max_len)
         self.keyword = cache_keyword(model)
         self.vocab_size = model.get_output_embeddings().out_features

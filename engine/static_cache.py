@@ -91,6 +91,7 @@ class SlotCache(Cache):
         self.max_len = max_len
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
         self.free = list(range(self.capacity - 1, 0, -1))  # a stack: the lowest free slot is taken first
+        self.returned: list[int] = []  # slots given back since the last allocation (by states' finalizers too)
         self.rows: Tensor | None = None  # [B] slots of the next forward's rows
         self.write: Tensor | None = None  # [B, T] the column each new token goes to
         self.width = max_len + 1  # columns the next forward attends over
@@ -101,6 +102,9 @@ class SlotCache(Cache):
     def allocate(self, n: int) -> list[int]:
         """n free slots (the pool grows when it has too few: a copy, and new compiled graphs, so it is sized
         ahead where the engine can tell)."""
+        back, self.returned = self.returned, []  # a finalizer that runs from here on adds to the new list
+        if back:
+            self.free = sorted(self.free + back, reverse=True)
         if n > len(self.free):
             self._grow(max(2 * self.capacity, self.capacity + n - len(self.free)))
         keep = len(self.free) - n
@@ -109,8 +113,13 @@ class SlotCache(Cache):
         return taken
 
     def release(self, slots: list[int]) -> None:
-        self.free.extend(slots)
-        self.free.sort(reverse=True)
+        """Give slots back. Only appends: a state's finalizer may call it from within `allocate` (the garbage
+        collector runs where it likes), which then leaves the free list alone."""
+        self.returned.extend(slots)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self.free) + len(self.returned)
 
     @torch.inference_mode()  # the cache's tensors were made in inference mode (the first forward)
     def copy_rows(self, source: list[int], target: list[int], columns: int) -> None:
@@ -128,7 +137,7 @@ class SlotCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 layer.allocate(capacity, layer.keys, layer.values)
-        self.free = list(range(capacity - 1, self.capacity - 1, -1)) + self.free
+        self.free = list(range(capacity - 1, self.capacity - 1, -1)) + self.free  # still descending
         self.capacity = capacity
 
     def memory_bytes(self) -> int:

@@ -32,14 +32,22 @@ def test_compiled_sd_matches_the_target_distribution(target8, draft8):
     assert chi_square_p(counts, exact_distribution(target8, PARAMS)) > FALSE_ALARM
 
 
+SSD_HITS = SpeculativeConfig(K=2, schedule="given", fanout=(3, 3, 3), placement=DraftPlacement(in_process=True))
+
+
 def test_compiled_ssd_with_cache_hits_matches_the_target_distribution(target8, draft8):
-    spec = SpeculativeConfig(K=2, schedule="given", fanout=(3, 3, 3), placement=DraftPlacement(in_process=True))
-    counts, llm = compiled_counts(target8, draft8, "ssd", spec, 3_000)
+    counts, llm = compiled_counts(target8, draft8, "ssd", SSD_HITS, 3_000)
     assert (16 * ROWS, 1, 17) in llm._fed_draft.first_call_s  # the branches were drafted compiled
     assert chi_square_p(counts, exact_distribution(target8, PARAMS)) > FALSE_ALARM
 
 
-def test_negative_control_biased_verifier_is_detected_on_the_compiled_path(target8, draft8, monkeypatch):
+def test_negative_control_biased_verifier_is_detected_on_compiled_sd(target8, draft8, monkeypatch):
     monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
     counts, _ = compiled_counts(target8, draft8, "sd", SpeculativeConfig(K=2), 6_000)
+    assert chi_square_p(counts, exact_distribution(target8, PARAMS)) < 1e-12
+
+
+def test_negative_control_biased_verifier_is_detected_on_compiled_ssd(target8, draft8, monkeypatch):
+    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    counts, _ = compiled_counts(target8, draft8, "ssd", SSD_HITS, 3_000)
     assert chi_square_p(counts, exact_distribution(target8, PARAMS)) < 1e-12

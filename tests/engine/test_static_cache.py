@@ -81,7 +81,7 @@ def test_select_keeps_rows_in_their_slots_and_frees_the_others():
     slots = list(state.slots)
     state.select(torch.tensor([2, 0]))
     assert state.slots == [slots[2], slots[0]]
-    assert slots[1] in runner.cache.free
+    assert slots[1] in runner.cache.returned  # free again, for the next allocation
     logits = state.extend(torch.tensor([[7], [8]]))[:, -1]
     assert torch.allclose(logits[0], alone(runner.model, [5, 6, 7]), atol=ATOL)
     assert torch.allclose(logits[1], alone(runner.model, [1, 2, 8]), atol=ATOL)
@@ -114,10 +114,10 @@ def test_a_dropped_state_gives_its_slots_back_and_the_cache_grows_when_full():
     more = new_state(runner, 3, CPU)  # 5 rows alive in a cache made for 2: it grows, keeping what it held
     more.extend(torch.tensor([[5], [6], [7]]))
     assert torch.allclose(state.extend(torch.tensor([[8], [9]]))[1, -1], alone(runner.model, [3, 4, 9]), atol=ATOL)
-    free = len(runner.cache.free)
+    free = runner.cache.free_slots
     del more
     gc.collect()
-    assert len(runner.cache.free) == free + 3
+    assert runner.cache.free_slots == free + 3
 
 
 def test_a_row_longer_than_max_len_is_refused():

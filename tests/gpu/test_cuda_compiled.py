@@ -18,7 +18,7 @@ pytestmark = pytest.mark.cuda
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
-GRAPHS = CompileConfig(max_len=64, batch_buckets=(1, 4))
+GRAPHS = CompileConfig(max_len=64, batch_buckets=(4,))  # few shapes: each is compiled (and captured) once
 
 
 def models(vocab_size: int = 50, hidden: int = 32, scale: float = 4.0):
@@ -34,8 +34,7 @@ def solo():
         return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
 
 
-@pytest.mark.parametrize("strategy, placement", [("ar", None), ("sd", None),
-                                                 ("ssd", DraftPlacement(in_process=True)), ("ssd", "own process")])
+@pytest.mark.parametrize("strategy, placement", [("ar", None), ("sd", None), ("ssd", "own process")])
 def test_cuda_graphs_with_a_join_mid_run_give_the_eager_tokens(solo, strategy, placement):
     target, draft = models()
     if placement == "own process":
