@@ -101,7 +101,7 @@ class TPTarget:
         self.in_step = False
         try:
             result = step()
-        except RuntimeError as err:
+        except RuntimeError:
             dead = self._dead_rank(wait_s=2.0)
             if dead is None:
                 raise

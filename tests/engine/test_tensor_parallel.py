@@ -12,7 +12,8 @@ import pytest
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.tp import TPRankDied
 from tests.engine.test_continuous_batching import staggered
-from tests.engine.tiny import FALSE_ALARM, PROMPT, STEPS, chi_square_p, exact_distribution, noisy_copy, sequence_counts, tiny_lm
+from tests.engine.tiny import (FALSE_ALARM, PROMPT, STEPS, chi_square_p, exact_distribution, noisy_copy,
+                               sequence_counts, tiny_lm)
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [3, 1, 4, 1, 5, 9, 2, 6]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=14, stop_on_eos=False)
