@@ -4,7 +4,9 @@ A request's path: `LLM` (llm) or `AsyncLLM` (async_llm) -> the one decode loop (
 sequence) -> each round, a proposer (strategies/: ar, sd, ssd) drafts x and q (drafting; SSD's draft worker
 in ssd/, behind a channel) -> the target verifies them (verifier, sampling, kv_cache) -> the sequence emits
 its tokens (outputs) and the round is recorded (recorder, metrics). Models come from loading/ (catalogue,
-provisioning, caches, GGUF, quantisation); settings are frozen dataclasses (config, sampling_params).
+provisioning, caches, GGUF, quantisation); settings are frozen dataclasses (config, sampling_params). With
+`compile`, forwards run on a static slot cache (static_cache) in compiled buckets (compiled); with `tp`, the
+target runs over tensor-parallel ranks (tp/).
 
 Names are imported on first use, so that `engine.config` or `engine.sampling_params` (plain
 dataclasses) can be read by the CLI and the benchmark configuration without importing torch.

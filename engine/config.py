@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from engine.compile_config import CompileConfig
 from theory.glossary import Backup, Strategy
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -231,6 +232,12 @@ class EngineConfig:
                    to the model loaded, not to its float weights. The draft may also be "int8-dynamic"
                    (dynamic int8 activations too: the fastest draft on CPU; q is whatever it computes, and
                    verification uses exactly that q).
+    compile        None (eager forwards on the dynamic KV cache) or a CompileConfig (True: its defaults): every
+                   model forward runs on a preallocated slot cache in fixed shapes, compiled once per shape
+                   (engine.compiled; CUDA graphs on CUDA).
+    tp             tensor-parallel ranks of the target (engine.tp): the engine starts tp - 1 more processes,
+                   shards the target with transformers' tensor parallelism and feeds every rank the same
+                   inputs; rank 0 (this process) samples and verifies.
     """
 
     target: str
@@ -245,6 +252,8 @@ class EngineConfig:
     cache_dir: str | None = None  # where models are downloaded to / looked up (None: the default cache)
     target_quant: QuantConfig | None = None
     draft_quant: QuantConfig | None = None
+    compile: CompileConfig | None = None
+    tp: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy(self.strategy))
@@ -254,6 +263,14 @@ class EngineConfig:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
         object.__setattr__(self, "target_quant", QuantConfig.of(self.target_quant))
         object.__setattr__(self, "draft_quant", QuantConfig.of(self.draft_quant))
+        object.__setattr__(self, "compile", CompileConfig.of(self.compile))
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"tp (tensor-parallel ranks of the target) must be an integer >= 1, got {self.tp!r}")
+        if self.tp > 1 and self.compile is not None:
+            raise ValueError("compile and tp > 1 do not combine yet: drop one of them")
+        if self.tp > 1 and self.target_quant is not None:
+            raise ValueError(f"a tensor-parallel target shards float weights: drop target_quant "
+                             f"{self.target_quant.scheme} or use tp=1")
         if self.target_quant is not None and self.target_quant.dynamic:
             raise ValueError(f"target_quant {DYNAMIC_INT8} is for the draft only: its activation scale spans the "
                              "batch, so the target's distribution would depend on what shares it; use int8 or int4")

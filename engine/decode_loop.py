@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.kv_cache import KVState, right_aligned
+from engine.kv_cache import KVState, new_state, right_aligned
 from engine.metrics import ServingStats, ms_since
 from engine.outputs import Chunk
 from engine.recorder import RoundRecorder
@@ -73,7 +73,7 @@ class DecodeLoop:
         self.pad_id = pad_id
         self.device = device
         self.scheduler = Scheduler(scheduler)
-        self.state = KVState(target, 0, device)  # the target's cache: every committed token but `pending`
+        self.state = new_state(target, 0, device)  # the target's cache: every committed token but `pending`
         self.running: list[Sequence] = []
         self.prefilling: Prefilling | None = None  # the admitted group whose prompts are being fed
         self.pending = torch.zeros(0, dtype=torch.long, device=device)  # [B] newest token of each row
@@ -125,7 +125,7 @@ class DecodeLoop:
                 now = time.perf_counter()
                 for seq in joining:
                     seq.metrics.scheduled_s = now
-                state = KVState(self.target, len(joining), self.device)  # their own cache until they join
+                state = new_state(self.target, len(joining), self.device)  # their own cache until they join
                 self.prefilling = Prefilling(joining, state, [0] * len(joining))
         joined = False
         if self.prefilling is not None:

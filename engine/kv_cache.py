@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -35,6 +36,32 @@ def cache_keyword(model: torch.nn.Module) -> str:
 @functools.cache
 def _cache_keyword(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+class CacheState(Protocol):
+    """What the engine does with a model's KV state: KVState below, engine.static_cache.SlotState and
+    engine.tp.target.TPState alike."""
+
+    lengths: Tensor  # [B] real tokens per row
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0) -> Tensor: ...
+
+    def rollback(self, drop: Tensor) -> None: ...
+
+    def select(self, rows: Tensor) -> None: ...
+
+    def fork(self, rows: Tensor) -> "CacheState": ...
+
+
+def new_state(model: torch.nn.Module, batch_size: int, device: torch.device) -> CacheState:
+    """An empty state of `batch_size` rows for `model`: a KVState, or the state a runner that wraps a model makes
+    for it (`new_kv_state`: the static slot cache of engine.compiled, the tensor-parallel target of engine.tp).
+    KVState.concat joins states of either kind."""
+    make = getattr(model, "new_kv_state", None)
+    return make(batch_size, device) if make is not None else KVState(model, batch_size, device)
 
 
 def right_aligned(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -152,6 +179,9 @@ class KVState:
     def concat(states: list["KVState"]) -> "KVState":
         """One state holding the rows of `states` in order. Narrower states get holes on the left, so every
         row's newest token stays in the last column (holes are masked: nothing else changes)."""
+        kind = type(states[0]) if states else KVState
+        if kind.concat is not KVState.concat:
+            return kind.concat(states)  # states of a runner's own kind (new_state)
         live = [s for s in states if s.batch_size]
         if len(live) <= 1:
             return live[0] if live else states[0]

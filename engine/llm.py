@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from engine.compile_config import CompileConfig, slot_plans
+from engine.compiled import slot_model
 from engine.config import EngineConfig, QuantConfig, SpeculativeConfig
 from engine.decode_loop import DecodeLoop
 from engine.loading.devices import AUTO_DTYPE, TORCH_DTYPES, check_device, resolve_dtype
@@ -68,6 +70,10 @@ class LLM:
     from its float32 weights quantised at load; a model object is quantised as a copy (the caller's object is
     left as it was). A low-bit target is the target: SD and SSD sample exactly what AR with that low-bit
     target samples.
+    compile: True or a CompileConfig: every forward runs on a preallocated slot cache in fixed shapes, compiled
+    once per shape with torch.compile (CUDA graphs on CUDA; engine.compiled): the tokens of the eager engine.
+    tp: the target runs on this many tensor-parallel ranks (engine.tp): this process is rank 0 and samples;
+    the engine starts the other ranks itself and stops them at close.
     """
 
     def __init__(
@@ -89,6 +95,8 @@ class LLM:
         max_num_seqs: int | None = None,
         max_prefill_tokens: int | None = None,
         max_waiting: int | None = None,
+        compile: CompileConfig | bool = False,
+        tp: int = 1,
     ):
         if strategy is None:
             strategy = Strategy.AR if draft is None else Strategy.SD
@@ -107,6 +115,8 @@ class LLM:
             cache_dir=None if cache_dir is None else str(cache_dir),
             target_quant=target_quant,
             draft_quant=draft_quant,
+            compile=compile,
+            tp=tp,
         )
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
         if self.config.strategy is Strategy.SSD:
@@ -118,8 +128,15 @@ class LLM:
         self.device = check_device(device)  # a missing device is refused before any model loads
         self.loop: DecodeLoop | None = None
         config = self.config
-        self.target, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
-                                                     device=self.device, cache_dir=cache_dir)
+        self._tp = None  # the tensor-parallel target's other ranks (engine.tp), when tp > 1
+        if config.tp > 1:
+            from engine.tp import start_target
+
+            self._tp, loaded_tokenizer = start_target(target, config, self.device)
+            self.target = self._tp.model
+        else:
+            self.target, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
+                                                         device=self.device, cache_dir=cache_dir)
         self.tokenizer = tokenizer or loaded_tokenizer
         self.draft = self._draft_given = None
         if draft is not None and config.strategy is not Strategy.AR:
@@ -135,7 +152,16 @@ class LLM:
         self.vocab_size = self.target.get_output_embeddings().out_features  # also for quantised heads
         self._seq_ids = itertools.count()
         self.serving = False  # True while an AsyncLLM drives the loop
-        self.loop = DecodeLoop(self.target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,
+        spec = config.speculative
+        K = None if config.strategy is Strategy.AR else spec.K
+        branches = sum(spec.fanouts) if config.strategy is Strategy.SSD else 0
+        target_plan, draft_plan = slot_plans(config.compile, K, branches, max_num_seqs)
+        # what the loop and the proposers feed: the models, on the static slot cache when compiled, the target
+        # through its ranks when tensor-parallel (engine.kv_cache.new_state makes their states)
+        self._fed_target = self._tp if self._tp is not None else slot_model(self.target, target_plan, self.device,
+                                                                            "target")
+        self._fed_draft = None if self.draft is None else slot_model(self.draft, draft_plan, self.device, "draft")
+        self.loop = DecodeLoop(self._fed_target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,
                                device=self.device, scheduler=scheduler)
         if max_num_seqs is not None and self.max_context is not None:  # what a KV-cache usage is a share of
             self.loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
@@ -155,7 +181,7 @@ class LLM:
         if strategy is Strategy.AR:
             return  # the loop starts with NoDraft
         if strategy is Strategy.SD:
-            self.loop.proposer = InProcessDraft(self.draft, spec, self.pad_id, self.device)
+            self.loop.proposer = InProcessDraft(self._fed_draft, spec, self.pad_id, self.device)
         elif strategy is Strategy.SSD:
             from engine.ssd.channel import open_channel
             from engine.ssd.memory import check_budget, memory_limit
@@ -170,8 +196,9 @@ class LLM:
                                 else draft_device_for(self.device, spec.placement.draft_device))
                 check_budget(self.draft, spec.K, branches, draft_device)
                 self.loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
-            opener = open_channel(self.draft, self._draft_given, self.config, self.pad_id, self.device)
-            proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device, draft=self.draft)
+            opener = open_channel(self._fed_draft, self._draft_given, self.config, self.pad_id, self.device)
+            proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device,
+                                           draft=self._fed_draft)
             self.loop.proposer = proposer
             try:  # start the worker now, so that loading its model is not charged to the first request
                 proposer.start()
@@ -188,7 +215,13 @@ class LLM:
 
     @property
     def max_context(self) -> int | None:
-        return getattr(self.target.config, "max_position_embeddings", None)
+        limit = getattr(self.target.config, "max_position_embeddings", None)
+        if self.config.compile is not None:
+            # a row of the static cache holds max_len tokens; an SSD branch row drafts K past the speculation
+            room = self.config.compile.max_len - (self.config.speculative.K if self.config.strategy is Strategy.SSD
+                                                  else 0)
+            limit = min(limit or room, room)
+        return limit
 
     @property
     def lookahead(self) -> int:
@@ -328,6 +361,9 @@ class LLM:
         """Free the models (and, for SSD, stop the draft worker)."""
         if self.loop is not None:
             self.loop.close()
+        if self._tp is not None:
+            self._tp.close()  # stops the other ranks
+            self._tp = None
         self.loop = None
         self.target = None
         self.draft = None

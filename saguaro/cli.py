@@ -165,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("saguaro: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as err:
+        if not getattr(err, "one_line", False):  # a fault the engine words for the user (a rank that died)
+            raise
+        print(f"saguaro {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def resolve_folder(spec: str | os.PathLike[str], root: Path, *, verify: bool = F
 
 
 @contextmanager
-def _quiet_progress(show: bool) -> Iterator[None]:
+def quiet_progress(show: bool) -> Iterator[None]:
     """Hide transformers' per-tensor "Loading weights" bar unless progress is logged; restore after."""
     was_on = hf_logging.is_progress_bar_enabled()
     if was_on and not show:
@@ -115,7 +115,7 @@ def load_model(
         weights, keep_copy = (copy, False) if copy is not None else (folder, True)
     # The folder is local: local_files_only keeps transformers from ever asking a hub.
     try:
-        with _quiet_progress(logger.isEnabledFor(logging.INFO)):
+        with quiet_progress(logger.isEnabledFor(logging.INFO)):
             model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, local_files_only=True)
     except (OSError, SafetensorError) as err:
         raise ValueError(

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.compile_config import SlotPlan, slot_plans
 from engine.config import EngineConfig, QuantConfig
+from theory.glossary import Strategy
 
 
 @dataclass
@@ -23,6 +25,7 @@ class DraftRecipe:
     own dtype); then quantise as `quant` says (None: float weights).
 
     dtype  for a draft loaded by path: its float dtype, or, quantised, that of the layers left in float.
+    slots  run it on the static slot cache, compiled (engine.compiled), as the engine's `compile` says.
     """
 
     path: str | None = None
@@ -31,6 +34,7 @@ class DraftRecipe:
     config: dict | None = None
     state: dict | None = None
     quant: QuantConfig | None = None
+    slots: SlotPlan | None = None
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, quant: QuantConfig | None = None) -> DraftRecipe:
@@ -47,6 +51,12 @@ class DraftRecipe:
                    quant=quant)
 
     def build(self, device: torch.device) -> torch.nn.Module:
+        """The draft (on the static slot cache when the recipe says so: what the worker feeds)."""
+        from engine.compiled import slot_model
+
+        return slot_model(self._model(device), self.slots, device, "draft")
+
+    def _model(self, device: torch.device) -> torch.nn.Module:
         from engine.loading.devices import TORCH_DTYPES
         from engine.loading.models import load_model, load_quantized
         from engine.loading.quantize import quantize_model
@@ -77,7 +87,12 @@ class DraftRecipe:
 def draft_recipe(given: torch.nn.Module | None, config: EngineConfig) -> DraftRecipe:
     """How the worker process rebuilds the engine's draft: from `given`, the model object the caller passed,
     or, when it was passed by name (`given` None), by loading `config.draft` as the engine did."""
+    spec = config.speculative
+    K = None if config.strategy is Strategy.AR else spec.K
+    _, slots = slot_plans(config.compile, K, sum(spec.fanouts) if config.strategy is Strategy.SSD else 0, None)
     if given is not None:
-        return DraftRecipe.from_model(given, config.draft_quant)
+        recipe = DraftRecipe.from_model(given, config.draft_quant)
+        recipe.slots = slots
+        return recipe
     return DraftRecipe(path=config.draft, dtype=config.draft_float_dtype, cache_dir=config.cache_dir,
-                       quant=config.draft_quant)
+                       quant=config.draft_quant, slots=slots)

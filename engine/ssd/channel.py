@@ -96,6 +96,8 @@ class ProcessChannel:
         placement = spec.placement
         self.spec = spec
         self.deadline_s = placement.deadline_s
+        if recipe.slots is not None:  # a compiled worker compiles each shape the first time a round needs it
+            self.deadline_s = max(placement.deadline_s, placement.start_deadline_s)
         self.start_deadline_s = placement.start_deadline_s
         cuda = target_device.type == "cuda"
         draft_device = draft_device_for(target_device, placement.draft_device)

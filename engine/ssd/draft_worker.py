@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from engine.config import SpeculativeConfig
-from engine.kv_cache import KVState, right_aligned
+from engine.kv_cache import KVState, new_state, right_aligned
 from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
@@ -87,7 +87,7 @@ class DraftWorker:
         self.device = device
         self.policy = DraftPolicy(spec)
         self.rows = Rows()
-        self.state = KVState(model, 0, device)
+        self.state = new_state(model, 0, device)
         self.cache = SpeculationCache([], None)
         self.current: Current | None = None
         self.row_fanout: list[tuple[int, ...]] = []
@@ -201,7 +201,7 @@ class DraftWorker:
         return self._prefill_prompts([j.prompt for j in joins])
 
     def _prefill_prompts(self, prompts: list[list[int]]) -> KVState:
-        state = KVState(self.model, len(prompts), self.device)
+        state = new_state(self.model, len(prompts), self.device)
         tokens, valid = right_aligned(prompts, self.pad_id, self.device)
         state.extend(tokens, valid, logits_to_keep=1)
         return state

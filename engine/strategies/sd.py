@@ -27,7 +27,7 @@ from torch import Tensor
 
 from engine.config import SpeculativeConfig
 from engine.drafting import bonus_ranks, draft_from
-from engine.kv_cache import KVState, right_aligned
+from engine.kv_cache import KVState, new_state, right_aligned
 from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
@@ -53,7 +53,7 @@ class InProcessDraft:
         self.lookahead = Lookahead(spec)
         self.pad_id = pad_id
         self.device = device
-        self.state = KVState(draft, 0, device)
+        self.state = new_state(draft, 0, device)
         self.tails: list[list[int]] = []
         self.generators: list[torch.Generator] = []
         self.ranks: list[int | None] = []  # per row of the last round: its bonus's rank (None: not yet known)
@@ -64,7 +64,7 @@ class InProcessDraft:
         pass
 
     def admit(self, seqs: list[Sequence]) -> None:
-        state = KVState(self.draft, len(seqs), self.device)
+        state = new_state(self.draft, len(seqs), self.device)
         tokens, valid = right_aligned([s.prompt_ids + s.output_ids[:-1] for s in seqs], self.pad_id, self.device)
         state.extend(tokens, valid, logits_to_keep=1)
         self.state = KVState.concat([self.state, state])

@@ -1,14 +1,14 @@
 """What one `saguaro bench` invocation runs: the configuration and the sweep grid it expands to.
 
 A *variant* is one system with one setting of every swept axis (K, fan-out budget and schedule, C,
-backup, temperature, batch size). Axes that do not apply to a system are left out of its variant
+backup, temperature, batch size, and for this engine's systems eager or compiled forwards). Axes that do not apply to a system are left out of its variant
 (AR has no K; only SSD has a fan-out and a backup), and C collapses to 1 at temperature 0, where
 Saguaro sampling changes nothing, so the grid holds no duplicate runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from saguaro.commands.values import AUTO  # -K auto: adaptive K (SD and SSD), K_min..AUTO_K_MAX each round
 from saguaro.prompts import PROMPT_ORDERS
@@ -53,6 +53,7 @@ class Settings:
     K_min: int | None = None
     draft_cost: float | None = None
     confidence_stop: float | None = None
+    compiled: bool | None = None  # ar, sd, ssd: compiled forwards on the static KV cache (None: not ours)
 
     def label(self) -> str:
         parts = []
@@ -72,6 +73,8 @@ class Settings:
             parts.append(self.backup)
         parts.append(f"T={self.temperature:g}")
         parts.append(f"b={self.batch}")
+        if self.compiled:
+            parts.append("compiled")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -154,10 +157,12 @@ class BenchConfig:
     K_min: int = 1  # -K auto: the smallest K it may choose
     draft_cost: float | None = None  # -K auto: T_d / T_v fixed instead of measured
     confidence_stop: float | None = None  # sd: stop drafting below this draft top probability
+    compiled: tuple[bool, ...] = (False,)  # ar, sd, ssd: eager and / or compiled forwards (--compile off on)
+    compile_max_len: int = 2048  # tokens per row of the compiled engines' static KV cache
 
     def __post_init__(self) -> None:
         for name in ("systems", "categories", "Ks", "budgets", "schedules", "Cs", "backups", "temperatures",
-                     "batch_sizes"):
+                     "batch_sizes", "compiled"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.fanout is not None:
             object.__setattr__(self, "fanout", tuple(int(f) for f in self.fanout))
@@ -170,6 +175,12 @@ class BenchConfig:
         _positive_ints("fan-out budget (--budget)", tuple(b for b in self.budgets if b != "auto"),
                        allow_empty=True)
         _positive_ints("batch size (--batch)", self.batch_sizes)
+        if not self.compiled or any(not isinstance(c, bool) for c in self.compiled):
+            raise ValueError(f"--compile takes off and / or on, got {list(self.compiled)}")
+        if True in self.compiled and not set(OURS) & set(self.systems):
+            raise ValueError("--compile on applies to this engine's systems: add ar, sd or ssd to --systems")
+        if self.compile_max_len < 2:
+            raise ValueError(f"--max-len must be >= 2 tokens per row, got {self.compile_max_len}")
         if not isinstance(self.K_min, int) or not 1 <= self.K_min <= AUTO_K_MAX:
             raise ValueError(f"--K-min must be a whole number in 1..{AUTO_K_MAX}, got {self.K_min!r}")
         if (self.K_min != 1 or self.draft_cost is not None) and AUTO not in self.Ks:
@@ -258,7 +269,7 @@ class BenchConfig:
             for T in self.temperatures:
                 Cs = (1.0,) if T == 0 else self.Cs
                 for b in self.batch_sizes:
-                    for s in self._settings(system, T, b, Cs):
+                    for s in self._compiled(system, self._settings(system, T, b, Cs)):
                         v = Variant(system, s)
                         if v in variants or v in (x for x, _ in skipped):
                             continue
@@ -271,6 +282,12 @@ class BenchConfig:
                         else:
                             variants.append(v)
         return variants, skipped
+
+    def _compiled(self, system: str, settings: list[Settings]) -> list[Settings]:
+        """Each setting of one of this engine's systems once per --compile value (the peers: as they are)."""
+        if system not in OURS:
+            return settings
+        return [replace(s, compiled=True) if c else s for s in settings for c in self.compiled]
 
     def _settings(self, system: str, T: float, b: int, Cs: tuple[float, ...]) -> list[Settings]:
         if system in ("ar", "hf", "llamacpp", "llamacpp-lookup"):  # no K, budget or C of ours

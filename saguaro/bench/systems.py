@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.compile_config import CompileConfig
 from engine.config import DYNAMIC_INT8, QuantConfig
 from saguaro.bench.config import BenchConfig, Variant
 from saguaro.peers import (
@@ -108,10 +109,11 @@ class Systems:
     def engine_key(v: Variant) -> tuple:
         s = v.settings
         if v.system == "ssd" and s.budget == "auto":
-            return (v.system, s.K, s.C, "auto", s.schedule, s.backup, s.adaptive, s.K_min, s.draft_cost)
+            return (v.system, s.K, s.C, "auto", s.schedule, s.backup, s.adaptive, s.K_min, s.draft_cost, s.compiled)
         if v.system in ("sd", "ssd"):
-            return (v.system, s.K, s.C, s.fanout, s.backup, s.adaptive, s.K_min, s.draft_cost, s.confidence_stop)
-        return (v.system,)
+            return (v.system, s.K, s.C, s.fanout, s.backup, s.adaptive, s.K_min, s.draft_cost, s.confidence_stop,
+                    s.compiled)
+        return (v.system, s.compiled)
 
     def _engine(self, v: Variant) -> LLM:
         key = self.engine_key(v)
@@ -132,6 +134,7 @@ class Systems:
                     m.target, draft, strategy=v.system, speculative=spec, tokenizer=m.tokenizer,
                     threads=None if ssd else self.config.threads, dtype=m.dtype, draft_dtype=m.draft_dtype,
                     draft_quant=m.draft_quant if by_recipe else None,
+                    compile=CompileConfig(max_len=self.config.compile_max_len) if s.compiled else None,
                 )
                 self._threads[key] = torch.get_num_threads()
             finally:

@@ -50,7 +50,8 @@ ENGINE_FLAGS = {"systems": "--systems", "Ks": "-K", "budget": "--budget", "sched
                 "target_quant": "--target-quant", "draft_quant": "--draft-quant", "quant_group_size": "--quant-group-size",
                 "target_head_quant": "--target-head-quant", "draft_head_quant": "--draft-head-quant",
                 "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume",
-                "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop"}
+                "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop",
+                "compiled": "--compile", "compile_max_len": "--max-len"}
 CLIENT_FLAGS = {"model": "--model", "api_key": "--api-key", "rate": "--rate", "concurrency": "--concurrency",
                 "endpoint": "--endpoint", "timeout": "--timeout", "deadline": "--deadline", "label": "--label"}
 
@@ -107,6 +108,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--backup", nargs="+", default=["neural"], choices=BACKUPS, help="SSD backup(s)")
     g.add_argument("--temperature", type=float, nargs="+", default=[1.0],
                    help="0 = greedy (the default is the API's, engine.SamplingParams)")
+    g.add_argument("--compile", nargs="+", choices=["off", "on"], dest="compiled", metavar="off|on",
+                   help="ar, sd, ssd with eager (off) and / or compiled forwards on a static KV cache (on); "
+                        "--compile off on: both, interleaved (default: off)")
+    g.add_argument("--max-len", type=int, default=2048, dest="compile_max_len",
+                   help="with --compile on: tokens per row of the static KV cache")
     g.add_argument("--batch", type=int, nargs="+", default=[1], dest="batch_size", metavar="B",
                    help="prompts per generate call")
     g.add_argument("--batch-size", type=int, nargs="+", dest="batch_size", default=argparse.SUPPRESS,
@@ -168,8 +174,13 @@ def config_from(args):
         draft_quant=args.draft_quant, quant_group_size=args.quant_group_size, target_head_quant=args.target_head_quant,
         draft_head_quant=args.draft_head_quant, threads=args.threads,
         seed=args.seed, warmup=args.warmup, order=args.order, K_min=args.K_min, draft_cost=args.draft_cost,
-        confidence_stop=args.confidence_stop,
+        confidence_stop=args.confidence_stop, compiled=_compiled(args.compiled), compile_max_len=args.compile_max_len,
     )
+
+
+def _compiled(values: list[str] | None) -> tuple[bool, ...]:
+    """--compile's values as the config's (absent: eager only)."""
+    return (False,) if values is None else tuple(dict.fromkeys(v == "on" for v in values))
 
 
 def _given(args, flags: dict[str, str], defaults: dict) -> list[str]:

@@ -144,6 +144,27 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache", type=Path, help="model cache folder (default ~/.cache/saguaro)")
+    add_runtime_flags(p)
+
+
+def add_runtime_flags(p: argparse.ArgumentParser) -> None:
+    """--compile (with its cache's --max-len) and --tp (generate and serve share them)."""
+    p.add_argument("--compile", action="store_true",
+                   help="fixed-shape forwards on a static KV cache, compiled once per shape (CUDA graphs on CUDA)")
+    p.add_argument("--max-len", type=int, dest="max_len",
+                   help="with --compile: tokens per row of the static cache, prompt + output + speculation "
+                        "(default 2048)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the target (started by the engine)")
+
+
+def runtime_kwargs(args) -> dict:
+    """LLM's compile and tp from the flags of add_runtime_flags."""
+    from engine.compile_config import CompileConfig
+
+    if args.max_len is not None and not args.compile:
+        raise ValueError("--max-len sizes the static KV cache of --compile: add --compile, or drop --max-len")
+    settings = CompileConfig(**({} if args.max_len is None else {"max_len": args.max_len}))
+    return {"compile": settings if args.compile else None, "tp": args.tp}
 
 
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:
@@ -260,7 +281,7 @@ def load_llm(args, spec, **options):
             args.target, args.draft if args.strategy != "ar" else None,
             strategy=args.strategy, speculative=spec, dtype=args.dtype, draft_dtype=args.draft_dtype,
             **quant_kwargs(args), device=args.device, threads=args.threads,
-            cache_dir=args.cache, max_num_seqs=args.max_num_seqs, **options,
+            cache_dir=args.cache, max_num_seqs=args.max_num_seqs, **runtime_kwargs(args), **options,
         )
 
 
