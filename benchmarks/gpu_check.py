@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_check STEP --out DIR [--device cuda|cpu] [--quick] [--budget-s S]
 
-STEP is one of env, canary, greedy, tests, syncs, timings, e2e-agree, e2e-random. Each step appends its lines to DIR/summary.md
+STEP is one of env, canary, greedy, tests, syncs, timings, compiled, launch, e2e-agree, e2e-random. Each step appends its lines to DIR/summary.md
 as it goes (so a killed run still returns what it learned) and its figures to DIR/results.json under its name.
 Nothing here downloads anything or needs more than torch, transformers and the engine: the models are random
 weights of real shapes (benchmarks.random_models), built on the device.
@@ -30,7 +30,7 @@ import torch
 
 from benchmarks.random_models import PAIRS, TINY_PAIRS, pair
 
-STEPS = ("env", "canary", "greedy", "tests", "syncs", "timings", "e2e-agree", "e2e-random")
+STEPS = ("env", "canary", "greedy", "tests", "syncs", "timings", "compiled", "launch", "e2e-agree", "e2e-random")
 
 
 # -- output ---------------------------------------------------------------------------------------------------
@@ -462,8 +462,45 @@ def step_e2e(report: Report, device: torch.device, args, agree: bool) -> bool:
     return not any("error" in r for r in results)
 
 
+def step_compiled(report: Report, device: torch.device, args) -> bool:
+    """The target's verify (K+1 = 5) and the draft's step, eager against compiled (CUDA graphs on CUDA) on the
+    static slot cache, batch 1 and 8, on random weights shaped like the default pair (benchmarks.compiled_forward)."""
+    from benchmarks.compiled_forward import compare_forwards, summarise
+
+    shapes = "tiny" if args.quick or device.type == "cpu" else "qwen-coder"
+    rows = compare_forwards(device=str(device), shapes=shapes, dtype="bfloat16" if device.type == "cuda" else
+                            "float32", batches=(1,) if args.quick else (1, 8), reps=3 if args.quick else 10)
+    summary = summarise(rows)
+    for line in summary:
+        report.line(f"  - compiled {line['model']} {line['forward']} batch {line['batch']}: eager "
+                    f"{line['eager_ms']} ms, static {line['static_ms']}, compiled {line['compiled_ms']} "
+                    f"({line['eager_over_compiled']}x; {line['saved_per_layer_us']} µs a layer saved; compile "
+                    f"{line['compile_s']} s)")
+    report.save({"shapes": shapes, "rows": rows, "summary": summary})
+    return True
+
+
+def step_launch(report: Report, device: torch.device, args) -> bool:
+    """A Llama-3.2-1B-shaped decode step eager against replayed from a CUDA graph, lean and through transformers
+    (benchmarks.launch_overhead): how far the simulator's eager launch overhead per layer carries."""
+    if device.type != "cuda":
+        report.line("- launch overhead: CUDA only, skipped on CPU")
+        report.save({"skipped": "CUDA only"})
+        return True
+    from benchmarks import launch_overhead
+
+    path = report.out / "launch_overhead.json"
+    launch_overhead.main(str(path))
+    out = json.loads(path.read_text())
+    report.line(f"- launch overhead (Llama-3.2-1B shape, batch 1): lean {out['lean_launch_overhead_us_per_layer']:.0f}"
+                f" µs a layer eager over graph; transformers eager split {out['transformers'].get('eager_split')}")
+    path.unlink()
+    report.save(out)
+    return True
+
+
 RUN = {"env": step_env, "canary": step_canary, "greedy": step_greedy, "tests": step_tests, "syncs": step_syncs,
-       "timings": step_timings, "e2e-agree": lambda r, d, a: step_e2e(r, d, a, agree=True),
+       "timings": step_timings, "compiled": step_compiled, "launch": step_launch, "e2e-agree": lambda r, d, a: step_e2e(r, d, a, agree=True),
        "e2e-random": lambda r, d, a: step_e2e(r, d, a, agree=False)}
 
 

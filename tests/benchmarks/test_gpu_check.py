@@ -94,3 +94,10 @@ def test_a_gpu_step_where_torch_sees_no_gpu_is_refused_with_exit_2(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     assert gpu_check.main(["env", "--out", str(tmp_path), "--device", "cuda"]) == 2
+
+
+def test_compiled_forwards_are_timed_beside_eager_ones(tmp_path):
+    assert gpu_check.main(["compiled", "--out", str(tmp_path), "--device", "cpu", "--quick"]) == 0
+    summary = results(tmp_path)["compiled"]["summary"]
+    assert {line["model"] for line in summary} == {"target", "draft"}
+    assert all(line["eager_ms"] > 0 and line["compiled_ms"] > 0 for line in summary)
