@@ -25,13 +25,14 @@ import torch
 from torch import Tensor
 
 from engine.kv_cache import KVState, right_aligned
-from engine.metrics import ServingStats, ms_since
+from engine.metrics import ServingStats
 from engine.outputs import Chunk, TokenLogprob
 from engine.recorder import RoundRecorder
-from engine.sampling import RowSampling, sample, warp_rows
+from engine.sampling import Checks, RowSampling, sample, warp_rows
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
+from engine.timing import Stopwatch
 from engine.verifier import verify
 
 log = logging.getLogger(__name__)
@@ -112,14 +113,14 @@ class DecodeLoop:
 
     def _prefill(self, seqs: list[Sequence]) -> list[Chunk]:
         """Prefill the joining prompts as one batch and sample each one's first token."""
-        t0 = time.perf_counter()
+        t0 = Stopwatch(self.device)
         self.proposer.prefetch(seqs)  # SSD: the worker prefills the draft side meanwhile
         state = KVState(self.target, len(seqs), self.device)
         tokens, valid = right_aligned([s.prompt_ids for s in seqs], self.pad_id, self.device)
         logits = state.extend(tokens, valid, logits_to_keep=1)[:, -1]  # [J, V]
         p = warp_rows(logits.float(), RowSampling([s.params for s in seqs]))  # [J, V]
         first = sample(p, [s.generator for s in seqs])  # [J]
-        verify_ms = ms_since(t0)
+        verify_ms = t0.ms()
         now = time.perf_counter()
         firsts = [[t] for t in first.tolist()]
         logprobs = _logprobs(p[:, None], firsts, seqs)
@@ -132,7 +133,7 @@ class DecodeLoop:
 
         keep = [i for i, s in enumerate(seqs) if not s.finished]
         self._count_finished([s for s in seqs if s.finished])
-        t1 = time.perf_counter()
+        t1 = Stopwatch(self.device)
         if keep:
             joined = [seqs[i] for i in keep]
             if len(keep) < len(seqs):
@@ -142,7 +143,7 @@ class DecodeLoop:
             self.running += joined
             self.proposer.admit(joined)  # SD: the draft's prefill; SSD: sent with the next round
         self.recorder.prefill(self.proposer.name, self.proposer.K, len(seqs), max(len(s.prompt_ids) for s in seqs),
-                              verify_ms=verify_ms, draft_ms=ms_since(t1), round_ms=ms_since(t0))
+                              verify_ms=verify_ms, draft_ms=t1.ms(), round_ms=t0.ms())
         return [c for c in chunks if c is not None]
 
     def _propose(self, rows: RowSampling) -> tuple[Proposal, RoundTelemetry]:
@@ -168,22 +169,25 @@ class DecodeLoop:
         """One speculative round over the running batch (a plain sampling step for AR)."""
         rows = RowSampling([s.params for s in self.running])
         generators = [s.generator for s in self.running]
-        context_len = int(self.state.lengths.max())
-        t0 = time.perf_counter()
+        context_len = max(len(s.prompt_ids) + len(s.output_ids) for s in self.running) - 1  # all but `pending`
+        t0 = Stopwatch(self.device)
         proposal, telemetry = self._propose(rows)
         x, K = proposal.tokens, proposal.tokens.shape[1]
 
-        t1 = time.perf_counter()
+        t1 = Stopwatch(self.device)
         block = torch.cat([self.pending[:, None], x.to(self.device)], dim=1)  # [B, K + 1]
-        p = warp_rows(self.state.extend(block).float(), rows)  # [B, K + 1, V]
-        result = verify(x, proposal.q, p, generators)
-        self.state.rollback(K - result.accepted.to(self.device))  # keep pending, x_1..x_k
-        verify_ms = ms_since(t1)
+        checks = Checks()  # the round's input checks, read on the host at once
+        p = warp_rows(self.state.extend(block).float(), rows, checks)  # [B, K + 1, V]
+        result = verify(x, proposal.q, p, generators, checks)
+        checks.raise_first()
+        if K:  # keep pending, x_1..x_k (AR's K = 0 leaves nothing to roll back)
+            self.state.rollback(K - result.accepted)
+        verify_ms = t1.ms()
         self.proposer.observe(result, verify_ms)
 
         now = time.perf_counter()
+        accepted, _, _ = result.host()  # the round's one read of the outcome on the host
         tokens = result.emitted(x)
-        accepted = result.accepted.tolist()
         chunks = []
         for seq, toks, lp, k in zip(self.running, tokens, _logprobs(p, tokens, self.running), accepted):
             chunks.append(seq.append(toks, lp, now))
@@ -193,7 +197,7 @@ class DecodeLoop:
         emitted = [len(c.token_ids) if c else 0 for c in chunks]
         self.pending = result.bonus.to(self.device)
         self._count_round(telemetry, accepted, emitted, K)
-        self.recorder.decode(self.proposer.name, K, context_len, accepted, emitted, verify_ms, ms_since(t0),
+        self.recorder.decode(self.proposer.name, K, context_len, accepted, emitted, verify_ms, t0.ms(),
                              [s.index for s in self.running], telemetry)
         self._retire()
         return [c for c in chunks if c is not None]
