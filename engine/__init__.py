@@ -4,7 +4,9 @@ A request's path: `LLM` (llm) or `AsyncLLM` (async_llm) -> the one decode loop (
 sequence) -> each round, a proposer (strategies/: ar, sd, ssd) drafts x and q (drafting; SSD's draft worker
 in ssd/, behind a channel) -> the target verifies them (verifier, sampling, kv_cache) -> the sequence emits
 its tokens (outputs) and the round is recorded (recorder, metrics). Models come from loading/ (catalogue,
-provisioning, caches, GGUF, quantisation); settings are frozen dataclasses (config, sampling_params).
+provisioning, caches, GGUF, quantisation); settings are frozen dataclasses (config, sampling_params). Every time
+the engine acts on goes through one stopwatch (timing: CUDA events on a GPU), and what crosses between host and
+device each round goes through host (pinned, non-blocking copies; one wait per read).
 
 Names are imported on first use, so that `engine.config` or `engine.sampling_params` (plain
 dataclasses) can be read by the CLI and the benchmark configuration without importing torch.

@@ -24,6 +24,7 @@ import time
 import torch
 from torch import Tensor
 
+from engine import host
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ServingStats
 from engine.outputs import Chunk, TokenLogprob
@@ -225,9 +226,9 @@ class DecodeLoop:
         if len(keep) == len(self.running):
             return
         self._count_finished([s for s in self.running if s.finished])
-        index = torch.tensor(keep, dtype=torch.long)
+        index = host.tensor(keep, torch.long, self.device)
         self.state.select(index)
-        self.pending = self.pending[index.to(self.device)]
+        self.pending = self.pending[index]
         self.running = [self.running[i] for i in keep]
         self.proposer.retire(keep)
 

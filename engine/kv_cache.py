@@ -46,8 +46,8 @@ def right_aligned(rows: list[list[int]], pad_id: int, device: torch.device) -> t
     last position's logits are each row's next-token logits.
     """
     width = max((len(r) for r in rows), default=0)
-    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    tokens = host.pinned_empty((len(rows), width), torch.long, device).fill_(pad_id)  # built on the host
+    valid = host.pinned_empty((len(rows), width), torch.bool, device).zero_()
     for b, row in enumerate(rows):
         if row:
             tokens[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)

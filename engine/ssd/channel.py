@@ -7,9 +7,9 @@ process), and `ProcessChannel` talks to a worker in its own OS process (engine.s
 
 The process channel starts the worker with torch.multiprocessing "spawn" and watches it while it starts: it
 polls the store for the worker's JOINED and READY keys and the process's liveness, so a worker that dies before
-it connects or while it loads its model is noticed at once (not at the start deadline). Once the worker is
-ready, the channel keeps the link alive while it is idle (engine.ssd.transport) and watches the worker's
-heartbeat (engine.ssd.heartbeat): a worker process that stops is killed within seconds, which fails the
+it connects or while it loads its model is noticed at once (not at the start deadline). Once the worker has
+connected, the channel keeps the link alive while it is idle (engine.ssd.transport); once it is ready, it
+watches the worker's heartbeat (engine.ssd.heartbeat): a worker process that stops is killed within seconds, which fails the
 exchange under way, so the fallback takes over as for a worker that died, long before `deadline_s`. Closing
 always reaps the child: STOP, join, then terminate / kill if it does not leave. Faults surface as `FAULTS`.
 """
@@ -132,6 +132,7 @@ class ProcessChannel:
                 log.info("starting the draft worker (pid %d) on %s ...", self.process.pid, draft_device)
             self._await(JOINED_KEY, "connect")
             self.endpoint = connect(store, TARGET_RANK, target_device, link_timeout_s, backend)
+            self.endpoint.keep_alive()  # from now on: the worker may wait for its first batch for days
         except RuntimeError as err:  # DraftUnavailable included
             self.close()
             raise DraftUnavailable(f"the draft worker did not connect: {err}") from None
@@ -162,9 +163,9 @@ class ProcessChannel:
             log.info("draft worker ready in %.1f s", time.monotonic() - self.started)
 
     def _now_ready(self) -> None:
-        """The worker has built its model: keep the idle link alive, and watch the worker's heartbeat."""
+        """The worker has built its model: watch its heartbeat (not while it loads: a long load may hold the
+        interpreter for seconds at a time, and `_await` watches the process then)."""
         self.ready = True
-        self.endpoint.keep_alive()
         self.watch = HeartbeatWatch(self.store, self._lost)
 
     def _lost(self, reason: str) -> None:
