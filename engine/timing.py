@@ -4,10 +4,10 @@ backup times) and the round records (engine.metrics.RoundRecord).
 
 `Stopwatch(device).ms()` is the time from the stopwatch's start to now. On the CPU both ends are
 time.perf_counter() readings, and so they are for `Stopwatch()` (no device): the host's own clock, for a wait
-that ends in host memory (SSD's wait for its worker's answer), which reads nothing from a device. On a CUDA device the work a time covers is only queued when the host moves on, so
-a host clock would time the launches, not the work: there each end is a CUDA event recorded on the device's
-current stream, and `ms()` waits for the newest one (a host synchronisation) and returns the device's time
-between the two.
+that ends in host memory (SSD's wait for its worker's answer), which reads nothing from a device. On a CUDA
+device the work a time covers is only queued when the host moves on, so a host clock would time the launches,
+not the work: there each end is a CUDA event recorded on the device's current stream, and `ms()` waits for the
+newest one (a host synchronisation) and returns the device's time between the two.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ The process channel starts the worker with torch.multiprocessing "spawn" and wat
 polls the store for the worker's JOINED and READY keys and the process's liveness, so a worker that dies before
 it connects or while it loads its model is noticed at once (not at the start deadline). Once the worker has
 connected, the channel keeps the link alive while it is idle (engine.ssd.transport); once it is ready, it
-watches the worker's heartbeat (engine.ssd.heartbeat): a worker process that stops is killed within seconds, which fails the
-exchange under way, so the fallback takes over as for a worker that died, long before `deadline_s`. Closing
-always reaps the child: STOP, join, then terminate / kill if it does not leave. Faults surface as `FAULTS`.
+watches the worker's heartbeat (engine.ssd.heartbeat): a worker process that stops is killed within seconds,
+which fails the exchange under way, so the fallback takes over as for a worker that died, long before
+`deadline_s`. Closing always reaps the child: STOP, join, then terminate / kill if it does not leave. Faults
+surface as `FAULTS`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The SSD link over a fake backend (tests/engine/fake_link.py: gloo's failure rules, NCCL's watchdog): receives
 end at their timeout, no wait on the group is longer than its timeout, an idle receive outlasts that timeout on
 the target's keep-alives (and without them it does not), what crosses is host memory (pinned beside a GPU), and a
-worker whose heartbeat stops is declared lost within its bound."""
+worker whose heartbeat stops is declared lost within its bound; the idle wait once more over real gloo."""
 
 import threading
 import time
@@ -12,7 +12,7 @@ import torch
 from engine import host
 from engine.ssd.heartbeat import HeartbeatWatch, beat
 from engine.ssd.messages import KeepAlive, Round, encode
-from engine.ssd.transport import DRAFT_RANK, TARGET_RANK, DraftUnavailable, connect, host_store
+from engine.ssd.transport import DRAFT_RANK, TARGET_RANK, DraftUnavailable, connect, host_store, join_store
 from tests.engine.fake_link import FakeLink
 from tests.engine.test_ssd_wire import _messages, _speculation
 
@@ -127,3 +127,30 @@ def test_a_beating_worker_is_never_declared_lost_and_a_stopped_one_is_within_its
         watch.stop()
     assert len(lost) == 1 and "no heartbeat" in lost[0][1]
     assert lost[0][0] - stopped < 0.5 + 0.05 + 2.0  # lost_s + one period, with room for a loaded machine
+
+
+def test_an_idle_receive_outlasts_the_link_timeout_over_real_gloo():
+    store, address = host_store("tcp://127.0.0.1:0", 30.0)
+    got: list = []
+
+    def worker():
+        peer = connect(join_store(address, 30.0), DRAFT_RANK, torch.device("cpu"), 0.5)
+        try:
+            got.append(peer.recv(timeout_s=30.0))
+        except DraftUnavailable as err:
+            got.append(err)
+        finally:
+            peer.close()
+
+    receiver = threading.Thread(target=worker)
+    receiver.start()
+    target = connect(store, TARGET_RANK, torch.device("cpu"), 0.5)
+    try:
+        target.keep_alive()
+        time.sleep(2.0)  # four link timeouts
+        sent = Round(1, [0], [3], [True], 1.0, [], K=2, V=V)
+        target.send(sent, timeout_s=0.5)
+        receiver.join(30.0)
+    finally:
+        target.close()
+    assert len(got) == 1 and not isinstance(got[0], Exception) and same(got[0], sent)
