@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from engine import host
+from engine.checks import Checks
 from engine.kv_cache import KVState, right_aligned
 from engine.metrics import ServingStats
 from engine.outputs import Chunk, TokenLogprob
 from engine.recorder import RoundRecorder
-from engine.sampling import Checks, RowSampling, sample, warp_rows
+from engine.sampling import RowSampling, sample, warp_rows
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
@@ -170,7 +171,7 @@ class DecodeLoop:
         """One speculative round over the running batch (a plain sampling step for AR)."""
         rows = RowSampling([s.params for s in self.running])
         generators = [s.generator for s in self.running]
-        context_len = max(len(s.prompt_ids) + len(s.output_ids) for s in self.running) - 1  # all but `pending`
+        context_len = int(self.state.lengths.max())
         t0 = Stopwatch(self.device)
         proposal, telemetry = self._propose(rows)
         x, K = proposal.tokens, proposal.tokens.shape[1]

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from engine.checks import Checks
 from engine.kv_cache import KVState
-from engine.sampling import Checks, Generators, RowSampling, saguaro, sample, warp_rows
+from engine.sampling import Generators, RowSampling, saguaro, sample, warp_rows
 
 
 def draft_steps(

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.sampling import Checks, Generators, check, sample, uniforms
+from engine.checks import Checks, check
+from engine.sampling import Generators, sample, uniforms
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ Tiny models, K = 3, SSD's worker in the target's process (its waits counted with
 after 3 warm-up steps; every step must stay within the budget, which does not grow with the batch. What a step
 reads:
 
-- AR, 4: the round's input checks (one read for the warp, the token range and the bonus draw), the outcome
-  (k, t*, x in one read), the verify and round stopwatches.
-- SD, 9: AR's four, plus the draft's step checks (one read for all K steps), the two roll-backs (target, draft:
+- AR, 5: the target cache's longest row (the record's context length), the round's input checks (one read for
+  the warp, the token range and the bonus draw), the outcome (k, t*, x in one read), the verify and round
+  stopwatches.
+- SD, 10: AR's five, plus the draft's step checks (one read for all K steps), the two roll-backs (target, draft:
   each its check and trim in one read), the bonus ranks (one read for the rejected and the all-accepted rows), the
   draft stopwatch.
-- SSD, 17: AR's four, plus in the worker: the outcome ranks, the speculation's tokens, the roll-backs of the draft
+- SSD, 18: AR's five, plus in the worker: the outcome ranks, the speculation's tokens, the roll-backs of the draft
   and of the branches and their checks, the KV surgery of the rows that go on (a concat and a select: a trim each,
   and, every few rounds, a compaction that lists the live columns), the guessed tokens that index the cache, the
   backup and build stopwatches. With plain sampling (no top-k) q's support is read at each of the K backup and K
@@ -26,9 +27,9 @@ from tests.engine.tiny import noisy_copy, tiny_lm
 
 SAMPLINGS = {"greedy": dict(temperature=0.0), "top-k": dict(temperature=1.0, top_k=20),
              "plain": dict(temperature=1.0)}
-BUDGET = {("ar", "greedy"): 4, ("ar", "top-k"): 4, ("ar", "plain"): 4,
-          ("sd", "greedy"): 9, ("sd", "top-k"): 9, ("sd", "plain"): 9,
-          ("ssd", "greedy"): 17, ("ssd", "top-k"): 17, ("ssd", "plain"): 17 + 6}
+BUDGET = {("ar", "greedy"): 5, ("ar", "top-k"): 5, ("ar", "plain"): 5,
+          ("sd", "greedy"): 10, ("sd", "top-k"): 10, ("sd", "plain"): 10,
+          ("ssd", "greedy"): 18, ("ssd", "top-k"): 18, ("ssd", "plain"): 18 + 6}
 WARM_UP, STEPS = 3, 12
 
 
