@@ -6,7 +6,9 @@ in ssd/, behind a channel) -> the target verifies them (verifier, sampling, kv_c
 its tokens (outputs) and the round is recorded (recorder, metrics). Models come from loading/ (catalogue,
 provisioning, caches, GGUF, quantisation); settings are frozen dataclasses (config, sampling_params). With
 `compile`, forwards run on a static slot cache (static_cache) in compiled buckets (compiled); with `tp`, the
-target runs over tensor-parallel ranks (tp/).
+target runs over tensor-parallel ranks (tp/). Every time the engine acts on goes through one stopwatch (timing:
+CUDA events on a GPU), and what crosses between host and device each round goes through host (pinned,
+non-blocking copies; one wait per read).
 
 Names are imported on first use, so that `engine.config` or `engine.sampling_params` (plain
 dataclasses) can be read by the CLI and the benchmark configuration without importing torch.

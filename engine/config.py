@@ -39,11 +39,13 @@ class StartFault(str, Enum):
 @dataclass(frozen=True)
 class WorkerFaults:
     """Fault injection for tests: at the given round (1 = the first decode round) the worker process
-    exits, hangs, or answers with a malformed message; `at_start`: a fault while it starts."""
+    exits, hangs (its loop sleeps; its heartbeat goes on), stops (SIGSTOP: the whole process, heartbeat
+    included), or answers with a malformed message; `at_start`: a fault while it starts."""
 
     exit_at_round: int | None = None
     hang_at_round: int | None = None
     malformed_at_round: int | None = None
+    stop_at_round: int | None = None
     at_start: StartFault | None = None
 
 
@@ -53,12 +55,13 @@ class DraftPlacement:
 
     in_process   run the worker in the target's process (tests; no overlap, same results).
     draft_threads torch threads of the worker; on CPU it is also pinned to that many cores.
-    draft_device  the worker's device; None = "cpu" beside a CPU target; beside a CUDA target, another
-                 GPU when there is one, else the target's GPU (the worker keeps its own process; the
-                 link then goes over gloo, as NCCL does not link two ranks on one GPU).
+    draft_device  the worker's device; None = "cpu" beside a CPU target and "cuda" beside a CUDA target;
+                 "cuda" (no index) = the next GPU after the target's, or the target's own when it is the only
+                 one (the worker keeps its own process); engine.ssd.placement.draft_device_for.
     init_method  tcp://host:port of the rendezvous the target hosts; port 0 = a free port.
     deadline_s   longest wait for one answer of the worker before falling back to synchronous SD with
-                 the in-process draft (AR when there is none).
+                 the in-process draft (AR when there is none). A worker whose process stops is found sooner,
+                 by its heartbeat (engine.ssd.heartbeat: within 5.5 s).
     start_deadline_s longest wait for the worker to start, load its model and answer a new batch.
     external     do not start the worker: one is started by hand (another host) with
                  `python -m engine.ssd.process tcp://host:port` and fetches its settings from the target.

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine import host
+from engine.checks import Checks
 from engine.kv_cache import KVState, new_state, right_aligned
-from engine.metrics import ServingStats, ms_since
+from engine.metrics import ServingStats
 from engine.outputs import Chunk
 from engine.recorder import RoundRecorder
 from engine.row_distribution import hold_back_stops, logprobs
@@ -37,6 +39,7 @@ from engine.sampling import RowSampling, sample, warp_rows
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
+from engine.timing import Stopwatch
 from engine.verifier import verify
 
 log = logging.getLogger(__name__)
@@ -165,7 +168,7 @@ class DecodeLoop:
         """Feed the prefill group its next chunk, at most max_prefill_tokens prompt tokens (rows in order, each
         its next slice); rows whose prompt is then complete sample their first token and join the running batch.
         Returns their chunks and whether any row's prompt was complete."""
-        t0 = time.perf_counter()
+        t0 = Stopwatch(self.device)
         group = self.prefilling
         slices, room = [], self.scheduler.config.max_prefill_tokens
         for i, seq in enumerate(group.seqs):
@@ -182,8 +185,8 @@ class DecodeLoop:
             group.fed[i] += len(part)
         self.stats.prompt_tokens += sum(len(part) for part in slices)
         chunks, first = self._first_tokens(done, logits[complete]) if complete else ([], None)
-        verify_ms = ms_since(t0)
-        t1 = time.perf_counter()
+        verify_ms = t0.ms()
+        t1 = Stopwatch(self.device)
         rest = [i for i in range(len(group.seqs)) if i not in set(complete)]
         if complete:
             going_on = [j for j, seq in enumerate(done) if not seq.finished]
@@ -193,7 +196,7 @@ class DecodeLoop:
                 state = group.state if whole else group.state.fork(torch.tensor(rows))
                 self._join([done[j] for j in going_on], state, first[going_on])
         self.recorder.prefill(self.proposer.name, self.proposer.K, len(group.seqs), max(len(p) for p in slices),
-                              verify_ms=verify_ms, draft_ms=ms_since(t1), round_ms=ms_since(t0),
+                              verify_ms=verify_ms, draft_ms=t1.ms(), round_ms=t0.ms(),
                               context_len=context_len)
         if rest:
             group.keep(rest)
@@ -248,22 +251,25 @@ class DecodeLoop:
         rows = RowSampling([s.params for s in self.running])
         generators = [s.generator for s in self.running]
         context_len = int(self.state.lengths.max())
-        t0 = time.perf_counter()
+        t0 = Stopwatch(self.device)
         proposal, telemetry = self._propose(rows)
         x, K = proposal.tokens, proposal.tokens.shape[1]
 
-        t1 = time.perf_counter()
+        t1 = Stopwatch(self.device)
         block = torch.cat([self.pending[:, None], x.to(self.device)], dim=1)  # [B, K + 1]
+        checks = Checks()  # the round's input checks, read on the host at once
         logits = self.state.extend(block)  # [B, K + 1, V]: position j predicts output token len(output_ids) + j
-        p = warp_rows(hold_back_stops(logits, self.running).float(), rows)  # [B, K + 1, V]
-        result = verify(x, proposal.q, p, generators)
-        self.state.rollback(K - result.accepted.to(self.device))  # keep pending, x_1..x_k
-        verify_ms = ms_since(t1)
+        p = warp_rows(hold_back_stops(logits, self.running).float(), rows, checks)  # [B, K + 1, V]
+        result = verify(x, proposal.q, p, generators, checks)
+        checks.raise_first()
+        if K:  # keep pending, x_1..x_k (AR's K = 0 leaves nothing to roll back)
+            self.state.rollback(K - result.accepted)
+        verify_ms = t1.ms()
         self.proposer.observe(result, verify_ms)
 
         now = time.perf_counter()
+        accepted, _, _ = result.host()  # the round's one read of the outcome on the host
         tokens = result.emitted(x)
-        accepted = result.accepted.tolist()
         chunks = []
         for seq, toks, lp, k in zip(self.running, tokens, logprobs(logits, p, tokens, self.running), accepted):
             chunks.append(seq.append(toks, lp, now))
@@ -273,7 +279,7 @@ class DecodeLoop:
         emitted = [len(c.token_ids) if c else 0 for c in chunks]
         self.pending = result.bonus.to(self.device)
         self._count_round(telemetry, accepted, emitted, K)
-        self.recorder.decode(self.proposer.name, K, context_len, accepted, emitted, verify_ms, ms_since(t0),
+        self.recorder.decode(self.proposer.name, K, context_len, accepted, emitted, verify_ms, t0.ms(),
                              [s.index for s in self.running], telemetry)
         self._retire()
         return [c for c in chunks if c is not None]
@@ -321,9 +327,9 @@ class DecodeLoop:
         if len(keep) == len(self.running):
             return
         self._count_finished([s for s in self.running if s.finished])
-        index = torch.tensor(keep, dtype=torch.long)
+        index = host.tensor(keep, torch.long, self.device)
         self.state.select(index)
-        self.pending = self.pending[index.to(self.device)]
+        self.pending = self.pending[index]
         self.running = [self.running[i] for i in keep]
         self.proposer.retire(keep)
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from engine.checks import Checks
 from engine.kv_cache import KVState
 from engine.sampling import Generators, RowSampling, saguaro, sample, warp_rows
 
@@ -36,19 +37,23 @@ def draft_steps(
     where `active` [N] is False get holes (their results are to be ignored). `stop_below`: stop before a
     position i > 1 whose top probability (softmax of the raw logits, so greedy rows can stop too) is below it
     in every row; the last y, fed only to look there, goes back to unfed, so the block ends with it.
+    The steps' input checks (finite logits, a positive mass to draw from) are read on the host once, after the
+    last step: a bad row raises then, as it would have at its step.
     """
+    checks = Checks()  # the steps' input checks, read once after the last step
     for i in range(K):
         if i > 0 and stop_below is not None and bool((logits.softmax(-1).amax(-1) < stop_below).all()):
             state.rollback(torch.ones(logits.shape[0], dtype=torch.long, device=logits.device))
-            return
-        q = warp_rows(logits, params)  # [N, V]
+            break
+        q = warp_rows(logits, params, checks)  # [N, V]
         if C < 1:
             q = saguaro(q, saguaro_top[i], C)
-        y = sample(q, generator)  # [N]
+        y = sample(q, generator, checks)  # [N]
         yield y, q.float(), logits
         if i < K - 1:
             valid = None if active is None else active[:, None]
             logits = state.extend(y[:, None], valid)[:, -1].float()  # [N, V]
+    checks.raise_first()
 
 
 def draft_from(
@@ -99,6 +104,11 @@ def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
     SSD's guesses with fan-out F (engine.ssd.speculation_cache.guesses) hold t* iff rank < F. An excluded t*
     (impossible after a rejection) has rank V, never guessed.
     """
+    return bonus_rank_tensor(logits, bonus, excluded).tolist()
+
+
+def bonus_rank_tensor(logits: Tensor, bonus: Tensor, excluded: Tensor) -> Tensor:
+    """`bonus_ranks` as a LongTensor [N] on the logits' device (read it on the host when it is needed)."""
     logits = logits.float()
     ids = torch.arange(logits.shape[-1], device=logits.device)  # [V]
     mine = logits.gather(-1, bonus[:, None])  # [N, 1]
@@ -106,4 +116,4 @@ def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
     rank = above.sum(-1)  # [N]
     excluded_above = above.gather(-1, excluded.clamp(min=0)[:, None])[:, 0] & (excluded >= 0)  # [N]
     rank = rank - excluded_above.long()
-    return torch.where(bonus == excluded, logits.shape[-1], rank).tolist()
+    return torch.where(bonus == excluded, logits.shape[-1], rank)

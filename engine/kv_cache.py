@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from engine import host
+
 
 def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword argument a model's forward takes its KV cache by: `cache` from transformers 5.24 (which
@@ -71,13 +73,13 @@ def right_aligned(rows: list[list[int]], pad_id: int, device: torch.device) -> t
     last position's logits are each row's next-token logits.
     """
     width = max((len(r) for r in rows), default=0)
-    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    tokens = host.pinned_empty((len(rows), width), torch.long, device).fill_(pad_id)  # built on the host
+    valid = host.pinned_empty((len(rows), width), torch.bool, device).zero_()
     for b, row in enumerate(rows):
         if row:
             tokens[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
             valid[b, width - len(row) :] = True
-    return tokens.to(device), valid.to(device)
+    return host.upload(tokens, device), host.upload(valid, device)
 
 
 class KVState:
@@ -135,26 +137,33 @@ class KVState:
 
     def rollback(self, drop: Tensor) -> None:
         """Forget the newest drop[b] real tokens of each row b (drop: [B], 0 <= drop[b] <= the row's length).
-        ValueError otherwise: a negative drop would count tokens the cache does not hold."""
+        ValueError otherwise: a negative drop would count tokens the cache does not hold. The check and the
+        columns left to trim are read on the host in one transfer."""
         if drop.numel() == 0:
             return
-        drop = drop.to(self.lengths.device)
-        bad, any_drop = torch.stack([((drop < 0) | (drop > self.lengths)).any(), drop.any()]).tolist()  # one sync
+        drop = host.upload(drop, self.lengths.device)
+        # Rank of each real slot counted from the end of its row: 1 = newest.
+        rank_from_end = self.mask.flip(-1).cumsum(-1).flip(-1)  # [B, L]
+        forget = (self.mask == 1) & (rank_from_end <= drop[:, None])
+        mask = self.mask.masked_fill(forget, 0)  # [B, L]
+        live = mask.any(dim=0)  # [L]
+        L = live.numel()
+        last_live = (L - live.flip(0).long().argmax()) * live.any() if L else live.new_zeros((), dtype=torch.long)
+        bad, any_drop, last_live, dead = torch.stack([
+            ((drop < 0) | (drop > self.lengths)).any().long(), drop.any().long(), last_live, (~live).sum(),
+        ]).tolist()  # one read
         if bad:
             raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {self.lengths.tolist()}: each row "
                              f"can forget 0 up to its own length (to extend a row, feed it tokens)")
         if not any_drop:
             return
-        # Rank of each real slot counted from the end of its row: 1 = newest.
-        rank_from_end = self.mask.flip(-1).cumsum(-1).flip(-1)  # [B, L]
-        forget = (self.mask == 1) & (rank_from_end <= drop[:, None])
-        self.mask = self.mask.masked_fill(forget, 0)
+        self.mask = mask
         self.lengths = self.lengths - drop
-        self._trim()
+        self._trim(live, last_live, dead)
 
     def select(self, rows: Tensor) -> None:
         """Keep only the given rows, in the given order (finished sequences leave the batch)."""
-        rows = rows.to(self.mask.device)
+        rows = host.upload(rows, self.mask.device)
         if rows.numel() == 0:
             self.cache = DynamicCache(config=self.model.config)
             self.mask, self.lengths = self.mask[:0, :0], self.lengths[:0]
@@ -166,7 +175,7 @@ class KVState:
 
     def fork(self, rows: Tensor) -> "KVState":
         """A new state whose row i is a copy of this state's row rows[i] (rows may repeat)."""
-        rows = rows.to(self.mask.device)
+        rows = host.upload(rows, self.mask.device)
         new = self._like(self.mask.index_select(0, rows), self.lengths.index_select(0, rows))
         for src, dst in zip(self.cache.layers, new.cache.layers):
             if src.is_initialized:
@@ -214,21 +223,25 @@ class KVState:
         new.mask, new.lengths = mask, lengths
         return new
 
-    def _trim(self) -> None:
+    def _trim(self, live: Tensor | None = None, last_live: int | None = None, dead: int | None = None) -> None:
         """Drop columns that are holes in every row: trailing ones always (cheap), inner ones once they are a
-        quarter of the width (a copy of the cache), so the cache does not keep growing."""
+        quarter of the width (a copy of the cache), so the cache does not keep growing. `live` [L] (which
+        columns hold a real token somewhere), the end of the last live column and the count of dead ones, when
+        the caller has read them already (rollback); else they are read here."""
         if self.mask.shape[1] == 0:
             return
-        live = self.mask.any(dim=0)  # [L]
-        if live.all():
+        if live is None:
+            live = self.mask.any(dim=0)  # [L]
+            last_live, dead = torch.stack([
+                (live.numel() - live.flip(0).long().argmax()) * live.any(), (~live).sum()]).tolist()  # one read
+        if dead == 0:
             return
-        last_live = int(live.nonzero().max()) + 1 if live.any() else 0
         extra = self.mask.shape[1] - last_live
         if extra > 0:
             self.cache.crop(-extra)
             self.mask = self.mask[:, :last_live]
             live = live[:last_live]
-        dead = int((~live).sum())
+            dead -= extra
         if dead and dead * 4 >= live.numel():
             keep = live.nonzero().squeeze(1)  # [L']
             for layer in self.cache.layers:

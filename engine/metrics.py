@@ -4,18 +4,12 @@ per-run summaries with histograms, not only means."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 
 from theory.latency import RequestLatency, request_latency, summarize
-
-
-def ms_since(t0: float) -> float:
-    """Milliseconds since the time.perf_counter() reading t0."""
-    return (time.perf_counter() - t0) * 1e3
 
 
 @dataclass

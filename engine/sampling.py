@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from engine import host
+from engine.checks import Checks, check
 from engine.sampling_params import SamplingParams
 
 # One generator for the whole tensor, or one per row (each request keeps its own random stream, so its
@@ -36,7 +38,7 @@ def _descending_order(x: Tensor) -> Tensor:
     return torch.sort(x, dim=-1, descending=True, stable=True).indices
 
 
-def warp(logits: Tensor, params: SamplingParams) -> Tensor:
+def warp(logits: Tensor, params: SamplingParams, checks: Checks | None = None) -> Tensor:
     """The probability distribution actually sampled from, `[..., V] -> [..., V]`.
 
     Order (the same as transformers' default warper order in `GenerationMixin._get_logits_processor`,
@@ -53,12 +55,12 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
     uniform over the tied maxima, zero elsewhere. Computed in float32, or float64 when the logits are float64.
 
     The same function warps the target's p and the draft's q, so the verifier checks exactly the
-    distributions that would have been sampled.
+    distributions that would have been sampled. `checks`: where the finite-maximum check goes (default: now).
     """
     _check_last_dim(logits, "logits")
     dtype = _compute_dtype(logits.dtype)
     z = logits.to(dtype)  # [..., V]
-    _check_finite_max(z, "logits")
+    _check_finite_max(z, "logits", checks)
     vocab_size = z.shape[-1]
     if params.greedy:
         return torch.zeros_like(z).scatter_(-1, z.argmax(dim=-1, keepdim=True), 1.0)  # [..., V] one-hot
@@ -86,7 +88,7 @@ def warp(logits: Tensor, params: SamplingParams) -> Tensor:
     return torch.zeros_like(probs_sorted).scatter(-1, order, probs_sorted)  # [..., V], back to token ids
 
 
-def _check_finite_max(x: Tensor, name: str) -> None:
+def _check_finite_max(x: Tensor, name: str, checks: Checks | None = None) -> None:
     """Refuse rows with no finite maximum (all −inf, NaN, or +inf): they have no distribution to sample,
     and softmax would give NaN, which sampling would turn into the last token id without a word.
     A model or processor bug, not a user's mistake, hence RuntimeError."""
@@ -94,10 +96,13 @@ def _check_finite_max(x: Tensor, name: str) -> None:
         return
     top = x.amax(dim=-1)  # [...]
     bad = ~torch.isfinite(top) | torch.isnan(x).any(dim=-1)  # [...]
-    if bool(bad.any()):
+
+    def error(bad: Tensor) -> RuntimeError:
         row = tuple(int(i) for i in bad.nonzero()[0].tolist())
-        raise RuntimeError(f"{name} row {row} has no finite maximum (all -inf, NaN or +inf): "
-                           f"nothing can be sampled from it; a model or logits-processor bug")
+        return RuntimeError(f"{name} row {row} has no finite maximum (all -inf, NaN or +inf): "
+                            f"nothing can be sampled from it; a model or logits-processor bug")
+
+    check(bad, error, checks)
 
 
 def _over_temperature(z: Tensor, temperature: float) -> Tensor:
@@ -165,9 +170,12 @@ def _top_set(q: Tensor, n_top: int | Tensor) -> Tensor:
     then every token above that value is in and the tokens equal to it fill the places left in id order.
     """
     vocab_size = q.shape[-1]
-    n = n_top if isinstance(n_top, Tensor) else torch.tensor(n_top, device=q.device)
-    n = n.clamp(max=vocab_size).expand(*q.shape[:-1], 1)  # [..., 1]
-    most = int(n.max()) if n.numel() else 0
+    if isinstance(n_top, Tensor):
+        n = n_top.clamp(max=vocab_size).expand(*q.shape[:-1], 1)  # [..., 1]
+        most = int(n.max()) if n.numel() else 0
+    else:  # known on the host: no read of the device
+        n = torch.full((*q.shape[:-1], 1), min(n_top, vocab_size), dtype=torch.long, device=q.device)  # [..., 1]
+        most = min(n_top, vocab_size) if n.numel() else 0
     if most == 0:
         return torch.zeros_like(q, dtype=torch.bool)
     values, indices = torch.topk(q, min(most + 1, vocab_size), dim=-1)  # [..., most (+1)], descending
@@ -185,15 +193,38 @@ def _top_set(q: Tensor, n_top: int | Tensor) -> Tensor:
     return in_top
 
 
+def row_generator(seed: int) -> torch.Generator:
+    """A sequence's own random stream, on the host whatever device the models run on: a round's draws for
+    every row are made there in a fixed order, row by row, and reach the device in one non-blocking copy
+    (`uniforms`) instead of one tiny kernel launch per row; a run on a GPU draws the same numbers as on the CPU."""
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
 def uniforms(generator: Generators, rows: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """U[0, 1) draws `[rows, n]`: from one generator in row-major order, or n from each row's own."""
-    if isinstance(generator, torch.Generator):
-        return torch.rand((rows, n), generator=generator, dtype=dtype, device=device)
-    if len(generator) != rows:
-        raise ValueError(f"got {len(generator)} generators for {rows} rows: give one, or one per row")
+    """U[0, 1) draws `[rows, n]` on `device`: from one generator in row-major order, or n from each row's own.
+    Drawn on the generators' device (they must share one): a host stream's draws fill a (pinned) host buffer
+    and cross to `device` in one copy (engine.host.upload)."""
+    single = isinstance(generator, torch.Generator)
+    gens = [generator] if single else list(generator)
+    if not single and len(gens) != rows:
+        raise ValueError(f"got {len(gens)} generators for {rows} rows: give one, or one per row")
+    device = torch.device(device)
     if rows == 0 or n == 0:
         return torch.empty((rows, n), dtype=dtype, device=device)
-    return torch.stack([torch.rand(n, generator=g, dtype=dtype, device=device) for g in generator])
+    home = gens[0].device
+    if any(g.device != home for g in gens):
+        raise ValueError("the generators of one batch must live on one device (engine.sampling.row_generator)")
+    if home.type != "cpu":  # streams on the device itself: one launch per row
+        out = torch.stack([torch.rand(n, generator=g, dtype=dtype, device=home) for g in gens]) if not single \
+            else torch.rand((rows, n), generator=generator, dtype=dtype, device=home)
+        return out.to(device)
+    buf = host.pinned_empty((rows, n), dtype, device)  # [rows, n]
+    if single:
+        torch.rand((rows, n), generator=generator, dtype=dtype, out=buf)
+    else:
+        for row, g in zip(buf, gens):
+            torch.rand(n, generator=g, dtype=dtype, out=row)
+    return host.upload(buf, device)
 
 
 class RowSampling:
@@ -218,22 +249,22 @@ class RowSampling:
         return RowSampling([self.params[i] for i in rows])
 
 
-def warp_rows(logits: Tensor, rows: RowSampling | SamplingParams) -> Tensor:
+def warp_rows(logits: Tensor, rows: RowSampling | SamplingParams, checks: Checks | None = None) -> Tensor:
     """`warp` with settings per row: logits `[B, ..., V]`, one setting per leading row."""
     if isinstance(rows, SamplingParams):
-        return warp(logits, rows)
+        return warp(logits, rows, checks)
     if logits.shape[0] != len(rows):
         raise ValueError(f"logits have {logits.shape[0]} rows but {len(rows)} sampling settings were given")
     if len(rows.groups) == 1:
-        return warp(logits, rows.groups[0][0])
+        return warp(logits, rows.groups[0][0], checks)
     out = torch.empty(logits.shape, dtype=_compute_dtype(logits.dtype), device=logits.device)
     for params, index in rows.groups:
-        index = index.to(logits.device)
-        out[index] = warp(logits.index_select(0, index), params)
+        index = host.upload(index, logits.device)
+        out[index] = warp(logits.index_select(0, index), params, checks)
     return out
 
 
-def sample(probs: Tensor, generator: Generators) -> Tensor:
+def sample(probs: Tensor, generator: Generators, checks: Checks | None = None) -> Tensor:
     """One draw per row of `probs` `[..., V]` -> LongTensor `[...]`, using only `generator`.
 
     Inverse-CDF sampling: one uniform u per row, and the token whose cumulative-mass interval holds
@@ -242,7 +273,7 @@ def sample(probs: Tensor, generator: Generators) -> Tensor:
     `generator` is one generator, or one per row of the flattened leading dims. Rows need not be normalised,
     but a row with no positive finite mass raises RuntimeError instead of yielding the last id. A zero-probability token has an empty interval and is never drawn,
     so a one-hot row always yields its token (the draw still advances the generator, which keeps the
-    random stream position independent of the values).
+    random stream position independent of the values). `checks`: where the mass check goes (default: now).
     """
     _check_last_dim(probs, "probs")
     leading = probs.shape[:-1]
@@ -252,10 +283,13 @@ def sample(probs: Tensor, generator: Generators) -> Tensor:
     cdf = torch.cumsum(flat.to(torch.float64), dim=-1)  # [N, V]
     total = cdf[:, -1]  # [N]
     bad = ~(torch.isfinite(total) & (total > 0)) | (flat < 0).any(dim=-1) | torch.isnan(flat).any(dim=-1)
-    if bool(bad.any()):
+
+    def error(bad: Tensor) -> RuntimeError:
         row = int(bad.nonzero()[0, 0])
-        raise RuntimeError(f"probs row {row} (flattened) has no positive finite mass (all zero, negative or "
-                           f"NaN): nothing can be sampled from it; a model or warp bug")
+        return RuntimeError(f"probs row {row} (flattened) has no positive finite mass (all zero, negative or "
+                            f"NaN): nothing can be sampled from it; a model or warp bug")
+
+    check(bad, error, checks)
     u = uniforms(generator, flat.shape[0], 1, torch.float64, probs.device)  # [N, 1]
     # right=True: the first index whose cumulative mass exceeds the target, skipping empty intervals.
     draws = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [N, 1]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.checks import Checks, check
 from engine.sampling import Generators, sample, uniforms
 
 
@@ -22,22 +23,40 @@ class Verification:
 
     accepted: LongTensor [B], k in 0..K, the number of leading draft tokens accepted.
     bonus:    LongTensor [B], t*, drawn from the residual at position k+1 (or from p_{K+1} if k = K).
+    draft_tokens: LongTensor [B, K], the x verified (None when not given), so that `host` can bring the
+              whole outcome to the host at once.
     """
 
     accepted: Tensor
     bonus: Tensor
+    draft_tokens: Tensor | None = None
 
-    def emitted(self, draft_tokens: Tensor) -> list[list[int]]:
-        """The tokens each row emits this round: x_1..x_k, t*."""
-        if draft_tokens.dim() != 2 or draft_tokens.shape[0] != self.accepted.shape[0]:
+    def host(self) -> tuple[list[int], list[int], list[list[int]]]:
+        """k, t* and x of every row as lists, read from the device in one transfer (and kept: every reader of
+        the outcome, the loop and the proposer, shares that one host synchronisation)."""
+        kept = self.__dict__.get("_host")
+        if kept is None:
+            parts = [self.accepted[:, None], self.bonus[:, None]]  # [B, 1] each
+            if self.draft_tokens is not None:
+                parts.append(self.draft_tokens.to(self.accepted.device, torch.long))  # [B, K]
+            rows = torch.cat(parts, 1).tolist()  # [B, 2 + K]
+            kept = ([r[0] for r in rows], [r[1] for r in rows], [r[2:] for r in rows])
+            object.__setattr__(self, "_host", kept)  # a cache, not a field: the dataclass stays frozen
+        return kept
+
+    def emitted(self, draft_tokens: Tensor | None = None) -> list[list[int]]:
+        """The tokens each row emits this round: x_1..x_k, t* (x: `draft_tokens`, by default the ones verified)."""
+        if draft_tokens is not None and (draft_tokens.dim() != 2 or draft_tokens.shape[0] != self.accepted.shape[0]):
             raise ValueError(
                 f"draft_tokens must be [B, K] with B = {self.accepted.shape[0]}, got {tuple(draft_tokens.shape)}"
             )
-        rows = draft_tokens.tolist()
-        return [row[:k] + [t] for row, k, t in zip(rows, self.accepted.tolist(), self.bonus.tolist())]
+        accepted, bonus, rows = self.host()
+        if draft_tokens is not None and draft_tokens is not self.draft_tokens:
+            rows = draft_tokens.tolist()
+        return [row[:k] + [t] for row, k, t in zip(rows, accepted, bonus)]
 
 
-def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor) -> None:
+def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor, checks: Checks | None) -> None:
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [B, K], got shape {tuple(draft_tokens.shape)}")
     if draft_tokens.is_floating_point() or draft_tokens.dtype == torch.bool:
@@ -52,11 +71,13 @@ def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor) -> None:
         raise ValueError(f"p and q must share a vocabulary size V >= 1, got {p.shape[2]} and {q.shape[2]}")
     if not (p.is_floating_point() and q.is_floating_point()):
         raise ValueError(f"p and q must be floating-point distributions, got {p.dtype} and {q.dtype}")
-    if draft_tokens.numel() and (int(draft_tokens.min()) < 0 or int(draft_tokens.max()) >= V):
-        raise ValueError(f"draft_tokens must lie in [0, {V})")
+    if draft_tokens.numel():
+        check((draft_tokens < 0) | (draft_tokens >= V), lambda bad: ValueError(f"draft_tokens must lie in [0, {V})"),
+              checks)
 
 
-def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: Generators) -> Verification:
+def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: Generators, checks: Checks | None = None
+           ) -> Verification:
     """Standard rejection sampling of `draft_tokens` [B, K] drawn from `q` [B, K, V] against `p` [B, K+1, V].
 
     Accept x_i with probability min(1, p_i(x_i)/q_i(x_i)), tested as u_i·q_i(x_i) < p_i(x_i) with
@@ -70,12 +91,18 @@ def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: Generators) ->
     even past the first rejection), then one bonus draw per row; the same generator state therefore
     reproduces the same outcome. With one generator per row, each row draws its own K uniforms and then
     its bonus from its own stream, so a row's outcome does not depend on its batch-mates. p and q are used as given (they should be normalised distributions).
+
+    `checks` (engine.sampling.Checks): where the input checks go, to be read later together with others; the
+    tokens are then clamped into the vocabulary for the gathers, so a bad one cannot index out of range on a
+    device before its check is read. Default: every check at once.
     """
-    _validate(draft_tokens, q, p)
+    _validate(draft_tokens, q, p, checks)
     dtype = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
     p, q = p.to(dtype), q.to(dtype)
     B, K = draft_tokens.shape
     x = draft_tokens.long().unsqueeze(-1)  # [B, K, 1]
+    if checks is not None:
+        x = x.clamp(0, p.shape[2] - 1)  # checked later (checks); meanwhile no index leaves the vocabulary
 
     u = uniforms(generator, B, K, dtype, p.device)  # [B, K]
     p_x = p[:, :K].gather(-1, x).squeeze(-1)  # [B, K]
@@ -95,5 +122,5 @@ def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: Generators) ->
     else:
         bonus_dist = p_next
     # sample() normalises each row by its own total, so the residual needs no explicit division.
-    bonus = sample(bonus_dist, generator)  # [B]
-    return Verification(accepted=accepted, bonus=bonus)
+    bonus = sample(bonus_dist, generator, checks)  # [B]
+    return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)

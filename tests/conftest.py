@@ -1,5 +1,6 @@
-"""Shared test options: slow real-model tests are opt-in with --run-slow; CUDA tests (marker `cuda`,
-tests/gpu/) with --run-gpu, and then run only where torch sees a CUDA device."""
+"""Shared test options: slow real-model tests are opt-in with --run-slow; CUDA tests (marker `cuda`: the "cuda"
+half of tests/gpu's device-parametrised tests, whose "cpu" half always runs) with --run-gpu, and then run only
+where torch sees a CUDA device."""
 
 import pytest
 

@@ -38,6 +38,14 @@ def check_device(device: str | torch.device) -> torch.device:
     return parsed
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device a model's weights live on: its first parameter's (the CPU for a model without parameters).
+    A low-bit draft stays on the CPU (its kernels are CPU kernels) whatever the target's device."""
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
 AUTO_DTYPE = "auto"
 
 

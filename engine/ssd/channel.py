@@ -7,8 +7,12 @@ process), and `ProcessChannel` talks to a worker in its own OS process (engine.s
 
 The process channel starts the worker with torch.multiprocessing "spawn" and watches it while it starts: it
 polls the store for the worker's JOINED and READY keys and the process's liveness, so a worker that dies before
-it connects or while it loads its model is noticed at once (not at the start deadline). Closing always reaps
-the child: STOP, join, then terminate / kill if it does not leave. Faults surface as `FAULTS`.
+it connects or while it loads its model is noticed at once (not at the start deadline). Once the worker has
+connected, the channel keeps the link alive while it is idle (engine.ssd.transport); once it is ready, it
+watches the worker's heartbeat (engine.ssd.heartbeat): a worker process that stops is killed within seconds,
+which fails the exchange under way, so the fallback takes over as for a worker that died, long before
+`deadline_s`. Closing always reaps the child: STOP, join, then terminate / kill if it does not leave. Faults
+surface as `FAULTS`.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ import torch.multiprocessing as mp
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.loading.recipe import DraftRecipe, draft_recipe
 from engine.ssd.draft_worker import DraftWorker
+from engine.ssd.heartbeat import HeartbeatWatch
 from engine.ssd.lifetime import explain_exit, spawn_with_sigint_blocked
 from engine.ssd.messages import MalformedMessage, Prefill, Round, Speculation, Stop
-from engine.ssd.placement import draft_device_for, uses_nccl, worker_cores
+from engine.ssd.placement import draft_device_for, worker_cores
 from engine.ssd.process import JOINED_KEY, READY_KEY, SECRET_VARIABLE, SPEC_KEY, WorkerSpec, serve
 from engine.ssd.transport import (TARGET_RANK, Backend, DraftUnavailable, Transport, check_answer, connect, host_store,
                                   new_secret, process_group)
@@ -99,18 +104,18 @@ class ProcessChannel:
         if recipe.slots is not None:  # a compiled worker compiles each shape the first time a round needs it
             self.deadline_s = max(placement.deadline_s, placement.start_deadline_s)
         self.start_deadline_s = placement.start_deadline_s
-        cuda = target_device.type == "cuda"
-        draft_device = draft_device_for(target_device, placement.draft_device)
-        nccl = uses_nccl(target_device, draft_device)
+        draft_device = draft_device_for(target_device, placement.draft_device)  # indexed when a GPU
         # the worker's cores: only when both sides compute on the CPU (a GPU side needs no core of its own)
-        on_cpu = not cuda and draft_device.type == "cpu"
+        on_cpu = target_device.type != "cuda" and draft_device.type == "cpu"
         cores, self.target_threads = worker_cores(placement.draft_threads) if on_cpu else (None, None)
         store, address = host_store(placement.init_method, placement.start_deadline_s)
         secret = new_secret()
+        # every wait on the link fits in its timeout: the longest is the first answer's (max of the two deadlines)
+        link_timeout_s = max(placement.start_deadline_s, self.deadline_s)
         ws = WorkerSpec(recipe, spec, pad_id, address, str(draft_device), placement.draft_threads, cores,
                         placement.start_deadline_s, placement.faults, parent_pid=os.getpid(),
-                        death_signal=threading.current_thread() is threading.main_thread(), nccl=nccl,
-                        backend=backend, secret=secret)
+                        death_signal=threading.current_thread() is threading.main_thread(),
+                        link_timeout_s=link_timeout_s, backend=backend, secret=secret)
         self.process = None
         self.store = store
         self.endpoint: Transport | None = None
@@ -119,6 +124,8 @@ class ProcessChannel:
         self.fault: DraftUnavailable | None = None  # a Prefill that could not be sent, for the next exchange to raise
         self.posting: threading.Thread | None = None  # the last Prefill's send, under way while the worker builds
         self.threads_before: int | None = None  # the target's torch threads before it gave the worker its cores
+        self.watch: HeartbeatWatch | None = None  # the worker's heartbeat, watched once it is ready
+        self.lost: str | None = None  # why the heartbeat watch declared the worker lost
         self.address = address
         self.started = time.monotonic()
         if placement.external:
@@ -134,8 +141,8 @@ class ProcessChannel:
             self._await(JOINED_KEY, "connect")
             if not check_answer(store, JOINED_KEY, secret):
                 raise DraftUnavailable("a process joined the draft link without this run's secret")
-            target_comm = torch.device("cuda", target_device.index or 0) if nccl else torch.device("cpu")
-            self.endpoint = connect(store, TARGET_RANK, target_comm, placement.start_deadline_s, backend)
+            self.endpoint = connect(store, TARGET_RANK, target_device, link_timeout_s, backend)
+            self.endpoint.keep_alive()  # from now on: the worker may wait for its first batch for days
         except RuntimeError as err:  # DraftUnavailable included
             self.close()
             raise DraftUnavailable(f"the draft worker did not connect: {err}") from None
@@ -162,8 +169,25 @@ class ProcessChannel:
         has been sent yet."""
         if not self.ready:
             self._await(READY_KEY, "load its model")
-            self.ready = True
+            self._now_ready()
             log.info("draft worker ready in %.1f s", time.monotonic() - self.started)
+
+    def _now_ready(self) -> None:
+        """The worker has built its model: watch its heartbeat (not while it loads: a long load may hold the
+        interpreter for seconds at a time, and `_await` watches the process then)."""
+        self.ready = True
+        self.watch = HeartbeatWatch(self.store, self._lost)
+
+    def _lost(self, reason: str) -> None:
+        """The heartbeat watch's verdict (on its thread): a worker this channel started is killed, which breaks
+        the link at once, so the exchange under way (or the next) fails and the fallback takes over; a worker on
+        another host cannot be killed from here, and its deadline applies."""
+        self.lost = reason
+        if self.process is not None:
+            log.info("%s; stopping it", reason)
+            self.process.kill()  # SIGKILL ends a stopped process too
+        else:
+            log.warning("%s; a worker started by hand is not stopped from here (its deadline applies)", reason)
 
     def prefetch(self, msg: Prefill) -> None:
         """Announce prompts about to join, so the worker prefills them while the target does. Sent from a thread:
@@ -177,7 +201,7 @@ class ProcessChannel:
         if not self.ready:
             if not self.store.check([READY_KEY]):
                 return
-            self.ready = True
+            self._now_ready()
         endpoint, before = self.endpoint, self.posting
 
         def send() -> None:
@@ -204,7 +228,7 @@ class ProcessChannel:
     def exchange(self, msg: Round) -> Speculation:
         self.wait_ready()
         if self.endpoint is None or (self.process is not None and not self.process.is_alive()):
-            raise DraftUnavailable("the draft worker is not running")
+            raise DraftUnavailable(self.lost or "the draft worker is not running")
         self._posted()  # the worker takes a Prefill after its build, before it can take this Round
         if self.fault is not None:
             raise self.fault
@@ -213,8 +237,13 @@ class ProcessChannel:
         # The first answer also prefills the batch; a long prefill is fine until the start deadline.
         timeout_s = self.deadline_s if msg.round else max(self.deadline_s, self.start_deadline_s)
         self.in_step = False
-        self.endpoint.send(msg, timeout_s)
-        reply = self.endpoint.recv(timeout_s, expect_K=(msg.K, msg.K_miss), expect_V=msg.V)
+        try:
+            self.endpoint.send(msg, timeout_s)
+            reply = self.endpoint.recv(timeout_s, expect_K=(msg.K, msg.K_miss), expect_V=msg.V)
+        except DraftUnavailable:
+            if self.lost:  # the heartbeat watch killed the worker: say why
+                raise DraftUnavailable(self.lost) from None
+            raise
         self.in_step = True
         if not isinstance(reply, Speculation):
             raise DraftUnavailable(f"the draft worker answered {type(reply).__name__}, not a speculation")
@@ -222,6 +251,9 @@ class ProcessChannel:
 
     def close(self) -> None:
         """Stop the worker and reap it; safe to call twice and after a fault."""
+        if self.watch is not None:  # before the reaping: the watch must not kill a reaped pid
+            self.watch.stop()
+            self.watch = None
         # STOP only on a stream in step; a worker still loading its model is not waited for.
         orderly = self._posted(2.0) and self.endpoint is not None and not self.endpoint.broken and self.in_step
         if orderly and (self.process is None or self.process.is_alive()):

@@ -26,59 +26,37 @@ critical path), and the next cache is built over that shorter speculation.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor
 
+from engine import host
 from engine.config import SpeculativeConfig
 from engine.kv_cache import KVState, new_state, right_aligned
-from engine.metrics import ms_since
-from engine.sampling import RowSampling
+from engine.sampling import RowSampling, row_generator
 from engine.sampling_params import SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
 from engine.ssd.messages import Join, Prefill, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
-from engine.ssd.sparse import RANK_DEPTH, SparseQ, TopLogits
-from engine.ssd.speculation_cache import SpeculationCache, guesses
+from engine.ssd.sparse import RANK_DEPTH, SparseQ, TopLogits, support_width
+from engine.ssd.speculation_cache import SpeculationCache, guess_plan
 from engine.ssd.tree import decode_branches, draft_compact
+from engine.ssd.worker_rows import Current, Rows
+from engine.timing import Stopwatch
 from theory.glossary import Backup
 
 SOURCE_OF = {Backup.NEURAL: Source.NEURAL, Backup.RANDOM: Source.RANDOM, Backup.LOOKUP: Source.LOOKUP}
 
 
-@dataclass
-class Rows:
-    """Per-row state of the batch the worker drafts for, in the target's row order."""
-
-    seq_ids: list[int] = field(default_factory=list)
-    contexts: list[list[int]] = field(default_factory=list)  # committed tokens (lookup backup)
-    params: list[SamplingParams] = field(default_factory=list)
-    generators: list[torch.Generator] = field(default_factory=list)
-
-    def keep(self, rows: list[int]) -> "Rows":
-        return Rows(*([getattr(self, f)[i] for i in rows] for f in ("seq_ids", "contexts", "params", "generators")))
-
-    def __add__(self, other: "Rows") -> "Rows":
-        return Rows(self.seq_ids + other.seq_ids, self.contexts + other.contexts, self.params + other.params,
-                    self.generators + other.generators)
-
-
-@dataclass
-class Current:
-    """The speculation last sent and what building its cache needs."""
-
-    tokens: Tensor  # [n, K] x
-    ranking: TopLogits  # [n, K, M] the draft's best tokens at x's positions where known
-    known: Tensor  # [n] bool: rows whose ranking is known (hit or neural backup)
-    sources: list[str]  # "hit" or the backup's name, per row
-    tails: list[list[int]]  # tokens not yet fed to the draft, per row
-
-
 class DraftWorker:
-    def __init__(self, model: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device):
+    """The draft's side of SSD. Its work stays on `device`: the KV cache, every branch, the rankings the cache's
+    guesses come from and the guesses themselves. Per round only the token ids and q of the rows the target
+    verifies leave it (on the host when `host_answers`, for a worker whose answers cross a link; else on
+    `device`, for the target's own process), and the host reads the few ids its bookkeeping needs."""
+
+    def __init__(self, model: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device,
+                 host_answers: bool = False):
         self.model = model
+        self.host_answers = host_answers
         self.spec = spec
         self.K = spec.K  # length of the current speculation
         self.branch_K = spec.K  # length of the branches the next cache pre-drafts
@@ -116,7 +94,7 @@ class DraftWorker:
                 raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next} but K is fixed at {self.spec.K}")
         same_length = msg.K == self.cache_K  # a cached branch of another length is a miss
         found: list[int | None] = []
-        x = self.current.tokens.tolist() if n_old else []
+        x = self.current.listed if n_old else []
         ranks = self._outcome_ranks(msg) if n_old else []
         for b, (seq_id, kb, tb) in enumerate(zip(self.rows.seq_ids, msg.accepted, msg.bonus)):
             found.append(self.cache.lookup(seq_id, kb, tb) if same_length else None)
@@ -127,12 +105,12 @@ class DraftWorker:
         if n_old:
             self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
             # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.
-            self.state.rollback((K - torch.tensor(msg.accepted, dtype=torch.long)).to(self.device))
+            self.state.rollback(host.tensor([K - k for k in msg.accepted], torch.long, self.device))
 
         alive = [b for b, a in enumerate(msg.alive) if a]
         hit_rows = [b for b in alive if found[b] is not None]
         missed = [b for b in alive if found[b] is None]
-        as_long = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
+        as_long = lambda v: host.tensor(v, torch.long, self.device)  # noqa: E731
         old_state, branches = self.state, self.cache.branches
 
         def settle() -> KVState:
@@ -169,18 +147,18 @@ class DraftWorker:
         backup = self.policy.backup(len(hit_index)) if None in hit_index else None
         if backup is Backup.NEURAL and all(i is None for i in hit_index):
             self.K = msg.K_miss  # every row drafts on the critical path, as in SD: SD's length (Round.K_miss)
-        return self._next_speculation(torch.tensor(bonus, dtype=torch.long), hit_index, backup, msg.round, ranks)
+        return self._next_speculation(bonus, hit_index, backup, msg.round, ranks)
 
     def _outcome_ranks(self, msg: Round) -> list[int]:
         """Each row's rank of its verified bonus among the guesses the last cache could make (every row,
         finished or not: its outcome was verified all the same); −1 where no cache was built."""
         if self.glue_ranking is None or self.glue_ranking.ids.shape[0] != len(msg.accepted):
             return [-1] * len(msg.accepted)
-        n = len(msg.accepted)
-        k = torch.tensor(msg.accepted, dtype=torch.long)  # [n]
-        x = torch.cat([self.current.tokens, torch.full((n, 1), -1, dtype=torch.long)], dim=1)  # [n, K+1]
-        ranking = TopLogits(self.glue_ranking.ids[torch.arange(n), k], self.glue_ranking.V)  # [n, M] at k+1
-        return ranking.ranks(torch.tensor(msg.bonus, dtype=torch.long), x[torch.arange(n), k])
+        n, on = len(msg.accepted), self.glue_ranking.ids.device
+        k = host.tensor(msg.accepted, torch.long, on)  # [n]
+        excluded = [row[kb] if kb < len(row) else -1 for row, kb in zip(self.current.listed, msg.accepted)]  # x_{k+1}
+        ranking = TopLogits(self.glue_ranking.ids[torch.arange(n, device=on), k], self.glue_ranking.V)  # [n, M]
+        return ranking.ranks(host.tensor(msg.bonus, torch.long, on), host.tensor(excluded, torch.long, on))
 
     def prefill_ahead(self, msg: Prefill) -> None:
         """Prefill prompts the target is prefilling now, for the Round that brings them as joins."""
@@ -196,7 +174,7 @@ class DraftWorker:
             rows = [at.get(j.seq_id) for j in joins]
             if all(r is not None and prompts[r] == j.prompt for r, j in zip(rows, joins)):
                 if rows != list(range(len(ids))):  # some announced prompts finished at their first token
-                    state.select(torch.tensor(rows, dtype=torch.long, device=self.device))
+                    state.select(host.tensor(rows, torch.long, self.device))
                 return state
         return self._prefill_prompts([j.prompt for j in joins])
 
@@ -209,62 +187,70 @@ class DraftWorker:
     def _join_rows(self, joins: list[Join]) -> Rows:
         params = [SamplingParams(temperature=j.temperature, top_k=j.top_k or None,
                                  top_p=j.top_p if j.top_p < 1 else None, stop_on_eos=False) for j in joins]
-        generators = [torch.Generator(device=self.device).manual_seed(j.seed) for j in joins]
+        generators = [row_generator(j.seed) for j in joins]
         return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, generators)
 
-    def _next_speculation(self, bonus: Tensor, hit_index: list[int | None], backup: Backup | None, round_: int,
+    def _next_speculation(self, bonus: list[int], hit_index: list[int | None], backup: Backup | None, round_: int,
                           ranks: list[int]) -> Speculation:
-        """Assemble the next speculation: cached branches for the hit rows, `backup` (the round's choice; None
-        when every row hit) for the rest."""
-        K, V, n = self.K, self.V, len(self.rows.seq_ids)
+        """Assemble the next speculation on the worker's device: cached branches for the hit rows, `backup` (the
+        round's choice; None when every row hit) for the rest. The host reads its tokens once."""
+        K, V, n, on = self.K, self.V, len(self.rows.seq_ids), self.device
         hit = [i is not None for i in hit_index]
         hits = [b for b in range(n) if hit[b]]
         miss = [b for b in range(n) if not hit[b]]
         depth = self.depth()
-        tokens = torch.zeros(n, K, dtype=torch.long)  # [n, K]
-        known = torch.zeros(n, dtype=torch.bool)  # [n] rows whose ranking is known (hit, neural)
-        qs: list[SparseQ] = []  # q of the hit rows, then of the missed rows
+        width = support_width(self.rows.params)
+        tokens: list[Tensor] = []  # [., K] of the hit rows, then of the missed rows
+        qs: list[SparseQ] = []  # likewise, [., K, V]
         rankings: list[TopLogits] = []  # likewise, [., K, M]
         if hits:
-            branches, i = self.cache.branches, torch.tensor([hit_index[b] for b in hits], dtype=torch.long)
-            tokens[hits] = branches.tokens[i]
+            branches, i = self.cache.branches, host.tensor([hit_index[b] for b in hits], torch.long, on)
+            tokens.append(branches.tokens[i])
             qs.append(branches.q.rows(i))
             rankings.append(branches.ranking.rows(i))
-            known[hits] = True
-        t0 = time.perf_counter()
+        t0 = Stopwatch(on)
         if miss:
             if backup is Backup.NEURAL:
-                first = [[] if hit[b] else [int(bonus[b])] for b in range(n)]
-                first_t, first_v = right_aligned(first, self.pad_id, self.device)
-                active = ~torch.tensor(hit, dtype=torch.bool, device=self.device)  # [n]
+                first = [[] if hit[b] else [bonus[b]] for b in range(n)]
+                first_t, first_v = right_aligned(first, self.pad_id, on)
+                active = host.tensor([not h for h in hit], torch.bool, on)  # [n]
                 y, qy, ranking = draft_compact(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
-                                               RowSampling(self.rows.params), self.rows.generators, depth, active)
-                rows = torch.tensor(miss, dtype=torch.long, device=self.device)
-                tokens[miss] = y[rows].cpu()
-                qs.append(qy.rows(rows).to("cpu"))
-                rankings.append(TopLogits(ranking.ids.cpu(), V).rows(rows.cpu()))
-                known[miss] = True
+                                               RowSampling(self.rows.params), self.rows.generators, depth, active,
+                                               width)
+                rows = host.tensor(miss, torch.long, on)
+                tokens.append(y[rows])
+                qs.append(qy.rows(rows))
+                rankings.append(ranking.rows(rows))
             else:
                 if backup is Backup.RANDOM:
                     # One generator per missed row, drawn in row order.
                     y, qy = random_backup(len(miss), K, V, self.rows.generators[miss[0]])
                 else:
                     y, qy = lookup_backup([self.rows.contexts[b] for b in miss], K, V)
-                tokens[miss] = y.cpu()
-                qs.append(SparseQ.of(qy.cpu()))
+                tokens.append(host.upload(y, on))
+                qs.append(SparseQ.of(host.upload(qy, on), 1 if backup is Backup.LOOKUP else V))  # a point mass; uniform
                 # The fast backup's rows have no ranking yet: the glue decode makes it.
-                rankings.append(TopLogits(torch.zeros(len(miss), K, depth, dtype=torch.long), V))
-        order = torch.argsort(torch.tensor(hits + miss, dtype=torch.long))  # back to row order
-        q = SparseQ.cat(qs).rows(order) if n else SparseQ(V, None, torch.zeros(0, K, V))  # [n, K, V]
-        ranking = TopLogits.cat(rankings).rows(order) if n else TopLogits(torch.zeros(0, K, depth, dtype=torch.long), V)
+                rankings.append(TopLogits(torch.zeros(len(miss), K, depth, dtype=torch.long, device=on), V))
+        order = host.tensor(sorted(range(n), key=(hits + miss).__getitem__), torch.long, on)  # back to row order
+        if n:
+            x, q, ranking = torch.cat(tokens)[order], SparseQ.cat(qs).rows(order), TopLogits.cat(rankings).rows(order)
+        else:
+            x = torch.zeros(0, K, dtype=torch.long, device=on)
+            q = SparseQ(V, None, torch.zeros(0, K, V, device=on))
+            ranking = TopLogits(torch.zeros(0, K, depth, dtype=torch.long, device=on), V)
+        sent_x, sent_q = x, q  # [n, K], [n, K, V]
+        if self.host_answers:  # what crosses the link: x and q, in one wait for the device
+            sent_x, *parts = host.download([x, q.values] + ([] if q.ids is None else [q.ids]))
+            sent_q = SparseQ(V, parts[1] if len(parts) > 1 else None, parts[0])
+        listed = sent_x.tolist()  # [n][K]: the host's bookkeeping (on the device: its one read)
+        known = [h or backup is Backup.NEURAL for h in hit]
         sources = ["hit" if h else backup.value for h in hit]
-        known_list, listed, bonus_list = known.tolist(), tokens.tolist(), bonus.tolist()
-        tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known_list, bonus_list)]
-        self.current = Current(tokens, ranking, known, sources, tails)
+        tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known, bonus)]
+        self.current = Current(x, listed, ranking, known, sources, tails)
         self.last_backup = backup.value if backup else None
-        self.last_backup_ms = ms_since(t0) if miss else 0.0
+        self.last_backup_ms = t0.ms() if miss else 0.0
         source = [Source.HIT if hit[b] else SOURCE_OF[backup] for b in range(n)]
-        return Speculation(round_, source, tokens, q, self.last_backup_ms, self.build_ms,
+        return Speculation(round_, source, sent_x, sent_q, self.last_backup_ms, self.build_ms,
                            len(self.cache), list(self.built_fanout), ranks)
 
     def depth(self) -> int:
@@ -286,10 +272,11 @@ class DraftWorker:
             self.state, self._unsettled = self._unsettled(), None
 
     def build_cache(self) -> None:
-        """Glue decode over the current speculation, then pre-draft every guessed outcome."""
-        t0 = time.perf_counter()
+        """Glue decode over the current speculation, then pre-draft every guessed outcome: all on the worker's
+        device (the logits never leave it), the host reading only the guessed tokens, to index the cache."""
+        t0 = Stopwatch(self.device)
         self._settle()
-        K, n, cur = self.K, len(self.rows.seq_ids), self.current
+        K, n, cur, on = self.K, len(self.rows.seq_ids), self.current, self.device
         if n == 0 or cur is None:
             self.row_fanout, self.cache, self.build_ms = [], SpeculationCache([], None), 0.0
             self.glue_ranking = None
@@ -297,30 +284,29 @@ class DraftWorker:
         length = self.branch_K
         self.row_fanout = [self.policy.schedule(s == "hit", K, length) for s in cur.sources]
         depth = self.depth()
-        tokens, valid = right_aligned(cur.tails, self.pad_id, self.device)
-        out = self.state.extend(tokens, valid).float().cpu()  # [n, W, V]
-        ids = torch.empty(n, K + 1, depth, dtype=torch.long)  # [n, K+1, M] the ranking at positions 1..K+1
+        tokens, valid = right_aligned(cur.tails, self.pad_id, on)
+        out = self.state.extend(tokens, valid)  # [n, W, V] on the worker's device
+        ids = torch.empty(n, K + 1, depth, dtype=torch.long, device=on)  # [n, K+1, M] ranking at positions 1..K+1
         kept = min(depth, cur.ranking.depth)
         ids[:, :K, :kept] = cur.ranking.ids[..., :kept]
-        ids[:, K] = TopLogits.of(out[:, -1], depth).ids
-        fast = ~cur.known  # fast backup rows: the glue fed t*, y_1..y_K (W = K + 1)
-        if fast.any():
-            ids[fast, :K] = TopLogits.of(out[fast, -(K + 1) : -1], depth).ids
-        ranking = TopLogits(ids[..., :kept] if bool(cur.known.any()) else ids, out.shape[-1])
+        ids[:, K] = TopLogits.of(out[:, -1].float(), depth).ids
+        fast = [b for b, known in enumerate(cur.known) if not known]  # fast backup rows: the glue fed t*, y_1..y_K
+        if fast:
+            f = host.tensor(fast, torch.long, on)
+            ids[f, :K] = TopLogits.of(out[f, -(K + 1) : -1].float(), depth).ids
+        ranking = TopLogits(ids[..., :kept] if any(cur.known) else ids, out.shape[-1])
         del out
         self.glue_ranking = ranking
-        row, k, t = guesses(ranking, cur.tokens, self.row_fanout)
-        branches = None
-        if row.numel():
-            dev = lambda v: v.to(self.device)  # noqa: E731
-            rows = row.tolist()
-            branches = decode_branches(self.state, dev(row), dev(k), dev(t), K, self.saguaro_top(True, length),
+        rows, ks, t = guess_plan(ranking, cur.tokens, self.row_fanout)
+        branches, keys = None, []
+        if rows:
+            at = lambda v: host.tensor(v, torch.long, on)  # noqa: E731
+            branches = decode_branches(self.state, at(rows), at(ks), t, K, self.saguaro_top(True, length),
                                        self.spec.C, RowSampling(self.rows.params).index(rows),
-                                       [self.rows.generators[r] for r in rows], depth, length)
-            branches.row, branches.k, branches.t = row, k, t
-            branches.tokens, branches.q = branches.tokens.cpu(), branches.q.to("cpu")
-            branches.ranking = TopLogits(branches.ranking.ids.cpu(), branches.ranking.V)
-        self.cache, self.cache_K = SpeculationCache(self.rows.seq_ids, branches), length
+                                       [self.rows.generators[r] for r in rows], depth, length,
+                                       support_width(self.rows.params))
+            keys = list(zip(rows, ks, t.tolist()))  # the host's one read of the build
+        self.cache, self.cache_K = SpeculationCache(self.rows.seq_ids, branches, keys), length
         self.built_fanout = list(self.policy.schedule(True, K, length))
         self.policy.built_K = (K, length)
-        self.build_ms = ms_since(t0)
+        self.build_ms = t0.ms()

@@ -36,6 +36,7 @@ class Kind(IntEnum):
     SPECULATION = 3  # draft -> target: next K tokens per sequence and their q
     STOP = 4  # target -> draft: shut down
     PREFILL = 5  # target -> draft, no answer: prompts about to join, to prefill while the target prefills them
+    KEEP_ALIVE = 6  # target -> draft, no answer: the link is up (an idle receive waits in slices: transport)
 
 
 class Source(IntEnum):
@@ -125,7 +126,15 @@ class Prefill:
     kind: Kind = field(default=Kind.PREFILL, init=False)
 
 
-Message = Round | Speculation | Stop | Prefill
+@dataclass
+class KeepAlive:
+    """Nothing to do: sent on an idle link so that the peer's receive, which waits no longer than the link's
+    timeout at a time, gets a message and waits again (engine.ssd.transport). Never reaches the worker's loop."""
+
+    kind: Kind = field(default=Kind.KEEP_ALIVE, init=False)
+
+
+Message = Round | Speculation | Stop | Prefill | KeepAlive
 
 
 def _header(kind: Kind, B: int, K: int, V: int, n_ints: int, n_floats: int, round_: int, S: int = 0) -> Tensor:
@@ -136,6 +145,8 @@ def encode(msg: Message) -> list[Tensor]:
     """The tensors to send, in order; the first is always the header [HEADER_LEN] int64."""
     if isinstance(msg, Stop):
         return [_header(Kind.STOP, 0, 0, 0, 0, 0, 0)]
+    if isinstance(msg, KeepAlive):
+        return [_header(Kind.KEEP_ALIVE, 0, 0, 0, 0, 0, 0)]
     if isinstance(msg, Prefill):
         ints = msg.seq_ids + [len(p) for p in msg.prompts] + [t for p in msg.prompts for t in p]
         return [_header(Kind.PREFILL, len(msg.seq_ids), 0, msg.V, len(ints), 0, 0),
@@ -184,7 +195,7 @@ def check_header(header: Tensor) -> tuple[Kind, int, int, int, int, int, int]:
 def payload_shapes(header: Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """Shapes and dtypes of the tensors that follow a header."""
     kind, B, K, V, n_ints, n_floats, _ = check_header(header)
-    if kind is Kind.STOP:
+    if kind in (Kind.STOP, Kind.KEEP_ALIVE):
         return []
     if kind is Kind.PREFILL:
         return [((n_ints,), torch.long)]
@@ -265,6 +276,8 @@ def decode(tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None,
     kind, B, K, V, n_ints, n_floats, round_ = check_header(tensors[0])
     if kind is Kind.STOP:
         return Stop()
+    if kind is Kind.KEEP_ALIVE:
+        return KeepAlive()
     if kind is Kind.PREFILL:
         return _prefill(tensors[1].tolist(), B, V, n_ints)
     allowed = (expect_K,) if isinstance(expect_K, int) else expect_K

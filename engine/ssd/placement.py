@@ -1,5 +1,5 @@
-"""Where SSD's draft worker runs: its device, the link's backend both sides must agree on, its CPU cores, and the
-checks that need no model (run before any loads)."""
+"""Where SSD's draft worker runs: its device (always indexed when a GPU), its CPU cores, and the checks that need
+no model (run before any loads). The link is gloo whatever the devices (engine.ssd.transport)."""
 
 from __future__ import annotations
 
@@ -13,24 +13,20 @@ from engine.ssd.transport import check_port_free
 
 
 def draft_device_for(target_device: torch.device, draft_device: str | None) -> torch.device:
-    """The worker's device: the one asked for; else the CPU beside a CPU target; else a second GPU when
-    there is one, and the target's own GPU otherwise (the worker still runs in its own process)."""
-    if draft_device:
-        return torch.device(draft_device)
-    if target_device.type != "cuda":
+    """The worker's device, resolved before the worker starts (a worker given plain "cuda" could not pick its GPU):
+    an indexed device as asked; "cuda" (no index, or None beside a CUDA target) = the next GPU after the target's,
+    wrapping round, or the target's own GPU when it is the only one (the worker keeps its own process), or cuda:0
+    beside a CPU target; None beside a CPU target = the CPU."""
+    if not draft_device and target_device.type != "cuda":
         return torch.device("cpu")
+    asked = torch.device(draft_device or "cuda")
+    if asked.type != "cuda" or asked.index is not None:
+        return asked
+    if target_device.type != "cuda":
+        return torch.device("cuda", 0)
     index = target_device.index or 0
-    if torch.cuda.device_count() > 1:
-        return torch.device("cuda", 1 if index == 0 else 0)
-    return torch.device("cuda", index)
-
-
-def uses_nccl(target_device: torch.device, draft_device: torch.device) -> bool:
-    """Both sides must pick the same backend. NCCL links two different GPUs; a CPU on either side, or
-    both ranks on one GPU (which NCCL refuses), goes over gloo with the tensors on the CPU."""
-    if target_device.type != "cuda" or draft_device.type != "cuda":
-        return False
-    return (target_device.index or 0) != (draft_device.index or 0)
+    count = torch.cuda.device_count()
+    return torch.device("cuda", (index + 1) % count if count > 1 else index)
 
 
 def worker_cores(threads: int) -> tuple[list[int] | None, int]:

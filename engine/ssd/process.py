@@ -5,7 +5,8 @@ The target starts it with torch.multiprocessing "spawn" (no state forked from th
 ProcessChannel). The child gets a picklable recipe for its model (engine.loading.recipe), never a live model;
 it sets its torch threads and, on CPU, pins itself to its own cores. It connects to the rendezvous the target
 hosts (engine.ssd.transport), sets JOINED_KEY once connected and READY_KEY once its model is built, and serves
-until STOP or until the link breaks. It watches its parent and ignores Ctrl-C (engine.ssd.lifetime).
+until STOP or until the link breaks. It watches its parent, ignores Ctrl-C (engine.ssd.lifetime) and beats
+(engine.ssd.heartbeat) from the moment it has joined, so the target can tell a stopped process from a busy one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ import torch
 
 from engine.config import SpeculativeConfig, StartFault, WorkerFaults
 from engine.loading.recipe import DraftRecipe
+from engine.ssd.heartbeat import beat
 from engine.ssd.lifetime import WorkerExit, die_with_parent, ignore_sigint, silence_stderr
 from engine.ssd.messages import MalformedMessage, Prefill, Round, Stop
 from engine.ssd.transport import (DRAFT_RANK, Backend, DraftUnavailable, answer_challenge, connect, join_store,
@@ -31,7 +34,7 @@ SPEC_KEY = "saguaro/worker_spec"
 JOINED_KEY = "saguaro/worker_joined"  # the worker's answer to the challenge, once connected, before the group forms
 SECRET_VARIABLE = "SAGUARO_DRAFT_SECRET"  # a worker started by hand reads the run's secret here
 READY_KEY = "saguaro/worker_ready"  # set by the worker once its model is built
-IDLE_S = 7 * 24 * 3600.0  # the worker waits for the next batch as long as the link is up
+IDLE_S = 7 * 24 * 3600.0  # the worker waits for the next batch as long as the link is up (kept alive by the target)
 
 
 @dataclass
@@ -40,14 +43,14 @@ class WorkerSpec:
     spec: SpeculativeConfig
     pad_id: int
     address: str
-    device: str
+    device: str  # with an index when a GPU (engine.ssd.placement.draft_device_for)
     threads: int
     cores: list[int] | None
-    connect_s: float
+    connect_s: float  # joining the store; also the longest send of an answer
     faults: WorkerFaults | None
     parent_pid: int | None = None  # the target's process (None: started by hand, maybe on another host)
     death_signal: bool = False  # Linux parent-death signal (only when the target's main thread started us)
-    nccl: bool | None = None  # the link: NCCL between two GPUs, else gloo over CPU tensors (None: by `device`)
+    link_timeout_s: float = 300.0  # the link's timeout: no single wait on it is longer (engine.ssd.transport)
     backend: Backend = process_group  # makes the link's process group (engine.ssd.transport)
     secret: str = ""  # the run's secret, which the worker proves it holds when it joins (never posted in the store)
 
@@ -66,18 +69,20 @@ def serve(ws: WorkerSpec) -> None:
         os.sched_setaffinity(0, ws.cores)
     device = torch.device(ws.device)
     if device.type == "cuda":
+        if device.index is None:  # a hand-started worker given plain "cuda": the current GPU, named
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)  # no stray context on cuda:0 for a worker on another GPU
-    nccl = ws.nccl if ws.nccl is not None else device.type == "cuda"
     if faults.at_start is StartFault.EXIT_BEFORE_JOINING:
         os._exit(WorkerExit.FAULT_INJECTED)
     store = join_store(ws.address, ws.connect_s)
     store.set(JOINED_KEY, answer_challenge(store, ws.secret))
-    endpoint = connect(store, DRAFT_RANK, device if nccl else torch.device("cpu"), ws.connect_s, ws.backend)
+    beat(store)
+    endpoint = connect(store, DRAFT_RANK, device, ws.link_timeout_s, ws.backend)
     if faults.at_start is StartFault.EXIT_WHILE_LOADING:
         os._exit(WorkerExit.FAULT_INJECTED)
     if faults.at_start is StartFault.HANG_WHILE_LOADING:
         time.sleep(IDLE_S)
-    worker = DraftWorker(ws.recipe.build(device), ws.spec, ws.pad_id, device)
+    worker = DraftWorker(ws.recipe.build(device), ws.spec, ws.pad_id, device, host_answers=True)
     store.set(READY_KEY, "1")
     try:
         while True:
@@ -93,6 +98,8 @@ def serve(ws: WorkerSpec) -> None:
                     os._exit(WorkerExit.FAULT_INJECTED)
                 if msg.round == faults.hang_at_round:
                     time.sleep(IDLE_S)
+                if msg.round == faults.stop_at_round:
+                    os.kill(os.getpid(), signal.SIGSTOP)  # the whole process stops, its heartbeat with it
                 reply = worker.respond(msg)
                 if msg.round == faults.malformed_at_round:
                     reply.q = -reply.q  # not a distribution: the target must refuse it

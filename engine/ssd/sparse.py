@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine import host
+from engine.sampling_params import SamplingParams
+
 ENTRY_BYTES = 12  # a kept support entry: int64 id + float32 value, against 4 bytes per dense entry
 RANK_DEPTH = 64  # tokens per position the ranking keeps (at least the largest fan-out + 1)
 
@@ -31,10 +34,14 @@ class SparseQ:
     values: Tensor
 
     @classmethod
-    def of(cls, q: Tensor) -> "SparseQ":
-        """The support of q [..., V] (q >= 0); S = the widest row's support, narrower rows padded with zeros."""
+    def of(cls, q: Tensor, width: int | None = None) -> "SparseQ":
+        """The support of q [..., V] (q >= 0); S = the widest row's support, narrower rows padded with zeros.
+        `width`: a bound on every row's support known beforehand (`support_width`), so S is not read from q."""
         V = q.shape[-1]
-        S = int((q != 0).sum(-1).max()) if q.numel() else 0
+        if width is not None:
+            S = min(width, V) if q.numel() else 0
+        else:
+            S = int((q != 0).sum(-1).max()) if q.numel() else 0
         if S * ENTRY_BYTES >= V * q.element_size():
             return cls(V, None, q)
         values, ids = torch.topk(q, S, dim=-1)  # [..., S]: every nonzero is among the S largest (q >= 0)
@@ -70,26 +77,48 @@ class SparseQ:
         return SparseQ(self.V, None if self.ids is None else self.ids[index], self.values[index])
 
     def to(self, device: torch.device | str) -> "SparseQ":
-        return SparseQ(self.V, None if self.ids is None else self.ids.to(device), self.values.to(device))
+        """On `device` (from the host through pinned memory, without waiting: engine.host.upload)."""
+        return SparseQ(self.V, None if self.ids is None else host.upload(self.ids, device),
+                       host.upload(self.values, device))
 
     def __neg__(self) -> "SparseQ":  # fault injection in tests: a q that is no distribution
         return SparseQ(self.V, self.ids, -self.values)
 
 
+def support_width(params: list[SamplingParams]) -> int | None:
+    """A bound on the support of any q drawn under these rows' settings, known without reading q: one token when
+    every row is greedy, else the largest top-k when every sampled row has one (top-p only narrows it, and
+    Saguaro's reweighting keeps it); None when some row samples without top-k (its support must be read)."""
+    sampled = [p for p in params if not p.greedy]
+    if any(p.top_k is None for p in sampled):
+        return None
+    return max([1] + [p.top_k for p in sampled])
+
+
 def ranked_ids(logits: Tensor, n: int) -> Tensor:
     """The n best tokens of each row of logits [..., V], best first, equal logits in increasing id: [..., n].
 
-    torch.topk leaves the order of equal values (and which of them make the cut) unspecified. Where a row's
-    n + 1 best values are all distinct, its order is the only one and topk's answer stands; other rows
-    (ties: rare with float logits) are settled by value, then id.
+    torch.topk leaves the order of equal values (and which of them make the cut) unspecified. On the CPU
+    (engine.host.reads_are_free) topk's answer stands for every row whose n + 1 best values are all distinct, its
+    order being the only one, and the rows with a tie (rare with float logits) are settled one by one; on a device
+    every row is settled without reading anything back (`_ranked_on_device`, the same answer).
     """
     V = logits.shape[-1]
     n = min(n, V)
     flat = logits.reshape(-1, V)  # [R, V]
+    if n == 0:
+        return torch.zeros(*logits.shape[:-1], 0, dtype=torch.long, device=logits.device)
+    if host.reads_are_free(logits.device):
+        ids = _ranked_on_host(flat, n)
+    else:
+        ids = _ranked_on_device(flat, n)
+    return ids.reshape(*logits.shape[:-1], n)
+
+
+def _ranked_on_host(flat: Tensor, n: int) -> Tensor:
+    V = flat.shape[-1]
     top = torch.topk(flat, min(n + 1, V), dim=-1)  # one more, to see a tie at the cut
     ids = top.indices[:, :n].clone()  # [R, n]
-    if n == 0:
-        return ids.reshape(*logits.shape[:-1], 0)
     cut = top.values[:, n - 1]  # [R] the n-th best value
     unique = (top.values[:, 1:] != top.values[:, :-1]).all(-1)  # [R]
     for r in (~unique).nonzero()[:, 0].tolist():
@@ -98,7 +127,29 @@ def ranked_ids(logits: Tensor, n: int) -> Tensor:
         above = above[torch.sort(z[above], descending=True, stable=True).indices]  # by value; ties keep id order
         tied = (z == cut[r]).nonzero()[: n - above.numel(), 0]
         ids[r] = torch.cat([above, tied])
-    return ids.reshape(*logits.shape[:-1], n)
+    return ids
+
+
+def _ranked_on_device(flat: Tensor, n: int) -> Tensor:
+    """`ranked_ids` for every row at once: the tokens above the n-th best value (all among topk's n), in value
+    then id order, then the lowest ids of the tokens equal to it, as many as fit."""
+    R, V = flat.shape
+    top = torch.topk(flat, n, dim=-1)
+    values, ids = top.values, top.indices  # [R, n]
+    cut = values[:, n - 1 :]  # [R, 1] the n-th best value
+    above = values > cut  # [R, n]
+    n_above = above.sum(-1, keepdim=True)  # [R, 1]
+    # the tokens above the cut, by increasing id, then (stably) by decreasing value
+    by_id = torch.sort(torch.where(above, ids, V), dim=-1, stable=True).indices  # [R, n]
+    ids, values = ids.gather(1, by_id), torch.where(above, values, -torch.inf).gather(1, by_id)
+    ids = ids.gather(1, torch.sort(values, dim=-1, descending=True, stable=True).indices)  # [R, n]
+    # the tied tokens, lowest ids first, into the places after them (the rest into a spare column)
+    tied = flat == cut  # [R, V]
+    place = tied.long().cumsum(-1) - 1 + n_above  # [R, V]
+    place = torch.where(tied & (place < n), place, n)
+    filled = torch.zeros(R, n + 1, dtype=torch.long, device=flat.device)
+    filled.scatter_(1, place, torch.arange(V, device=flat.device).expand(R, V))
+    return torch.where(torch.arange(n, device=flat.device) < n_above, ids, filled[:, :n])
 
 
 @dataclass
@@ -134,7 +185,7 @@ class TopLogits:
         at = self.ids == bonus[:, None]  # [N, M]
         found = at.any(-1)
         pos = at.long().argmax(-1)  # [N] position of the bonus where found
-        before = torch.arange(M)[None, :] < pos[:, None]  # [N, M]
+        before = torch.arange(M, device=pos.device)[None, :] < pos[:, None]  # [N, M]
         excluded_before = ((self.ids == excluded[:, None]) & before).any(-1) & (excluded >= 0)
         rank = torch.where(found, pos - excluded_before.long(), torch.full_like(pos, M))
         return torch.where(bonus == excluded, self.V, rank).tolist()

@@ -15,53 +15,65 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from engine import host
 from engine.ssd.sparse import TopLogits
 from engine.ssd.tree import Branches
 
 
-def guesses(logits: Tensor | TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]
-            ) -> tuple[Tensor, Tensor, Tensor]:
-    """Branches to pre-draft: row [N], k [N], t [N].
+def guess_plan(ranking: TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]
+               ) -> tuple[list[int], list[int], Tensor]:
+    """Branches to pre-draft, worked out where the ranking lives: their rows and k on the host (known from the
+    fan-outs alone) and their guessed tokens t [N] on the ranking's device (nothing is read back).
 
-    logits [B, K+1, V] (or their ranking, TopLogits [B, K+1, M]): the draft's logits at positions 1..K+1 of
-    each row's current speculation x [B, K]; fanouts[b] = (F_0..F_K) for row b. A ranking kept to M tokens
-    yields at most M guesses per position (M >= the largest fan-out + 1 in the worker).
+    ranking: TopLogits [B, K+1, M], the draft's best tokens at positions 1..K+1 of each row's speculation
+    x [B, K] (on the same device); fanouts[b] = (F_0..F_K) for row b. Position k+1 < K+1 guesses the first F_k
+    tokens other than x_{k+1} (at most M − 1 of them: the ranking may hold x_{k+1}), position K+1 the first
+    F_K (at most M). The worker keeps M >= the largest fan-out + 1, or M = V, so each (b, k) gets exactly
+    min(F_k, M − 1) or min(F_K, M) guesses whatever the tokens are.
     """
     B, K = x.shape
-    most = max((max(f) for f in fanouts), default=0)
-    if most == 0:
-        empty = torch.empty(0, dtype=torch.long)
-        return empty, empty, empty
-    if isinstance(logits, Tensor):
-        logits = TopLogits.of(logits, most + 1)
-    top = logits.ids[..., : most + 1].tolist()  # [B][K+1] token lists, best first
-    rows, ks, ts = [], [], []
+    ids = ranking.ids  # [B, K+1, M]
+    M = ids.shape[-1]
+    rows, ks, places = [], [], []
     for b in range(B):
         for k in range(K + 1):
-            want = fanouts[b][k]
-            if want == 0:
-                continue
-            ranked = top[b][k]
-            if k < K:
-                rejected = int(x[b, k])
-                ranked = [t for t in ranked if t != rejected]
-            for t in ranked[:want]:
-                rows.append(b)
-                ks.append(k)
-                ts.append(t)
-    as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
-    return as_long(rows), as_long(ks), as_long(ts)
+            n = min(fanouts[b][k], M - 1 if k < K else M)
+            rows += [b] * n
+            ks += [k] * n
+            places += range(n)
+    if not rows:
+        return [], [], torch.empty(0, dtype=torch.long, device=ids.device)
+    excluded = torch.cat([x.to(ids.device), x.new_full((B, 1), -1, device=ids.device)], dim=1)  # [B, K+1]
+    kept = ids != excluded[..., None]  # [B, K+1, M]
+    order = torch.sort((~kept).to(torch.int8), dim=-1, stable=True).indices  # the kept first, in ranking order
+    ranked = ids.gather(-1, order)  # [B, K+1, M]
+    at = [host.tensor(v, torch.long, ids.device) for v in (rows, ks, places)]
+    return rows, ks, ranked[at[0], at[1], at[2]]
+
+
+def guesses(logits: Tensor | TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """Branches to pre-draft: row [N], k [N], t [N] (`guess_plan` as tensors on the logits' device).
+
+    logits [B, K+1, V] (or their ranking, TopLogits [B, K+1, M]): the draft's logits at positions 1..K+1 of
+    each row's current speculation x [B, K]; fanouts[b] = (F_0..F_K) for row b.
+    """
+    most = max((max(f) for f in fanouts), default=0)
+    if isinstance(logits, Tensor):
+        logits = TopLogits.of(logits, most + 1)
+    rows, ks, t = guess_plan(logits, x, fanouts)
+    return host.tensor(rows, torch.long, t.device), host.tensor(ks, torch.long, t.device), t
 
 
 class SpeculationCache:
-    """(sequence id, k, t*) -> index of the pre-drafted branch."""
+    """(sequence id, k, t*) -> index of the pre-drafted branch. The branches stay on the draft's device; the
+    index is built on the host from their rows, outcomes and guessed tokens."""
 
-    def __init__(self, seq_ids: list[int], branches: Branches | None):
+    def __init__(self, seq_ids: list[int], branches: Branches | None, keys: list[tuple[int, int, int]] = ()):
         self.branches = branches
         self.index: dict[tuple[int, int, int], int] = {}
-        if branches is not None:
-            for i, (row, k, t) in enumerate(zip(branches.row.tolist(), branches.k.tolist(), branches.t.tolist())):
-                self.index[(seq_ids[row], k, t)] = i
+        for i, (row, k, t) in enumerate(keys):
+            self.index[(seq_ids[row], k, t)] = i
 
     def __len__(self) -> int:
         return len(self.index)

@@ -46,11 +46,14 @@ def draft_compact(
     generator: Generators,
     depth: int,
     active: Tensor | None = None,
+    width: int | None = None,
 ) -> tuple[Tensor, SparseQ, TopLogits]:
     """Feed `first` [N, T] (holes where not valid) then draft K tokens (engine.drafting.draft_tokens, the same
     draws), keeping q as its support and the logits as their best `depth` tokens step by step, so no [N, K, V]
     tensor is built unless q itself is dense (T > 0 without top-k). Rows where `active` [N] is False only get
-    holes after `first`. Returns tokens [N, K], q [N, K, V] and the ranking [N, K, depth]."""
+    holes after `first`. `width`: a bound on q's support known from the rows' settings (engine.ssd.sparse.
+    support_width; None: read from q at each step). Returns tokens [N, K], q [N, K, V] and the ranking
+    [N, K, depth], all on the draft's device."""
     logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
     N, V = logits.shape
     ys, qs, ranks = [], [], []
@@ -58,7 +61,7 @@ def draft_compact(
     for i, (y, q, z) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active)):
         ys.append(y)
         ranks.append(TopLogits.of(z, depth).ids)  # [N, M]
-        kept = SparseQ.of(q)
+        kept = SparseQ.of(q, width)
         if kept.ids is None and dense is None:
             dense = torch.empty(N, K, V, dtype=q.dtype, device=q.device)
             for j, earlier in enumerate(qs):
@@ -88,6 +91,7 @@ def decode_branches(
     generator: Generators,
     depth: int,
     length: int | None = None,
+    width: int | None = None,
 ) -> Branches:
     """Pre-draft every branch (row[i], k[i], t[i]); `state` must hold x_1..x_K of each row as its newest tokens.
     `depth`: how many of the draft's best tokens per position to keep for the next round's guesses.
@@ -96,5 +100,5 @@ def decode_branches(
     branch_state.rollback(K - k)  # holes over x_{k+1}..x_K: exactly the state after x_1..x_k
     length = K if length is None else length
     tokens, q, ranking = draft_compact(branch_state, t[:, None], None, length, saguaro_top, C, params, generator,
-                                       depth)
+                                       depth, width=width)
     return Branches(branch_state, row, k, t, tokens, q, ranking)

@@ -20,19 +20,19 @@ bookkeeping above holds with K = the round's block length.
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import Tensor
 
+from engine import host
 from engine.config import SpeculativeConfig
-from engine.drafting import bonus_ranks, draft_from
+from engine.drafting import bonus_rank_tensor, draft_from
 from engine.kv_cache import KVState, new_state, right_aligned
-from engine.metrics import ms_since
-from engine.sampling import RowSampling
+from engine.loading.devices import model_device
+from engine.sampling import RowSampling, row_generator
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, RoundTelemetry
 from engine.strategies.lookahead import Lookahead
+from engine.timing import Stopwatch
 from engine.verifier import Verification
 
 DRAFT_SEED_OFFSET = 0x5A6  # the draft's random stream differs from the target's
@@ -43,6 +43,10 @@ def draft_seed(seed: int) -> int:
 
 
 class InProcessDraft:
+    """SD's proposer. The draft runs on its own device (`draft_device`: the target's, or the CPU for a low-bit
+    draft, e.g. the fallback of an SSD worker whose draft was quantised for the CPU); only what verification
+    needs, x and q, goes to the target's `device`, and only the outcome comes back."""
+
     name = "sd"
     faults = ()
 
@@ -52,37 +56,42 @@ class InProcessDraft:
         self.K = spec.K  # this round's block length (the maximum until the first round)
         self.lookahead = Lookahead(spec)
         self.pad_id = pad_id
-        self.device = device
-        self.state = new_state(draft, 0, device)
+        self.device = device  # the target's: the proposal is verified there
+        self.draft_device = model_device(draft)
+        self.state = new_state(draft, 0, self.draft_device)
         self.tails: list[list[int]] = []
         self.generators: list[torch.Generator] = []
         self.ranks: list[int | None] = []  # per row of the last round: its bonus's rank (None: not yet known)
         self.late: list[int | None] = []  # per row: where its all-accepted outcome's rank goes in `ranks`
+        # the last round's rejected rows (their places in `ranks`) and their ranks, on the draft's device: read on
+        # the host with the next round's late ranks, in one transfer
+        self.rejected: tuple[list[int], Tensor] | None = None
         self.last_round = RoundTelemetry()
 
     def prefetch(self, seqs: list[Sequence]) -> None:
         pass
 
     def admit(self, seqs: list[Sequence]) -> None:
-        state = new_state(self.draft, len(seqs), self.device)
-        tokens, valid = right_aligned([s.prompt_ids + s.output_ids[:-1] for s in seqs], self.pad_id, self.device)
+        state = new_state(self.draft, len(seqs), self.draft_device)
+        tokens, valid = right_aligned([s.prompt_ids + s.output_ids[:-1] for s in seqs], self.pad_id,
+                                      self.draft_device)
         state.extend(tokens, valid, logits_to_keep=1)
         self.state = KVState.concat([self.state, state])
         self.tails += [[s.output_ids[-1]] for s in seqs]
         self.late += [None] * len(seqs)
         self.lookahead.admit(len(seqs))
-        self.generators += [torch.Generator(device=self.device).manual_seed(draft_seed(s.seed)) for s in seqs]
+        self.generators += [row_generator(draft_seed(s.seed)) for s in seqs]
 
     def retire(self, keep: list[int]) -> None:
-        self.state.select(torch.tensor(keep, dtype=torch.long))
+        self.state.select(host.tensor(keep, torch.long, self.draft_device))
         self.tails = [self.tails[i] for i in keep]
         self.late = [self.late[i] for i in keep]
         self.generators = [self.generators[i] for i in keep]
         self.lookahead.retire(keep)
 
     def propose(self, rows: RowSampling) -> Proposal:
-        t0 = time.perf_counter()
-        tokens, valid = right_aligned(self.tails, self.pad_id, self.device)
+        t0 = Stopwatch(self.draft_device)
+        tokens, valid = right_aligned(self.tails, self.pad_id, self.draft_device)
         fed = self.state.extend(tokens, valid)  # [B, W, V]
         previous = self._late_ranks(fed)
         K, logits = self.lookahead.choose(), fed[:, -1].float()
@@ -90,42 +99,51 @@ class InProcessDraft:
                                        self.generators, stop_below=self.spec.confidence_stop)  # [B, K'], [B, K', V] x2
         self.K = self.x.shape[1]
         forwards = self.K + (self.K < K)  # the tail's feed included; a stopped block fed its last token to look
-        draft_ms = ms_since(t0)
+        draft_ms = t0.ms()
         self.lookahead.drafted(forwards, draft_ms)
         self.last_round = RoundTelemetry(draft_ms=draft_ms, draft_forwards=forwards, previous_outcome_rank=previous)
-        return Proposal(self.x, q)
+        return Proposal(host.upload(self.x, self.device), host.upload(q, self.device))
 
     def _late_ranks(self, fed: Tensor) -> list[int | None] | None:
         """Fill in the ranks of last round's all-accepted outcomes from the draft's logits at x_K (the
-        second newest fed token); return the last round's ranks, or None if there was no last round."""
+        second newest fed token), and read them with the rejected rows' ones; return the last round's ranks, or
+        None if there was no last round."""
         waiting = [(b, i) for b, i in enumerate(self.late) if i is not None]
+        places, parts = [], []
+        if self.rejected is not None:
+            places += self.rejected[0]
+            parts.append(self.rejected[1])
         if waiting:
-            rows = torch.tensor([b for b, _ in waiting], dtype=torch.long, device=fed.device)
-            bonus = torch.tensor([self.tails[b][-1] for b, _ in waiting], dtype=torch.long, device=fed.device)
-            ranks = bonus_ranks(fed[rows, -2], bonus, torch.full_like(bonus, -1))
-            for (_, i), rank in zip(waiting, ranks):
+            rows = host.tensor([b for b, _ in waiting], torch.long, fed.device)
+            bonus = host.tensor([self.tails[b][-1] for b, _ in waiting], torch.long, fed.device)
+            places += [i for _, i in waiting]
+            parts.append(bonus_rank_tensor(fed[rows, -2], bonus, torch.full_like(bonus, -1)))
+        if parts:
+            for i, rank in zip(places, torch.cat(parts).tolist()):  # one read
                 self.ranks[i] = rank
-        previous, self.ranks, self.late = self.ranks or None, [], [None] * len(self.tails)
+        previous, self.ranks, self.late, self.rejected = self.ranks or None, [], [None] * len(self.tails), None
         return previous
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         K = self.K
-        self.lookahead.observe(result.accepted.tolist(), K, verify_ms)
-        k = result.accepted.to(self.device)  # [B]
+        accepted, bonus, x = result.host()  # the loop's one read of the outcome
+        if not x or len(x[0]) != K:  # a Verification made without its draft tokens
+            x = self.x.tolist()
+        self.lookahead.observe(accepted, K, verify_ms)
+        k = host.tensor(accepted, torch.long, self.draft_device)  # [B]
         self.state.rollback((K - 1 - k).clamp(min=0))
-        x_last, bonus = self.x[:, -1].tolist(), result.bonus.tolist()
-        ks = k.tolist()
-        self.tails = [[x_last[b], bonus[b]] if kb == K else [bonus[b]] for b, kb in enumerate(ks)]
-        rejected = [b for b, kb in enumerate(ks) if kb < K]
-        self.ranks = [None] * len(ks)
+        self.tails = [[row[-1], t] if kb == K else [t] for row, kb, t in zip(x, accepted, bonus)]
+        rejected = [b for b, kb in enumerate(accepted) if kb < K]
+        self.ranks = [None] * len(accepted)
+        self.rejected = None
         if rejected:
-            rows = torch.tensor(rejected, dtype=torch.long)
-            at = k.cpu()[rows]
-            ranks = bonus_ranks(self.z[rows.to(self.z.device), at.to(self.z.device)],
-                                result.bonus.cpu()[rows].to(self.z.device), self.x[rows, at].to(self.z.device))
-            for b, rank in zip(rejected, ranks):
-                self.ranks[b] = rank
-        self.late = [b if kb == K else None for b, kb in enumerate(ks)]
+            on = self.z.device
+            rows = host.tensor(rejected, torch.long, on)
+            at = host.tensor([accepted[b] for b in rejected], torch.long, on)
+            ranks = bonus_rank_tensor(self.z[rows, at], host.tensor([bonus[b] for b in rejected], torch.long, on),
+                                      host.tensor([x[b][accepted[b]] for b in rejected], torch.long, on))
+            self.rejected = (rejected, ranks)
+        self.late = [b if kb == K else None for b, kb in enumerate(accepted)]
 
     def close(self) -> None:
         pass

@@ -25,13 +25,12 @@ the target's process when it has one, else AR), with one warning. The output dis
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import torch
 
+from engine import host
 from engine.config import SpeculativeConfig
-from engine.metrics import ms_since
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
 from engine.ssd.channel import FAULTS, Channel
@@ -42,6 +41,7 @@ from engine.strategies.ar import NoDraft
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
 from engine.strategies.sd import InProcessDraft, draft_seed
 from engine.strategies.ssd_lookahead import SSDLookahead
+from engine.timing import Stopwatch
 from engine.verifier import Verification
 
 log = logging.getLogger(__name__)
@@ -112,14 +112,14 @@ class DraftWorkerProposer:
         K_next = self.lookahead.choose()
         K_miss = self._miss_length(K)
         msg = Round(self.exchanges, accepted, bonus, alive, self.verify_ms, joins, K, self.V, self.K, K_next, K_miss)
-        t0 = time.perf_counter()
+        t0 = Stopwatch()  # a wait on the host: the answer is in host memory (or read) when exchange returns
         if self.channel is None:
             raise DraftUnavailable("the draft worker is not running")
         self.channel.wait_ready()  # interruptible: nothing has been sent yet
         # Ctrl-C waits until the answer is read and booked, so the stream and this side stay in step.
         with sigint_deferred():
             spec = self.channel.exchange(msg)
-            wait_ms = ms_since(t0)
+            wait_ms = t0.ms()
             B = len(self.rows)
             asked = K  # the length of the cache's branches that were looked up
             if spec.tokens.shape == (B, K_miss) and K_miss != K and not any(spec.hits):
@@ -142,8 +142,9 @@ class DraftWorkerProposer:
             previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,
         )
-        # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse)
-        return Proposal(spec.tokens.to(self.device), spec.q.to(self.device).dense())
+        # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse). From a
+        # worker in its own process both arrive in host memory: uploaded without waiting (engine.host)
+        return Proposal(host.upload(spec.tokens, self.device), spec.q.to(self.device).dense())
 
     def _miss_length(self, K: int) -> int:
         """Adaptive K: the length for a round in which no row hits and the neural backup drafts every row. That
@@ -162,7 +163,7 @@ class DraftWorkerProposer:
         self.start()
 
     def observe(self, result: Verification, verify_ms: float) -> None:
-        self.accepted, self.bonus = result.accepted.tolist(), result.bonus.tolist()
+        self.accepted, self.bonus, _ = result.host()  # the loop's one read of the outcome
         self.verify_ms = verify_ms
         self.lookahead.observe(self.accepted, self.K, verify_ms)
 

@@ -10,7 +10,7 @@ from engine.kv_cache import KVState
 from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
 from engine.ssd.messages import MalformedMessage, Source, Speculation, decode, encode, payload_shapes
-from engine.ssd.sparse import SparseQ, TopLogits, ranked_ids
+from engine.ssd.sparse import SparseQ, TopLogits, _ranked_on_device, _ranked_on_host, ranked_ids
 from engine.ssd.tree import draft_compact
 from tests.engine.tiny import tiny_lm
 
@@ -108,3 +108,16 @@ def test_a_support_id_outside_the_vocabulary_is_refused():
     wire[3][0, 0, 0] = 50
     with pytest.raises(MalformedMessage, match="support ids out of range"):
         decode(wire, 4, 50)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_the_devices_ranking_is_the_cpus(data):
+    R, V = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 12))
+    # Small integer logits (ties everywhere, at the cut too), now and then a row banned to -inf.
+    values = data.draw(st.lists(st.integers(-3, 3), min_size=R * V, max_size=R * V))
+    logits = torch.tensor(values, dtype=torch.float32).reshape(R, V)
+    if data.draw(st.booleans()):
+        logits[0] = -torch.inf
+    n = data.draw(st.integers(1, V))
+    assert torch.equal(_ranked_on_device(logits, n), _ranked_on_host(logits, n))

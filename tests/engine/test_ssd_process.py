@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -14,12 +15,14 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement, EngineConfig, WorkerFaults
 from engine.loading.quantize import int8_dynamic
 from engine.loading.recipe import draft_recipe
+from engine.ssd.heartbeat import BEAT_S, LOST_S
 from saguaro.prompts import load_prompts
 from tests.engine.tiny import noisy_copy
 
 # Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
+NOTICE_S = 30.0  # a fault found by the heartbeat: far below a 120 s deadline, far above a loaded machine's noise
 
 
 def ssd(target, faults=None, deadline_s=5.0):
@@ -91,6 +94,24 @@ def test_a_worker_killed_from_outside_mid_generation(target, ar_tokens, caplog):
     strategies = decode_strategies(out)
     assert strategies[:2] == ["ssd", "ssd"] and set(strategies[2:]) == {"sd"}
     assert "SSD draft worker failed" in caplog.text
+    assert_no_children_left()
+
+
+def test_a_stopped_worker_is_found_by_its_heartbeat_long_before_its_deadline(target, ar_tokens, caplog):
+    # The worker's whole process stops (SIGSTOP) at round 2 and the deadline is 120 s: only its silent heartbeat
+    # can end the wait. Bound: LOST_S + BEAT_S (engine.ssd.heartbeat: 5.5 s) after its last beat; the test allows
+    # NOTICE_S for the whole call on a loaded 2-core machine.
+    with caplog.at_level(logging.WARNING), ssd(target, WorkerFaults(stop_at_round=2), deadline_s=120.0) as llm:
+        t0 = time.monotonic()
+        out = llm.generate(PROMPTS, GREEDY)
+        took_s = time.monotonic() - t0
+        assert "no heartbeat" in llm.fault
+    assert took_s < NOTICE_S
+    assert LOST_S + BEAT_S < NOTICE_S < 120.0
+    assert [o.token_ids for o in out] == ar_tokens
+    strategies = decode_strategies(out)
+    assert strategies[:2] == ["ssd", "ssd"] and set(strategies[2:]) == {"sd"}
+    assert caplog.text.count("SSD draft worker failed") == 1
     assert_no_children_left()
 
 

@@ -7,11 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.ssd.messages import (Join, MalformedMessage, Prefill, Round, Source, Speculation, Stop, decode,
-                                 encode)
+from engine.ssd.messages import (Join, KeepAlive, MalformedMessage, Prefill, Round, Source, Speculation, Stop,
+                                 decode, encode)
 from engine.ssd.sparse import SparseQ
 from engine.ssd.transport import DRAFT_RANK, TARGET_RANK, connect, host_store, join_store
 from engine.ssd.wire import FRAME_BYTES, from_frame, rest_bytes, to_wire, unpack
+from tests.engine.fake_link import FakeLink
 
 V = 50
 TIMEOUT_S = 30.0
@@ -36,7 +37,7 @@ def _speculation(B: int, S: int, seed: int = 0) -> Speculation:
 
 def _messages() -> list:
     join = Join(7, list(range(1, 40)), 4, 0.7, 5, 0.9, 2**62)
-    return [Stop(), Prefill([4, 9], [[1, 2, 3], [7]], V),
+    return [Stop(), KeepAlive(), Prefill([4, 9], [[1, 2, 3], [7]], V),
             Round(3, [1, 2], [9, 9], [True, False], 12.5, [join], K=2, V=V),
             Round(5, [0], [1], [True], 1.0, [Join(8, [3] * 5000, 1, 0.0, 0, 1.0, 0)], K=3, V=V),
             _speculation(2, 1), _speculation(4, 7), _speculation(3, 0), _speculation(0, 0)]
@@ -136,7 +137,7 @@ def test_dense_q_of_the_wrong_shape_is_refused():
 
 def test_messages_cross_a_real_gloo_link_and_back():
     store, address = host_store("tcp://127.0.0.1:0", TIMEOUT_S)
-    sent = _messages()
+    sent = [m for m in _messages() if not isinstance(m, KeepAlive)]  # a receive drops keep-alives
     errors: list[BaseException] = []
 
     def echo():
@@ -162,38 +163,13 @@ def test_messages_cross_a_real_gloo_link_and_back():
     assert not errors
 
 
-class _Done:
-    def wait(self, timeout=None) -> bool:
-        return True
-
-
-class _QueueGroup:
-    """A process group of two in one process: what one side sends, the other receives, in order."""
-
-    def __init__(self, outbox: list, inbox: list):
-        self.outbox, self.inbox = outbox, inbox
-
-    def send(self, tensors, peer, tag):
-        self.outbox.append(tensors[0].clone())
-        return _Done()
-
-    def recv(self, tensors, peer, tag):
-        tensors[0].copy_(self.inbox.pop(0))
-        return _Done()
-
-    def shutdown(self) -> None:
-        pass
-
-
 def test_a_link_made_by_another_backend_carries_the_messages():
-    to_draft, to_target = [], []
-    backends = {TARGET_RANK: _QueueGroup(to_draft, to_target), DRAFT_RANK: _QueueGroup(to_target, to_draft)}
-    backend = lambda store, rank, device, timeout: backends[rank]  # noqa: E731
-    target = connect(None, TARGET_RANK, torch.device("cpu"), TIMEOUT_S, backend)
-    draft = connect(None, DRAFT_RANK, torch.device("cpu"), TIMEOUT_S, backend)
-    for msg in _messages():
+    fake = FakeLink()
+    target = connect(None, TARGET_RANK, torch.device("cpu"), TIMEOUT_S, fake.backend)
+    draft = connect(None, DRAFT_RANK, torch.device("cpu"), TIMEOUT_S, fake.backend)
+    for msg in [m for m in _messages() if not isinstance(m, KeepAlive)]:  # a receive drops keep-alives
         target.send(msg, TIMEOUT_S)
         draft.send(draft.recv(TIMEOUT_S), TIMEOUT_S)
         back = target.recv(TIMEOUT_S)
         assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg)))
-    assert to_draft == [] and to_target == []  # every transfer sent was received
+    assert all(q.empty() for q in fake.inbox.values())  # every transfer sent was received

@@ -74,14 +74,15 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
 
 
-def argmax_verifier(draft_tokens, q, p, generator):
+def argmax_verifier(draft_tokens, q, p, generator, checks=None):
     """The negative controls' broken verifier (the reference engine's bug): accept while the draft token equals
-    the target's argmax, then sample the bonus from p, at temperature > 0."""
+    the target's argmax, then sample the bonus from p, at temperature > 0. (`checks`: as engine.verifier.verify
+    takes them; this verifier checks nothing.)"""
     matches = draft_tokens == p[:, :-1].argmax(-1)  # [B, K]
     accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
     rows = torch.arange(len(accepted))
     bonus = sample(p[rows, accepted], generator)
-    return Verification(accepted=accepted, bonus=bonus)
+    return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
 
 
 def spy_on_sdpa(monkeypatch) -> list[tuple[bool, bool]]:
