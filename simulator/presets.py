@@ -258,12 +258,23 @@ ENGINES: dict[str, EngineCosts] = {
     #   batch 16 (43.84 ms), simulated with the α fitted to SD's 172 tok/s and the α-model's hits
     "reference-log": EngineCosts(sd_extra_forward=True, draft_layer_overhead_us=59.8, tree_step_overhead_ms=1.41,
                                  build_row_us=4.35),
+    # calibrated on this engine's first GPU run (reports/2026-12-h200-gpu-check, commit f6a0865: one H200, random
+    # weights shaped like Qwen2.5-1.5B/0.5B, bf16, eager transformers forwards, 64 tokens after 128-token prompts):
+    # - eager: the forwards pay the hardware's launch overhead per layer;
+    # - round_host_ms: AR's tokens/s at batch 1, 8 and 32 (13.1, 111.6, 386.1) over the eager roofline's step
+    #   (19.1 ms) leave 58 ms a step of host work (geometric mean of the three ratios set to 1);
+    # - draft_host_ms: SD's at α = 1, K 4 (8.2, 97.0, 414.4) leave 77 ms per draft forward on top.
+    # Held out: SSD at α = 1 (8.5, 64.5), predicted 17-24% high (its worker shared the target's GPU and host).
+    "saguaro-eager-h200": EngineCosts(eager=True, round_host_ms=58.0, draft_host_ms=77.0),
 }
 ENGINE_SOURCES: dict[str, str] = {
     "saguaro": "this engine: SD drafts K forwards, the first two tokens wide after an all-accepted round "
                "(engine/strategies/sd.py); no per-build costs beyond the forwards",
     "reference": "the reference engine (github.com/tanishqkumar/ssd, ssd/engine/speculator_sync.py): SD drafts "
                  "K + 1 forwards a round, the last feeding x_K; the draft's steps as the H100 preset's (vLLM/SGLang)",
+    "saguaro-eager-h200": "this engine with eager transformers forwards as it ran on one H200 at commit f6a0865 "
+                          "(reports/2026-12-h200-gpu-check): the launch overhead per layer, 58 ms of host work a "
+                          "round and 77 ms per draft forward (calibrated on its AR and SD tokens/s at batch 1-32)",
     "reference-log": f"the reference engine as {REFERENCE_LOG} times it: SD drafts K + 1 forwards at 59.8 µs a layer, "
                      "each tree-decode step of an SSD build adds 1.41 ms of host work and 4.35 µs per branch row "
                      "(calibrated on the log's draft cycles at batch 1 and 16 and its batch-1 SD and SSD)",
@@ -271,5 +282,5 @@ ENGINE_SOURCES: dict[str, str] = {
 
 
 def engine_preset(name: str) -> EngineCosts:
-    """An engine's costs by name (saguaro, reference, reference-log)."""
+    """An engine's costs by name (saguaro, saguaro-eager-h200, reference, reference-log)."""
     return _lookup(ENGINES, name, "engine")

@@ -114,16 +114,24 @@ class EngineCosts:
     tree_step_overhead_ms   per tree-decode step of an SSD cache build, the worker's host work around the
                             forward (laying out the tree's attention, choosing each branch's top F, filling
                             the cache);
-    build_row_us            per branch row per tree-decode step (masks, top-F per branch, cache entries).
+    build_row_us            per branch row per tree-decode step (masks, top-F per branch, cache entries);
+    round_host_ms           per round, the decode loop's host work outside the forwards (sampling, checks,
+                            bookkeeping) that the GPU waits for: zero for an engine whose host keeps ahead;
+    draft_host_ms           per draft forward, the host work around it (sampling the drafted token, checks);
+    eager                   the engine launches its forwards kernel by kernel (no CUDA graph): the
+                            deployments pay the hardware's launch overhead per layer.
     """
 
     sd_extra_forward: bool = False
     draft_layer_overhead_us: float | None = None
     tree_step_overhead_ms: float = 0.0
     build_row_us: float = 0.0
+    round_host_ms: float = 0.0
+    draft_host_ms: float = 0.0
+    eager: bool = False
 
     def __post_init__(self) -> None:
-        _nonnegative(self, "tree_step_overhead_ms", "build_row_us")
+        _nonnegative(self, "tree_step_overhead_ms", "build_row_us", "round_host_ms", "draft_host_ms")
         if self.draft_layer_overhead_us is not None:
             _nonnegative(self, "draft_layer_overhead_us")
 
@@ -148,21 +156,27 @@ class RooflineTiming:
         _nonnegative(self, "random_backup_ms", "lookup_backup_ms", "sampling_overhead_ms")
 
     @cached_property
+    def _target(self) -> Deployment:
+        """The target's deployment, launched eagerly where the engine is."""
+        return replace(self.target, eager=True) if self.engine.eager else self.target
+
+    @cached_property
     def _draft(self) -> Deployment:
-        """The draft's deployment with the engine's per-layer cost, where it states one."""
+        """The draft's deployment with the engine's per-layer cost, where it states one (eager where it is)."""
+        draft = replace(self.draft, eager=True) if self.engine.eager else self.draft
         overhead = self.engine.draft_layer_overhead_us
         if overhead is None:
-            return self.draft
-        hw = self.draft.hardware
-        field_name = "single_device_layer_overhead_us" if self.draft.tp == 1 else "layer_overhead_us"
-        return replace(self.draft, hardware=replace(hw, **{field_name: overhead}))
+            return draft
+        hw = draft.hardware
+        field_name = "single_device_layer_overhead_us" if draft.tp == 1 else "layer_overhead_us"
+        return replace(draft, hardware=replace(hw, **{field_name: overhead}))
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         rows = batch * tokens
-        return self.target.forward_ms(rows, batch * context, rows * (context + tokens))
+        return self._target.forward_ms(rows, batch * context, rows * (context + tokens))
 
     def _draft_step_ms(self, batch: int, rows: int, context: int) -> float:
-        return self._draft.forward_ms(rows, batch * context, rows * context)
+        return self._draft.forward_ms(rows, batch * context, rows * context) + self.engine.draft_host_ms
 
     def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
         if not K:
@@ -185,11 +199,11 @@ class RooflineTiming:
 
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
         rows, pairs = batch * tokens, batch * tokens * (tokens + 1) // 2
-        target_ms = self.target.forward_ms(rows, 0, pairs)
+        target_ms = self._target.forward_ms(rows, 0, pairs)
         return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
 
     def draft_prefill_ms(self, batch: int, tokens: int) -> float:
         return self._draft.forward_ms(batch * tokens, 0, batch * tokens * (tokens + 1) // 2)
 
     def overhead_ms(self, strategy: Strategy) -> float:
-        return self.sampling_overhead_ms
+        return self.sampling_overhead_ms + self.engine.round_host_ms

@@ -38,9 +38,12 @@ def check_device(device: str | torch.device) -> torch.device:
     return parsed
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model) -> torch.device:
     """The device a model's weights live on: its first parameter's (the CPU for a model without parameters).
-    A low-bit draft stays on the CPU (its kernels are CPU kernels) whatever the target's device."""
+    A low-bit draft stays on the CPU (its kernels are CPU kernels) whatever the target's device. A model
+    wrapped for the static slot cache (engine.compiled.SlotModel) says its device itself."""
+    if not isinstance(model, torch.nn.Module):
+        return torch.device(model.device)
     for parameter in model.parameters():
         return parameter.device
     return torch.device("cpu")

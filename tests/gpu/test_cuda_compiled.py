@@ -1,8 +1,8 @@
 """Compiled forwards on CUDA (torch.compile mode="reduce-overhead": CUDA graphs over the static slot cache)
 emit the eager engine's greedy tokens (fp32 tiny models) in AR, SD and SSD, with a request joining mid-run, and
-compiled SD still samples the target's distribution (chi-square, as tests/gpu/test_cuda_distribution.py).
+compiled SD still samples the target's distribution (chi-square, as tests/gpu/test_distribution_on_device.py).
 
-The target runs on cuda:0; SSD's draft worker in its own process on cuda:1 when there is one, else cuda:0."""
+The target runs on cuda:0; SSD's draft worker in its own process on the GPU tests/gpu/devices.py names."""
 
 import pytest
 
@@ -12,9 +12,10 @@ from engine.config import DraftPlacement
 from tests.engine.test_continuous_batching import staggered
 from tests.engine.tiny import (FALSE_ALARM, PROMPT, STEPS, V, chi_square_p, exact_distribution, noisy_copy,
                                sequence_counts, tiny_lm)
-from tests.gpu.devices import TARGET_DEVICE, draft_device
+from tests.gpu.devices import target_device, worker_device
 
 pytestmark = pytest.mark.cuda
+TARGET_DEVICE = target_device("cuda")
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False)
@@ -38,7 +39,7 @@ def solo():
 def test_cuda_graphs_with_a_join_mid_run_give_the_eager_tokens(solo, strategy, placement):
     target, draft = models()
     if placement == "own process":
-        placement = DraftPlacement(draft_device=draft_device(), deadline_s=60.0)
+        placement = DraftPlacement(draft_device=worker_device("cuda"), deadline_s=60.0)
     spec = None if strategy == "ar" else SpeculativeConfig(K=3, placement=placement or DraftPlacement())
     with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec, device=TARGET_DEVICE,
              compile=GRAPHS) as llm:

@@ -1,6 +1,11 @@
 """Presets state their sources, and the roofline reproduces the numbers it was calibrated on."""
 
+import contextlib
 import dataclasses
+import io
+import json
+import math
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +138,32 @@ def test_the_qwen3_pair_runs_at_the_papers_tp_4():
 @pytest.mark.parametrize("model", MODELS.values(), ids=lambda m: m.name)
 def test_every_model_states_its_context_window(model):
     assert model.context_window and f"{model.context_window}" in model.source.replace(",", "")
+
+
+H200_CHECK = Path(__file__).resolve().parents[2] / "reports" / "2026-12-h200-gpu-check" / "results.json"
+
+
+def _h200_prediction_ratios(engine: str, tmp_path) -> dict[tuple[str, int], float]:
+    """Predicted over measured tokens/s for the GPU check's AR and SD runs (models forced to agree: α = 1)."""
+    from saguaro.cli import main
+
+    out = tmp_path / f"{engine}.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(["simulate", "--strategy", "ar", "sd", "--pair", "qwen-coder", "--hardware", "h200", "-K", "4",
+              "--batch", "1", "8", "32", "--alpha", "1.0", "--output-len", "64", "--prompt-len", "128",
+              "--engine", engine, "--json", str(out)])
+    predicted = {(r["strategy"], r["settings"]["batch"]): r["tokens_per_s"] for r in json.loads(out.read_text())["results"]}
+    measured = {(r["strategy"], r["batch"]): r["tokens_per_s"]
+                for r in json.loads(H200_CHECK.read_text())["e2e-agree"]["rows"] if r["strategy"] in ("ar", "sd")}
+    assert set(measured) == set(predicted)
+    return {key: predicted[key] / measured[key] for key in measured}
+
+
+def test_the_eager_h200_engine_reproduces_the_gpu_runs_it_was_calibrated_on(tmp_path):
+    ratios = _h200_prediction_ratios("saguaro-eager-h200", tmp_path)
+    for strategy in ("ar", "sd"):
+        mine = [r for (s, _), r in ratios.items() if s == strategy]
+        assert abs(math.exp(sum(map(math.log, mine)) / len(mine)) - 1) < 0.03, (strategy, ratios)
+    assert all(abs(r - 1) < 0.35 for r in ratios.values()), ratios
+    # the graph-captured costs, which the H200 preset states, are an order of magnitude off for eager forwards
+    assert all(r > 10 for r in _h200_prediction_ratios("saguaro", tmp_path).values())
