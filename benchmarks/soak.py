@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=480.0, help="seconds of load (at most 600)")
     parser.add_argument("--kill-at", type=float, default=None, help="seconds into the load (default: a third)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds of load before the memory counts (default: a quarter of the time before the kill)")
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--batch", type=int, default=4, help="the server's batch rows")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         worker = draft_worker(server)
         config = SoakConfig(url=url, model=NAME, prompts=prompts, duration_s=args.duration,
                             concurrency=args.concurrency, max_tokens=args.max_tokens, seed=args.seed,
-                            fault_at_s=args.duration / 3 if args.kill_at is None else args.kill_at)
+                            fault_at_s=args.duration / 3 if args.kill_at is None else args.kill_at,
+                            warmup_s=args.warmup)
         result = Soak(config, fault=worker.kill, rss=lambda: server.memory_info().rss).run()
     finally:
         code, left = stop(proc)

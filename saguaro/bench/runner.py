@@ -27,6 +27,7 @@ from saguaro.runfolder import RunDir
 log = logging.getLogger(__name__)
 TRACEBACK_FRAMES = 4
 MANY_SSD_ENGINES = 4
+MEMORY_MARGIN = 1 << 30  # left free for the OS and the run's own growth
 
 
 @dataclass
@@ -71,6 +72,28 @@ class Bench:
         self._models = models
         self._systems = systems
         self._say = log.debug  # progress lines: log.info while run(progress=True) runs
+
+    @staticmethod
+    def available_memory() -> int:
+        """Bytes the machine can still give (psutil's `available`)."""
+        import psutil
+
+        return psutil.virtual_memory().available
+
+    def _check_memory(self, before: int, engines_left: int) -> None:
+        """With --order interleaved every SSD engine stays alive, each with a draft worker process: after building
+        one, refuse the run if the ones still to build would not fit (each costing what this one did, half again
+        for what their first calls add) rather than let the kernel's OOM killer end it without a word."""
+        left = self.available_memory()
+        cost = before - left
+        if engines_left <= 0 or cost <= 0:
+            return
+        need = int(1.5 * cost * engines_left) + MEMORY_MARGIN
+        if need > left:
+            raise ValueError(
+                f"{engines_left + 1} SSD engines would stay alive together (--order interleaved), about "
+                f"{cost / 2**30:.1f} GiB each, and only {left / 2**30:.1f} GiB is left after the first: use "
+                f"--order grouped (one engine at a time) or fewer SSD variants")
 
     def params(self, T: float, batch_index: int, warmup: bool = False) -> SamplingParams:
         c = self.config
@@ -124,10 +147,18 @@ class Bench:
             systems = Systems(models, self.config)
         grouped = self.config.order == "grouped"
         try:
+            ssd_left = len({Systems.engine_key(u[0]) for u in todo if u[0].system == "ssd"})
+            built: set = set()
             for v in dict.fromkeys(u[0] for u in todo):
                 if v.system in ("ar", "sd", "ssd"):
                     say("building the %s engine for %s ...", v.system.upper(), v.key)
+                new_ssd = v.system == "ssd" and not grouped and Systems.engine_key(v) not in built
+                before = self.available_memory() if new_ssd else None
+                built.add(Systems.engine_key(v))
                 why = systems.unavailable(v) or _ignored_settings(systems, v)
+                if before is not None and not why:
+                    ssd_left -= 1
+                    self._check_memory(before, ssd_left)
                 if why:
                     log.warning("%s is unavailable: %s", v.key, why)
                     unavailable.append({"key": v.key, "system": v.system, "reason": why})

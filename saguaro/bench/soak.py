@@ -191,7 +191,7 @@ class Soak:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(base_url=c.url, timeout=httpx.Timeout(c.timeout_s), limits=limits) as client:
             result = SoakResult(c, await self._solo(client))
-            result.rss_after_warmup = self.rss()
+            result.rss_at_start = self.rss()
             start = time.perf_counter()
             tasks = [asyncio.create_task(self._user(client, u, result.solo, start, start + c.duration_s,
                                                     result.requests)) for u in range(c.concurrency)]

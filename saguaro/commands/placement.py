@@ -9,7 +9,8 @@ AR and SD with everything for the target, at the SLO given, for one of three sou
   each strategy's best variant, as measured.
 
 A few lines: each side's tokens/s and latency at the SLO's percentile, labelled measured or predicted, and
-which wins by how much.
+which wins by how much. On presets, --compare-forwards answers the same question twice, with graph-captured
+forwards (the engine's `--compile on`) and with eager ones, and says what compiling buys the winner.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def add_flags(g) -> None:
                                                "default: the pair's TP + 1)")
     g.add_argument("--fit-all-cores", metavar="RECORDS", nargs="+",
                    help="--placement with --fit: saguaro calibrate --threads N records, the target with every core")
+    g.add_argument("--compare-forwards", action="store_true",
+                   help="--placement on presets: answer with graph-captured forwards (--compile on) and with eager "
+                        "ones, and say what compiling buys")
     g.add_argument("--runs", metavar="RUN_DIR", nargs="+", type=Path,
                    help="--placement, measured: saguaro bench run folders (SSD split; AR and SD with every core)")
 
@@ -150,7 +154,57 @@ def measured_rows(runs: list[Path], percentile: int, targets, batch: int = 1) ->
     return rows
 
 
+def _best(rows: list[dict]) -> dict | None:
+    ok = [r for r in rows if r["tok/s"] == r["tok/s"] and r["meets_slo"]]
+    return max(ok, key=lambda r: r["tok/s"]) if ok else None
+
+
+def _compare_forwards(args: argparse.Namespace) -> int:
+    """The preset answer with graph-captured and with eager forwards, and what compiling buys the winner."""
+    from copy import copy
+
+    if args.runs or args.fit:
+        raise ValueError("--compare-forwards compares presets (--pair, --hardware): drop --runs and --fit")
+    if engine_is_eager(args.engine):
+        raise ValueError(f"engine {args.engine} is eager by definition: --compare-forwards needs an engine whose "
+                         f"forwards can be either (saguaro, reference)")
+    blocks = []
+    for eager in (False, True):
+        variant = copy(args)
+        variant.eager = eager
+        label, rows = _presets(variant)
+        blocks.append((label + ("; eager forwards" if eager else "; graph-captured forwards (--compile on)"), rows))
+    (_, graphs), (_, eager_rows) = blocks
+    best_graphs, best_eager = _best(graphs), _best(eager_rows)
+    if best_graphs is None:
+        verdict = "no placement meets the SLO even with graph-captured forwards: relax it"
+    elif best_eager is None:
+        verdict = (f"only graph-captured forwards meet the SLO: compile ({best_graphs['strategy'].upper()}, "
+                   f"{best_graphs['tok/s']:.1f} tok/s)")
+    else:
+        verdict = (f"graph-captured forwards: {best_graphs['strategy'].upper()} {best_graphs['tok/s']:.1f} tok/s against "
+                   f"eager {best_eager['strategy'].upper()} {best_eager['tok/s']:.1f}: compiling pays "
+                   f"{best_graphs['tok/s'] / best_eager['tok/s']:.2f}×")
+    if args.json:
+        _write_json(args.json, {"blocks": [{"label": label, "rows": rows, "verdict": _verdict(rows)}
+                                           for label, rows in blocks],
+                                "verdict": verdict, "slo": [str(t) for t in _targets(args)]})
+    if args.json != "-":
+        for label, rows in blocks:
+            print("\n".join(_lines(label, rows, args.percentile)))
+        print(f"=> {verdict}")
+    return 0
+
+
+def engine_is_eager(name: str) -> bool:
+    from simulator.presets import engine_preset
+
+    return engine_preset(name).eager
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.compare_forwards:
+        return _compare_forwards(args)
     if args.runs:
         rows = measured_rows(args.runs, args.percentile, _targets(args), args.batch[0])
         label = f"measured (this machine: {' '.join(p.name for p in args.runs)})"

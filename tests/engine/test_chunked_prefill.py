@@ -16,11 +16,6 @@ IN_PROCESS = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
 
 
 @pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, 1.0)
-
-
-@pytest.fixture(scope="module")
 def solo(target):
     llm = LLM(target)
     return {name: llm.generate([p], GREEDY)[0].token_ids for name, p in (("short", SHORT), ("long", LONG))}

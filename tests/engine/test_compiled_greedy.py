@@ -10,30 +10,12 @@ import pytest
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.compile_config import CompileConfig
 from engine.config import DraftPlacement
-from tests.engine.test_continuous_batching import staggered
-from tests.engine.tiny import noisy_copy, tiny_lm
+from tests.engine.batching import staggered
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [3, 1, 4, 1, 5, 9, 2, 6]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=14, stop_on_eos=False)
 COMPILED = CompileConfig(max_len=64, batch_buckets=(4,))
 IN_PROCESS = DraftPlacement(in_process=True)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, 1.0)
-
-
-@pytest.fixture(scope="module")
-def solo(target):
-    """Each prompt's greedy output, run alone by the eager engine."""
-    llm = LLM(target)
-    return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
 
 
 def compiled(target, draft, strategy: str, placement: DraftPlacement = IN_PROCESS) -> LLM:

@@ -6,43 +6,11 @@ import torch
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.tiny import noisy_copy, tiny_lm
+from tests.engine.batching import staggered
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [3, 1, 4, 1, 5, 9, 2, 6]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=14, stop_on_eos=False)
 IN_PROCESS = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, 1.0)
-
-
-@pytest.fixture(scope="module")
-def solo(target):
-    """Each prompt's greedy output, run alone."""
-    llm = LLM(target)
-    return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
-
-
-def staggered(llm: LLM, prompts, params, join_at: list[int]):
-    """Submit prompt i before step join_at[i]; step until all finish. Returns the sequences and batch sizes."""
-    seqs = [llm.make_sequence(list(p), params, index=i, seed=i) for i, p in enumerate(prompts)]
-    step, sizes = 0, []
-    while not all(s.finished for s in seqs):
-        for seq, at in zip(seqs, join_at):
-            if at == step:
-                llm.loop.submit(seq)
-        llm.loop.step()
-        sizes.append(len(llm.loop.running))
-        step += 1
-        assert step < 500
-    return seqs, sizes
 
 
 def engine(target, draft, strategy, **kwargs):

@@ -11,29 +11,11 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.tp import TPRankDied
-from tests.engine.test_continuous_batching import staggered
-from tests.engine.tiny import (FALSE_ALARM, PROMPT, STEPS, chi_square_p, exact_distribution, noisy_copy,
-                               sequence_counts, tiny_lm)
+from tests.engine.batching import staggered
+from tests.engine.tiny import FALSE_ALARM, PROMPT, STEPS, chi_square_p, exact_distribution, sequence_counts
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [3, 1, 4, 1, 5, 9, 2, 6]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=14, stop_on_eos=False)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0, scale=4.0)
-
-
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, 1.0)
-
-
-@pytest.fixture(scope="module")
-def solo(target):
-    """Each prompt's greedy output, run alone in one process."""
-    llm = LLM(target)
-    return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
 
 
 def tensor_parallel(target, draft, strategy: str, **kwargs) -> LLM:

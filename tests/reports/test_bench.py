@@ -224,3 +224,25 @@ def test_bench_command_line_takes_low_bit_settings():
     args = parser.parse_args(["bench", "--target-quant", "int4", "--draft-quant", "int8", "--quant-group-size", "64"])
     cfg = command.config_from(args)
     assert (cfg.target_quant, cfg.draft_quant, cfg.quant_group_size) == ("int4", "int8", 64)
+
+
+def test_interleaved_ssd_engines_that_would_not_fit_are_refused_before_they_run(tiny_models, tmp_path, monkeypatch):
+    """After the first SSD engine is built, the ones still to build (each as costly) must fit in what is left;
+    else the run stops with a ValueError that names --order grouped, instead of the kernel killing it."""
+    from saguaro.bench.runner import MEMORY_MARGIN
+
+    gib = 1 << 30
+    readings = iter([8 * gib, 5 * gib])  # before and after building the first: it took 3 GiB, 5 are left
+    monkeypatch.setattr(Bench, "available_memory", staticmethod(lambda: next(readings)))
+    bench = start(config(systems=("ssd",), Ks=(2, 3)), tmp_path, "memory", tiny_models)
+    with pytest.raises(ValueError, match="--order grouped"):
+        bench.run(progress=False)
+    assert 1.5 * 3 * gib + MEMORY_MARGIN > 5 * gib  # the one left needs 5.5 GiB: the refusal was due
+
+
+def test_interleaved_ssd_engines_that_fit_run(tiny_models, tmp_path, monkeypatch):
+    gib = 1 << 30
+    monkeypatch.setattr(Bench, "available_memory", staticmethod(lambda: 20 * gib))  # building costs nothing seen
+    bench = start(config(systems=("ssd",), Ks=(2, 3), n_prompts=1), tmp_path, "fits", tiny_models)
+    outcome = bench.run(progress=False)
+    assert outcome.ran == 2 and not outcome.errors

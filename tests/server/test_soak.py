@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from engine import LLM, SpeculativeConfig
-from saguaro.bench.soak import Kind, Outcome, Soak, SoakConfig, markdown, write
+from saguaro.bench.soak import Kind, Outcome, Soak, SoakConfig, SoakResult, markdown, write
 from tests.server.test_live_tiny import NAME, PROMPTS, pair, serving  # noqa: F401 (pair: a fixture)
 
 
@@ -38,3 +38,35 @@ def test_the_soak_talks_to_loopback_only(url):
 def test_the_soak_is_bounded_in_time():
     with pytest.raises(ValueError, match="duration"):
         SoakConfig(url="http://127.0.0.1:1", model="m", prompts=("hi",), duration_s=601)
+
+
+def _result(samples_mib, fault_s=60.0):
+    config = SoakConfig(url="http://127.0.0.1:1", model="m", prompts=("hi",), duration_s=120.0, fault_at_s=60.0)
+    result = SoakResult(config, solo=[], rss_samples=[(t, int(mib * 2**20)) for t, mib in samples_mib])
+    result.fault_s = fault_s
+    result.rss_end = result.rss_samples[-1][1]
+    return result
+
+
+def test_memory_counts_from_the_end_of_the_warm_up_and_a_settled_server_has_no_slope():
+    # grows for the first 10 s (new shapes, allocator pools), then flat; the fallback adds a step at the fault
+    samples = [(t, 100 + 5 * min(t, 10) + (50 if t >= 60 else 0)) for t in range(0, 120)]
+    summary = _result(samples).summary()
+    assert summary["warmup_s"] == 15.0  # a quarter of the time before the fault
+    assert summary["rss_after_warmup_mib"] == 150 and summary["rss_before_fault_mib"] == 150
+    assert summary["rss_growth_before_fault"] == 0 and summary["rss_growth_after_fault"] == 0
+    assert abs(summary["rss_slope_before_fault_mib_min"]) < 1e-9 and abs(summary["rss_slope_after_fault_mib_min"]) < 1e-9
+
+
+def test_a_steady_leak_shows_as_growth_and_a_slope():
+    samples = [(t, 100 + 0.5 * t) for t in range(0, 120)]  # 30 MiB a minute, all along
+    summary = _result(samples).summary()
+    assert summary["rss_growth_before_fault"] > 0.1
+    assert abs(summary["rss_slope_before_fault_mib_min"] - 30) < 1e-6
+    assert abs(summary["rss_slope_after_fault_mib_min"] - 30) < 1e-6
+    assert "30.0 MiB/min" in markdown(summary)
+
+
+def test_the_warm_up_must_end_before_the_fault():
+    with pytest.raises(ValueError, match="warm-up"):
+        SoakConfig(url="http://127.0.0.1:1", model="m", prompts=("hi",), duration_s=60, fault_at_s=20, warmup_s=30)

@@ -88,3 +88,21 @@ def test_measured_runs_answer_with_the_best_of_each_side(tmp_path, capsys):
 def test_a_capacity_plan_still_needs_a_rate(capsys):
     assert main(["plan", "--itl-ms", "50"]) == 2
     assert "needs --rate" in capsys.readouterr().err
+
+
+def test_compare_forwards_answers_with_and_without_graphs_and_says_what_compiling_buys(tmp_path, capsys):
+    out = tmp_path / "forwards.json"
+    assert main(["plan", "--placement", "--compare-forwards", "--hardware", "h100", "--pair", "llama", "--rounds",
+                 "300", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "graph-captured forwards (--compile on)" in printed and "; eager forwards" in printed
+    report = json.loads(out.read_text())
+    graphs, eager = (max(r["tok/s"] for r in block["rows"]) for block in report["blocks"])
+    assert graphs > 2 * eager  # launches dominate an eager batch-1 forward on a GPU
+    assert f"compiling pays {graphs / eager:.2f}×" in report["verdict"]
+
+
+def test_compare_forwards_refuses_an_engine_that_is_eager_by_definition(capsys):
+    assert main(["plan", "--placement", "--compare-forwards", "--hardware", "h200", "--pair", "qwen-coder",
+                 "--engine", "saguaro-eager-h200"]) == 2
+    assert "eager by definition" in capsys.readouterr().err
