@@ -112,9 +112,9 @@ class SoakResult:
         return next((rss for t, rss in self.rss_samples if t >= self.config.warmup_end_s), None)
 
     def rss_slope(self, start_s: float, end_s: float) -> float | None:
-        """The least-squares growth of the RSS between two times of the load, MiB per minute (None: fewer than
-        two samples): a leak keeps a slope, a settling allocator flattens."""
-        points = [(t, rss) for t, rss in self.rss_samples if start_s <= t <= end_s]
+        """The least-squares growth of the RSS from `start_s` up to (not including) `end_s` of the load, MiB per
+        minute (None: fewer than two samples): a leak keeps a slope, a settling allocator flattens."""
+        points = [(t, rss) for t, rss in self.rss_samples if start_s <= t < end_s]
         if len(points) < 2:
             return None
         t, rss = np.array(points, dtype=float).T

@@ -31,7 +31,6 @@ from pathlib import Path
 
 from saguaro.calibration_files import check_same_precision, fit_all, read_all
 from saguaro.commands.values import argument_type, flat, numbers
-from simulator.presets import ENGINES
 
 TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
                  "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "hit", "tok/round",
@@ -179,7 +178,7 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g.add_argument("--tp", type=int, help="target tensor-parallel degree (default: the pair's)")
     g.add_argument("--eager", action="store_true",
                    help="forwards launched kernel by kernel (no CUDA graph): the preset's launch overhead per layer")
-    g.add_argument("--engine", default="saguaro", choices=sorted(ENGINES),
+    g.add_argument("--engine", default="saguaro", metavar="ENGINE",
                    help="whose per-step costs (simulator.presets.ENGINES): this engine with graph-captured forwards "
                         "(saguaro), this engine's eager forwards as measured on an H200 (saguaro-eager-h200), the "
                         "reference engine as the paper shows it (reference) or as its test log times it "

@@ -167,3 +167,16 @@ def test_the_eager_h200_engine_reproduces_the_gpu_runs_it_was_calibrated_on(tmp_
     assert all(abs(r - 1) < 0.35 for r in ratios.values()), ratios
     # the graph-captured costs, which the H200 preset states, are an order of magnitude off for eager forwards
     assert all(r > 10 for r in _h200_prediction_ratios("saguaro", tmp_path).values())
+
+
+def test_every_engine_preset_is_named_in_the_help_and_an_unknown_one_is_refused_with_the_list(capsys):
+    from saguaro.cli import main
+    from simulator.presets import ENGINES
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert all(f"({name})" in help_text for name in ENGINES)
+    assert main(["simulate", "--engine", "vllm", "--hardware", "h100", "--pair", "llama", "--rounds", "50"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown engine 'vllm'" in err and all(name in err for name in ENGINES)
