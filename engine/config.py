@@ -85,8 +85,10 @@ class DraftPlacement:
             raise ValueError(f"init_method must look like tcp://host:port, got {self.init_method!r}")
 
 
-# What `saguaro generate`, `serve` and `bench` run for a strategy when no speculation flag is given: the fastest
-# configurations measured on a 2-core CPU (reports/2026-12-cpu-speculation-defaults). K and budget "auto" follow
+# What `saguaro generate`, `serve` and `bench` run for a strategy when no speculation flag is given: chosen from the
+# CPU studies; measured against each run's best (reports/2026-12-cpu-speculation-defaults) SD's is within 1.2% in
+# three of four settings, SSD's the best on HumanEval greedy but 11-28% behind on Spec-Bench and at T 0.7, where its
+# adaptive K climbs from 1 too slowly for short answers. K and budget "auto" follow
 # the times a run measures, so seeded output at T > 0 may differ from run to run (give -K and --budget for
 # repeatable output); SpeculativeConfig's own defaults below stay fixed for that reason.
 COMMAND_LINE_DEFAULTS: dict[Strategy, dict] = {

@@ -24,7 +24,7 @@ out="$root/runs/main-$(date -u +%Y%m%d-%H%M%S)"
 # One core for the target in every strategy; SSD's draft worker gets another. Greedy (--temperature 0, where the
 # CLI's default is the API's 1.0), so that the strategies emit the same tokens; a later --temperature in "$@"
 # overrides it. The target's dtype is auto: bfloat16 where this CPU multiplies in it at speed (AVX-512 or AMX),
-# else float32. K, and SSD's budget and schedule, are the command's defaults (the fastest measured).
+# else float32. K, and SSD's budget and schedule, are the command's defaults (reports/2026-12-cpu-speculation-defaults).
 common=(--num-prompts 3 --max-new-tokens 64 --dtype auto --draft-int8 --temperature 0 --out "$out")
 "$saguaro" bench --systems ar sd ssd --threads 1 --name one-core-each "${common[@]}" "$@"
 echo

@@ -172,8 +172,9 @@ def add_speculation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-K", dest="K", metavar="K",
                    help="draft tokens per round, or auto: SD and SSD choose each round's K in --K-min..8 from the "
                         "running acceptance and the measured draft and verify times (SSD: and its hit rate). "
-                        "Default: auto for sd and ssd (engine.config.COMMAND_LINE_DEFAULTS, the fastest measured; "
-                        "seeded output at T > 0 then varies from run to run: give -K for repeatable output)")
+                        "Default: auto for sd and ssd (engine.config.COMMAND_LINE_DEFAULTS; how they compare: "
+                        "reports/2026-12-cpu-speculation-defaults; seeded output at T > 0 then varies from run "
+                        "to run: give -K for repeatable output)")
     p.add_argument("--lookahead", "--K", dest="K", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_adaptive_flags(p)
     p.add_argument("--C", type=float, default=1.0, help="Saguaro constant in (0, 1]; 1 = off")

@@ -182,8 +182,8 @@ def _compare_forwards(args: argparse.Namespace) -> int:
         verdict = (f"only graph-captured forwards meet the SLO: compile ({best_graphs['strategy'].upper()}, "
                    f"{best_graphs['tok/s']:.1f} tok/s)")
     else:
-        verdict = (f"graph-captured forwards: {best_graphs['strategy'].upper()} {best_graphs['tok/s']:.1f} tok/s against "
-                   f"eager {best_eager['strategy'].upper()} {best_eager['tok/s']:.1f}: compiling pays "
+        verdict = (f"graph-captured forwards: {best_graphs['strategy'].upper()} {best_graphs['tok/s']:.1f} tok/s "
+                   f"against eager {best_eager['strategy'].upper()} {best_eager['tok/s']:.1f}: compiling pays "
                    f"{best_graphs['tok/s'] / best_eager['tok/s']:.2f}×")
     if args.json:
         _write_json(args.json, {"blocks": [{"label": label, "rows": rows, "verdict": _verdict(rows)}

@@ -152,7 +152,8 @@ def _h200_prediction_ratios(engine: str, tmp_path) -> dict[tuple[str, int], floa
         main(["simulate", "--strategy", "ar", "sd", "--pair", "qwen-coder", "--hardware", "h200", "-K", "4",
               "--batch", "1", "8", "32", "--alpha", "1.0", "--output-len", "64", "--prompt-len", "128",
               "--engine", engine, "--json", str(out)])
-    predicted = {(r["strategy"], r["settings"]["batch"]): r["tokens_per_s"] for r in json.loads(out.read_text())["results"]}
+    predicted = {(r["strategy"], r["settings"]["batch"]): r["tokens_per_s"]
+                 for r in json.loads(out.read_text())["results"]}
     measured = {(r["strategy"], r["batch"]): r["tokens_per_s"]
                 for r in json.loads(H200_CHECK.read_text())["e2e-agree"]["rows"] if r["strategy"] in ("ar", "sd")}
     assert set(measured) == set(predicted)
