@@ -154,26 +154,23 @@ class RooflineTiming:
 
     def __post_init__(self) -> None:
         _nonnegative(self, "random_backup_ms", "lookup_backup_ms", "sampling_overhead_ms")
-
-    @cached_property
-    def _target(self) -> Deployment:
-        """The target's deployment, launched eagerly where the engine is."""
-        return replace(self.target, eager=True) if self.engine.eager else self.target
+        if self.engine.eager:  # an engine that launches eagerly does so for both models, whatever was asked
+            object.__setattr__(self, "target", replace(self.target, eager=True))
+            object.__setattr__(self, "draft", replace(self.draft, eager=True))
 
     @cached_property
     def _draft(self) -> Deployment:
-        """The draft's deployment with the engine's per-layer cost, where it states one (eager where it is)."""
-        draft = replace(self.draft, eager=True) if self.engine.eager else self.draft
+        """The draft's deployment with the engine's per-layer cost, where it states one."""
         overhead = self.engine.draft_layer_overhead_us
         if overhead is None:
-            return draft
-        hw = draft.hardware
-        field_name = "single_device_layer_overhead_us" if draft.tp == 1 else "layer_overhead_us"
-        return replace(draft, hardware=replace(hw, **{field_name: overhead}))
+            return self.draft
+        hw = self.draft.hardware
+        field_name = "single_device_layer_overhead_us" if self.draft.tp == 1 else "layer_overhead_us"
+        return replace(self.draft, hardware=replace(hw, **{field_name: overhead}))
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         rows = batch * tokens
-        return self._target.forward_ms(rows, batch * context, rows * (context + tokens))
+        return self.target.forward_ms(rows, batch * context, rows * (context + tokens))
 
     def _draft_step_ms(self, batch: int, rows: int, context: int) -> float:
         return self._draft.forward_ms(rows, batch * context, rows * context) + self.engine.draft_host_ms
@@ -199,7 +196,7 @@ class RooflineTiming:
 
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
         rows, pairs = batch * tokens, batch * tokens * (tokens + 1) // 2
-        target_ms = self._target.forward_ms(rows, 0, pairs)
+        target_ms = self.target.forward_ms(rows, 0, pairs)
         return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
 
     def draft_prefill_ms(self, batch: int, tokens: int) -> float:

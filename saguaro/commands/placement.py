@@ -37,13 +37,18 @@ def add_flags(g) -> None:
                    help="--placement, measured: saguaro bench run folders (SSD split; AR and SD with every core)")
 
 
+def _best(rows: list[dict]) -> dict | None:
+    """The fastest side that ran and meets the SLO (None: none does)."""
+    ok = [r for r in rows if r["tok/s"] == r["tok/s"] and r["meets_slo"]]
+    return max(ok, key=lambda r: r["tok/s"]) if ok else None
+
+
 def _verdict(rows: list[dict]) -> str:
     """Which side wins (the fastest that meets the SLO) and by how much over each of the others."""
-    ran = [r for r in rows if r["tok/s"] == r["tok/s"]]
-    ok = [r for r in ran if r["meets_slo"]]
-    if not ok:
+    best = _best(rows)
+    if best is None:
         return "none meets the SLO: relax it"
-    best = max(ok, key=lambda r: r["tok/s"])
+    ran = [r for r in rows if r["tok/s"] == r["tok/s"]]
     by = ", ".join(f"{best['tok/s'] / r['tok/s']:.2f}× {r['strategy'].upper()}"
                    + ("" if r["meets_slo"] else " (misses the SLO)") for r in ran if r is not best)
     return f"{best['strategy'].upper()} wins" + (f": {by} tokens/s" if by else "")
@@ -154,18 +159,15 @@ def measured_rows(runs: list[Path], percentile: int, targets, batch: int = 1) ->
     return rows
 
 
-def _best(rows: list[dict]) -> dict | None:
-    ok = [r for r in rows if r["tok/s"] == r["tok/s"] and r["meets_slo"]]
-    return max(ok, key=lambda r: r["tok/s"]) if ok else None
-
-
 def _compare_forwards(args: argparse.Namespace) -> int:
     """The preset answer with graph-captured and with eager forwards, and what compiling buys the winner."""
     from copy import copy
 
+    from simulator.presets import engine_preset
+
     if args.runs or args.fit:
         raise ValueError("--compare-forwards compares presets (--pair, --hardware): drop --runs and --fit")
-    if engine_is_eager(args.engine):
+    if engine_preset(args.engine).eager:
         raise ValueError(f"engine {args.engine} is eager by definition: --compare-forwards needs an engine whose "
                          f"forwards can be either (saguaro, reference)")
     blocks = []
@@ -194,12 +196,6 @@ def _compare_forwards(args: argparse.Namespace) -> int:
             print("\n".join(_lines(label, rows, args.percentile)))
         print(f"=> {verdict}")
     return 0
-
-
-def engine_is_eager(name: str) -> bool:
-    from simulator.presets import engine_preset
-
-    return engine_preset(name).eager
 
 
 def run(args: argparse.Namespace) -> int:

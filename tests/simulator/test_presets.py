@@ -70,6 +70,23 @@ def test_an_eager_forward_pays_the_launch_overhead_per_layer():
     assert dataclasses.replace(cpu, eager=True).forward_ms(1, 64, 64) == cpu.forward_ms(1, 64, 64)
 
 
+def test_an_eager_engine_makes_both_deployments_eager_and_adds_its_host_work():
+    from simulator.presets import engine_preset
+    from simulator.timing import EngineCosts
+
+    hw = hardware_preset("h200")
+    target = Deployment(model_preset("qwen2.5-coder-1.5b"), hw)
+    draft = Deployment(model_preset("qwen2.5-coder-0.5b"), hw)
+    costs = engine_preset("saguaro-eager-h200")
+    timing = RooflineTiming(target, draft, engine=costs)
+    assert timing.target.eager and timing.draft.eager  # what the plan's assumptions read
+    plain = RooflineTiming(dataclasses.replace(target, eager=True), dataclasses.replace(draft, eager=True),
+                           engine=EngineCosts())
+    assert timing.verify_ms(1, 5, 256) == plain.verify_ms(1, 5, 256)
+    assert timing.draft_ms(1, 4, 256) == pytest.approx(plain.draft_ms(1, 4, 256) + 4 * costs.draft_host_ms)
+    assert timing.overhead_ms(Strategy.AR) == plain.overhead_ms(Strategy.AR) + costs.round_host_ms
+
+
 # Hazy Research, "Look Ma, No Bubbles!" (https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles):
 # Llama-3.2-1B, one sequence, bf16, 32-token prompt, 128 generated tokens on an H100; the best of vLLM and
 # SGLang (CUDA graphs) uses 50% of the 3.35 TB/s: 2.472 GB of weights / 1.675 TB/s = 1.476 ms per forward
