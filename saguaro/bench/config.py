@@ -105,6 +105,12 @@ class Variant:
         return f"{self.system} {self.settings.label()}"
 
 
+def matches(pattern: str, key: str) -> bool:
+    """Whether a --only pattern picks a variant: each of its space-separated words is one of the key's words
+    ("ssd K=3 B=8" picks "ssd K=3 B=8 uniform neural T=0 b=1"; "sd" picks SD's variants, not SSD's)."""
+    return set(pattern.split()) <= set(key.split())
+
+
 def _positive_ints(name: str, values: tuple, minimum: int = 1, allow_empty: bool = False) -> None:
     if not values and not allow_empty:
         raise ValueError(f"give at least one value for {name}")
@@ -159,9 +165,10 @@ class BenchConfig:
     confidence_stop: float | None = None  # sd: stop drafting below this draft top probability
     compiled: tuple[bool, ...] = (False,)  # ar, sd, ssd: eager and / or compiled forwards (--compile off on)
     compile_max_len: int = 2048  # tokens per row of the compiled engines' static KV cache
+    only: tuple[str, ...] = ()  # keep the grid's variants some of these match (`matches`); () = all of them
 
     def __post_init__(self) -> None:
-        for name in ("systems", "categories", "Ks", "budgets", "schedules", "Cs", "backups", "temperatures",
+        for name in ("only", "systems", "categories", "Ks", "budgets", "schedules", "Cs", "backups", "temperatures",
                      "batch_sizes", "compiled"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.fanout is not None:
@@ -230,10 +237,15 @@ class BenchConfig:
             raise ValueError("warm-up calls must be >= 0 and warm-up tokens >= 1")
         if not 0 < self.fanout_alpha < 1 or not self.fanout_r > 0:
             raise ValueError("the geometric schedule needs 0 < --fanout-alpha < 1 and --fanout-r > 0")
+        if any(not isinstance(o, str) or not o.split() for o in self.only):
+            raise ValueError(f"--only takes variant keys or parts of them (e.g. 'ssd K=3 B=8 uniform'), got "
+                             f"{list(self.only)}")
         if self.fanout is not None:
             if len(self.Ks) != 1 or self.Ks[0] == AUTO or len(self.fanout) != self.Ks[0] + 1 or min(self.fanout) < 0 or sum(self.fanout) < 1:
                 raise ValueError(f"an explicit --fanout needs one K and K+1 non-negative guesses F_0..F_K, "
                                  f"got K={list(self.Ks)} and fanout {list(self.fanout)}")
+        if self.only:
+            self.grid()  # a pattern that picks nothing is refused now, not after the models have loaded
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -281,6 +293,15 @@ class BenchConfig:
                             skipped.append((v, "the llama.cpp peer runs batch size 1 only"))
                         else:
                             variants.append(v)
+        if self.only:
+            every = [v.key for v in variants] + [v.key for v, _ in skipped]
+            missing = [o for o in self.only if not any(matches(o, key) for key in every)]
+            if missing:
+                keys = "; ".join(v.key for v in variants) or "none"
+                raise ValueError(f"--only {missing[0]!r} matches no variant of the grid the other flags give "
+                                 f"({keys}): widen the axes (-K, --budget, --schedule, ...) or fix the pattern")
+            variants = [v for v in variants if any(matches(o, v.key) for o in self.only)]
+            skipped = [(v, why) for v, why in skipped if any(matches(o, v.key) for o in self.only)]
         return variants, skipped
 
     def _compiled(self, system: str, settings: list[Settings]) -> list[Settings]:

@@ -51,7 +51,7 @@ ENGINE_FLAGS = {"systems": "--systems", "Ks": "-K", "budget": "--budget", "sched
                 "target_head_quant": "--target-head-quant", "draft_head_quant": "--draft-head-quant",
                 "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume",
                 "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop",
-                "compiled": "--compile", "compile_max_len": "--max-len"}
+                "compiled": "--compile", "compile_max_len": "--max-len", "only": "--only"}
 CLIENT_FLAGS = {"model": "--model", "api_key": "--api-key", "rate": "--rate", "concurrency": "--concurrency",
                 "endpoint": "--endpoint", "timeout": "--timeout", "deadline": "--deadline", "label": "--label"}
 
@@ -113,6 +113,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "--compile off on: both, interleaved (default: off)")
     g.add_argument("--max-len", type=int, default=2048, dest="compile_max_len",
                    help="with --compile on: tokens per row of the static KV cache")
+    g.add_argument("--only", nargs="+", metavar="PATTERN",
+                   help="run only the grid's variants that a pattern picks: a variant key or some of its words, "
+                        "e.g. --only 'sd K=auto' 'ssd K=3 B=8 uniform' (chosen configurations side by side, "
+                        "interleaved, without the rest of the grid)")
     g.add_argument("--batch", type=int, nargs="+", default=[1], dest="batch_size", metavar="B",
                    help="prompts per generate call")
     g.add_argument("--batch-size", type=int, nargs="+", dest="batch_size", default=argparse.SUPPRESS,
@@ -175,6 +179,7 @@ def config_from(args):
         draft_head_quant=args.draft_head_quant, threads=args.threads,
         seed=args.seed, warmup=args.warmup, order=args.order, K_min=args.K_min, draft_cost=args.draft_cost,
         confidence_stop=args.confidence_stop, compiled=_compiled(args.compiled), compile_max_len=args.compile_max_len,
+        only=tuple(args.only or ()),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -172,6 +173,7 @@ def test_bench_uses_the_saved_prompts_when_resuming(tiny_models, tmp_path):
     (["--fanout", "3", "3", "-K", "4"], "explicit --fanout needs one K and K+1"),
     (["--prompts", "no-such-set"], "unknown prompt set"),
     (["--resume", "/no/such/run"], "not a bench run folder"),
+    (["--systems", "sd", "ssd", "-K", "3", "--only", "ssd K=5"], "--only 'ssd K=5' matches no variant"),
 ])
 def test_bad_input_exits_2_with_what_to_do(argv, message, tmp_path, capsys):
     assert main(["bench", "--out", str(tmp_path), *argv]) == 2
@@ -246,3 +248,35 @@ def test_interleaved_ssd_engines_that_fit_run(tiny_models, tmp_path, monkeypatch
     bench = start(config(systems=("ssd",), Ks=(2, 3), n_prompts=1), tmp_path, "fits", tiny_models)
     outcome = bench.run(progress=False)
     assert outcome.ran == 2 and not outcome.errors
+
+
+def test_only_keeps_the_variants_a_pattern_picks_word_by_word():
+    cfg = config(systems=("ar", "sd", "ssd"), Ks=(3, "auto"), budgets=(8, "auto"), schedules=("uniform", "geometric"))
+    every = [v.key for v in cfg.grid()[0]]
+    assert len(every) == 1 + 2 + 8
+    picked = [v.key for v in replace(cfg, only=("sd", "ssd K=3 B=8 uniform", "ssd K=auto B=auto geometric")).grid()[0]]
+    # "sd" is a word of SD's keys only; a pattern's words may come in any place of the key
+    assert picked == [k for k in every if k.startswith("sd ") or k.startswith("ssd K=3 B=8 uniform ")
+                      or k.startswith("ssd K=auto B=auto geometric ")]
+    assert len(picked) == 4
+    assert [v.key for v in replace(cfg, only=("ar",)).grid()[0]] == ["ar T=0 b=1"]
+
+
+def test_only_is_saved_with_the_run_and_a_resumed_run_keeps_it(tiny_models, tmp_path):
+    cfg = config(systems=("ar", "sd"), Ks=(2, 3), n_prompts=1, only=("sd K=3",))
+    bench = start(cfg, tmp_path, "only", tiny_models)
+    assert bench.run(progress=False).ran == 1
+    assert {key for key, _ in results(bench.run_dir)} == {"sd K=3 T=0 b=1"}
+    again = resume(bench.run_dir.path, tiny_models)
+    assert again.config.only == ("sd K=3",) and again.run(progress=False).ran == 0
+
+
+def test_the_command_line_passes_only_to_the_config():
+    import argparse
+
+    from saguaro.commands import bench as command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--systems", "ssd", "-K", "3", "auto", "--only", "ssd K=3", "ssd K=auto"])
+    assert command.config_from(args).only == ("ssd K=3", "ssd K=auto")
