@@ -308,5 +308,5 @@ class DraftWorker:
             keys = list(zip(rows, ks, t.tolist()))  # the host's one read of the build
         self.cache, self.cache_K = SpeculationCache(self.rows.seq_ids, branches, keys), length
         self.built_fanout = list(self.policy.schedule(True, K, length))
-        self.policy.built_K = (K, length)
+        self.policy.built(K, length, len(rows) / n)
         self.build_ms = t0.ms()

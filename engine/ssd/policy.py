@@ -12,10 +12,15 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
   rejected token). They differ most where Def. 11's power law is worst: with scale 1 it gives one guess no hit
   at all, while after all accepted the draft's first choice is the target's bonus about as often as a draft
   token is accepted (0.95-0.98 on HumanEval), and after a rejection the next choice often is too.
-- Budget "auto": B scaled by verify_ms / build_ms (smoothed) so building the cache fits in one verify.
-  Under adaptive K the branches' length changes from round to round and the build time grows with
-  branches × length, so what is fitted is the branch tokens B·K; the budget of a build whose branches are
-  K long is that over K (with a fixed K: B scaled by verify_ms / build_ms).
+- Budget "auto": B scaled by verify_ms / build_ms so building the cache fits in one verify, each build's time
+  set against that build's own branches (`built`). Under adaptive K the branches' length changes from round to
+  round and the build time grows with branches × length, so what is fitted is the branch tokens B·K; the
+  budget of a build whose branches are K long is that over K (with a fixed K: B scaled by verify_ms /
+  build_ms). Before any build is timed it is the spec's guesses per outcome (three by default) at the K built.
+  Set against a smoothed build time instead, and started from the 27 guesses of K = 8 under adaptive K, the
+  first builds (seconds long) kept the smoothed time above the verify for a dozen rounds, and the budget at
+  its floor, one guess (measured on Spec-Bench greedy, 2-core CPU: 125-200 ms builds of one branch against
+  250 ms verifies, about two rounds in three missing, where a fixed K = 3 built nine branches).
 - Backup AUTO: Cor. 16 (theory.backup.best_backup) between the neural and the lookup backup, with the
   measured p_hit, E_hit, E_miss, T_p and T_b.
 """
@@ -84,6 +89,7 @@ class DraftPolicy:
     backup_ms: dict[str, float] = field(default_factory=dict)
     r: float = DEFAULT_R
     built_K: tuple[int, int] | None = None  # (outcomes' K, branch length) of the build last measured
+    built_tokens: float | None = None  # branch tokens per sequence of that build (None: not told)
     # kind -> weights of the ranks seen (index: rank; the last slot: beyond the kept ranks), fading
     ranks: dict[str, np.ndarray] = field(default_factory=dict)
     ranks_seen: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -98,13 +104,21 @@ class DraftPolicy:
             self.budget = float(sum(given))
         self.budget = max(self.budget, 0.0)
         self.K = K
-        self.branch_tokens = self.budget * K  # budget "auto": B·(branch length), fitted to the verify time
+        self.per_outcome = self.budget / (K + 1)  # budget "auto" before any build is timed: these guesses per outcome
+        self.branch_tokens: float | None = None  # budget "auto": B·(branch length), fitted to the verify time
 
     def budget_for(self, K: int, length: int) -> float:
         """B for a cache over a speculation of length K whose branches are `length` long."""
         if self.spec.budget != "auto":
             return self.budget
+        if self.branch_tokens is None:
+            return float(max(self.per_outcome * (K + 1), self.least_budget(K)))
         return float(np.clip(self.branch_tokens / length, self.least_budget(K), 64 * (K + 1)))
+
+    def built(self, K: int, length: int, branches_per_row: float) -> None:
+        """The cache just built: over a speculation K long, its branches `length` long, this many a sequence."""
+        self.built_K = (K, length)
+        self.built_tokens = branches_per_row * length
 
     def least_budget(self, K: int) -> float:
         return least_budget(self.spec, K)
@@ -155,13 +169,15 @@ class DraftPolicy:
             self.build_ms = smooth(self.build_ms, build_ms)
         if backup is not None:
             self.backup_ms[backup] = smooth(self.backup_ms.get(backup, 0.0), backup_ms)
-        if self.spec.budget == "auto" and self.build_ms > 0 and self.verify_ms > 0:
-            # Build time grows about linearly with the branch tokens; aim for 90% of one verify.
+        if self.spec.budget == "auto" and build_ms > 0 and self.verify_ms > 0:
+            # Build time grows about linearly with the branch tokens; aim for 90% of one verify. The build's own
+            # time against its own branches (the time of a build is not that of the ones before it).
             K, length = self.built_K or (self.K, self.K)
-            tokens = self.budget_for(K, length) * length
-            target = tokens * 0.9 * self.verify_ms / self.build_ms
+            asked = self.budget_for(K, length) * length
+            built = asked if self.built_tokens is None else self.built_tokens
+            target = built * 0.9 * self.verify_ms / build_ms
             floor = self.least_budget(K) * length
-            self.branch_tokens = float(np.clip(0.5 * tokens + 0.5 * target, floor, 64 * (K + 1) * length))
+            self.branch_tokens = float(np.clip(0.5 * asked + 0.5 * target, floor, 64 * (K + 1) * length))
             self.budget = self.branch_tokens / length
         self._refit_r()
 

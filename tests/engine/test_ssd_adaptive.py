@@ -97,7 +97,8 @@ def test_the_choice_counts_drafting_only_on_misses():
 def test_budget_auto_is_sized_for_the_branch_length():
     policy = DraftPolicy(SpeculativeConfig(K=6, adaptive=True, budget="auto"))
     policy.built_K = (3, 3)
-    tokens = policy.branch_tokens
+    tokens = policy.budget_for(3, 3) * 3
+    assert tokens == 12 * 3  # before any build is timed: three guesses per outcome of the K built
     policy.observe_times(verify_ms=10.0, build_ms=4.5, backup=None, backup_ms=0.0)  # the build took half the aim
     assert policy.branch_tokens == pytest.approx(1.5 * tokens)  # half-way to twice the branch tokens
     short, long = policy.budget_for(3, 2), policy.budget_for(3, 6)
@@ -105,6 +106,34 @@ def test_budget_auto_is_sized_for_the_branch_length():
     assert short == pytest.approx(3 * long)  # the same branch tokens: a third of the branches at 3x the length
     assert sum(policy.schedule(True, 3, 6)) == round(long)
     assert len(policy.schedule(True, 3, 6)) == 4  # F_0..F_3 for a speculation of length 3
+
+
+def test_budget_auto_sets_each_build_against_its_own_branches_and_recovers_from_a_slow_start():
+    """Spec-Bench greedy, 2-core CPU, adaptive K with budget auto: the first builds (the 27 guesses of K = 8, seconds
+    long) held a smoothed build time over the verify for a dozen rounds, and the budget at one guess, while
+    one-branch builds took 125-200 ms of a 250 ms verify. Each build's time now meets its own branches."""
+    policy = DraftPolicy(SpeculativeConfig(K="auto", budget="auto", schedule="geometric"))
+    assert policy.budget_for(3, 3) == 12 and policy.budget_for(1, 1) == 6  # not the 27 guesses of K = 8
+
+    def build(branches: float) -> float:  # 30 ms a forward (glue + 3 steps), 8 ms a branch step
+        return 4 * 30.0 + 3 * branches * 8.0
+
+    policy.built(3, 3, 27.0)
+    policy.observe_times(verify_ms=250.0, build_ms=build(27.0) * 3, backup=None, backup_ms=0.0)  # a slow start
+    budgets = []
+    for _ in range(12):
+        B = round(policy.budget_for(3, 3))
+        budgets.append(B)
+        policy.built(3, 3, float(B))
+        policy.observe_times(verify_ms=250.0, build_ms=build(B), backup=None, backup_ms=0.0)
+    assert budgets[0] < 10  # the slow build shrank it
+    assert 3 <= budgets[-1] <= 5 and build(budgets[-1]) <= 250  # back up to what fits in the verify: 5 branches
+    slow = DraftPolicy(SpeculativeConfig(K="auto", budget="auto", schedule="geometric"))
+    for _ in range(12):  # negative control: builds that outlast the verify at any size keep it at the floor
+        B = round(slow.budget_for(3, 3))
+        slow.built(3, 3, float(B))
+        slow.observe_times(verify_ms=250.0, build_ms=400.0 + 8 * B, backup=None, backup_ms=0.0)
+    assert round(slow.budget_for(3, 3)) == 1
 
 
 def test_a_given_fanout_serves_a_shorter_K():

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from saguaro.cli import main
-from saguaro.validation.defaults import check, is_default
+from saguaro.validation.defaults import check, is_default, markdown
 
 
 def _run(tmp_path, name, variants):
@@ -48,3 +48,39 @@ def test_the_command_prints_the_table_and_the_count(tmp_path, capsys):
     assert main(["validate", "defaults", str(_run(tmp_path, "run", SWEEP)), "--markdown", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| run | prompts | T |" in text and "1 of 2 within 5%" in text and out.read_text() in text
+
+
+def _calls(path, key, walls, tokens=64):
+    with (path / "results.jsonl").open("a") as f:
+        for i, wall in enumerate(walls):
+            f.write(json.dumps({"key": key, "prompt_id": f"p/{i}", "new_tokens": tokens, "wall_s": wall}) + "\n")
+
+
+def test_the_ratio_gets_an_interval_from_the_prompts_resampled_in_pairs(tmp_path):
+    default, best = "ssd K=auto B=auto geometric neural T=0 b=1", "ssd K=3 B=8 uniform neural T=0 b=1"
+    run = _run(tmp_path, "run", [v("sd", "K=auto", 5.0), v("ssd", "K=auto B=auto geometric neural", 6.0),
+                                 v("ssd", "K=3 B=8 uniform neural", 6.4)])
+    # the default is 5% slower on every prompt, the prompts' lengths vary 3×: paired, the ratio is exact
+    walls = [4.0, 12.0, 7.0, 5.0, 9.0, 6.0]
+    _calls(run, best, walls)
+    _calls(run, default, [w * 1.05 for w in walls])
+    row = next(r for r in check([run]) if r["system"] == "ssd")
+    assert row["low"] == pytest.approx(1 / 1.05) and row["high"] == pytest.approx(1 / 1.05)
+
+
+def test_an_interval_widens_with_disagreeing_prompts_and_straddles_the_tolerance(tmp_path):
+    """Negative control for the pairing: the same totals, with prompts that disagree, give a wide interval."""
+    default, best = "ssd K=auto B=auto geometric neural T=0 b=1", "ssd K=3 B=8 uniform neural T=0 b=1"
+    run = _run(tmp_path, "run", [v("sd", "K=auto", 5.0), v("ssd", "K=auto B=auto geometric neural", 6.0),
+                                 v("ssd", "K=3 B=8 uniform neural", 6.4)])
+    _calls(run, best, [4.0, 12.0, 7.0, 5.0, 9.0, 6.0])
+    _calls(run, default, [6.0, 9.0, 9.5, 3.5, 11.0, 5.0])
+    row = next(r for r in check([run]) if r["system"] == "ssd")
+    assert row["low"] < 1 - 0.05 < row["high"]
+    assert markdown([row]).splitlines()[-1].split("|")[9].strip() == f"{row['low']:.3f}-{row['high']:.3f}"
+
+
+def test_without_per_call_results_the_interval_is_left_out(tmp_path):
+    rows = check([_run(tmp_path, "run", SWEEP)])
+    assert all(r["low"] is None for r in rows)
+    assert markdown(rows).splitlines()[-1].split("|")[9].strip() == "-"
