@@ -84,3 +84,15 @@ def test_without_per_call_results_the_interval_is_left_out(tmp_path):
     rows = check([_run(tmp_path, "run", SWEEP)])
     assert all(r["low"] is None for r in rows)
     assert markdown(rows).splitlines()[-1].split("|")[9].strip() == "-"
+
+
+def test_a_default_that_is_the_best_gets_the_interval_of_its_lead_over_the_runner_up(tmp_path):
+    default, second = "ssd K=auto B=auto geometric neural T=0 b=1", "ssd K=3 B=8 uniform neural T=0 b=1"
+    run = _run(tmp_path, "run", [v("sd", "K=auto", 5.0), v("ssd", "K=auto B=auto geometric neural", 7.0),
+                                 v("ssd", "K=3 B=8 uniform neural", 6.4)])
+    walls = [4.0, 12.0, 7.0, 5.0, 9.0, 6.0]
+    _calls(run, second, walls)
+    _calls(run, default, [w / 1.1 for w in walls])  # 10% faster on every prompt
+    row = next(r for r in check([run]) if r["system"] == "ssd")
+    assert row["ratio"] == 1.0 and row["rival"] == second
+    assert row["low"] == pytest.approx(1.1) and row["high"] == pytest.approx(1.1)
