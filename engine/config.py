@@ -86,10 +86,10 @@ class DraftPlacement:
 
 
 # What `saguaro generate`, `serve` and `bench` run for a strategy when no speculation flag is given: chosen from the
-# CPU studies; measured against each run's best (reports/2026-12-cpu-speculation-defaults) SD's is within 1.2% in
-# three of four settings, SSD's the best on HumanEval greedy but 11-28% behind on Spec-Bench and at T 0.7, where its
-# adaptive K climbs from 1 too slowly for short answers. K and budget "auto" follow
-# the times a run measures, so seeded output at T > 0 may differ from run to run (give -K and --budget for
+# CPU studies; measured side by side with the best candidates (reports/2026-12-cpu-speculation-defaults: HumanEval and
+# Spec-Bench, greedy and T 0.7, 2-core CPU) SD's was the fastest SD variant in all four settings and SSD's the fastest
+# SSD variant in three (HumanEval greedy 1.33x the runner-up), 0.906 of the best at Spec-Bench T 0.7. K and budget
+# "auto" follow the times a run measures, so seeded output at T > 0 may differ from run to run (give -K and --budget for
 # repeatable output); SpeculativeConfig's own defaults below stay fixed for that reason.
 COMMAND_LINE_DEFAULTS: dict[Strategy, dict] = {
     Strategy.SD: {"K": "auto"},

@@ -57,7 +57,8 @@ def check(runs: list[Path]) -> list[dict]:
                 # the interval against the best, or where the default is the best, against the runner-up
                 others = sorted((v for v in group if v is not default), key=lambda v: -v["tokens_per_s"])
                 rival = best if best is not default else (others[0] if others else None)
-                low, high = (paired_interval(Path(run), default["key"], rival["key"]) if rival else None) or (None, None)
+                interval = paired_interval(Path(run), default["key"], rival["key"]) if rival else None
+                low, high = interval or (None, None)
                 rows.append({"run": Path(run).name, "prompts": config.get("prompts"), "system": system,
                              "temperature": temperature, "batch": batch, "default": default["key"],
                              "default_tokens_per_s": default["tokens_per_s"], "best": best["key"],
