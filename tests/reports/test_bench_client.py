@@ -144,14 +144,18 @@ def test_run_folder_holds_requests_with_chunk_times_and_a_summary_per_point(serv
 
 
 def test_open_loop_sends_at_the_seeded_poisson_times(server, tmp_path):
+    server.app.seen.peak_in_flight = 0
     run = bench(server.url, tmp_path, "--rate", "10", "-n", "5", "--seed", "3")
     sent = lines(run)
     planned = poisson_offsets_s(5, 10.0, np.random.default_rng(3))
+    assert planned[2] < 0.1  # three arrivals inside the first request's 0.11 s of streaming
     assert [r["scheduled_s"] for r in sent] == pytest.approx(planned.tolist())
-    # never early; on time but for a rare stall of this shared 2-core VM (one full-suite run sent a request
-    # more than SLACK_S late): the median within SLACK_S, none a second late
+    # An open loop does not wait for answers: the three overlapped at the server (a closed loop: one at a time).
+    assert server.app.seen.peak_in_flight >= 2
+    # Never early; how late depends on the machine (on this shared 2-core VM under the full suite, a request now
+    # and then more than 0.15 s late), so only a schedule gone wrong fails: the median within half a second.
     late = sorted(r["sent_s"] - r["scheduled_s"] for r in sent)
-    assert late[0] >= 0 and late[len(late) // 2] < SLACK_S and late[-1] < 1.0, late
+    assert late[0] >= 0 and late[len(late) // 2] < 0.5 and late[-1] < 2.0, late
 
 
 def test_concurrency_is_never_exceeded(server, tmp_path):
