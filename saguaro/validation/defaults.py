@@ -52,11 +52,11 @@ def check(runs: list[Path]) -> list[dict]:
                 if not defaults:
                     raise ValueError(f"{run}: no {system} variant runs the default ({', '.join(DEFAULT_KEYS[system])}) "
                                      f"at T={temperature:g}: add it to the bench's axes")
-                default, best = defaults[0], max(group, key=lambda v: v["tokens_per_s"])
+                ranked = sorted(group, key=lambda v: -v["tokens_per_s"])  # stable: the first of equals stays first
+                default, best = defaults[0], ranked[0]
                 ratio = default["tokens_per_s"] / best["tokens_per_s"]
                 # the interval against the best, or where the default is the best, against the runner-up
-                others = sorted((v for v in group if v is not default), key=lambda v: -v["tokens_per_s"])
-                rival = best if best is not default else (others[0] if others else None)
+                rival = next((v for v in ranked if v is not default), None)
                 interval = paired_interval(Path(run), default["key"], rival["key"]) if rival else None
                 low, high = interval or (None, None)
                 rows.append({"run": Path(run).name, "prompts": config.get("prompts"), "system": system,

@@ -56,26 +56,28 @@ def _calls(path, key, walls, tokens=64):
             f.write(json.dumps({"key": key, "prompt_id": f"p/{i}", "new_tokens": tokens, "wall_s": wall}) + "\n")
 
 
+WALLS = [4.0, 12.0, 7.0, 5.0, 9.0, 6.0]  # seconds per prompt: the prompts' lengths vary 3×
+OTHER = v("ssd", "K=3 B=8 uniform neural", 6.4)
+
+
+def _ssd_row(tmp_path, default_tps: float, default_walls: list[float], other_walls: list[float]) -> dict:
+    """The SSD row of a run whose default and one other SSD variant answered the same prompts in these times."""
+    default = v("ssd", "K=auto B=auto geometric neural", default_tps)
+    run = _run(tmp_path, "run", [v("sd", "K=auto", 5.0), default, OTHER])
+    _calls(run, OTHER["key"], other_walls)
+    _calls(run, default["key"], default_walls)
+    return next(r for r in check([run]) if r["system"] == "ssd")
+
+
 def test_the_ratio_gets_an_interval_from_the_prompts_resampled_in_pairs(tmp_path):
-    default, best = "ssd K=auto B=auto geometric neural T=0 b=1", "ssd K=3 B=8 uniform neural T=0 b=1"
-    run = _run(tmp_path, "run", [v("sd", "K=auto", 5.0), v("ssd", "K=auto B=auto geometric neural", 6.0),
-                                 v("ssd", "K=3 B=8 uniform neural", 6.4)])
-    # the default is 5% slower on every prompt, the prompts' lengths vary 3×: paired, the ratio is exact
-    walls = [4.0, 12.0, 7.0, 5.0, 9.0, 6.0]
-    _calls(run, best, walls)
-    _calls(run, default, [w * 1.05 for w in walls])
-    row = next(r for r in check([run]) if r["system"] == "ssd")
+    # the default is 5% slower on every prompt: paired, the ratio is exact
+    row = _ssd_row(tmp_path, 6.0, [w * 1.05 for w in WALLS], WALLS)
     assert row["low"] == pytest.approx(1 / 1.05) and row["high"] == pytest.approx(1 / 1.05)
 
 
 def test_an_interval_widens_with_disagreeing_prompts_and_straddles_the_tolerance(tmp_path):
     """Negative control for the pairing: the same totals, with prompts that disagree, give a wide interval."""
-    default, best = "ssd K=auto B=auto geometric neural T=0 b=1", "ssd K=3 B=8 uniform neural T=0 b=1"
-    run = _run(tmp_path, "run", [v("sd", "K=auto", 5.0), v("ssd", "K=auto B=auto geometric neural", 6.0),
-                                 v("ssd", "K=3 B=8 uniform neural", 6.4)])
-    _calls(run, best, [4.0, 12.0, 7.0, 5.0, 9.0, 6.0])
-    _calls(run, default, [6.0, 9.0, 9.5, 3.5, 11.0, 5.0])
-    row = next(r for r in check([run]) if r["system"] == "ssd")
+    row = _ssd_row(tmp_path, 6.0, [6.0, 9.0, 9.5, 3.5, 11.0, 5.0], WALLS)
     assert row["low"] < 1 - 0.05 < row["high"]
     assert markdown([row]).splitlines()[-1].split("|")[9].strip() == f"{row['low']:.3f}-{row['high']:.3f}"
 
@@ -87,12 +89,6 @@ def test_without_per_call_results_the_interval_is_left_out(tmp_path):
 
 
 def test_a_default_that_is_the_best_gets_the_interval_of_its_lead_over_the_runner_up(tmp_path):
-    default, second = "ssd K=auto B=auto geometric neural T=0 b=1", "ssd K=3 B=8 uniform neural T=0 b=1"
-    run = _run(tmp_path, "run", [v("sd", "K=auto", 5.0), v("ssd", "K=auto B=auto geometric neural", 7.0),
-                                 v("ssd", "K=3 B=8 uniform neural", 6.4)])
-    walls = [4.0, 12.0, 7.0, 5.0, 9.0, 6.0]
-    _calls(run, second, walls)
-    _calls(run, default, [w / 1.1 for w in walls])  # 10% faster on every prompt
-    row = next(r for r in check([run]) if r["system"] == "ssd")
-    assert row["ratio"] == 1.0 and row["rival"] == second
+    row = _ssd_row(tmp_path, 7.0, [w / 1.1 for w in WALLS], WALLS)  # 10% faster on every prompt
+    assert row["ratio"] == 1.0 and row["rival"] == OTHER["key"]
     assert row["low"] == pytest.approx(1.1) and row["high"] == pytest.approx(1.1)
