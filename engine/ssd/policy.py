@@ -20,7 +20,7 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
   The branch tokens are fitted per branch length (a length not built yet starts from the nearest one's): a
   build also has a part per forward, K + 1 of them whatever its branches, so one figure for every length ran
   the first build after a change of length long (Spec-Bench T 0.7, 2-core CPU: builds after a change took
-  355 ms against 281, and those rounds 445 ms against 372), and the budget of the old length then came back
+  279 ms against 232, and those rounds 361 ms against 327), and the budget of the old length then came back
   short.
   Set against a smoothed build time instead, and started from the 27 guesses of K = 8 under adaptive K, the
   first builds (seconds long) kept the smoothed time above the verify for a dozen rounds, and the budget at

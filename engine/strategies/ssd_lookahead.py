@@ -56,9 +56,10 @@ class SSDLookahead(Lookahead):
     A K in use is held unless another's rate beats it by SWITCH_MARGIN (theory.adaptive.best_K's `hold`): the
     estimates move the rates of neighbouring K by a few percent from round to round (α over ~50 observations,
     a length's hit rate over ~10 lookups), and each change costs a build at the new length sized for the old
-    one. Without the hold K changed in about 40% of the rounds, and rounds after a change ran 35-45 ms longer
-    (overrun builds: hits waited 88-101 against 65-67 ms), while K = 3 against 4 at α ≈ 0.7 differ by a few
-    percent in rate.
+    one. Without the hold K changed in about 40% of the rounds on Spec-Bench (T 0 and 0.7), and a round after a
+    change ran 20-34 ms longer (the worker kept it waiting 88 ms against 67 at T 0.7), while K = 3 and 4
+    at α ≈ 0.7 differ by a few percent in rate. With the hold (and the budget per length of engine.ssd.policy)
+    K changed in 21-28% of the rounds there, mostly the refresh's probes (reports/2026-12-cpu-speculation-defaults).
 
     Keyed by length alone and never timed again, the build times went stale as budget "auto" resized the cache,
     and a line through them missed the growth with branches: a HumanEval run (int4 target) kept K = 4 at 348 ms
