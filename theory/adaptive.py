@@ -102,28 +102,18 @@ def best_K(
     verify_ms: float | Callable[[int], float],
     K_max: int,
     K_min: int = 1,
-    hold: int | None = None,
-    margin: float = 0.0,
 ) -> int:
     """The K in K_min..K_max that maximises `round_rate` (the smallest such K on a tie).
 
     `alpha` is one acceptance rate or one per row of a batch that shares the round; the times may be in any
     one unit (ms, or verify units with `verify_ms = 1`). Higher α never gives a smaller K: E(α, K+1)/E(α, K)
     grows with α while the round time does not depend on α.
-
-    `hold`, `margin`: a K in use is kept unless the best K's rate exceeds its rate by more than the share
-    `margin` (a change of K that costs something, as SSD's cache built at the old length does, should buy
-    more than the noise in the estimates moves the rates).
     """
     alpha = as_probability(alpha, "alpha", " (per-token acceptance rate)")
     K_min = int(as_int(K_min, "K_min", minimum=0))
     K_max = int(as_int(K_max, "K_max", minimum=K_min))
-    margin = float(as_nonnegative(margin, "margin", " (share of the held K's rate a change must beat it by)"))
     rates = [round_rate(alpha, K, draft_ms, verify_ms) for K in range(K_min, K_max + 1)]
-    best = K_min + int(np.argmax(rates))
-    if hold is not None and K_min <= hold <= K_max and rates[best - K_min] <= (1.0 + margin) * rates[hold - K_min]:
-        return int(hold)
-    return best
+    return K_min + int(np.argmax(rates))
 
 
 def miss_share(p_hit: float, batch_size: int) -> float:

@@ -17,11 +17,6 @@ the budget B, and the backup on a miss (uses theory/, never re-derives it).
   round and the build time grows with branches × length, so what is fitted is the branch tokens B·K; the
   budget of a build whose branches are K long is that over K (with a fixed K: B scaled by verify_ms /
   build_ms). Before any build is timed it is the spec's guesses per outcome (three by default) at the K built.
-  The branch tokens are fitted per branch length (a length not built yet starts from the nearest one's): a
-  build also has a part per forward, K + 1 of them whatever its branches, so one figure for every length ran
-  the first build after a change of length long (Spec-Bench T 0.7, 2-core CPU: builds after a change took
-  279 ms against 232, and those rounds 361 ms against 327), and the budget of the old length then came back
-  short.
   Set against a smoothed build time instead, and started from the 27 guesses of K = 8 under adaptive K, the
   first builds (seconds long) kept the smoothed time above the verify for a dozen rounds, and the budget at
   its floor, one guess (measured on Spec-Bench greedy, 2-core CPU: 125-200 ms builds of one branch against
@@ -110,19 +105,15 @@ class DraftPolicy:
         self.budget = max(self.budget, 0.0)
         self.K = K
         self.per_outcome = self.budget / (K + 1)  # budget "auto" before any build is timed: these guesses per outcome
-        self.branch_tokens: float | None = None  # budget "auto": B·(branch length) of the length built last
-        self.tokens_at: dict[int, float] = {}  # budget "auto": branch length -> B·length fitted to the verify time
+        self.branch_tokens: float | None = None  # budget "auto": B·(branch length), fitted to the verify time
 
     def budget_for(self, K: int, length: int) -> float:
         """B for a cache over a speculation of length K whose branches are `length` long."""
         if self.spec.budget != "auto":
             return self.budget
-        if not self.tokens_at:
+        if self.branch_tokens is None:
             return float(max(self.per_outcome * (K + 1), self.least_budget(K)))
-        tokens = self.tokens_at.get(length)
-        if tokens is None:  # a length not built yet: the branch tokens of the nearest one built (the shorter on a tie)
-            tokens = self.tokens_at[min(self.tokens_at, key=lambda L: (abs(L - length), L))]
-        return float(np.clip(tokens / length, self.least_budget(K), 64 * (K + 1)))
+        return float(np.clip(self.branch_tokens / length, self.least_budget(K), 64 * (K + 1)))
 
     def built(self, K: int, length: int, branches_per_row: float) -> None:
         """The cache just built: over a speculation K long, its branches `length` long, this many a sequence."""
@@ -187,7 +178,6 @@ class DraftPolicy:
             target = built * 0.9 * self.verify_ms / build_ms
             floor = self.least_budget(K) * length
             self.branch_tokens = float(np.clip(0.5 * asked + 0.5 * target, floor, 64 * (K + 1) * length))
-            self.tokens_at[length] = self.branch_tokens
             self.budget = self.branch_tokens / length
         self._refit_r()
 

@@ -13,8 +13,6 @@ from engine.strategies.lookahead import REFRESH, UNMEASURED_DRAFT_COST, Lookahea
 from theory.adaptive import best_K, miss_share
 
 HIT_DECAY = 0.9  # weight of the past hit counts per answer (an effective memory of about 10 rounds)
-HIT_PRIOR = 2.0  # lookups' worth of the pooled hit rate a branch length's own rate starts from
-SWITCH_MARGIN = 0.05  # the share by which another K's rate must beat the K in use for a change (class docstring)
 
 
 class SSDLookahead(Lookahead):
@@ -48,19 +46,6 @@ class SSDLookahead(Lookahead):
     a row; above that it sizes the budget to fit in the verify, so the round costs max(T_v, T_build at that
     floor)); with a fixed budget, the branches per row measured (a budget B is B guesses a row at any K).
 
-    The hit rate is kept per branch length (`p_hit_at`): budget "auto" buys fewer guesses for longer branches, and
-    one pooled rate priced every length at the short ones' rate. On Spec-Bench at T 0.7 (2-core CPU, int8 draft)
-    caches of length 4-5 held 4 branches against 7-11 at lengths 2-3, and with the pooled rate K ran 3.56 on
-    average (5-8 in a fifth of the rounds) at a hit rate of 0.41, against 0.62 for a fixed K = 3.
-
-    A K in use is held unless another's rate beats it by SWITCH_MARGIN (theory.adaptive.best_K's `hold`): the
-    estimates move the rates of neighbouring K by a few percent from round to round (α over ~50 observations,
-    a length's hit rate over ~10 lookups), and each change costs a build at the new length sized for the old
-    one. Without the hold K changed in about 40% of the rounds on Spec-Bench (T 0 and 0.7), and a round after a
-    change ran 20-34 ms longer (the worker kept it waiting 88 ms against 67 at T 0.7), while K = 3 and 4
-    at α ≈ 0.7 differ by a few percent in rate. With the hold (and the budget per length of engine.ssd.policy)
-    K changed in 21-28% of the rounds there, mostly the refresh's probes (reports/2026-12-cpu-speculation-defaults).
-
     Keyed by length alone and never timed again, the build times went stale as budget "auto" resized the cache,
     and a line through them missed the growth with branches: a HumanEval run (int4 target) kept K = 4 at 348 ms
     rounds where K = 3 ran 233 ms ones. With t_forward taken as the neural backup's time per token (~30 ms,
@@ -78,36 +63,19 @@ class SSDLookahead(Lookahead):
         self.n_builds = 0  # builds timed so far
         self.built_at: dict[int, int] = {}  # branch length -> n_builds when it was last timed
         self.last_built: int | None = None  # the branch length of the last build answered
-        self.hits_at: dict[int, float] = {}  # branch length -> forgotten hits of the caches built that long
-        self.lookups_at: dict[int, float] = {}  # branch length -> forgotten lookups of those caches
-        self.held: int | None = None  # the K chosen last (a refresh's probe aside)
 
     @property
     def p_hit(self) -> float:
         return (1.0 + self.hits) / (2.0 + self.lookups)  # prior: one hit, one miss
 
-    def p_hit_at(self, K: int) -> float:
-        """The hit rate of caches whose branches are K long: budget "auto" buys fewer guesses for longer branches
-        (a verify's worth of branch tokens), so the rate falls with K; the pooled rate, worth HIT_PRIOR lookups,
-        where a length has few."""
-        return (self.hits_at.get(K, 0.0) + HIT_PRIOR * self.p_hit) / (self.lookups_at.get(K, 0.0) + HIT_PRIOR)
-
     def choose(self) -> int:
         spec = self.spec
         if not spec.adaptive:
             return spec.K
-        rows = max(len(self.accepted), 1)
-        alphas = self.alphas() if len(self.accepted) else 0.5  # no row yet (the first request): the prior α
-        draft, round_ms = self._draft(), self._verify()
-
-        def expected_ms(width: int) -> float:  # the round's time, with the drafting of the rounds that miss
-            K = width - 1
-            verify = round_ms(width) if callable(round_ms) else round_ms
-            return verify + K * draft * miss_share(self.p_hit_at(K), rows)
-
-        K = best_K(alphas, 0.0, expected_ms, K_max=self._K_max(), K_min=spec.K_min, hold=self.held,
-                   margin=SWITCH_MARGIN)
-        self.held = K
+        rows = len(self.accepted)
+        alphas = self.alphas() if rows else 0.5  # no row yet (the first request): the prior α
+        share = miss_share(self.p_hit, max(rows, 1))
+        K = best_K(alphas, self._draft() * share, self._verify(), K_max=self._K_max(), K_min=spec.K_min)
         return self._refreshed(K)
 
     def _stamps(self) -> tuple[dict[int, int], int]:
@@ -180,9 +148,6 @@ class SSDLookahead(Lookahead):
         if hits:
             self.hits = HIT_DECAY * self.hits + sum(hits)
             self.lookups = HIT_DECAY * self.lookups + len(hits)
-            if built_K:
-                self.hits_at[built_K] = HIT_DECAY * self.hits_at.get(built_K, 0.0) + sum(hits)
-                self.lookups_at[built_K] = HIT_DECAY * self.lookups_at.get(built_K, 0.0) + len(hits)
         if neural_backup_ms is not None and K:
             self.drafted(K, neural_backup_ms)
         switched, self.last_built = built_K != self.last_built, built_K

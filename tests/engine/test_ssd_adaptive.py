@@ -4,7 +4,6 @@ changes), the budget "auto" is sized for the branches' length, and the wire carr
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
@@ -107,25 +106,6 @@ def test_budget_auto_is_sized_for_the_branch_length():
     assert short == pytest.approx(3 * long)  # the same branch tokens: a third of the branches at 3x the length
     assert sum(policy.schedule(True, 3, 6)) == round(long)
     assert len(policy.schedule(True, 3, 6)) == 4  # F_0..F_3 for a speculation of length 3
-
-
-def test_budget_auto_keeps_a_budget_per_branch_length():
-    """A build has a part per forward (K + 1 of them) besides its part per branch: branch tokens that fit at one
-    length overrun at a longer one. Each length keeps its own fit; a length not built yet starts from the
-    nearest one's."""
-    policy = DraftPolicy(SpeculativeConfig(K=8, adaptive=True, budget="auto", schedule="geometric"))
-    for _ in range(10):  # length 3: builds that take 80% of the verify at any size settle the fit
-        policy.built(3, 3, policy.budget_for(3, 3))
-        policy.observe_times(verify_ms=250.0, build_ms=200.0, backup=None, backup_ms=0.0)
-    at_3 = policy.budget_for(3, 3)
-    assert policy.budget_for(3, 4) == pytest.approx(at_3 * 3 / 4)  # not built yet: length 3's branch tokens
-    for _ in range(3):  # length 6 overruns: 60 ms a forward, seven forwards
-        policy.built(6, 6, policy.budget_for(6, 6))
-        policy.observe_times(verify_ms=250.0, build_ms=420.0 + 5 * policy.budget_for(6, 6), backup=None,
-                             backup_ms=0.0)
-    assert policy.budget_for(6, 6) < at_3 * 3 / 6 / 2  # shrunk at length 6
-    assert policy.budget_for(3, 3) == pytest.approx(at_3)  # length 3 keeps its own
-    assert policy.budget_for(3, 4) == pytest.approx(at_3 * 3 / 4)  # nearer 3 than 6
 
 
 def test_budget_auto_sets_each_build_against_its_own_branches_and_recovers_from_a_slow_start():
@@ -378,7 +358,6 @@ def test_a_length_timed_in_a_slow_moment_is_timed_again(refresh, monkeypatch):
     for _ in range(8):
         la.observe([2], 2, 114.5)
         la.answered([True], 2, None, 172.0, 2, 3)  # a slow moment
-        la.answered([True], 1, None, None, 1)  # caches of length 1 hit as often (untimed): only the times differ
     Ks = []
     for _ in range(60):
         K = la.choose()
@@ -400,51 +379,3 @@ def test_the_first_build_after_a_switch_of_length_is_not_timed():
         la.answered([True], L, None, ms, L, L + 1)
     assert la.build_ms[3] == pytest.approx(264.0)  # the 400 ms switch build is left out
     assert la.build_ms[4] == pytest.approx(365.0)  # a length's first build ever is timed (the climb needs it)
-
-
-@pytest.mark.parametrize("longer_hits_less", [True, False])
-def test_k_weighs_each_branch_lengths_own_hit_rate(longer_hits_less):
-    """Budget auto buys fewer guesses for longer branches; on Spec-Bench T 0.7 caches of length 4-5 held 4 branches
-    against 7-11 at 2-3 and a pooled hit rate ran adaptive K long at the lower rate. Negative control: with equal
-    hit rates the longer K wins."""
-    la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
-    la.admit(1)
-    la.answered([False], 3, 150.0)  # the neural backup: 50 ms a token
-    for _ in range(30):  # α 0.7; a verify that grows 10 ms a token; builds that fit in it
-        for K in (3, 4):
-            la.observe([2], K, 250.0 + 10 * K)
-            la.answered([True], K, None, 200.0, K, K + 1)
-            la.answered([False] if longer_hits_less and K == 4 else [True], K, None, None, K)
-    la.accepted, la.rejected = np.array([7.0]), np.array([3.0])
-    assert la.p_hit_at(4) < 0.6 < la.p_hit_at(3) if longer_hits_less else la.p_hit_at(4) > 0.9
-    assert la.choose() == (3 if longer_hits_less else 4)
-
-
-@pytest.mark.parametrize("margin", [0.05, 0.0])
-def test_a_k_in_use_is_held_against_the_estimates_noise(margin, monkeypatch):
-    """Each change of K costs SSD a build at the new length sized for the old one; on Spec-Bench T 0.7 K changed
-    in about 40% of the rounds while neighbouring K differed by a few percent in rate. With a steady α = 0.7, a
-    60% hit rate, a verify of 250 ms + 8 a token and builds inside it, K stays at its choice but for the refresh's
-    probes; negative control: with no margin the noise of the running α moves it between 2 and 8."""
-    import engine.strategies.ssd_lookahead as ssd_lookahead
-    from collections import Counter
-
-    monkeypatch.setattr(ssd_lookahead, "SWITCH_MARGIN", margin)
-    shares = []
-    for seed in range(4):
-        la = SSDLookahead(SpeculativeConfig(K=8, adaptive=True, budget="auto"))
-        la.admit(1)
-        rng = np.random.default_rng(seed)
-        la.answered([False], 3, 84.0)  # the neural backup: 28 ms a token
-        Ks = []
-        for _ in range(300):
-            K = la.choose()
-            Ks.append(K)
-            k = next((i for i in range(K) if rng.random() > 0.7), K)  # accepted while a coin of 0.7 comes up
-            la.observe([k], K, 250.0 + 8 * K)
-            la.answered([bool(rng.random() < 0.6)], K, None, 200.0 + 5 * K, K, K + 1)
-        shares.append(Counter(Ks[50:]).most_common(1)[0][1] / 250)  # the rounds at the commonest K
-    if margin:
-        assert np.mean(shares) > 0.8, shares
-    else:
-        assert np.mean(shares) < 0.7, shares

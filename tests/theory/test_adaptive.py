@@ -31,29 +31,6 @@ def test_higher_alpha_never_gives_a_smaller_K(a, b, draft_ms, K_max):
     assert best_K(low, draft_ms, 1.0, K_max) <= best_K(high, draft_ms, 1.0, K_max)
 
 
-@settings(max_examples=200, deadline=None)
-@given(alpha=alphas, draft_ms=costs, K_max=st.integers(1, 12), hold=st.integers(1, 12), margin=st.floats(0.0, 0.5))
-def test_a_held_K_is_kept_within_the_margin_and_left_beyond_it(alpha, draft_ms, K_max, hold, margin):
-    rates = {K: round_rate(alpha, K, draft_ms, 1.0) for K in range(1, K_max + 1)}
-    best = best_K(alpha, draft_ms, 1.0, K_max)
-    K = best_K(alpha, draft_ms, 1.0, K_max, hold=hold, margin=margin)
-    if hold > K_max:  # a K out of the range is not held
-        assert K == best
-    elif rates[best] <= (1 + margin) * rates[hold]:
-        assert K == hold
-    else:
-        assert K == best and rates[hold] < rates[best]
-
-
-def test_no_margin_holds_only_a_K_as_good_as_the_best():
-    best = best_K(0.8, 0.05, 1.0, K_max=10)
-    assert best_K(0.8, 0.05, 1.0, K_max=10, hold=best - 1, margin=0.0) == best  # negative control: no margin
-    assert best_K(0.8, 0.05, 1.0, K_max=10, hold=best - 1, margin=0.05) == best - 1  # neighbours differ by < 5%
-    assert best_K(0.8, 0.05, 1.0, K_max=10, hold=1, margin=0.05) == best  # K = 1 is far worse: left
-    with pytest.raises(ValueError, match="margin"):
-        best_K(0.8, 0.05, 1.0, K_max=10, hold=2, margin=-0.1)
-
-
 def test_extremes_reach_the_bounds():
     assert best_K(1.0, 0.05, 1.0, K_max=8) == 8  # every draft token accepted, drafting cheap
     assert best_K(0.0, 0.05, 1.0, K_max=8, K_min=1) == 1  # nothing is ever accepted
