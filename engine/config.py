@@ -87,8 +87,9 @@ class DraftPlacement:
 
 # What `saguaro generate`, `serve` and `bench` run for a strategy when no speculation flag is given: chosen from the
 # CPU studies; measured side by side with the best candidates (reports/2026-12-cpu-speculation-defaults: HumanEval and
-# Spec-Bench, greedy and T 0.7, 2-core CPU) each ran within 5% of its system's best variant in all eight settings
-# (SSD's the fastest on HumanEval, greedy 1.40x the runner-up; 0.96 of fixed K 3 on Spec-Bench). K and budget
+# Spec-Bench, greedy and T 0.7, 2-core CPU) SD's was the fastest SD variant in all four settings and SSD's the fastest
+# SSD variant in three (HumanEval greedy 1.33x the runner-up), 0.906 of the best at Spec-Bench T 0.7 (0.992 of fixed
+# K 3 over 24 prompts). K and budget
 # "auto" follow the times a run measures, so seeded output at T > 0 may differ from run to run (give -K and --budget for
 # repeatable output); SpeculativeConfig's own defaults below stay fixed for that reason.
 COMMAND_LINE_DEFAULTS: dict[Strategy, dict] = {
