@@ -85,13 +85,12 @@ class DraftPlacement:
             raise ValueError(f"init_method must look like tcp://host:port, got {self.init_method!r}")
 
 
-# What `saguaro generate`, `serve` and `bench` run for a strategy when no speculation flag is given: chosen from the
-# CPU studies; measured side by side with the best candidates (reports/2026-12-cpu-speculation-defaults: HumanEval and
+# What `saguaro generate`, `serve` and `bench` run for a strategy when no speculation flag is given: chosen from the CPU
+# studies; measured side by side with the best candidates (reports/2026-12-cpu-speculation-defaults: HumanEval and
 # Spec-Bench, greedy and T 0.7, 2-core CPU) SD's was the fastest SD variant in all four settings and SSD's the fastest
-# SSD variant in three (HumanEval greedy 1.33x the runner-up), 0.906 of the best at Spec-Bench T 0.7 (0.992 and 0.950
-# of fixed K 3 in two 24-prompt checks). K and budget "auto" follow the times a run measures, so seeded output at
-# T > 0 may differ from run to run (give -K and --budget for repeatable output); SpeculativeConfig's own defaults
-# below stay fixed for that reason.
+# SSD variant on HumanEval (greedy 1.33x the runner-up) and 0.955-0.962 of fixed K 3 on Spec-Bench (48 prompts at T 0.7,
+# 24 greedy). K and budget "auto" follow the times a run measures, so seeded output at T > 0 may differ from run to run
+# (give -K and --budget for repeatable output); SpeculativeConfig's own defaults below stay fixed for that reason.
 COMMAND_LINE_DEFAULTS: dict[Strategy, dict] = {
     Strategy.SD: {"K": "auto"},
     Strategy.SSD: {"K": "auto", "budget": "auto", "schedule": FanoutSchedule.GEOMETRIC},
