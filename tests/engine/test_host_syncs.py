@@ -1,4 +1,4 @@
-"""Host synchronisations per steady decode step, held to a budget per strategy (tests/engine/host_syncs.py counts
+"""Host synchronisations per steady decode step, held to a budget per strategy (benchmarks/host_syncs.py counts
 on the CPU what a GPU run would wait for: reads of tensors on the host, device stopwatch reads, downloads).
 
 Tiny models, K = 3, SSD's worker in the target's process (its waits counted with the target's), 12 steady steps
@@ -22,7 +22,7 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.host_syncs import count_host_syncs
+from benchmarks.host_syncs import count_host_syncs
 from tests.engine.tiny import noisy_copy, tiny_lm
 
 SAMPLINGS = {"greedy": dict(temperature=0.0), "top-k": dict(temperature=1.0, top_k=20),

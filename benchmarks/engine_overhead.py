@@ -1,0 +1,332 @@
+"""The engine's own cost against its forwards: per-token time of AR, SD and SSD on an overhead-bound random pair,
+beside what the forwards alone allow.
+
+    python -m benchmarks.engine_overhead --vocab 2048 151936 --out runs/engine-overhead
+
+Where SSD pays (a GPU at small batch) a forward is cheap and the engine's own work decides the speed. The same
+regime shows on a CPU with tiny models: a width-64 Qwen2 target several layers deep and a draft a quarter of its
+depth (benchmarks.random_models), forced to agree (α = 1, greedy: every speculation accepted, every SSD outcome
+cached) or, with --mode random, unrelated at temperature 1. The target runs on one thread; SSD's draft worker gets
+its own process on the other core, as in every CPU study.
+
+Per vocabulary it prints, per new token (decode only, the prefill left out):
+- bare: a loop of the target's forward over one token and an argmax (a DynamicCache, nothing else);
+- hf-generate: transformers' `generate` (greedy, or sampling at T 1);
+- ar, sd, ssd: this engine's time per output token (TPOT), and its ideal from its own measured forwards and its own
+  rounds (how many, how many tokens each, how many branches the worker built):
+  AR, the target's one-token forward; SD, per round the draft's K forwards (the first over its two-token tail) and
+  the verify of K + 1 tokens; SSD, per round the longer of the verify and the worker's build (a glue forward over the
+  K + 1 newest tokens, then K forwards over its branches), plus the backup's K draft forwards on a round that missed;
+- host synchronisations per steady round (the worker in the target's process, counted as a GPU run would wait:
+  benchmarks.host_syncs) and bytes across SSD's link per round (both directions, as engine.ssd.messages lays out).
+
+The forwards are timed in the same process on the same thread, at the context length of the middle of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from benchmarks.random_models import Shape, build
+
+WIDTH = 64  # hidden size: small enough that a forward costs little more than its launches
+
+
+def shapes(vocab: int, target_layers: int, draft_layers: int) -> tuple[Shape, Shape]:
+    target = Shape(f"width-{WIDTH}-{target_layers}-layer", WIDTH, 2 * WIDTH, target_layers, 4, 2, vocab, True)
+    draft = Shape(f"width-{WIDTH}-{draft_layers}-layer", WIDTH, 2 * WIDTH, draft_layers, 4, 2, vocab, True)
+    return target, draft
+
+
+# -- the forwards alone ---------------------------------------------------------------------------------------
+def _median_ms(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def forward_ms(model: torch.nn.Module, context: int, width: int, rows: int = 1, reps: int = 30) -> float:
+    """One forward of `width` new tokens over `rows` rows of `context` cached tokens (a DynamicCache, cropped back
+    after each forward): what the model's own work costs, with nothing of the engine around it."""
+    V = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    cache = DynamicCache(config=model.config)
+    model(torch.randint(0, V, (rows, context), generator=gen), past_key_values=cache, use_cache=True,
+          logits_to_keep=1)
+    block = torch.randint(0, V, (rows, width), generator=gen)
+
+    def step():
+        model(block, past_key_values=cache, use_cache=True)
+        cache.crop(-width)
+
+    return _median_ms(step, reps)
+
+
+@torch.inference_mode()
+def bare_loop_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> float:
+    """Per token: the target's one-token forward and an argmax, in a plain loop (the prefill not counted)."""
+    cache = DynamicCache(config=model.config)
+    logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    token = logits.argmax(-1, keepdim=True)
+    t0 = time.perf_counter()
+    for _ in range(new_tokens):
+        logits = model(token, past_key_values=cache, use_cache=True).logits[:, -1]
+        token = logits.argmax(-1, keepdim=True)
+    return (time.perf_counter() - t0) * 1e3 / new_tokens
+
+
+@torch.inference_mode()
+def hf_generate_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int, temperature: float) -> float:
+    """Per token: transformers' generate, its time for `new_tokens` less its time for one (the prefill)."""
+    ids = torch.tensor([prompt])
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
+        dict(do_sample=False)
+
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, pad_token_id=0, eos_token_id=None, **sampling)
+        return time.perf_counter() - t0
+
+    run(4)
+    return (run(new_tokens) - run(1)) * 1e3 / (new_tokens - 1)
+
+
+# -- the engine ---------------------------------------------------------------------------------------------------
+@dataclass
+class EngineRun:
+    strategy: str
+    tpot_ms: list[float] = field(default_factory=list)  # one per repeat
+    rounds: int = 0  # decode rounds of the last repeat
+    tokens_per_round: float = 0.0
+    hit_rate: float | None = None
+    branches_per_build: float | None = None
+    alpha: float | None = None
+    ideal_ms: float | None = None
+    syncs_per_round: float | None = None
+    link_bytes_per_round: float | None = None
+    fault: str | None = None
+
+    @property
+    def median_tpot_ms(self) -> float:
+        return statistics.median(self.tpot_ms)
+
+
+def engine(target, draft, strategy: str, K: int, threads: int):
+    from engine import LLM, SpeculativeConfig
+    from engine.config import DraftPlacement
+
+    spec = SpeculativeConfig(K=K, placement=DraftPlacement(draft_threads=1, deadline_s=120.0))
+    return LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec, threads=threads)
+
+
+def run_engine(llm, prompt: list[int], new_tokens: int, temperature: float, seed: int):
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, stop_on_eos=False, seed=seed)
+    out = llm.generate([prompt], params)
+    return out
+
+
+def ideal_ms(strategy: str, rounds: list, K: int, t: dict) -> float:
+    """The engine's ideal per token: the forwards its own rounds made, each at its measured time (module docstring)."""
+    decode = [r for r in rounds if r.phase == "decode"]
+    tokens = sum(sum(r.emitted) for r in decode)
+    total = 0.0
+    for r in decode:
+        k = r.K
+        if strategy == "ar":
+            total += t["target_1"]
+        elif strategy == "sd":
+            total += t["draft_2"] + (k - 1) * t["draft_1"] + t[f"target_{k + 1}"]
+        else:
+            branches = max(r.branches or 1, 1)
+            build = t[f"draft_{k + 1}"] + k * _branch_ms(t, branches)
+            verify = t[f"target_{k + 1}"]
+            hit = bool(r.hit) and all(r.hit)
+            backup = 0.0 if hit else t["draft_2"] + (k - 1) * t["draft_1"]
+            total += backup + max(verify, build)
+    return total / tokens
+
+
+def _branch_ms(t: dict, branches: int) -> float:
+    """A branch step over `branches` rows: read off the measured batch sizes (a line through the two nearest)."""
+    sizes = sorted(int(key.split("x")[1]) for key in t if key.startswith("branch_x"))
+    if branches in sizes:
+        return t[f"branch_x{branches}"]
+    lo = max([s for s in sizes if s < branches], default=sizes[0])
+    hi = min([s for s in sizes if s > branches], default=sizes[-1])
+    if lo == hi:
+        return t[f"branch_x{lo}"]
+    a, b = t[f"branch_x{lo}"], t[f"branch_x{hi}"]
+    return a + (b - a) * (branches - lo) / (hi - lo)
+
+
+def count_syncs(target, draft, strategy: str, K: int, temperature: float, steps: int = 12) -> float:
+    """Host synchronisations per steady decode round (the worker in the target's process)."""
+    from benchmarks.host_syncs import count_host_syncs
+    from engine import LLM, SamplingParams, SpeculativeConfig
+    from engine.config import DraftPlacement
+
+    spec = SpeculativeConfig(K=K, placement=DraftPlacement(in_process=True))
+    with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec) as llm:
+        params = SamplingParams(temperature=temperature, max_new_tokens=10 * steps, stop_on_eos=False, seed=1)
+        llm.loop.submit(llm.make_sequence([1, 2, 3, 4], params))
+        for _ in range(3):
+            llm.loop.step()
+        counts = []
+        for _ in range(steps):
+            with count_host_syncs() as count:
+                llm.loop.step()
+            counts.append(count.total)
+    return statistics.mean(counts)
+
+
+def link_bytes(target, draft, K: int, temperature: float, prompt: list[int], new_tokens: int) -> float:
+    """Bytes across SSD's link per round, both directions (engine.ssd.messages.encode of each Round and answer)."""
+    from engine import LLM, SamplingParams, SpeculativeConfig
+    from engine.config import DraftPlacement
+    from engine.ssd.messages import encode
+
+    spec = SpeculativeConfig(K=K, placement=DraftPlacement(in_process=True))
+    sizes: list[int] = []
+    with LLM(target, draft, strategy="ssd", speculative=spec) as llm:
+        channel = llm.loop.proposer.channel
+        exchange = channel.exchange
+
+        def counted(msg):
+            answer = exchange(msg)
+            sizes.append(sum(t.numel() * t.element_size() for t in encode(msg) + encode(answer)))
+            return answer
+
+        channel.exchange = counted
+        params = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, stop_on_eos=False, seed=1)
+        llm.generate([prompt], params)
+    steady = sizes[2:] or sizes
+    return statistics.mean(steady)
+
+
+# -- one vocabulary -------------------------------------------------------------------------------------------------
+def measure(vocab: int, args) -> dict:
+    agree = args.mode == "agree"
+    temperature = 0.0 if agree else 1.0
+    t_shape, d_shape = shapes(vocab, args.target_layers, args.draft_layers)
+    target = build(t_shape, "cpu", torch.float32, seed=1, agree=agree)
+    draft = build(d_shape, "cpu", torch.float32, seed=2, agree=agree)
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist()
+    K, N = args.K, args.new_tokens
+    torch.set_num_threads(1)
+    mid = args.prompt_len + N // 2
+    t = {"target_1": forward_ms(target, mid, 1), f"target_{K + 1}": forward_ms(target, mid, K + 1),
+         "draft_1": forward_ms(draft, mid, 1), "draft_2": forward_ms(draft, mid, 2),
+         f"draft_{K + 1}": forward_ms(draft, mid, K + 1)}
+    for k in range(1, K):
+        t[f"target_{k + 1}"] = forward_ms(target, mid, k + 1)
+        t[f"draft_{k + 1}"] = forward_ms(draft, mid, k + 1)
+    for n in args.branch_rows:
+        t[f"branch_x{n}"] = forward_ms(draft, mid, 1, rows=n)
+    row = {"vocab": vocab, "forwards_ms": {k: round(v, 4) for k, v in t.items()}, "bare_ms": [], "hf_generate_ms": []}
+    runs = {s: EngineRun(s) for s in args.strategies}
+    llms = {s: engine(target, draft, s, K, threads=1) for s in args.strategies}
+    try:
+        for s, llm in llms.items():  # warm up every path once (the worker's start, the first shapes)
+            run_engine(llm, prompt, 16, temperature, seed=0)
+        for rep in range(args.repeats):
+            row["bare_ms"].append(bare_loop_ms(target, prompt, N))
+            row["hf_generate_ms"].append(hf_generate_ms(target, prompt, N, temperature))
+            for s, llm in llms.items():
+                out = run_engine(llm, prompt, N, temperature, seed=rep + 1)
+                run = runs[s]
+                run.tpot_ms.append(out[0].metrics.tpot_s * 1e3)
+                decode = [r for r in out.metrics.rounds if r.phase == "decode"]
+                run.rounds = len(decode)
+                run.tokens_per_round = sum(sum(r.emitted) for r in decode) / max(len(decode), 1)
+                summary = out.metrics.summary()
+                run.alpha = summary.get("alpha")
+                run.hit_rate = summary.get("hit_rate")
+                builds = [r.branches for r in decode if r.branches]
+                run.branches_per_build = statistics.mean(builds) if builds else None
+                run.ideal_ms = ideal_ms(s, out.metrics.rounds, K, t)
+                run.fault = llm.fault
+    finally:
+        for llm in llms.values():
+            llm.close()
+    for s, run in runs.items():
+        run.syncs_per_round = count_syncs(target, draft, s, K, temperature)
+    if "ssd" in runs:
+        runs["ssd"].link_bytes_per_round = link_bytes(target, draft, K, temperature, prompt, min(N, 64))
+    row["engine"] = {s: asdict(r) | {"median_tpot_ms": r.median_tpot_ms} for s, r in runs.items()}
+    return row
+
+
+def print_row(row: dict, out=sys.stdout) -> None:
+    bare = statistics.median(row["bare_ms"])
+    print(f"vocabulary {row['vocab']}: bare loop {bare:.3f} ms a token, transformers generate "
+          f"{statistics.median(row['hf_generate_ms']) / bare:.2f}x bare", file=out)
+    print("  strategy  ms/token  x bare  ideal ms  x ideal  tokens/round  hit rate  syncs/round  link B/round", file=out)
+    for s, r in row["engine"].items():
+        ms = r["median_tpot_ms"]
+        hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
+        link = "-" if r["link_bytes_per_round"] is None else f"{r['link_bytes_per_round']:.0f}"
+        print(f"  {s:8s}  {ms:8.3f}  {ms / bare:6.2f}  {r['ideal_ms']:8.3f}  {ms / r['ideal_ms']:7.2f}  "
+              f"{r['tokens_per_round']:12.2f}  {hit:>8s}  {r['syncs_per_round']:11.1f}  {link:>12s}", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_overhead", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab", type=int, nargs="+", default=[2048, 151936])
+    parser.add_argument("--mode", choices=["agree", "random"], default="agree",
+                        help="agree: models forced to agree, greedy (α = 1); random: unrelated weights at T 1")
+    parser.add_argument("--strategies", nargs="+", choices=["ar", "sd", "ssd"], default=["ar", "sd", "ssd"])
+    parser.add_argument("-K", type=int, default=4)
+    parser.add_argument("--target-layers", type=int, default=8)
+    parser.add_argument("--draft-layers", type=int, default=2)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--branch-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
+                        help="batch sizes a branch step is timed at (the build's forwards are read off them)")
+    parser.add_argument("--out", type=Path, help="write results.json here")
+    args = parser.parse_args(argv)
+    if args.K < 1 or args.new_tokens < 8 or args.prompt_len < 1 or args.repeats < 1:
+        parser.error("-K must be >= 1, --new-tokens >= 8, --prompt-len and --repeats >= 1")
+    rows = []
+    for vocab in args.vocab:
+        row = measure(vocab, args)
+        print_row(row)
+        rows.append(row)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        meta = {"cpu": _cpu(), "torch": torch.__version__, "argv": sys.argv[1:], "args": vars(args) | {"out": str(args.out)}}
+        (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
