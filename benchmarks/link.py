@@ -43,7 +43,7 @@ def _answer(B: int, K: int, V: int, S: int):
     import torch
 
     from engine.ssd.messages import Source, Speculation
-    from engine.ssd.sparse import SparseQ
+    from engine.sparse import SparseQ
 
     g = torch.Generator().manual_seed(0)
     if S:

@@ -29,11 +29,20 @@ class Checks:
         self._pending.append((bad, error))
 
     def raise_first(self) -> None:
+        if self._pending:
+            self.raise_from(self.flags().tolist())  # one read
+
+    def flags(self) -> Tensor:
+        """[n] int64 on the first check's device, 1 where a check failed: to read on the host together with other
+        values (the decode loop reads them with the round's outcome), then hand to `raise_from`."""
+        if not self._pending:
+            return torch.zeros(0, dtype=torch.long)
+        device = self._pending[0][0].device
+        return torch.stack([bad.any().to(device) for bad, _ in self._pending]).long()
+
+    def raise_from(self, failed: list[int]) -> None:
+        """Raise the first failed check's error, given the values of `flags()` as read on the host."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return
-        device = pending[0][0].device
-        failed = torch.stack([bad.any().to(device) for bad, _ in pending]).tolist()  # one read
         for flag, (bad, error) in zip(failed, pending):
             if flag:
                 raise error(bad)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from engine.block_cache import BlockModel
 from engine.compile_config import CompileConfig, SlotPlan
 from engine.kv_cache import cache_keyword
 from engine.static_cache import SlotCache, SlotState, block_inputs
@@ -172,8 +173,11 @@ class SlotModel:
 
 
 def slot_model(model: torch.nn.Module, plan: SlotPlan | None, device: torch.device, name: str
-               ) -> torch.nn.Module | SlotModel:
-    """What the engine feeds: `model` itself without a plan, else the model on a static slot cache."""
+               ) -> torch.nn.Module | SlotModel | BlockModel:
+    """What the engine feeds: without a plan the model on a block KV cache (engine.block_cache; the model itself
+    when its attention takes no 4-D mask), else the model on a static slot cache."""
     if plan is None:
-        return model
+        if getattr(model.config, "_attn_implementation", "sdpa") not in MASKED_ATTENTION:
+            return model
+        return BlockModel(model, device)
     return SlotModel(model, plan.settings, device, name=name, max_tokens=plan.max_tokens, rows=plan.rows)

@@ -36,11 +36,12 @@ from engine.outputs import Chunk
 from engine.recorder import RoundRecorder
 from engine.row_distribution import hold_back_stops, logprobs
 from engine.sampling import RowSampling, sample, warp_rows
+from engine.sampling_params import LogprobsMode
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
 from engine.timing import Stopwatch
-from engine.verifier import verify
+from engine.verifier import verify, verify_greedy
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Prefilling:
     def keep(self, rows: list[int]) -> None:
         """Only these rows (increasing, at least one) go on prefilling."""
         if len(rows) < len(self.seqs):
-            self.state.select(torch.tensor(rows, dtype=torch.long))
+            self.state.select(rows)
             self.seqs = [self.seqs[i] for i in rows]
             self.fed = [self.fed[i] for i in rows]
 
@@ -80,6 +81,7 @@ class DecodeLoop:
         self.running: list[Sequence] = []
         self.prefilling: Prefilling | None = None  # the admitted group whose prompts are being fed
         self.pending = torch.zeros(0, dtype=torch.long, device=device)  # [B] newest token of each row
+        self._batch_changed()
         self.recorder = RoundRecorder()  # the round records (kept while recorder.records is a list)
         self.stats = ServingStats(strategy=proposer.name)
         self.fault: str | None = None  # why the SSD worker was replaced (None while it serves, or never used)
@@ -180,7 +182,7 @@ class DecodeLoop:
         context_len = max(group.fed)
         self.proposer.prefetch(done)  # SSD: the worker prefills their draft side meanwhile
         tokens, valid = right_aligned(slices, self.pad_id, self.device)  # [J, T]: every row's newest token last
-        logits = group.state.extend(tokens, valid, logits_to_keep=1)[:, -1]  # [J, V]
+        logits = group.state.extend(tokens, valid, logits_to_keep=1, fed=[len(p) for p in slices])[:, -1]  # [J, V]
         for i, part in enumerate(slices):
             group.fed[i] += len(part)
         self.stats.prompt_tokens += sum(len(part) for part in slices)
@@ -193,7 +195,7 @@ class DecodeLoop:
             if going_on:
                 rows = [complete[j] for j in going_on]
                 whole = not rest and len(rows) == len(group.seqs)  # the common case: the group's cache as it is
-                state = group.state if whole else group.state.fork(torch.tensor(rows))
+                state = group.state if whole else group.state.fork(rows)
                 self._join([done[j] for j in going_on], state, first[going_on])
         self.recorder.prefill(self.proposer.name, self.proposer.K, len(group.seqs), max(len(p) for p in slices),
                               verify_ms=verify_ms, draft_ms=t1.ms(), round_ms=t0.ms(),
@@ -225,10 +227,12 @@ class DecodeLoop:
         self.state = KVState.concat([self.state, state])
         self.pending = torch.cat([self.pending, first.to(self.device)])
         self.running += seqs
+        self._batch_changed()
         self.proposer.admit(seqs)  # SD: the draft's prefill; SSD: sent with the next round
 
     def _propose(self, rows: RowSampling) -> tuple[Proposal, RoundTelemetry]:
         """The proposer's speculation and its account of drafting it (after a fault, its replacement's)."""
+        self.proposer.record_outcomes = self.recorder.active
         try:
             proposal = self.proposer.propose(rows)
         except self.proposer.faults as err:
@@ -248,30 +252,34 @@ class DecodeLoop:
 
     def _round(self) -> list[Chunk]:
         """One speculative round over the running batch (a plain sampling step for AR)."""
-        rows = RowSampling([s.params for s in self.running])
-        generators = [s.generator for s in self.running]
-        context_len = int(self.state.lengths.max())
-        t0 = Stopwatch(self.device)
+        rows = self.rows
+        context_len = max(self._host_lengths(), default=0)
+        t0 = Stopwatch()
         proposal, telemetry = self._propose(rows)
         x, K = proposal.tokens, proposal.tokens.shape[1]
 
-        t1 = Stopwatch(self.device)
+        t1 = Stopwatch()
         block = torch.cat([self.pending[:, None], x.to(self.device)], dim=1)  # [B, K + 1]
-        checks = Checks()  # the round's input checks, read on the host at once
+        checks = Checks()  # the round's input checks, read on the host with the outcome
         logits = self.state.extend(block)  # [B, K + 1, V]: position j predicts output token len(output_ids) + j
-        p = warp_rows(hold_back_stops(logits, self.running).float(), rows, checks)  # [B, K + 1, V]
-        result = verify(x, proposal.q, p, generators, checks)
-        checks.raise_first()
+        held = hold_back_stops(logits, self.running)  # min_tokens: p only (logprobs report the model's own)
+        if self.greedy:  # every row argmax: p is never built
+            p, result = None, verify_greedy(x, held, checks)
+        else:
+            p = warp_rows(held.float(), rows, checks)  # [B, K + 1, V]
+            result = verify(x, proposal.q, p, self.generators, checks)
+        accepted, _, _ = result.host(checks)  # the round's one read: the outcome and the input checks
         if K:  # keep pending, x_1..x_k (AR's K = 0 leaves nothing to roll back)
-            self.state.rollback(K - result.accepted)
-        verify_ms = t1.ms()
+            self.state.rollback([K - k for k in accepted])
+        verify_ms = t1.ms()  # on the host's clock: the read above waited for the device's work
         self.proposer.observe(result, verify_ms)
 
         now = time.perf_counter()
-        accepted, _, _ = result.host()  # the round's one read of the outcome on the host
-        tokens = result.emitted(x)
+        tokens = result.emitted()
         chunks = []
-        for seq, toks, lp, k in zip(self.running, tokens, logprobs(logits, p, tokens, self.running), accepted):
+        wants = any(s.params.logprobs is not None for s in self.running)
+        lps = logprobs(logits, p, tokens, self.running) if wants else [None] * len(tokens)
+        for seq, toks, lp, k in zip(self.running, tokens, lps, accepted):
             chunks.append(seq.append(toks, lp, now))
             seq.metrics.rounds += 1
             seq.metrics.target_forwards += 1
@@ -283,6 +291,11 @@ class DecodeLoop:
                              [s.index for s in self.running], telemetry)
         self._retire()
         return [c for c in chunks if c is not None]
+
+    def _host_lengths(self) -> list[int]:
+        """Tokens in the target's cache per row, from the host's own count where the state keeps one."""
+        lengths = getattr(self.state, "host_lengths", None)
+        return lengths if lengths is not None else self.state.lengths.tolist()
 
     def _count_round(self, telemetry: RoundTelemetry, accepted: list[int], emitted: list[int], K: int) -> None:
         s = self.stats
@@ -327,11 +340,18 @@ class DecodeLoop:
         if len(keep) == len(self.running):
             return
         self._count_finished([s for s in self.running if s.finished])
-        index = host.tensor(keep, torch.long, self.device)
-        self.state.select(index)
-        self.pending = self.pending[index]
+        self.state.select(keep)
+        self.pending = self.pending[host.tensor(keep, torch.long, self.device)]
         self.running = [self.running[i] for i in keep]
+        self._batch_changed()
         self.proposer.retire(keep)
+
+    def _batch_changed(self) -> None:
+        """The running rows changed: their sampling settings and random streams, kept until the next change."""
+        self.rows = RowSampling([s.params for s in self.running])
+        self.generators = [s.generator for s in self.running]
+        self.greedy = all(s.params.greedy and s.params.logprobs_mode is not LogprobsMode.PROCESSED
+                          for s in self.running)
 
     def close(self) -> None:
         self.proposer.close()

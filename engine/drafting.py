@@ -14,9 +14,10 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from engine.checks import Checks
+from engine.checks import Checks, check
 from engine.kv_cache import KVState
 from engine.sampling import Generators, RowSampling, saguaro, sample, warp_rows
+from engine.sparse import SparseQ
 
 
 def draft_steps(
@@ -29,31 +30,47 @@ def draft_steps(
     generator: Generators,
     active: Tensor | None = None,
     stop_below: float | None = None,
-) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-    """Yield (y [N], q [N, V] float32, logits [N, V]) for draft positions 1..K, feeding each y but the last.
+    fed: list[int] | None = None,
+) -> Iterator[tuple[Tensor, SparseQ, Tensor]]:
+    """Yield (y [N], q [N, V], logits [N, V]) for draft positions 1..K, feeding each y but the last.
 
     `logits` [N, V] are the draft's logits at position 1. q is the warped draft distribution, Saguaro's
-    σ_{F,C} when C < 1 (n_top = saguaro_top[i] at position i+1). `params` and `generator` are per row. Rows
-    where `active` [N] is False get holes (their results are to be ignored). `stop_below`: stop before a
-    position i > 1 whose top probability (softmax of the raw logits, so greedy rows can stop too) is below it
-    in every row; the last y, fed only to look there, goes back to unfed, so the block ends with it.
-    The steps' input checks (finite logits, a positive mass to draw from) are read on the host once, after the
-    last step: a bad row raises then, as it would have at its step.
+    σ_{F,C} when C < 1 (n_top = saguaro_top[i] at position i+1), kept as its support where that is narrow: when
+    every row is greedy it is the point mass at the argmax, and nothing over the vocabulary is made but the argmax
+    itself (no draw either: a point mass has one outcome). `params` and `generator` are per row. Rows where
+    `active` [N] is False get holes (their results are to be ignored); `fed` is `active` on the host (1 or 0
+    per row). `stop_below`: stop before a position i > 1 whose top probability (softmax of the raw logits, so greedy
+    rows can stop too) is below it in every row; the last y, fed only to look there, goes back to unfed, so the
+    block ends with it. The steps' input checks (finite logits, a positive mass to draw from) are read on the host
+    once, after the last step: a bad row raises then, as it would have at its step.
     """
     checks = Checks()  # the steps' input checks, read once after the last step
+    N, V = logits.shape
+    greedy = all(p.greedy for p in params.params)
     for i in range(K):
         if i > 0 and stop_below is not None and bool((logits.softmax(-1).amax(-1) < stop_below).all()):
-            state.rollback(torch.ones(logits.shape[0], dtype=torch.long, device=logits.device))
+            state.rollback([1] * N)
             break
-        q = warp_rows(logits, params, checks)  # [N, V]
-        if C < 1:
-            q = saguaro(q, saguaro_top[i], C)
-        y = sample(q, generator, checks)  # [N]
-        yield y, q.float(), logits
+        if greedy:  # σ_{F,C} of a point mass is that point mass
+            top, y = logits.max(dim=-1)  # [N]; max propagates NaN, so a bad row fails the check
+            check(~torch.isfinite(top), _no_maximum, checks)
+            q = SparseQ.point_mass(y, V)
+        else:
+            dense = warp_rows(logits, params, checks)  # [N, V]
+            if C < 1:
+                dense = saguaro(dense, saguaro_top[i], C)
+            y = sample(dense, generator, checks)  # [N]
+            q = SparseQ(V, None, dense.float())
+        yield y, q, logits
         if i < K - 1:
             valid = None if active is None else active[:, None]
-            logits = state.extend(y[:, None], valid)[:, -1].float()  # [N, V]
+            logits = state.extend(y[:, None], valid, fed=fed)[:, -1].float()  # [N, V]
     checks.raise_first()
+
+
+def _no_maximum(bad: Tensor) -> RuntimeError:
+    return RuntimeError(f"logits row {tuple(int(i) for i in bad.nonzero()[0].tolist())} has no finite maximum (all "
+                        f"-inf, NaN or +inf): nothing can be sampled from it; a model or logits-processor bug")
 
 
 def draft_from(
@@ -66,17 +83,20 @@ def draft_from(
     generator: Generators,
     active: Tensor | None = None,
     stop_below: float | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`draft_steps` collected: tokens [N, K'], q [N, K', V] and the draft's logits [N, K', V] (float32), with
-    K' = K unless `stop_below` ended the block early (1 <= K' <= K). A stop looks only at the draft's own logits,
-    never at the target, so the shorter block is verified exactly like a block of that length chosen in advance.
-    Draft forwards made, the one that gave `logits` included: K' + (K' < K)."""
+    keep_logits: bool = True,
+) -> tuple[Tensor, SparseQ, list[Tensor]]:
+    """`draft_steps` collected: tokens [N, K'], q [N, K', V] (as its support where narrow) and, with
+    `keep_logits`, the draft's logits at each position (K' tensors [N, V], as the steps made them; none without),
+    with K' = K unless `stop_below` ended the block early (1 <= K' <= K). A stop looks only at the draft's own logits, never at the target, so the shorter
+    block is verified exactly like a block of that length chosen in advance. Draft forwards made, the one that gave
+    `logits` included: K' + (K' < K)."""
     ys, qs, zs = [], [], []
     for y, q, z in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below):
         ys.append(y)
         qs.append(q)
-        zs.append(z)
-    return torch.stack(ys, 1), torch.stack(qs, 1), torch.stack(zs, 1)
+        if keep_logits:
+            zs.append(z)
+    return torch.stack(ys, 1), SparseQ.stack(qs), zs
 
 
 def draft_tokens(
@@ -89,7 +109,7 @@ def draft_tokens(
     params: RowSampling,
     generator: Generators,
     active: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, SparseQ, list[Tensor]]:
     """Feed `first` [N, T] (holes where not valid) then draft K tokens with K forwards in total: `draft_from`
     on the logits after `first`. The last token is sampled, not fed."""
     logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]

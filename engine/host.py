@@ -23,7 +23,7 @@ from torch import Tensor
 
 def reads_are_free(device: torch.device) -> bool:
     """Whether reading a tensor on `device` from the host costs no wait: True on the CPU, where a routine may
-    read values to take a shortcut that a device's path must do without (engine.ssd.sparse.ranked_ids). Both
+    read values to take a shortcut that a device's path must do without (engine.sparse.ranked_ids). Both
     paths give the same result; tests run the device's path on the CPU by making this False."""
     return torch.device(device).type == "cpu"
 
@@ -48,6 +48,13 @@ def upload(t: Tensor, device: torch.device | str) -> Tensor:
 def tensor(values: Sequence, dtype: torch.dtype, device: torch.device | str) -> Tensor:
     """A host list as a tensor on `device` (`upload`ed: no wait for the device's queue)."""
     return upload(torch.tensor(values, dtype=dtype), device)
+
+
+def index(values: Tensor | Sequence[int], device: torch.device | str) -> Tensor:
+    """Row indices or counts as an int64 tensor on `device`: a host list is `upload`ed, a tensor moved as it is."""
+    if isinstance(values, Tensor):
+        return upload(values, device)
+    return tensor(list(values), torch.long, device)
 
 
 def download(tensors: Sequence[Tensor]) -> list[Tensor]:

@@ -49,13 +49,14 @@ class CacheState(Protocol):
     @property
     def batch_size(self) -> int: ...
 
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0) -> Tensor: ...
+    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
+               fed: list[int] | None = None) -> Tensor: ...
 
-    def rollback(self, drop: Tensor) -> None: ...
+    def rollback(self, drop: Tensor | list[int]) -> None: ...
 
-    def select(self, rows: Tensor) -> None: ...
+    def select(self, rows: Tensor | list[int]) -> None: ...
 
-    def fork(self, rows: Tensor) -> "CacheState": ...
+    def fork(self, rows: Tensor | list[int]) -> "CacheState": ...
 
 
 def new_state(model: torch.nn.Module, batch_size: int, device: torch.device) -> CacheState:
@@ -96,11 +97,13 @@ class KVState:
         return self.mask.shape[0]
 
     @torch.inference_mode()
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0) -> Tensor:
+    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
+               fed: list[int] | None = None) -> Tensor:
         """Feed tokens [B, T] (slots where valid [B, T] is False are holes); return logits.
 
         logits_to_keep > 0 computes logits for the last that many slots only (prefill wants one).
-        Returns [B, T or logits_to_keep, V] in the model's dtype.
+        Returns [B, T or logits_to_keep, V] in the model's dtype. `fed` (real tokens per row, as the block cache
+        takes them) is not needed here: `valid` says it.
         """
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
@@ -139,9 +142,9 @@ class KVState:
         """Forget the newest drop[b] real tokens of each row b (drop: [B], 0 <= drop[b] <= the row's length).
         ValueError otherwise: a negative drop would count tokens the cache does not hold. The check and the
         columns left to trim are read on the host in one transfer."""
+        drop = host.index(drop, self.lengths.device)
         if drop.numel() == 0:
             return
-        drop = host.upload(drop, self.lengths.device)
         # Rank of each real slot counted from the end of its row: 1 = newest.
         rank_from_end = self.mask.flip(-1).cumsum(-1).flip(-1)  # [B, L]
         forget = (self.mask == 1) & (rank_from_end <= drop[:, None])
@@ -163,7 +166,7 @@ class KVState:
 
     def select(self, rows: Tensor) -> None:
         """Keep only the given rows, in the given order (finished sequences leave the batch)."""
-        rows = host.upload(rows, self.mask.device)
+        rows = host.index(rows, self.mask.device)
         if rows.numel() == 0:
             self.cache = DynamicCache(config=self.model.config)
             self.mask, self.lengths = self.mask[:0, :0], self.lengths[:0]
@@ -175,7 +178,7 @@ class KVState:
 
     def fork(self, rows: Tensor) -> "KVState":
         """A new state whose row i is a copy of this state's row rows[i] (rows may repeat)."""
-        rows = host.upload(rows, self.mask.device)
+        rows = host.index(rows, self.mask.device)
         new = self._like(self.mask.index_select(0, rows), self.lengths.index_select(0, rows))
         for src, dst in zip(self.cache.layers, new.cache.layers):
             if src.is_initialized:

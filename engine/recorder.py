@@ -22,6 +22,12 @@ class RoundRecorder:
         self.count = 0  # records made (prefills and rounds): the next one's `round`
         self._held: RoundRecord | None = None  # the last decode record, until the next round fills in its outcome
 
+    @property
+    def active(self) -> bool:
+        """Whether anyone takes the records (kept in `records` or handed to `on_record`): the proposers measure
+        what only the records report (each outcome's rank among the draft's guesses) only then."""
+        return self.records is not None or self.on_record is not None
+
     def prefill(self, strategy: str, K: int, rows: int, tokens: int, verify_ms: float, draft_ms: float,
                 round_ms: float, context_len: int = 0) -> None:
         """A prefill (chunk) of `rows` joining prompts, the longest slice `tokens` long, after `context_len`

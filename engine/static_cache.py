@@ -27,6 +27,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from engine import host
+
 log = logging.getLogger(__name__)
 
 SCRATCH = 0  # the column every hole writes to and reads
@@ -190,7 +192,8 @@ class SlotState:
         return self._rows
 
     @torch.inference_mode()
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0) -> Tensor:
+    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
+               fed: list[int] | None = None) -> Tensor:
         """As KVState.extend: feed tokens [B, T] (holes where valid is False); logits [B, T or keep, V]."""
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
@@ -198,19 +201,20 @@ class SlotState:
         self.lengths = self.lengths + valid.to(torch.long).sum(-1)
         return logits
 
-    def rollback(self, drop: Tensor) -> None:
+    def rollback(self, drop: Tensor | list[int]) -> None:
         """Forget the newest drop[b] tokens of each row: its length goes down, and the next tokens fed overwrite
         theirs. ValueError for a drop below 0 or above the row's length."""
+        drop = host.index(drop, self.lengths.device)
         if drop.numel() == 0:
             return
-        drop = drop.to(self.lengths.device)
         if bool(((drop < 0) | (drop > self.lengths)).any()):
             raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {self.lengths.tolist()}: each row "
                              f"can forget 0 up to its own length (to extend a row, feed it tokens)")
         self.lengths = self.lengths - drop
 
-    def select(self, rows: Tensor) -> None:
+    def select(self, rows: Tensor | list[int]) -> None:
         """Keep only the given rows, in the given order; the others' slots go back to the cache."""
+        rows = host.index(rows, self.lengths.device)
         keep = rows.tolist()
         if len(set(keep)) != len(keep):
             raise ValueError(f"select keeps each row at most once, got rows {keep}: copy rows with fork")
@@ -221,9 +225,10 @@ class SlotState:
         self.lengths = self.lengths[rows.to(self.lengths.device)]
         self._rows = None
 
-    def fork(self, rows: Tensor) -> "SlotState":
+    def fork(self, rows: Tensor | list[int]) -> "SlotState":
         """A new state whose row i is a copy of this state's row rows[i] (rows may repeat): new slots, with the
         rows' used columns copied."""
+        rows = host.index(rows, self.lengths.device)
         index = rows.tolist()
         lengths = self.lengths.index_select(0, rows.to(self.lengths.device))
         new = SlotState(self.runner, self.runner.cache.allocate(len(index)), lengths)

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from engine.checks import Checks, check
 from engine.sampling import Generators, sample, uniforms
+from engine.sparse import SparseQ
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,29 @@ class Verification:
     bonus: Tensor
     draft_tokens: Tensor | None = None
 
-    def host(self) -> tuple[list[int], list[int], list[list[int]]]:
+    def host(self, checks: Checks | None = None) -> tuple[list[int], list[int], list[list[int]]]:
         """k, t* and x of every row as lists, read from the device in one transfer (and kept: every reader of
-        the outcome, the loop and the proposer, shares that one host synchronisation)."""
+        the outcome, the loop and the proposer, shares that one host synchronisation). `checks`: input checks
+        read in the same transfer, whose first failure then raises."""
         kept = self.__dict__.get("_host")
         if kept is None:
             parts = [self.accepted[:, None], self.bonus[:, None]]  # [B, 1] each
             if self.draft_tokens is not None:
                 parts.append(self.draft_tokens.to(self.accepted.device, torch.long))  # [B, K]
-            rows = torch.cat(parts, 1).tolist()  # [B, 2 + K]
+            flat = torch.cat(parts, 1).reshape(-1)  # [B·(2 + K)]
+            flags = checks.flags() if checks is not None else None
+            if flags is not None and flags.numel():
+                flat = torch.cat([flat, flags.to(flat.device)])
+            values = flat.tolist()  # the one read
+            width = 2 + (0 if self.draft_tokens is None else self.draft_tokens.shape[1])
+            B = self.accepted.shape[0]
+            if checks is not None:
+                checks.raise_from(values[B * width :])
+            rows = [values[b * width : (b + 1) * width] for b in range(B)]
             kept = ([r[0] for r in rows], [r[1] for r in rows], [r[2:] for r in rows])
             object.__setattr__(self, "_host", kept)  # a cache, not a field: the dataclass stays frozen
+        elif checks is not None:
+            checks.raise_first()
         return kept
 
     def emitted(self, draft_tokens: Tensor | None = None) -> list[list[int]]:
@@ -76,8 +89,32 @@ def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor, checks: Checks | None)
               checks)
 
 
-def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: Generators, checks: Checks | None = None
-           ) -> Verification:
+def verify_greedy(draft_tokens: Tensor, logits: Tensor, checks: Checks | None = None) -> Verification:
+    """`verify` for rows that all sample greedily, from the target's logits [B, K+1, V] (min_tokens applied).
+
+    At temperature 0 p is one-hot at the argmax (ties to the lowest id), so whatever q the draft tokens came
+    from (under which each has mass), u·q(x) < p(x) holds exactly when x is that argmax, and the residual
+    max(0, p − q) and p itself put all their mass on it: x_i is accepted iff it is the argmax at position i, and
+    t* is the argmax at position k+1. The same outcome as `verify`, without warping p or drawing anything.
+    """
+    B, K = draft_tokens.shape
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, K + 1):
+        raise ValueError(f"logits must be [B, K+1, V] = [{B}, {K + 1}, V], got {tuple(logits.shape)}")
+    V = logits.shape[2]
+    top, target = logits.max(dim=-1)  # [B, K+1]: max propagates NaN, so a row with one fails the check below
+    check(~torch.isfinite(top), lambda bad: RuntimeError(
+        f"logits row {tuple(int(i) for i in bad.nonzero()[0].tolist())} has no finite maximum (all -inf, NaN or "
+        f"+inf): nothing can be sampled from it; a model or logits-processor bug"), checks)
+    if K:
+        check((draft_tokens < 0) | (draft_tokens >= V), lambda bad: ValueError(f"draft_tokens must lie in [0, {V})"),
+              checks)
+    accepted = (draft_tokens.to(target.device) == target[:, :K]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    bonus = target.gather(1, accepted[:, None])[:, 0]  # [B]
+    return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
+
+
+def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Generators,
+           checks: Checks | None = None) -> Verification:
     """Standard rejection sampling of `draft_tokens` [B, K] drawn from `q` [B, K, V] against `p` [B, K+1, V].
 
     Accept x_i with probability min(1, p_i(x_i)/q_i(x_i)), tested as u_i·q_i(x_i) < p_i(x_i) with
@@ -96,6 +133,8 @@ def verify(draft_tokens: Tensor, q: Tensor, p: Tensor, generator: Generators, ch
     tokens are then clamped into the vocabulary for the gathers, so a bad one cannot index out of range on a
     device before its check is read. Default: every check at once.
     """
+    if isinstance(q, SparseQ):
+        q = q.dense()  # [B, K, V] (bit-exact: engine.sparse)
     _validate(draft_tokens, q, p, checks)
     dtype = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
     p, q = p.to(dtype), q.to(dtype)

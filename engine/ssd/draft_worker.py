@@ -37,7 +37,7 @@ from engine.sampling_params import SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
 from engine.ssd.messages import Join, Prefill, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
-from engine.ssd.sparse import RANK_DEPTH, SparseQ, TopLogits, support_width
+from engine.sparse import RANK_DEPTH, SparseQ, TopLogits, support_width
 from engine.ssd.speculation_cache import SpeculationCache, guess_plan
 from engine.ssd.tree import decode_branches, draft_compact
 from engine.ssd.worker_rows import Current, Rows
@@ -105,22 +105,21 @@ class DraftWorker:
         if n_old:
             self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
             # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.
-            self.state.rollback(host.tensor([K - k for k in msg.accepted], torch.long, self.device))
+            self.state.rollback([K - k for k in msg.accepted])
 
         alive = [b for b, a in enumerate(msg.alive) if a]
         hit_rows = [b for b in alive if found[b] is not None]
         missed = [b for b in alive if found[b] is None]
-        as_long = lambda v: host.tensor(v, torch.long, self.device)  # noqa: E731
         old_state, branches = self.state, self.cache.branches
 
         def settle() -> KVState:
             # Rows that go on: a hit takes its branch's state, a miss keeps its own; back in batch order.
-            parts = [old_state.fork(as_long(missed))]
+            parts = [old_state.fork(missed)]
             if hit_rows:
-                parts.insert(0, branches.state.fork(as_long([found[b] for b in hit_rows])))
+                parts.insert(0, branches.state.fork([found[b] for b in hit_rows]))
             order = {b: i for i, b in enumerate(hit_rows + missed)}
             state = KVState.concat(parts)
-            state.select(as_long([order[b] for b in alive]))
+            state.select([order[b] for b in alive])
             return state
 
         rows = self.rows.keep(alive)
@@ -174,14 +173,14 @@ class DraftWorker:
             rows = [at.get(j.seq_id) for j in joins]
             if all(r is not None and prompts[r] == j.prompt for r, j in zip(rows, joins)):
                 if rows != list(range(len(ids))):  # some announced prompts finished at their first token
-                    state.select(host.tensor(rows, torch.long, self.device))
+                    state.select(rows)
                 return state
         return self._prefill_prompts([j.prompt for j in joins])
 
     def _prefill_prompts(self, prompts: list[list[int]]) -> KVState:
         state = new_state(self.model, len(prompts), self.device)
         tokens, valid = right_aligned(prompts, self.pad_id, self.device)
-        state.extend(tokens, valid, logits_to_keep=1)
+        state.extend(tokens, valid, logits_to_keep=1, fed=[len(p) for p in prompts])
         return state
 
     def _join_rows(self, joins: list[Join]) -> Rows:
@@ -216,7 +215,7 @@ class DraftWorker:
                 active = host.tensor([not h for h in hit], torch.bool, on)  # [n]
                 y, qy, ranking = draft_compact(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
                                                RowSampling(self.rows.params), self.rows.generators, depth, active,
-                                               width)
+                                               width, fed=[len(f) for f in first], active_host=[not h for h in hit])
                 rows = host.tensor(miss, torch.long, on)
                 tokens.append(y[rows])
                 qs.append(qy.rows(rows))
@@ -285,7 +284,7 @@ class DraftWorker:
         self.row_fanout = [self.policy.schedule(s == "hit", K, length) for s in cur.sources]
         depth = self.depth()
         tokens, valid = right_aligned(cur.tails, self.pad_id, on)
-        out = self.state.extend(tokens, valid)  # [n, W, V] on the worker's device
+        out = self.state.extend(tokens, valid, fed=[len(t) for t in cur.tails])  # [n, W, V] on the worker's device
         ids = torch.empty(n, K + 1, depth, dtype=torch.long, device=on)  # [n, K+1, M] ranking at positions 1..K+1
         kept = min(depth, cur.ranking.depth)
         ids[:, :K, :kept] = cur.ranking.ids[..., :kept]
@@ -300,8 +299,7 @@ class DraftWorker:
         rows, ks, t = guess_plan(ranking, cur.tokens, self.row_fanout)
         branches, keys = None, []
         if rows:
-            at = lambda v: host.tensor(v, torch.long, on)  # noqa: E731
-            branches = decode_branches(self.state, at(rows), at(ks), t, K, self.saguaro_top(True, length),
+            branches = decode_branches(self.state, rows, ks, t, K, self.saguaro_top(True, length),
                                        self.spec.C, RowSampling(self.rows.params).index(rows),
                                        [self.rows.generators[r] for r in rows], depth, length,
                                        support_width(self.rows.params))

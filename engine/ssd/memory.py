@@ -4,7 +4,7 @@ refused with a number instead of eating the host).
 Per sequence and round the worker keeps, for each of its `branches` (= the budget, Σ_k F_k):
 - a copy of the row's KV cache (engine.kv_cache fork): 2 · layers · kv_heads · head_dim · element bytes
   per token, for the context plus the K drafted positions;
-- the branch's q at its K positions (tree.Branches, engine.ssd.sparse): its support, one id + value per
+- the branch's q at its K positions (tree.Branches, engine.sparse): its support, one id + value per
   position at temperature 0 and at most k with top-k, but dense float32 over the vocabulary at T > 0
   without top-k (the estimate charges that worst case);
 - the ranking the next guesses come from: the draft's best M (RANK_DEPTH) token ids per position.
@@ -24,7 +24,7 @@ import torch
 
 from engine.scheduler import MemoryLimit
 from engine.sequence import Sequence
-from engine.ssd.sparse import RANK_DEPTH
+from engine.sparse import RANK_DEPTH
 
 NOMINAL_CONTEXT = 512  # tokens the up-front check assumes (longer contexts need more)
 SHARE = 0.5  # of the device's memory the worker's cache may take (one sequence's, or the whole batch's)

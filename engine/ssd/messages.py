@@ -8,7 +8,7 @@ verifier needs that q). No KV cache crosses.
 Wire layout: an int64 header `[kind, B, K, V, n_ints, n_floats, round, S]`, then an int64 payload of
 `n_ints` values and a float64 payload of `n_floats` values, then (speculations only) q: as its support,
 ids int64 `[B, K, S]` and values float32 `[B, K, S]` when S > 0 (one id per position at temperature 0, at
-most k with top-k: engine.ssd.sparse.SparseQ), else dense float32 `[B, K, V]`. The transport packs these
+most k with top-k: engine.sparse.SparseQ), else dense float32 `[B, K, V]`. The transport packs these
 into one or two transfers (engine.ssd.transport). The strategy rebuilds the dense q bit-exactly for the
 verifier, once; `decode` checks q on the form it crossed in, and everything else it can, and raises
 `MalformedMessage` otherwise.
@@ -22,7 +22,7 @@ from enum import IntEnum
 import torch
 from torch import Tensor
 
-from engine.ssd.sparse import SparseQ
+from engine.sparse import SparseQ
 
 HEADER_LEN = 8
 

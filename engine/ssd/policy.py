@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.config import FanoutSchedule, SpeculativeConfig
-from engine.ssd.sparse import RANK_DEPTH
+from engine.sparse import RANK_DEPTH
 from theory.backup import BackupOption, best_backup
 from theory.fanout import (optimal_fanout, outcome_probabilities, round_largest_remainder, separable_fanout,
                            uniform_fanout)
@@ -128,7 +128,7 @@ class DraftPolicy:
                       rank: int | None = None) -> None:
         """One sequence-round: its speculation's source ("hit" or a backup), outcome k of its K (default the
         spec's), whether that outcome was found in the cache built with fanout_k guesses for it, and the
-        rank of its bonus among the guesses that cache could make (engine.ssd.sparse.TopLogits.ranks; None
+        rank of its bonus among the guesses that cache could make (engine.sparse.TopLogits.ranks; None
         or negative: no cache; ≥ the kept depth: beyond it)."""
         K = self.K if K is None else K
         self._schedules.clear()

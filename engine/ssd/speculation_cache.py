@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from engine import host
-from engine.ssd.sparse import TopLogits
+from engine.sparse import TopLogits
 from engine.ssd.tree import Branches
 
 

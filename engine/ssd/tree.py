@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine import host
 from engine.drafting import draft_steps
 from engine.kv_cache import KVState
 from engine.sampling import Generators, RowSampling
-from engine.ssd.sparse import SparseQ, TopLogits
+from engine.sparse import SparseQ, TopLogits
 
 
 @dataclass
@@ -24,7 +25,7 @@ class Branches:
     """K pre-drafted tokens per branch, the q they were drawn from and the draft's ranking there.
 
     Nothing dense over the vocabulary is kept where it can be avoided: q as its support (one id per
-    position at temperature 0), the logits only as the ranking's first M tokens (engine.ssd.sparse)."""
+    position at temperature 0), the logits only as the ranking's first M tokens (engine.sparse)."""
 
     state: KVState  # one row per branch: prefix, x_1..x_k, t, y_1..y_{K−1}
     row: Tensor  # [N] batch row of each branch
@@ -47,42 +48,30 @@ def draft_compact(
     depth: int,
     active: Tensor | None = None,
     width: int | None = None,
+    fed: list[int] | None = None,
+    active_host: list[bool] | None = None,
 ) -> tuple[Tensor, SparseQ, TopLogits]:
     """Feed `first` [N, T] (holes where not valid) then draft K tokens (engine.drafting.draft_tokens, the same
     draws), keeping q as its support and the logits as their best `depth` tokens step by step, so no [N, K, V]
     tensor is built unless q itself is dense (T > 0 without top-k). Rows where `active` [N] is False only get
-    holes after `first`. `width`: a bound on q's support known from the rows' settings (engine.ssd.sparse.
-    support_width; None: read from q at each step). Returns tokens [N, K], q [N, K, V] and the ranking
-    [N, K, depth], all on the draft's device."""
-    logits = state.extend(first, first_valid)[:, -1].float()  # [N, V]
-    N, V = logits.shape
+    holes after `first`. `width`: a bound on q's support known from the rows' settings (engine.sparse.
+    support_width; None: read from q at each step). `fed` (real tokens of `first` per row) and `active_host`
+    (`active` as a list) are the same facts on the host, so the cache's bookkeeping reads nothing back. Returns
+    tokens [N, K], q [N, K, V] and the ranking [N, K, depth], all on the draft's device."""
+    logits = state.extend(first, first_valid, fed=fed)[:, -1].float()  # [N, V]
     ys, qs, ranks = [], [], []
-    dense: Tensor | None = None  # [N, K, V], made at the first step whose q is dense
-    for i, (y, q, z) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active)):
+    active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
+    for y, q, z in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, fed=active_fed):
         ys.append(y)
         ranks.append(TopLogits.of(z, depth).ids)  # [N, M]
-        kept = SparseQ.of(q, width)
-        if kept.ids is None and dense is None:
-            dense = torch.empty(N, K, V, dtype=q.dtype, device=q.device)
-            for j, earlier in enumerate(qs):
-                dense[:, j] = earlier.dense()
-        if dense is not None:
-            dense[:, i] = q
-        else:
-            qs.append(kept)
-    if dense is not None:
-        q_all = SparseQ(V, None, dense)
-    else:
-        S = max(p.values.shape[-1] for p in qs)
-        pad = lambda x: torch.nn.functional.pad(x, (0, S - x.shape[-1]))  # noqa: E731  ids 0 with value 0
-        q_all = SparseQ(V, torch.stack([pad(p.ids) for p in qs], 1), torch.stack([pad(p.values) for p in qs], 1))
-    return torch.stack(ys, 1), q_all, TopLogits(torch.stack(ranks, 1), V)
+        qs.append(q if q.ids is not None else SparseQ.of(q.values, width))
+    return torch.stack(ys, 1), SparseQ.stack(qs), TopLogits(torch.stack(ranks, 1), logits.shape[-1])
 
 
 def decode_branches(
     state: KVState,
-    row: Tensor,
-    k: Tensor,
+    row: Tensor | list[int],
+    k: Tensor | list[int],
     t: Tensor,
     K: int,
     saguaro_top: tuple[int, ...],
@@ -96,9 +85,12 @@ def decode_branches(
     """Pre-draft every branch (row[i], k[i], t[i]); `state` must hold x_1..x_K of each row as its newest tokens.
     `depth`: how many of the draft's best tokens per position to keep for the next round's guesses.
     `length`: tokens each branch drafts (default K; adaptive K may ask for another length next round)."""
-    branch_state = state.fork(row)
-    branch_state.rollback(K - k)  # holes over x_{k+1}..x_K: exactly the state after x_1..x_k
+    rows = row.tolist() if isinstance(row, Tensor) else list(row)  # host lists from the worker: nothing is read
+    ks = k.tolist() if isinstance(k, Tensor) else list(k)
+    branch_state = state.fork(rows)
+    branch_state.rollback([K - kb for kb in ks])  # exactly the state after x_1..x_k
     length = K if length is None else length
     tokens, q, ranking = draft_compact(branch_state, t[:, None], None, length, saguaro_top, C, params, generator,
                                        depth, width=width)
-    return Branches(branch_state, row, k, t, tokens, q, ranking)
+    on = t.device
+    return Branches(branch_state, host.index(row, on), host.index(k, on), t, tokens, q, ranking)

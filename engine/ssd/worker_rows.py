@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from engine.sampling_params import SamplingParams
-from engine.ssd.sparse import TopLogits
+from engine.sparse import TopLogits
 
 
 @dataclass

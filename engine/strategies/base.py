@@ -14,6 +14,7 @@ from typing import Protocol
 from torch import Tensor
 
 from engine.sampling import RowSampling
+from engine.sparse import SparseQ
 from engine.sequence import Sequence
 from engine.verifier import Verification
 
@@ -23,7 +24,7 @@ class Proposal:
     """K draft tokens per row and the distribution each was drawn from: what verification needs."""
 
     tokens: Tensor  # [B, K] x
-    q: Tensor  # [B, K, V]
+    q: Tensor | SparseQ  # [B, K, V], as its support where narrow (a greedy draft's point masses)
 
 
 @dataclass

@@ -67,15 +67,16 @@ class InProcessDraft:
         # the host with the next round's late ranks, in one transfer
         self.rejected: tuple[list[int], Tensor] | None = None
         self.last_round = RoundTelemetry()
+        self.record_outcomes = True  # measure each outcome's rank among the draft's guesses (the loop sets it)
 
     def prefetch(self, seqs: list[Sequence]) -> None:
         pass
 
     def admit(self, seqs: list[Sequence]) -> None:
         state = new_state(self.draft, len(seqs), self.draft_device)
-        tokens, valid = right_aligned([s.prompt_ids + s.output_ids[:-1] for s in seqs], self.pad_id,
-                                      self.draft_device)
-        state.extend(tokens, valid, logits_to_keep=1)
+        prompts = [s.prompt_ids + s.output_ids[:-1] for s in seqs]
+        tokens, valid = right_aligned(prompts, self.pad_id, self.draft_device)
+        state.extend(tokens, valid, logits_to_keep=1, fed=[len(p) for p in prompts])
         self.state = KVState.concat([self.state, state])
         self.tails += [[s.output_ids[-1]] for s in seqs]
         self.late += [None] * len(seqs)
@@ -83,7 +84,7 @@ class InProcessDraft:
         self.generators += [row_generator(draft_seed(s.seed)) for s in seqs]
 
     def retire(self, keep: list[int]) -> None:
-        self.state.select(host.tensor(keep, torch.long, self.draft_device))
+        self.state.select(keep)
         self.tails = [self.tails[i] for i in keep]
         self.late = [self.late[i] for i in keep]
         self.generators = [self.generators[i] for i in keep]
@@ -92,17 +93,18 @@ class InProcessDraft:
     def propose(self, rows: RowSampling) -> Proposal:
         t0 = Stopwatch(self.draft_device)
         tokens, valid = right_aligned(self.tails, self.pad_id, self.draft_device)
-        fed = self.state.extend(tokens, valid)  # [B, W, V]
-        previous = self._late_ranks(fed)
+        fed = self.state.extend(tokens, valid, fed=[len(t) for t in self.tails])  # [B, W, V]
+        previous = self._late_ranks(fed) if self.record_outcomes else None
         K, logits = self.lookahead.choose(), fed[:, -1].float()
         self.x, q, self.z = draft_from(self.state, logits, K, self.spec.saguaro_top(), self.spec.C, rows,
-                                       self.generators, stop_below=self.spec.confidence_stop)  # [B, K'], [B, K', V] x2
+                                       self.generators, stop_below=self.spec.confidence_stop,
+                                       keep_logits=self.record_outcomes)  # [B, K'], [B, K', V], K' x [B, V]
         self.K = self.x.shape[1]
         forwards = self.K + (self.K < K)  # the tail's feed included; a stopped block fed its last token to look
         draft_ms = t0.ms()
         self.lookahead.drafted(forwards, draft_ms)
         self.last_round = RoundTelemetry(draft_ms=draft_ms, draft_forwards=forwards, previous_outcome_rank=previous)
-        return Proposal(host.upload(self.x, self.device), host.upload(q, self.device))
+        return Proposal(host.upload(self.x, self.device), q.to(self.device))
 
     def _late_ranks(self, fed: Tensor) -> list[int | None] | None:
         """Fill in the ranks of last round's all-accepted outcomes from the draft's logits at x_K (the
@@ -130,17 +132,18 @@ class InProcessDraft:
         if not x or len(x[0]) != K:  # a Verification made without its draft tokens
             x = self.x.tolist()
         self.lookahead.observe(accepted, K, verify_ms)
-        k = host.tensor(accepted, torch.long, self.draft_device)  # [B]
-        self.state.rollback((K - 1 - k).clamp(min=0))
+        self.state.rollback([max(K - 1 - kb, 0) for kb in accepted])
         self.tails = [[row[-1], t] if kb == K else [t] for row, kb, t in zip(x, accepted, bonus)]
         rejected = [b for b, kb in enumerate(accepted) if kb < K]
         self.ranks = [None] * len(accepted)
         self.rejected = None
+        if not self.record_outcomes:
+            self.late = [None] * len(accepted)
+            return
         if rejected:
-            on = self.z.device
-            rows = host.tensor(rejected, torch.long, on)
-            at = host.tensor([accepted[b] for b in rejected], torch.long, on)
-            ranks = bonus_rank_tensor(self.z[rows, at], host.tensor([bonus[b] for b in rejected], torch.long, on),
+            on = self.z[0].device
+            z = torch.stack([self.z[accepted[b]][b] for b in rejected])  # [R, V] the logits where each was rejected
+            ranks = bonus_rank_tensor(z, host.tensor([bonus[b] for b in rejected], torch.long, on),
                                       host.tensor([x[b][accepted[b]] for b in rejected], torch.long, on))
             self.rejected = (rejected, ranks)
         self.late = [b if kb == K else None for b, kb in enumerate(accepted)]

@@ -142,9 +142,9 @@ class DraftWorkerProposer:
             previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,
         )
-        # q travels as its support where narrow; the verifier gets it dense, bit-exact (engine.ssd.sparse). From a
-        # worker in its own process both arrive in host memory: uploaded without waiting (engine.host)
-        return Proposal(host.upload(spec.tokens, self.device), spec.q.to(self.device).dense())
+        # q travels as its support where narrow, and the verifier takes it so (engine.sparse). From a worker in its
+        # own process both arrive in host memory: uploaded without waiting (engine.host)
+        return Proposal(host.upload(spec.tokens, self.device), spec.q.to(self.device))
 
     def _miss_length(self, K: int) -> int:
         """Adaptive K: the length for a round in which no row hits and the neural backup drafts every row. That

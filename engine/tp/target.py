@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from engine import host
 from engine.config import EngineConfig
 from engine.kv_cache import KVState
 from engine.loading.devices import TORCH_DTYPES
@@ -174,18 +175,19 @@ class TPState:
     def batch_size(self) -> int:
         return self.local.batch_size
 
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0) -> Tensor:
+    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
+               fed: list[int] | None = None) -> Tensor:
         return self.target.run(Extend(self.sid, tokens, valid, logits_to_keep))
 
-    def rollback(self, drop: Tensor) -> None:
-        self.target.run(Rollback(self.sid, drop))
+    def rollback(self, drop: Tensor | list[int]) -> None:
+        self.target.run(Rollback(self.sid, host.index(drop, self.lengths.device)))
 
-    def select(self, rows: Tensor) -> None:
-        self.target.run(Select(self.sid, rows))
+    def select(self, rows: Tensor | list[int]) -> None:
+        self.target.run(Select(self.sid, host.index(rows, self.lengths.device)))
 
-    def fork(self, rows: Tensor) -> "TPState":
+    def fork(self, rows: Tensor | list[int]) -> "TPState":
         new = next(self.target._ids)
-        self.target.run(Fork(self.sid, new, rows))
+        self.target.run(Fork(self.sid, new, host.index(rows, self.lengths.device)))
         return TPState(self.target, new)
 
     @staticmethod

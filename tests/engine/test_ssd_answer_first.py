@@ -8,6 +8,7 @@ The tokens must not change either way (greedy SSD equals AR).
 
 
 from engine import LLM, SamplingParams, SpeculativeConfig
+from engine.block_cache import BlockState
 from engine.config import DraftPlacement
 from engine.kv_cache import KVState
 from engine.ssd import draft_worker
@@ -20,11 +21,13 @@ def spy(monkeypatch) -> list[tuple[int, list[bool], int]]:
     """Per answer: the forks of a KV state made while answering, which rows hit, and how many joined."""
     forks = [0]
     seen: list[tuple[int, list[bool], int]] = []
-    fork, respond = KVState.fork, draft_worker.DraftWorker.respond
+    respond = draft_worker.DraftWorker.respond
 
-    def counted_fork(self, rows):
-        forks[0] += 1
-        return fork(self, rows)
+    def counting(fork):
+        def counted_fork(self, rows):
+            forks[0] += 1
+            return fork(self, rows)
+        return counted_fork
 
     def watched_respond(self, msg):
         before = forks[0]
@@ -32,7 +35,8 @@ def spy(monkeypatch) -> list[tuple[int, list[bool], int]]:
         seen.append((forks[0] - before, reply.hits, len(msg.joins)))
         return reply
 
-    monkeypatch.setattr(KVState, "fork", counted_fork)
+    for kind in (KVState, BlockState):  # a model object's KV (tests), or the engine's own block cache
+        monkeypatch.setattr(kind, "fork", counting(kind.fork))
     monkeypatch.setattr(draft_worker.DraftWorker, "respond", watched_respond)
     return seen
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from engine.ssd.messages import (Join, KeepAlive, MalformedMessage, Prefill, Round, Source, Speculation, Stop,
                                  decode, encode)
-from engine.ssd.sparse import SparseQ
+from engine.sparse import SparseQ
 from engine.ssd.transport import DRAFT_RANK, TARGET_RANK, connect, host_store, join_store
 from engine.ssd.wire import FRAME_BYTES, from_frame, rest_bytes, to_wire, unpack
 from tests.engine.fake_link import FakeLink

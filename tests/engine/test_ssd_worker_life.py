@@ -176,15 +176,18 @@ def _interrupt_in_exchange(llm, monkeypatch, at_call: int) -> None:
 
 def _interrupt_in_verify(llm, monkeypatch, at_call: int) -> None:
     """Ctrl-C while the target verifies: the worker's answer is in, its outcome never will be."""
-    real_verify, calls = engine.decode_loop.verify, []
+    calls = []
 
-    def verify(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == at_call:
-            raise KeyboardInterrupt
-        return real_verify(*args, **kwargs)
+    def interrupting(real_verify):
+        def verify(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == at_call:
+                raise KeyboardInterrupt
+            return real_verify(*args, **kwargs)
+        return verify
 
-    monkeypatch.setattr(engine.decode_loop, "verify", verify)
+    for name in ("verify", "verify_greedy"):  # rows sampling at T > 0, and all-greedy rows
+        monkeypatch.setattr(engine.decode_loop, name, interrupting(getattr(engine.decode_loop, name)))
 
 
 # The interrupted call has three rows where the worker's last speculation had at most two: a stale outcome

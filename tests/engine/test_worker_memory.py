@@ -10,7 +10,7 @@ from engine.config import DraftPlacement
 from engine.scheduler import MemoryLimit, Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.ssd.memory import PEAK_OVER_KEPT, SHARE, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
-from engine.ssd.sparse import RANK_DEPTH
+from engine.sparse import RANK_DEPTH
 from tests.engine.tiny import tiny_lm
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 from engine.ssd.messages import Join, Round, Source, Speculation, encode
-from engine.ssd.sparse import SparseQ
+from engine.sparse import SparseQ
 from engine.ssd.transport import TARGET_RANK, connect, host_store
 from tests.gpu.devices import peer_device, target_device
 from tests.gpu.link_peer import TIMEOUT_S, echo

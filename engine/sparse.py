@@ -48,6 +48,21 @@ class SparseQ:
         return cls(V, ids, values)
 
     @classmethod
+    def point_mass(cls, tokens: Tensor, V: int) -> "SparseQ":
+        """q [..., V] one-hot at `tokens` [...] (a greedy draw, or a lookup draft's proposal)."""
+        return cls(V, tokens[..., None], torch.ones(*tokens.shape, 1, device=tokens.device))
+
+    @classmethod
+    def stack(cls, parts: list["SparseQ"], dim: int = 1) -> "SparseQ":
+        """Per-position parts [N, V] stacked along `dim` into [N, K, V] (dense if any part is)."""
+        V = parts[0].V
+        if any(p.ids is None for p in parts):
+            return cls(V, None, torch.stack([p.dense() for p in parts], dim))
+        S = max(p.values.shape[-1] for p in parts)
+        pad = lambda x: torch.nn.functional.pad(x, (0, S - x.shape[-1]))  # noqa: E731  ids 0 with value 0
+        return cls(V, torch.stack([pad(p.ids) for p in parts], dim), torch.stack([pad(p.values) for p in parts], dim))
+
+    @classmethod
     def cat(cls, parts: list["SparseQ"]) -> "SparseQ":
         """Rows of several parts, in order (dense if any part is)."""
         V = parts[0].V
@@ -60,6 +75,10 @@ class SparseQ:
     @property
     def shape(self) -> tuple[int, ...]:
         return (*self.values.shape[:-1], self.V)
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
 
     @property
     def nbytes(self) -> int:
@@ -75,6 +94,12 @@ class SparseQ:
 
     def rows(self, index: Tensor) -> "SparseQ":
         return SparseQ(self.V, None if self.ids is None else self.ids[index], self.values[index])
+
+    def at(self, tokens: Tensor) -> Tensor:
+        """q(x) for tokens x [...] (q [..., V]): the mass each token has, without making q dense."""
+        if self.ids is None:
+            return self.values.gather(-1, tokens[..., None])[..., 0]
+        return ((self.ids == tokens[..., None]) * self.values).sum(-1)
 
     def to(self, device: torch.device | str) -> "SparseQ":
         """On `device` (from the host through pinned memory, without waiting: engine.host.upload)."""

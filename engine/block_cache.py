@@ -1,0 +1,466 @@
+"""KV in fixed-size blocks, shared by reference: the KV cache of the engine's eager forwards.
+
+Storage: per layer, keys and values [kv_heads, slots, head_dim], the slots grouped in blocks of `block_size`.
+A row (a sequence, or one of SSD's branches) is a block table: logical position p lives in slot
+table[p // block_size]·block_size + p % block_size. The host owns the bookkeeping as plain integers (numpy):
+tables, lengths, reference counts and the free blocks, so no forward, roll-back, selection or fork reads anything
+back from the device.
+
+- A forward writes each new token into its slot and attends over its row's slots, gathered into [B, H, W, d]
+  (a view, not a copy, for one row whose blocks lie in order: the common single-request case). Each token sees
+  its own row's positions up to its own; a hole (a slot of the block that holds no token of its row) writes to the
+  scratch slot and sees only it, so it never touches a row's keys and its discarded output stays finite.
+- Roll-back lowers a row's length and gives back the blocks past it: nothing is copied, cropped or read.
+- `select` keeps rows and `concat` stacks them: table rows move, no KV does.
+- `fork` shares the rows' blocks (reference counts); a block is copied only when a row writes into a block that
+  another row (or the prefix cache) also holds: copy-on-write, at most one partly filled block per row.
+
+Every token sees exactly the keys and values it would see in a cache of its own row, so the logits equal those
+of the row alone up to the float rounding of block shapes (as engine.kv_cache's do).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from engine import host
+
+log = logging.getLogger(__name__)
+
+SCRATCH = 0  # the slot every hole writes to and reads (block 0 is never handed out)
+DEFAULT_BLOCK_SIZE = 16
+FIRST_BLOCKS = 64  # blocks allocated at first; the pool doubles when it runs out (up to its budget)
+
+
+class KVCacheFull(RuntimeError):
+    """The KV cache's memory budget has no room for the blocks a forward needs."""
+
+
+@dataclass
+class Binding:
+    """Where the next forward's tokens go and what they read: write [B·T] slots, row-major over (row, token);
+    read [B, W] slots of each row's columns, or `view` = (first, end) slots of one row whose slots lie in order."""
+
+    write: Tensor
+    read: Tensor | None
+    view: tuple[int, int] | None
+
+
+class BlockLayer(CacheLayerMixin):
+    """One layer's keys and values over every slot; `update` writes the forward's new tokens and returns the keys
+    and values its rows attend over."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, pool: "BlockPool"):
+        super().__init__()
+        self.pool = pool
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor, *args) -> None:
+        slots = self.pool.capacity * self.pool.block_size
+        H, d = key_states.shape[1], key_states.shape[-1]
+        self.keys = key_states.new_zeros(H, slots, d)  # [H, S, d]
+        self.values = value_states.new_zeros(H, slots, value_states.shape[-1])
+        self.is_initialized = True
+
+    def grow(self, slots: int) -> None:
+        if not self.is_initialized:
+            return
+        keys = self.keys.new_zeros(self.keys.shape[0], slots, self.keys.shape[-1])
+        values = self.values.new_zeros(self.values.shape[0], slots, self.values.shape[-1])
+        keys[:, : self.keys.shape[1]] = self.keys
+        values[:, : self.values.shape[1]] = self.values
+        self.keys, self.values = keys, values
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        b = self.pool.binding
+        B, H, T, d = key_states.shape
+        if B == 1:
+            k, v = key_states[0], value_states[0]  # [H, T, d]
+        else:
+            k = key_states.transpose(0, 1).reshape(H, B * T, d)  # [H, B·T, d], row-major over (row, token)
+            v = value_states.transpose(0, 1).reshape(H, B * T, value_states.shape[-1])
+        self.keys.index_copy_(1, b.write, k)
+        self.values.index_copy_(1, b.write, v)
+        if b.view is not None:
+            first, end = b.view
+            return self.keys[None, :, first:end], self.values[None, :, first:end]  # [1, H, W, d] views
+        flat = b.read.reshape(-1)  # [B·W]
+        keys = self.keys.index_select(1, flat).view(H, B, -1, d).transpose(0, 1)  # [B, H, W, d]
+        values = self.values.index_select(1, flat).view(H, B, -1, self.values.shape[-1]).transpose(0, 1)
+        return keys, values
+
+    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
+        return self.pool.width, 0
+
+    def get_seq_length(self, *args) -> int:
+        return 0  # positions are always given (per row)
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class BlockKVCache(Cache):
+    """The transformers Cache of a block pool (its layers read the pool's binding of the next forward)."""
+
+    def __init__(self, pool: "BlockPool", num_layers: int):
+        super().__init__(layers=[BlockLayer(pool) for _ in range(num_layers)])
+
+
+class BlockPool:
+    """One model's KV blocks and the host's account of them: reference counts, the free blocks (lowest id first,
+    so a growing row's blocks tend to lie in order), and the budget."""
+
+    def __init__(self, num_layers: int, bytes_per_token: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 max_bytes: int | None = None):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_token * block_size
+        self.max_blocks = None if max_bytes is None else max(2, max_bytes // max(self.bytes_per_block, 1))
+        self.capacity = FIRST_BLOCKS if self.max_blocks is None else min(FIRST_BLOCKS, self.max_blocks)
+        self.refs = np.zeros(self.capacity, dtype=np.int64)  # [blocks] rows (and cache entries) holding each block
+        self.refs[SCRATCH] = 1 << 40  # never freed, never written by a row
+        self.free = list(range(1, self.capacity))  # a heap
+        self.cache = BlockKVCache(self, num_layers)
+        self.binding: Binding | None = None
+        self.width = 0
+
+    # -- blocks ---------------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        return self.capacity - 1 - len(self.free)
+
+    def allocate(self, n: int) -> list[int]:
+        """n blocks, each held once (KVCacheFull when the budget has no room)."""
+        if n > len(self.free):
+            self._grow(n - len(self.free))
+        taken = [heapq.heappop(self.free) for _ in range(n)]
+        self.refs[taken] = 1
+        return taken
+
+    def retain(self, blocks: np.ndarray) -> None:
+        np.add.at(self.refs, blocks, 1)
+
+    def release(self, blocks: np.ndarray) -> None:
+        """Give back one hold on each of `blocks` (a block may repeat); blocks no one holds become free."""
+        if not len(blocks):
+            return
+        np.subtract.at(self.refs, blocks, 1)
+        for b in np.unique(blocks[self.refs[blocks] == 0]).tolist():
+            heapq.heappush(self.free, b)
+
+    def _grow(self, short: int) -> None:
+        want = max(2 * self.capacity, self.capacity + short)
+        if self.max_blocks is not None:
+            if self.capacity + short > self.max_blocks:
+                raise KVCacheFull(f"the KV cache needs {self.capacity + short} blocks of {self.block_size} tokens "
+                                  f"but its budget holds {self.max_blocks}: raise the KV cache memory or admit "
+                                  f"fewer tokens at once")
+            want = min(want, self.max_blocks)
+        log.debug("growing a KV block pool from %d to %d blocks", self.capacity, want)
+        self.refs = np.concatenate([self.refs, np.zeros(want - self.capacity, dtype=np.int64)])
+        for b in range(self.capacity, want):
+            heapq.heappush(self.free, b)
+        self.capacity = want
+        for layer in self.cache.layers:
+            layer.grow(want * self.block_size)
+
+    def copy_slots(self, source: np.ndarray, target: np.ndarray, device: torch.device) -> None:
+        """Slot target[i] gets slot source[i]'s key and value, in every layer (copy-on-write)."""
+        if not len(source):
+            return
+        src, dst = host.tensor(source.tolist(), torch.long, device), host.tensor(target.tolist(), torch.long, device)
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys.index_copy_(1, dst, layer.keys.index_select(1, src))
+                layer.values.index_copy_(1, dst, layer.values.index_select(1, src))
+
+    def memory_bytes(self) -> int:
+        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in self.cache.layers
+                   if layer.is_initialized)
+
+
+def bytes_per_token(model: torch.nn.Module) -> int:
+    """Key and value bytes one token takes in every layer of `model` (from its config and dtype)."""
+    config = model.config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dtype = getattr(model, "dtype", torch.float32)
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    return 2 * config.num_hidden_layers * heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+class BlockModel:
+    """A model whose KV lives in a BlockPool: what the engine feeds on the eager path. Attribute reads other than
+    its own go to the model (config, embeddings, dtype)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, block_size: int = DEFAULT_BLOCK_SIZE,
+                 max_bytes: int | None = None):
+        from engine.kv_cache import cache_keyword
+        from engine.loading.devices import model_device
+
+        self.model = model
+        self.device = model_device(model)  # where its weights are (a low-bit draft stays on the CPU)
+        layers = model.config.get_text_config().num_hidden_layers
+        self.pool = BlockPool(layers, bytes_per_token(model), block_size, max_bytes)
+        self.keyword = cache_keyword(model)
+        attention = getattr(model.config, "_attn_implementation", "sdpa")
+        self.additive_mask = attention == "eager"  # eager attention adds its mask; sdpa takes booleans
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["model"], name)
+
+    def __call__(self, *args, **kwargs):
+        """The model's own forward (with whatever cache the caller passes)."""
+        return self.model(*args, **kwargs)
+
+    def new_kv_state(self, batch_size: int, device: torch.device) -> "BlockState":
+        return BlockState(self, np.zeros((batch_size, 0), dtype=np.int64), np.zeros(batch_size, dtype=np.int64))
+
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor, binding: Binding, width: int,
+                logits_to_keep: int) -> Tensor:
+        self.pool.binding, self.pool.width = binding, width
+        T = tokens.shape[1]
+        if 0 < logits_to_keep < T:
+            # positions as a tensor: transformers then gathers a contiguous block for the head (engine.kv_cache)
+            logits_to_keep = torch.arange(T - logits_to_keep, T, device=tokens.device)
+        if self.additive_mask:
+            dtype = self.model.dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+        try:
+            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
+                             logits_to_keep=logits_to_keep, **{self.keyword: self.pool.cache})
+        finally:
+            self.pool.binding = None
+        return out.logits
+
+
+class _Rows:
+    """A state's rows: its block table [B, n] (0 = no block) and lengths [B], host integers. Owned by one state
+    (a finalizer gives the blocks back when the state is dropped)."""
+
+    def __init__(self, table: np.ndarray, lengths: np.ndarray):
+        self.table = table
+        self.lengths = lengths
+
+    def held(self) -> np.ndarray:
+        return self.table[self.table > 0]
+
+
+def _give_back(pool: BlockPool, rows: _Rows) -> None:
+    pool.release(rows.held())
+    rows.table = rows.table[:0]
+    rows.lengths = rows.lengths[:0]
+
+
+class BlockState:
+    """A batch's rows in a model's block pool (the engine's CacheState on the eager path)."""
+
+    def __init__(self, model: BlockModel, table: np.ndarray, lengths: np.ndarray):
+        self.model = model
+        self.pool = model.pool
+        self._rows = _Rows(table, lengths)
+        self._lengths_tensor: Tensor | None = None
+        weakref.finalize(self, _give_back, self.pool, self._rows)
+
+    # -- what the engine reads ------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return len(self._rows.lengths)
+
+    @property
+    def host_lengths(self) -> list[int]:
+        """Real tokens per row, on the host."""
+        return self._rows.lengths.tolist()
+
+    @property
+    def lengths(self) -> Tensor:
+        """[B] real tokens per row, on the device (made from the host's count when asked for)."""
+        if self._lengths_tensor is None:
+            self._lengths_tensor = host.tensor(self._rows.lengths.tolist(), torch.long, self.model.device)
+        return self._lengths_tensor
+
+    def _changed(self) -> None:
+        self._lengths_tensor = None
+
+    # -- forwards ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
+               fed: list[int] | np.ndarray | None = None) -> Tensor:
+        """Feed tokens [B, T]; return logits [B, T or logits_to_keep, V].
+
+        Each row's real tokens are its last fed[b] (holes on the left, as engine.kv_cache.right_aligned packs
+        them); `fed` on the host, else read from `valid` [B, T] (a read of the device unless it is on the CPU),
+        else every token is real."""
+        B, T = tokens.shape
+        rows, bs = self._rows, self.pool.block_size
+        if fed is None:
+            fed = np.full(B, T, dtype=np.int64) if valid is None else valid.to(torch.long).sum(-1).cpu().numpy()
+        fed = np.asarray(fed, dtype=np.int64)
+        if fed.shape != (B,) or (fed < 0).any() or (fed > T).any():
+            raise ValueError(f"fed must give 0..{T} real tokens for each of {B} rows, got {fed.tolist()}")
+        start = rows.lengths
+        end = start + fed
+        self._make_room(end)
+        table = rows.table
+        width = int(end.max()) if B else 0
+        # positions and slots of the new tokens, right-aligned: token t of row b is real iff t >= T - fed[b]
+        t = np.arange(T)
+        real = t[None, :] >= (T - fed)[:, None]  # [B, T]
+        positions = np.where(real, start[:, None] + t[None, :] - (T - fed)[:, None], 0)  # [B, T]
+        write = np.where(real, table[np.arange(B)[:, None], positions // bs] * bs + positions % bs, SCRATCH)
+        view = None
+        if B == 1 and real.all():
+            first = table[0, 0] * bs
+            n = -(-width // bs)
+            if n and (table[0, :n] == table[0, 0] + np.arange(n)).all():
+                view = (int(first), int(first) + width)
+        device = self.model.device
+        if view is not None:
+            packed = np.concatenate([write.reshape(-1), positions.reshape(-1)])
+            on = host.upload(torch.from_numpy(packed), device)
+            write_t, positions_t = on[: B * T], on[B * T :].view(B, T)
+            columns = torch.arange(width, device=device)
+            mask = (columns[None, :] <= positions_t[0, :, None])[None, None]  # [1, 1, T, W]
+            binding = Binding(write_t, None, view)
+            mask_width = width
+        else:
+            W = width + 1  # the row's columns, then the scratch slot (what holes see)
+            n = -(-width // bs) if width else 0
+            slots = (table[:, :n, None] * bs + np.arange(bs)).reshape(B, n * bs)[:, :width]  # [B, width]
+            slots = np.where(np.arange(width)[None, :] < end[:, None], slots, SCRATCH)
+            read = np.concatenate([slots, np.full((B, 1), SCRATCH, dtype=np.int64)], axis=1)  # [B, W]
+            packed = np.concatenate([write.reshape(-1), positions.reshape(-1), real.reshape(-1).astype(np.int64),
+                                     read.reshape(-1)])
+            on = host.upload(torch.from_numpy(packed), device)
+            n_bt = B * T
+            write_t = on[:n_bt]
+            positions_t = on[n_bt : 2 * n_bt].view(B, T)
+            real_t = on[2 * n_bt : 3 * n_bt].view(B, T).bool()
+            read_t = on[3 * n_bt :].view(B, W)
+            columns = torch.arange(W, device=device)
+            sees = (columns[None, None, :] <= positions_t[:, :, None]) & real_t[:, :, None]  # [B, T, W]
+            sees = sees | (~real_t[:, :, None] & (columns == W - 1))  # a hole sees the scratch slot only
+            mask = sees[:, None]  # [B, 1, T, W]
+            binding = Binding(write_t, read_t, None)
+            mask_width = W
+        logits = self.model.forward(tokens, positions_t, mask, binding, mask_width, logits_to_keep)
+        rows.lengths = end
+        self._changed()
+        return logits
+
+    def _make_room(self, end: np.ndarray) -> None:
+        """Blocks for every row up to `end` tokens, with a private copy of any block the new tokens go into that
+        another holds (copy-on-write)."""
+        rows, pool, bs = self._rows, self.pool, self.pool.block_size
+        B = len(end)
+        need = -(-end // bs)  # [B] blocks each row needs
+        have = -(-rows.lengths // bs)
+        most = max(int(need.max()) if B else 0, 1)
+        if most > rows.table.shape[1]:
+            rows.table = np.pad(rows.table, ((0, 0), (0, most - rows.table.shape[1])))
+        # copy-on-write: a partly filled last block that someone else holds too, written into now
+        partial = (rows.lengths % bs != 0) & (end > rows.lengths)
+        if partial.any():
+            b_rows = np.nonzero(partial)[0]
+            blocks = rows.table[b_rows, rows.lengths[b_rows] // bs]
+            shared = pool.refs[blocks] > 1
+            if shared.any():
+                b_rows, blocks = b_rows[shared], blocks[shared]
+                fresh = np.asarray(pool.allocate(len(b_rows)), dtype=np.int64)
+                used = rows.lengths[b_rows] % bs
+                src = np.concatenate([np.arange(u) + blk * bs for u, blk in zip(used, blocks)])
+                dst = np.concatenate([np.arange(u) + blk * bs for u, blk in zip(used, fresh)])
+                pool.copy_slots(src, dst, self.model.device)
+                rows.table[b_rows, rows.lengths[b_rows] // bs] = fresh
+                pool.release(blocks)
+        short = need - have
+        total = int(short.sum())
+        if total > 0:
+            fresh = iter(pool.allocate(total))
+            for b in np.nonzero(short > 0)[0].tolist():
+                for j in range(int(have[b]), int(need[b])):
+                    rows.table[b, j] = next(fresh)
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def rollback(self, drop: Tensor | list[int] | np.ndarray) -> None:
+        """Forget the newest drop[b] tokens of each row (0 <= drop[b] <= its length; ValueError otherwise): its
+        length goes down and blocks past it go back. Nothing on the device changes."""
+        drop = _host_ints(drop)
+        rows = self._rows
+        if drop.shape != rows.lengths.shape:
+            raise ValueError(f"roll-back needs one count per row ({len(rows.lengths)}), got {drop.tolist()}")
+        if ((drop < 0) | (drop > rows.lengths)).any():
+            raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {rows.lengths.tolist()}: each row "
+                             f"can forget 0 up to its own length (to extend a row, feed it tokens)")
+        if not drop.any():
+            return
+        rows.lengths = rows.lengths - drop
+        keep = -(-rows.lengths // self.pool.block_size)  # [B] blocks still needed
+        past = np.arange(rows.table.shape[1])[None, :] >= keep[:, None]
+        gone = past & (rows.table > 0)
+        if gone.any():
+            self.pool.release(rows.table[gone])
+            rows.table = np.where(gone, 0, rows.table)
+        self._changed()
+
+    def select(self, keep: Tensor | list[int] | np.ndarray) -> None:
+        """Keep only the given rows, in the given order (each at most once); the others' blocks go back."""
+        keep = _host_ints(keep)
+        rows = self._rows
+        if len(set(keep.tolist())) != len(keep):
+            raise ValueError(f"select keeps each row at most once, got rows {keep.tolist()}: copy rows with fork")
+        dropped = np.ones(len(rows.lengths), dtype=bool)
+        dropped[keep] = False
+        gone = rows.table[dropped]
+        self.pool.release(gone[gone > 0])
+        rows.table, rows.lengths = rows.table[keep], rows.lengths[keep]
+        self._changed()
+
+    def fork(self, index: Tensor | list[int] | np.ndarray) -> "BlockState":
+        """A new state whose row i shares row index[i]'s blocks (rows may repeat): nothing is copied until a row
+        writes into a shared block."""
+        index = _host_ints(index)
+        table = self._rows.table[index].copy()
+        held = table[table > 0]
+        self.pool.retain(held)
+        return BlockState(self.model, table, self._rows.lengths[index].copy())
+
+    @staticmethod
+    def concat(states: list["BlockState"]) -> "BlockState":
+        """One state holding the rows of `states` in order; they hand their blocks to it (and are empty after)."""
+        live = [s for s in states if s.batch_size]
+        if len(live) <= 1:
+            return live[0] if live else states[0]
+        if any(s.pool is not live[0].pool for s in live):
+            raise ValueError("concat joins states of one model's block pool only")
+        width = max(s._rows.table.shape[1] for s in live)
+        table = np.concatenate([np.pad(s._rows.table, ((0, 0), (0, width - s._rows.table.shape[1]))) for s in live])
+        lengths = np.concatenate([s._rows.lengths for s in live])
+        for s in live:
+            s._rows.table, s._rows.lengths = s._rows.table[:0], s._rows.lengths[:0]
+            s._changed()
+        return BlockState(live[0].model, table, lengths)
+
+    def memory_blocks(self) -> int:
+        """Blocks this state's rows hold (shared ones counted once)."""
+        return len(np.unique(self._rows.held()))
+
+
+def _host_ints(values: Tensor | list[int] | np.ndarray) -> np.ndarray:
+    if isinstance(values, Tensor):
+        return values.detach().to("cpu", torch.long).numpy().reshape(-1)  # a read of the device for a device tensor
+    return np.asarray(values, dtype=np.int64).reshape(-1)

@@ -1,0 +1,147 @@
+"""The block KV cache (engine.block_cache): every row's logits are those of its tokens run alone, through ragged
+feeds, roll-backs, selections, forks that share blocks and concatenations, and no block is lost or leaked."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.block_cache import BlockModel, BlockState, KVCacheFull
+from tests.engine.kv_alone import alone
+from tests.engine.tiny import tiny_lm
+
+ATOL = 1e-5  # fp32 block shapes round differently; anything larger is a real bug
+MODEL = tiny_lm(0)
+
+
+def block_model(block_size: int = 4, max_bytes: int | None = None) -> BlockModel:
+    return BlockModel(MODEL, torch.device("cpu"), block_size=block_size, max_bytes=max_bytes)
+
+
+def feed(state: BlockState, rows: list[list[int]]) -> torch.Tensor:
+    """Feed each row its tokens (right-aligned, holes on the left); the newest logits per row [B, V]."""
+    width = max(len(r) for r in rows)
+    tokens = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    return state.extend(tokens, fed=[len(r) for r in rows])[:, -1]
+
+
+def test_ragged_prefill_matches_each_row_alone():
+    state = block_model().new_kv_state(2, torch.device("cpu"))
+    logits = feed(state, [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]])
+    assert torch.allclose(logits[0], alone(MODEL, [5, 6, 7]), atol=ATOL)
+    assert torch.allclose(logits[1], alone(MODEL, [1, 2, 3, 4, 5, 6, 7, 8, 9]), atol=ATOL)
+    assert state.host_lengths == [3, 9]
+
+
+def test_rollback_frees_the_blocks_past_the_new_length_and_reads_nothing_back():
+    model = block_model(block_size=4)
+    state = model.new_kv_state(1, torch.device("cpu"))
+    feed(state, [list(range(1, 11))])  # 10 tokens: 3 blocks
+    assert model.pool.used_blocks == 3
+    state.rollback([7])  # 3 tokens left: 1 block
+    assert model.pool.used_blocks == 1 and state.host_lengths == [3]
+    logits = feed(state, [[11]])
+    assert torch.allclose(logits[0], alone(MODEL, [1, 2, 3, 11]), atol=ATOL)
+
+
+def test_rollback_refuses_a_negative_or_too_long_drop_and_keeps_the_rows():
+    state = block_model().new_kv_state(2, torch.device("cpu"))
+    feed(state, [[1, 2, 3], [4, 5, 6]])
+    for drop in ([-1, 0], [0, 4]):
+        with pytest.raises(ValueError, match="can forget 0 up to its own length"):
+            state.rollback(drop)
+    assert state.host_lengths == [3, 3]
+
+
+def test_a_fork_shares_blocks_and_copies_only_the_block_it_writes_into():
+    model = block_model(block_size=4)
+    state = model.new_kv_state(1, torch.device("cpu"))
+    feed(state, [list(range(1, 7))])  # 6 tokens: a full block and a half one
+    branches = state.fork([0, 0, 0])
+    assert model.pool.used_blocks == 2  # shared, not copied
+    logits = feed(branches, [[20], [21], [22]])
+    assert model.pool.used_blocks == 2 + 3  # each branch copied the half block it wrote into
+    for i, t in enumerate((20, 21, 22)):
+        assert torch.allclose(logits[i], alone(MODEL, list(range(1, 7)) + [t]), atol=ATOL)
+    logits = feed(state, [[9]])  # the parent's own block was never written by a branch
+    assert torch.allclose(logits[0], alone(MODEL, list(range(1, 7)) + [9]), atol=ATOL)
+
+
+def test_dropping_a_state_gives_its_blocks_back():
+    model = block_model(block_size=4)
+    state = model.new_kv_state(2, torch.device("cpu"))
+    feed(state, [[1, 2, 3, 4, 5], [6, 7]])
+    fork = state.fork([1, 0])
+    del state
+    assert model.pool.used_blocks == 3  # the fork still holds them
+    del fork
+    assert model.pool.used_blocks == 0
+
+
+def test_a_budget_too_small_for_a_forward_raises_kv_cache_full():
+    model = block_model(block_size=4)
+    per_block = model.pool.bytes_per_block
+    model = block_model(block_size=4, max_bytes=3 * per_block)  # block 0 is the scratch block: 2 usable
+    state = model.new_kv_state(1, torch.device("cpu"))
+    feed(state, [list(range(1, 9))])
+    with pytest.raises(KVCacheFull, match="budget"):
+        feed(state, [[9]])
+
+
+# -- random sequences of operations against each row's tokens run alone --------------------------------------------
+Op = st.one_of(
+    st.tuples(st.just("feed"), st.lists(st.integers(0, 4), min_size=1, max_size=4)),
+    st.tuples(st.just("rollback"), st.lists(st.integers(0, 3), min_size=1, max_size=4)),
+    st.tuples(st.just("select"), st.randoms(use_true_random=False)),
+    st.tuples(st.just("fork"), st.lists(st.integers(0, 3), min_size=1, max_size=5)),
+    st.tuples(st.just("concat"), st.lists(st.integers(1, 3), min_size=1, max_size=2)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=3), st.lists(Op, max_size=8), st.integers(1, 5))
+def test_any_sequence_of_operations_gives_each_row_its_logits_alone(prompt_lengths, ops, block_size):
+    model = block_model(block_size)
+    gen = np.random.default_rng(len(ops) * 7 + block_size)
+    state = model.new_kv_state(len(prompt_lengths), torch.device("cpu"))
+    rows = [gen.integers(1, 40, n).tolist() for n in prompt_lengths]
+    feed(state, rows)
+    for kind, arg in ops:
+        B = len(rows)
+        if B == 0:
+            break
+        if kind == "feed":
+            new = [gen.integers(1, 40, arg[b % len(arg)]).tolist() for b in range(B)]
+            if not any(new):
+                continue
+            logits = feed(state, new)
+            rows = [r + n for r, n in zip(rows, new)]
+            for b in range(B):
+                if new[b]:
+                    assert torch.allclose(logits[b], alone(MODEL, rows[b]), atol=ATOL)
+        elif kind == "rollback":
+            drop = [min(arg[b % len(arg)], len(rows[b]) - 1) for b in range(B)]
+            state.rollback(drop)
+            rows = [r[: len(r) - d] for r, d in zip(rows, drop)]
+        elif kind == "select":
+            keep = sorted(arg.sample(range(B), arg.randint(1, B)))
+            arg.shuffle(keep)
+            state.select(keep)
+            rows = [rows[i] for i in keep]
+        elif kind == "fork":
+            index = [i % B for i in arg]
+            state, rows = state.fork(index), [list(rows[i]) for i in index]  # the old state is dropped here
+        else:  # concat: new rows prefilled apart join at the end
+            extra = [gen.integers(1, 40, n).tolist() for n in arg]
+            other = model.new_kv_state(len(extra), torch.device("cpu"))
+            feed(other, extra)
+            state = BlockState.concat([state, other])
+            rows = rows + extra
+        assert state.host_lengths == [len(r) for r in rows]
+    if rows:
+        logits = feed(state, [[7]] * len(rows))
+        for b, r in enumerate(rows):
+            assert torch.allclose(logits[b], alone(MODEL, r + [7]), atol=ATOL)
+    del state
+    assert model.pool.used_blocks == 0  # nothing leaked
