@@ -39,7 +39,7 @@ def _serve(conn, recipe, threads: int, cores, ids: list[int], K: int, temperatur
     from engine.kv_cache import KVState
     from engine.sampling import RowSampling
     from engine.sampling_params import SamplingParams
-    from engine.ssd.sparse import RANK_DEPTH, TopLogits
+    from engine.sparse import RANK_DEPTH, TopLogits
     from engine.ssd.tree import decode_branches, draft_compact
 
     torch.set_num_threads(threads)
