@@ -24,7 +24,7 @@ last stage word number `index` of the stream that one seeds. For fixed earlier f
 its field (mix is invertible, GAMMA is odd), so two (position, purpose) pairs of one seed, or two indices of one
 (seed, position, purpose), never give the same word. The first stage mixes the seed on its own, so no simple
 relation between two seeds (seed + 1, say) carries over to the later stages. Three mixes a word: the cost of
-a small batch is the number of tensor operations (about 40), not their size.
+a small batch is the number of tensor operations (about 45), not their size.
 
 From the 64-bit word `w = bits(...)`:
 - `keyed_uniforms`, float32: `(w >> 40) * 2**-24`, one of 2^24 values in [0, 1 - 2^-24]; float64:
@@ -33,7 +33,7 @@ From the 64-bit word `w = bits(...)`:
 - `keyed_gumbel`, index = token id, purpose GUMBEL: `u = ((w >> 12) * 2 + 1) * 2**-53`, the midpoint of one of 2^52
   equal cells, so 2^-53 <= u <= 1 - 2^-53, then `G = -log(-log(u))` in float64 (so -3.61 <= G <= 36.74: always
   finite), rounded to the requested dtype. Computing in float64 keeps the upper tail, which decides an argmax over
-  a vocabulary, resolved to 2^-52 in u; a float32 uniform would step G by about 0.02 near the maximum of 150k draws.
+  a vocabulary, resolved to 2^-52 in u; a 24-bit uniform would step G by about 0.01 near the maximum of 150k draws.
 
 Device independence: the words and the uniforms are bit-identical on every device (integer arithmetic, exact
 int-to-float conversions and power-of-two scalings). The Gumbel values go through float64 `log`, whose last bit may
@@ -181,10 +181,14 @@ def keyed_bits(seeds: Tensor, positions: Tensor, purpose: Purpose, index: Tensor
     return _absorb(_position_words(seeds, positions, _purpose(purpose)), index)  # [B, n]
 
 
-def uniforms_from_bits(words: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Uniforms in [0, 1) from int64 words: the top 24 bits (float32) or 53 bits (float64). 0 can occur."""
+def _check_dtype(dtype: torch.dtype) -> None:
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+
+
+def uniforms_from_bits(words: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Uniforms in [0, 1) from int64 words: the top 24 bits (float32) or 53 bits (float64). 0 can occur."""
+    _check_dtype(dtype)
     bits = 24 if dtype == torch.float32 else 53
     top = torch.bitwise_right_shift(words, 64 - bits).bitwise_and_((1 << bits) - 1)
     return top.to(dtype).mul_(2.0 ** -bits)
@@ -198,6 +202,7 @@ def keyed_uniforms(seeds: Tensor, positions: Tensor, purpose: Purpose, dtype: to
     The value at a key does not depend on the batch, its shape or its order. `check=False` skips the range check
     (the call then never reads from the device).
     """
+    _check_dtype(dtype)
     return uniforms_from_bits(keyed_bits(seeds, positions, purpose, index, check=check), dtype)
 
 
@@ -206,10 +211,15 @@ def gumbel_from_bits(words: Tensor, dtype: torch.dtype = torch.float32) -> Tenso
 
     Computed in float64, then rounded to `dtype`; always finite (-3.61 <= G <= 36.74).
     """
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    u = torch.bitwise_right_shift(words, 12).bitwise_and_((1 << 52) - 1)
-    u = u.mul_(2).add_(1).to(torch.float64).mul_(2.0 ** -53)  # (2k + 1) / 2^53, exact
+    return _gumbel_from_bits_(words.clone(), dtype)
+
+
+def _gumbel_from_bits_(words: Tensor, dtype: torch.dtype) -> Tensor:
+    """gumbel_from_bits, overwriting `words` (which the caller owns) to save its memory."""
+    _check_dtype(dtype)
+    k = words.bitwise_right_shift_(12).bitwise_and_((1 << 52) - 1)
+    u = k.mul_(2).add_(1).to(torch.float64).mul_(2.0 ** -53)  # (2k + 1) / 2^53, exact
+    del words, k
     return u.log_().neg_().log_().neg_().to(dtype)
 
 
@@ -218,19 +228,20 @@ def keyed_gumbel(seeds: Tensor, positions: Tensor, vocab: int, dtype: torch.dtyp
     """Gumbel noise per (seed, position, token id), purpose GUMBEL: `[B] x [B, n] -> [B, n, V]` of `dtype`.
 
     A position's noise depends only on its seed, the position and the token id, never on n, B or the other rows,
-    so a draft and a target that add it to their log-probabilities at the same position share it.
+    so a draft and a target that add it to their log-probabilities at the same position share it. Peak memory is
+    about 16 bytes per element of [B, n, V] (the int64 words and one int64 or float64 buffer beside them).
     """
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
         raise ValueError(f"vocab must be an int >= 1 (the vocabulary size), got {vocab!r}")
     if vocab > POSITION_LIMIT:
         raise ValueError(f"vocab must be <= 2^40 (token ids are indices < 2^40), got {vocab}")
+    _check_dtype(dtype)
     _check_keys_meta(seeds, positions, 0)
     if check:
         check_keys(seeds, positions)
     at = _position_words(seeds, positions, Purpose.GUMBEL)  # [B, n]
     tokens = torch.arange(vocab, dtype=torch.int64, device=seeds.device)  # [V]
-    words = _absorb(at[..., None], tokens)  # [B, n, V]
-    return gumbel_from_bits(words, dtype)
+    return _gumbel_from_bits_(_absorb(at[..., None], tokens), dtype)  # [B, n, V]
 
 
 # The pure-Python reference: the same construction on Python integers modulo 2^64, for the tests and for anyone
