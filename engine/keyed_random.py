@@ -23,8 +23,7 @@ So `absorb(seed, 0)` is the first output of SplitMix64 seeded with `seed`; the n
 last stage word number `index` of the stream that one seeds. For fixed earlier fields each stage is a bijection of
 its field (mix is invertible, GAMMA is odd), so two (position, purpose) pairs of one seed, or two indices of one
 (seed, position, purpose), never give the same word. The first stage mixes the seed on its own, so no simple
-relation between two seeds (seed + 1, say) carries over to the later stages. Three mixes a word: the cost of
-a small batch is the number of tensor operations (about 45), not their size.
+relation between two seeds (seed + 1, say) carries over to the later stages.
 
 From the 64-bit word `w = bits(...)`:
 - `keyed_uniforms`, float32: `(w >> 40) * 2**-24`, one of 2^24 values in [0, 1 - 2^-24]; float64:
@@ -37,16 +36,19 @@ From the 64-bit word `w = bits(...)`:
 
 Device independence: the words and the uniforms are bit-identical on every device (integer arithmetic, exact
 int-to-float conversions and power-of-two scalings). The Gumbel values go through float64 `log`, whose last bit may
-differ between CPU and CUDA libraries; after rounding to float32 they almost always agree bit for bit.
+differ between CPU and CUDA libraries (the CUDA test allows a relative 1e-14 in float64).
 
-torch has no unsigned 64-bit arithmetic on every device, so the words live in int64 tensors as two's complement:
-torch's int64 add and multiply wrap modulo 2^64 on CPU and CUDA (the tests check this against Python integers), a
-logical right shift is an arithmetic shift plus a mask, and constants above 2^63 are passed as their negative
-int64 equivalents.
+torch has no unsigned 64-bit arithmetic on every device (its CPU build has no uint64 shift), so the words live in
+int64 tensors as two's complement: this relies on torch's int64 add and multiply wrapping modulo 2^64 on CPU and
+CUDA, as they do in practice (the tests check it against Python integers on each device they run on); a logical
+right shift is an arithmetic shift plus a mask; constants above 2^63 are passed as their negative int64 equivalents.
+
+Cost: about 45 small tensor operations a call, so a small batch costs the operations' launch overhead, not their
+size. The unchecked calls trace into one graph (torch.compile(fullgraph=True)), so a compiled caller can fuse them.
 
 Key ranges (the engine's): 0 <= seed < 2^63, 0 <= position < 2^40, 0 <= index < 2^40. The hot functions check
 dtypes, devices and shapes (no device work); `check=True` also checks the ranges, which reads one small tensor back
-to the host, so a caller that guarantees them (the engine validates a seed when a request arrives) passes
+to the host, so a caller that guarantees them (an engine that validates a seed when a request arrives) passes
 `check=False` and the call never waits for the device.
 """
 
