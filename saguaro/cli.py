@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saguaro {args.command}: error: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:
-        from saguaro.extras import missing_extra_message
+        from saguaro.commands.extras import missing_extra_message
 
         message = missing_extra_message(err)  # an optional dependency group (extra) that is not installed
         if message is None:

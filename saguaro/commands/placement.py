@@ -108,7 +108,7 @@ def _presets(args) -> tuple[str, list[dict]]:
 def _calibrated(args) -> tuple[str, list[dict]]:
     from dataclasses import replace
 
-    from saguaro.calibration_files import fit_all
+    from saguaro.calibration.files import fit_all
     from saguaro.commands.simulate import scenario_from_args
     from simulator.placement import Option, compare
     from theory import Strategy

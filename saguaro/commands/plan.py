@@ -155,7 +155,7 @@ def _describe(candidate, targets, args) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saguaro.assumptions import assumptions, left_aligned
+    from saguaro.commands.assumptions import assumptions, left_aligned
     from saguaro.commands.simulate import _grid, scenario_from_args
     from simulator import plan
 
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                       check_top=args.check_top, check_requests=args.check_requests, progress=progress)
     finally:
         progress.close()
-    rows = assumptions(args, scenario, targets)  # saguaro.assumptions
+    rows = assumptions(args, scenario, targets)  # saguaro.commands.assumptions
     pct = args.percentile
     if args.json:
         def detail(c):

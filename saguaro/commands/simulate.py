@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from saguaro.calibration_files import check_same_precision, fit_all, read_all
+from saguaro.calibration.files import check_same_precision, fit_all, read_all
 from saguaro.commands.values import argument_type, flat, numbers
 
 TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
@@ -118,7 +118,7 @@ def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | No
 
 def table(rows: list[dict], columns: list[str], markdown: bool = False, limits: dict | None = None,
           decimals: int | None = None) -> str:
-    from saguaro.tables import format_table
+    from saguaro.formatting import format_table
 
     return format_table(*readable(rows, columns, limits, decimals), markdown=markdown)
 
@@ -335,7 +335,7 @@ def timing_from_args(args: argparse.Namespace):
 
 def hit_model_from_args(args: argparse.Namespace, alpha: float | None = None):
     """The hit model the flags ask for at acceptance α (`--calibrate` may replace it with the records' own)."""
-    from saguaro.hit_choice import alpha_choice, hit_choice
+    from saguaro.commands.hit_choice import alpha_choice, hit_choice
 
     return hit_choice(args, alpha_choice(args)[0] if alpha is None else alpha)[0]
 
@@ -346,7 +346,7 @@ def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
     from simulator.calibrate import calibrate
     from simulator.hits import from_records
 
-    from saguaro.hit_choice import alpha_choice
+    from saguaro.commands.hit_choice import alpha_choice
 
     timing, tp, draft_hw, fitted = timing_from_args(args)
     alpha = alpha_choice(args)[0]
@@ -396,8 +396,8 @@ def _lengths_text(lengths) -> str:
 def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
     """The inputs a run used, resolved (presets to model and hardware names, the hit model to its source) and
     as given (`flags`): what JSON output echoes so that a result file says what it is a result of."""
+    from saguaro.commands.hit_choice import alpha_choice, hit_choice
     from simulator import ConstantHit, FittedTiming, IidAcceptance, PerPositionAcceptance, PowerLawHit, Replay
-    from saguaro.hit_choice import alpha_choice, hit_choice
     from simulator import RooflineTiming
     from simulator.alpha_hits import AlphaHit
     from simulator.hits import EmpiricalHit
@@ -486,7 +486,7 @@ def _detail(result, markdown: bool = False) -> str:
              "misses_after": result.misses_by_k[k] if result.hit_rate is not None else None}
             for k, n in enumerate(result.accepted_hist)]
     busy = readable(breakdown, ["actor", "activity", "time_ms", "share_%"])
-    from saguaro.tables import format_table
+    from saguaro.formatting import format_table
 
     return "\n".join(lines) + "\n\n" + "\n\n".join([
         format_table(rows, ["latency", "unit", "mean", "p50", "p90", "p99"], markdown=markdown),
@@ -496,7 +496,7 @@ def _detail(result, markdown: bool = False) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from saguaro.tables import format_table
+    from saguaro.formatting import format_table
     from simulator import read_records, validate
     from simulator.validate import TOLERANCE
 
