@@ -65,8 +65,9 @@ import time
 from pathlib import Path
 
 from saguaro.bench.environment import cpu_model, machine
+from saguaro.calibration.draft_worker import start_worker
 from saguaro.calibration.measure import (build_rounds, fast_backup_ms, fit_summary, level_budget, link_rounds,
-                                         long_prompt, measure, start_worker)
+                                         long_prompt, measure)
 from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, DTYPE_HELP, DTYPES, add_quant_flags,
                                        quant_kwargs, resolve_dtypes)
 
