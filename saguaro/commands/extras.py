@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
-DISTRIBUTION = "saguaro-ssd"
+from saguaro import DISTRIBUTION
 
 # Each extra and the modules (import names) it installs that this project imports; keep in step with
 # [project.optional-dependencies] in pyproject.toml (tests/saguaro/test_packaging.py checks it).
