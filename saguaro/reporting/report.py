@@ -199,7 +199,8 @@ def _bench_sections(data: ReportData, notes: list[str], out_dir: Path) -> list[s
 
 
 def _gap_section(data: ReportData, ceilings: list[dict], n: int) -> list[str]:
-    """Where each SSD variant loses against its ceiling (saguaro.reporting.analysis.gap), right under the ceiling table."""
+    """Where each SSD variant loses against its ceiling (saguaro.reporting.analysis.gap), right under the ceiling
+    table."""
     gaps = gap_rows(data.runs, ceilings)
     if not gaps:
         return []

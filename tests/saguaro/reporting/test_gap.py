@@ -1,4 +1,5 @@
-"""The share of Cor. 9's ceiling split into factors (saguaro.reporting.analysis.gap), on records built so each is known."""
+"""The share of Cor. 9's ceiling split into factors (saguaro.reporting.analysis.gap), on records built so each is
+known."""
 
 from __future__ import annotations
 
