@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.loading.devices import TORCH_DTYPES
     from engine.loading.models import load_model
-    from saguaro.prompts import load_prompts
+    from saguaro.bench.prompts import load_prompts
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -25,7 +25,7 @@ import time
 import torch
 
 from engine.kv_cache import cache_keyword
-from saguaro.environment import cpu_model
+from saguaro.bench.environment import cpu_model
 
 TEXTS = (
     "The committee met on Tuesday to review the budget for the coming year. After a long discussion, "

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from saguaro.bench.prompts import load_prompts
 from saguaro.bench.soak import Soak, SoakConfig, write
-from saguaro.prompts import load_prompts
 
 LISTENING = re.compile(r"^saguaro serve: listening on (http://127\.0\.0\.1:\d+)$")
 START_S = 300.0

@@ -150,7 +150,7 @@ def main() -> int:
     for name in args.systems:
         print(f"{name}:", flush=True)
         if name == "llamacpp":
-            from saguaro.peers import gguf_path, llamacpp_missing
+            from saguaro.bench.peers import gguf_path, llamacpp_missing
 
             missing = llamacpp_missing()
             if missing:

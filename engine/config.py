@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from engine.compile_config import CompileConfig
@@ -307,3 +307,70 @@ class EngineConfig:
         """The draft's float dtype: all of it, or, quantised, the layers left in float (float32 for dynamic int8)."""
         dynamic = self.draft_quant is not None and self.draft_quant.dynamic
         return "float32" if dynamic else self.draft_dtype or self.dtype
+
+
+# -- arguments removed from the API, kept working for one minor version --------------------------------------
+# LLM's low-bit arguments before QuantConfig. Each still works until REMOVED_IN, with a DeprecationWarning that
+# names its replacement; given beside its replacement at another value, it is a ValueError.
+DEPRECATED_IN, REMOVED_IN = "0.2.0", "0.3.0"
+REMOVED_QUANT_ARGUMENTS: dict[str, str] = {
+    "draft_int8": f"draft_quant={DYNAMIC_INT8!r}",
+    "quant_group_size": "target_quant / draft_quant=QuantConfig(scheme, group_size=N)",
+    "target_head_quant": "target_quant=QuantConfig(scheme, head=...)",
+    "draft_head_quant": "draft_quant=QuantConfig(scheme, head=...)",
+}
+
+
+def _deprecation_message(caller: str, name: str) -> str:
+    return (f"{caller}({name}=...) is deprecated since {DEPRECATED_IN} and will be removed in {REMOVED_IN}: "
+            f"use {REMOVED_QUANT_ARGUMENTS[name]}")
+
+
+def _scheme(value: QuantConfig | str | None) -> str | None:
+    return value.scheme if isinstance(value, QuantConfig) else value
+
+
+def replace_removed_quant_arguments(
+    target_quant: QuantConfig | str | None, draft_quant: QuantConfig | str | None, removed: dict[str, object],
+    caller: str = "LLM",
+) -> tuple[QuantConfig | None, QuantConfig | None, list[str]]:
+    """target_quant and draft_quant with the removed arguments in `removed` folded in, and a deprecation message
+    for each of them (the caller warns, so that the warning points at its own caller).
+
+    draft_int8=True is draft_quant="int8-dynamic" (False asks for nothing); quant_group_size sets the group of
+    both quantisations given; target_head_quant / draft_head_quant set that model's QuantConfig head and need
+    its quantisation. A name that never was an argument is a TypeError, as Python raises for it."""
+    unknown = sorted(set(removed) - set(REMOVED_QUANT_ARGUMENTS))
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    messages = [_deprecation_message(caller, name) for name in REMOVED_QUANT_ARGUMENTS if name in removed]
+    if removed.get("draft_int8"):
+        if draft_quant is not None and _scheme(draft_quant) != DYNAMIC_INT8:
+            raise ValueError(f"draft_int8=True means draft_quant={DYNAMIC_INT8!r}, which conflicts with "
+                             f"draft_quant={draft_quant!r}: give only draft_quant")
+        draft_quant = draft_quant if draft_quant is not None else DYNAMIC_INT8
+    target, draft = QuantConfig.of(target_quant), QuantConfig.of(draft_quant)
+    group = removed.get("quant_group_size")
+    if group is not None:
+        if group not in QUANT_GROUP_SIZES:
+            raise ValueError(f"quant_group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
+                             f"got {group!r}")
+        for model, given, quant in (("target", target_quant, target), ("draft", draft_quant, draft)):
+            if isinstance(given, QuantConfig) and given.group_size != group:
+                raise ValueError(f"quant_group_size={group} conflicts with {model}_quant={given!r}: give only "
+                                 f"{model}_quant's group_size")
+        target = None if target is None else replace(target, group_size=group)
+        draft = None if draft is None else replace(draft, group_size=group)
+    out = {}
+    for model, quant in (("target", target), ("draft", draft)):
+        head = removed.get(f"{model}_head_quant")
+        if head is not None:
+            if quant is None:
+                raise ValueError(f"{model}_head_quant={head!r} needs {model}_quant 'int8' or 'int4' (got None): set "
+                                 f"{model}_quant=QuantConfig(scheme, head={head!r})")
+            if quant.head is not None and quant.head != head:
+                raise ValueError(f"{model}_head_quant={head!r} conflicts with {model}_quant={quant!r}: give only "
+                                 f"{model}_quant's head")
+            quant = replace(quant, head=head)  # QuantConfig checks the head against the scheme
+        out[model] = quant
+    return out["target"], out["draft"], messages

@@ -11,6 +11,7 @@ import itertools
 import logging
 import secrets
 import time
+import warnings
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -20,7 +21,7 @@ from transformers import PreTrainedModel
 
 from engine.compile_config import CompileConfig, slot_plans
 from engine.compiled import slot_model
-from engine.config import EngineConfig, QuantConfig, SpeculativeConfig
+from engine.config import EngineConfig, QuantConfig, SpeculativeConfig, replace_removed_quant_arguments
 from engine.decode_loop import DecodeLoop
 from engine.loading.devices import AUTO_DTYPE, TORCH_DTYPES, check_device, resolve_dtype
 from engine.loading.models import engine_model
@@ -75,6 +76,8 @@ class LLM:
     once per shape with torch.compile (CUDA graphs on CUDA; engine.compiled): the tokens of the eager engine.
     tp: the target runs on this many tensor-parallel ranks (engine.tp): this process is rank 0 and samples;
     the engine starts the other ranks itself and stops them at close.
+    Removed arguments (draft_int8, quant_group_size, target_head_quant, draft_head_quant) still work until
+    0.3.0 with a DeprecationWarning naming their replacement (engine.config.REMOVED_QUANT_ARGUMENTS).
     """
 
     def __init__(
@@ -98,7 +101,12 @@ class LLM:
         max_waiting: int | None = None,
         compile: CompileConfig | bool = False,
         tp: int = 1,
+        **removed,
     ):
+        if removed:  # arguments removed from the API, still taken until engine.config.REMOVED_IN
+            target_quant, draft_quant, messages = replace_removed_quant_arguments(target_quant, draft_quant, removed)
+            for message in messages:
+                warnings.warn(message, DeprecationWarning, stacklevel=2)
         if strategy is None:
             strategy = Strategy.AR if draft is None else Strategy.SD
         dtype = resolve_dtype(dtype, device)  # the config records what loads, never "auto"

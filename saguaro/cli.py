@@ -13,6 +13,8 @@ import importlib
 import logging
 import sys
 
+from saguaro import version
+
 COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve", "calibrate",
                              "validate")
 
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Speculative Speculative Decoding: generation, simulation, theory and reports.",
         formatter_class=HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version (saguaro X.Y.Z) and exit")
     _add_verbosity(parser, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saguaro {args.command}: error: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:
-        from saguaro.extras import missing_extra_message
+        from saguaro.commands.extras import missing_extra_message
 
         message = missing_extra_message(err)  # an optional dependency group (extra) that is not installed
         if message is None:

@@ -216,8 +216,8 @@ PAIRS: dict[str, tuple[str, str, int]] = {
 }
 # α of a pair preset when none is given: the acceptance rate fitted to the pair's published SD figure by
 # `saguaro validate paper` (the paper's: Llama SD 161.8 tok/s, Qwen SD/AR 2.3/1.49, SD K 6 on the "reference"
-# engine; tests/reports/test_validate_paper.py checks they agree). The default pair's is measured instead
-# (its rank tables, saguaro/hit_choice.py)
+# engine; tests/saguaro/validation/test_validate_paper.py checks they agree). The default pair's is measured instead
+# (its rank tables, saguaro/commands/hit_choice.py)
 PAIR_ALPHA: dict[str, float] = {"llama": 0.871, "qwen3": 0.690}
 # where each pair's TP degree comes from
 PAIR_SOURCES: dict[str, str] = {
@@ -249,7 +249,7 @@ ENGINES: dict[str, EngineCosts] = {
     "saguaro": EngineCosts(),
     "reference": EngineCosts(sd_extra_forward=True),
     # calibrated on the draft's costs in the reference's test log (saguaro/validation/log_engine.py derives them;
-    # tests/reports/test_validate_paper.py checks them):
+    # tests/saguaro/validation/test_validate_paper.py checks them):
     # - draft_layer_overhead_us: its batch-1 runs, Llama-3.2-1B, K 6: SSD's 238 tok/s over a 23.30 ms draft cycle
     #   is 5.55 tokens a round (α 0.921); SD's 172 tok/s at that α is a 32.24 ms round, of which the verify is
     #   the AR step and the rest 7 draft forwards: the preset's roofline plus 59.8 µs for each of 16 layers

@@ -46,7 +46,7 @@ class NoDraft:
 
 class FixedDraft(NoDraft):
     """A proposer whose speculation is always the same tokens `x` [b, K], drawn from a point mass: the verify
-    costs what it costs for any q, and the rounds stay reproducible (saguaro.calibration_rounds)."""
+    costs what it costs for any q, and the rounds stay reproducible (saguaro.calibration.target_rounds)."""
 
     name = "sd"
 

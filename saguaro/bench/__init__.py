@@ -1,5 +1,10 @@
 """`saguaro bench`: this engine's AR, SD and SSD next to transformers' peers, over a sweep, into a run folder.
 
+Its parts: the sweep's settings (config), the prompt sets (prompts, shipped in data/), the engine runs (runner,
+systems; the peers: transformers' generate and llama.cpp, peers), the run folder (runfolder) with where it ran
+(environment) and what others ran meanwhile (others), the HTTP client's load test (client, client_config,
+client_run, load; guidellm beside it), the soak test (soak, soak_result) and the summary it prints (summary).
+
 Scripts that run SSD through this API must guard their entry point (`if __name__ == "__main__":`): SSD's
 draft worker is started with multiprocessing "spawn", which imports the main module again.
 """

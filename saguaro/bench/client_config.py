@@ -13,8 +13,8 @@ from enum import Enum
 
 from saguaro.bench.client import ENDPOINTS
 from saguaro.bench.config import known_fields
-from saguaro.prompts import PROMPT_ORDERS
-from saguaro.runfolder import CLIENT_KIND
+from saguaro.bench.prompts import PROMPT_ORDERS
+from saguaro.bench.runfolder import CLIENT_KIND
 
 
 class Load(Enum):

@@ -18,14 +18,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from saguaro.analysis.serving import point_summary
 from saguaro.bench.client import ENDPOINTS, Call, Streamed, payload, served_model, stream
 from saguaro.bench.client_config import ClientConfig, Load, Point, rate_json
+from saguaro.bench.environment import environment
 from saguaro.bench.load import InFlight, Sent, closed_loop, open_loop, poisson_offsets_s
-from saguaro.environment import environment
-from saguaro.prompts import Prompt, load_prompts
-from saguaro.runfolder import RunDir
-from saguaro.tables import format_table
+from saguaro.bench.prompts import Prompt, load_prompts
+from saguaro.bench.runfolder import RunDir
+from saguaro.formatting import format_table
+from saguaro.reporting.analysis.serving import point_summary
 
 log = logging.getLogger(__name__)
 COLUMNS = ["point", "completed", "failed", "not_sent", "requests_per_s", "output_tokens_per_s", "median_ttft_ms",

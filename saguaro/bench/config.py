@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from saguaro.bench.prompts import PROMPT_ORDERS
 from saguaro.commands.values import AUTO  # -K auto: adaptive K (SD and SSD), K_min..AUTO_K_MAX each round
-from saguaro.prompts import PROMPT_ORDERS
 from theory import integer_fanout, uniform_fanout
 from theory.glossary import Backup
 
@@ -24,7 +24,7 @@ SCHEDULES = ("uniform", "geometric")
 BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: engine.loading.devices.resolve_dtype, when the run starts
 ORDERS = ("interleaved", "grouped")
-AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/reports/test_cli_defaults.py checks they agree)
+AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/saguaro/test_cli_defaults.py checks they agree)
 
 
 def known_fields(cls: type, data: dict) -> dict:

@@ -28,8 +28,8 @@ import json
 import sys
 from pathlib import Path
 
-from saguaro.runfolder import RunDir
-from saguaro.tables import format_table
+from saguaro.bench.runfolder import RunDir
+from saguaro.formatting import format_table
 from theory.latency import statistics, time_per_output_token
 
 COLUMNS = ["client", "point", "completed", "failed", "requests_per_s", "output_tokens_per_s", "p50_ttft_ms",

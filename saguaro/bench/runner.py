@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 from engine import SamplingParams
 from engine.loading.devices import resolve_dtype
 from saguaro.bench.config import BenchConfig, Variant
+from saguaro.bench.environment import environment
 from saguaro.bench.others import OtherLoad, disturbed_reason
+from saguaro.bench.prompts import Prompt, load_prompts
+from saguaro.bench.runfolder import RunDir
 from saguaro.bench.summary import summarize
 from saguaro.bench.systems import Models, Systems
-from saguaro.environment import environment
-from saguaro.prompts import Prompt, load_prompts
-from saguaro.runfolder import RunDir
 
 log = logging.getLogger(__name__)
 TRACEBACK_FRAMES = 4

@@ -12,7 +12,7 @@ from statistics import median
 
 import numpy as np
 
-from saguaro.tables import format_table
+from saguaro.formatting import format_table
 
 MAX_DURATION_S = 600.0
 SETTLE_S = 15.0  # after the fault, the fallback loads what it needs (SD: the draft's weights in the server)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from saguaro.analysis.load import load_run
-from saguaro.analysis.variants import category_pivot, category_rows, error_rows, variant_rows
-from saguaro.runfolder import RunDir
-from saguaro.tables import format_table
+from saguaro.bench.runfolder import RunDir
+from saguaro.formatting import format_table
+from saguaro.reporting.analysis.load import load_run
+from saguaro.reporting.analysis.variants import category_pivot, category_rows, error_rows, variant_rows
 
 COLUMNS = ["key", "prompts", "errors", "threads", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar",
            "speedup_vs_hf", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms",

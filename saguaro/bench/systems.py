@@ -21,7 +21,7 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.compile_config import CompileConfig
 from engine.config import DYNAMIC_INT8, QuantConfig
 from saguaro.bench.config import BenchConfig, Variant
-from saguaro.peers import (
+from saguaro.bench.peers import (
     LLAMACPP_SYSTEMS,
     LOOKUP_NUM_PRED_TOKENS,
     LlamaCppPeer,
@@ -29,7 +29,7 @@ from saguaro.peers import (
     hf_generate,
     llamacpp_missing,
 )
-from saguaro.prompts import Prompt
+from saguaro.bench.prompts import Prompt
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ import argparse
 import sys
 
 from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, SCHEDULES, SYSTEMS
+from saguaro.cli import HelpFormatter
 from saguaro.commands.generate import add_adaptive_flags, add_precision_flags
 from saguaro.commands.values import argument_type, flat, numbers, whole_or_auto
-from saguaro.cli import HelpFormatter
-from saguaro.tables import format_table
+from saguaro.formatting import format_table
 
 COLUMNS = ["key", "prompts", "errors", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "p50_ttft_ms", "mean_tpot_ms",
            "p99_itl_ms", "alpha", "tokens_per_round", "hit_rate"]

@@ -64,11 +64,12 @@ import sys
 import time
 from pathlib import Path
 
-from saguaro.calibration import (build_rounds, fast_backup_ms, fit_summary, level_budget, link_rounds,
-                                 long_prompt, measure, start_worker)
+from saguaro.bench.environment import cpu_model, machine
+from saguaro.calibration.draft_worker import start_worker
+from saguaro.calibration.measure import (build_rounds, fast_backup_ms, fit_summary, level_budget, link_rounds,
+                                         long_prompt, measure)
 from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, DTYPE_HELP, DTYPES, add_quant_flags,
                                        quant_kwargs, resolve_dtypes)
-from saguaro.environment import cpu_model, machine
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
           "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "
@@ -237,7 +238,7 @@ def run(args) -> int:
                          "build_tokens": args.build_tokens, "cpu": cpu_model(),
                          "cpu_flags": machine().get("cpu_flags"),  # "AMD EPYC" names AVX2-only and AVX-512 hosts
                          "torch": __import__("torch").__version__,
-                         # batch > 1: rows of different lengths (saguaro.calibration_rounds.ragged)
+                         # batch > 1: rows of different lengths (saguaro.calibration.target_rounds.ragged)
                          "ragged_rows": True}
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                            if not k.startswith("_") and k != "func"}

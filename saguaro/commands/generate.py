@@ -57,7 +57,7 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: engine.loading.devi
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    """generate's sampling flags; their defaults are engine.SamplingParams' (tests/reports/test_cli_defaults.py)."""
+    """generate's sampling flags; their defaults are engine.SamplingParams' (tests/saguaro/test_cli_defaults.py)."""
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: off)")
     p.add_argument("--top-p", type=float, help="keep the smallest set of tokens with this much mass (default: off)")
@@ -293,7 +293,7 @@ def read_prompts(args) -> list[str | list[int]]:
             _check_argument(arg, n)
         return list(args.prompt)
     if args.prompts_file:
-        from saguaro.prompts import load_prompts
+        from saguaro.bench.prompts import load_prompts
 
         return [p.content for p in load_prompts(str(args.prompts_file))]
     if sys.stdin is not None and not sys.stdin.isatty():

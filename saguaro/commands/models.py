@@ -8,7 +8,7 @@
 
 The cache is --cache, else $SAGUARO_CACHE, else ~/.cache/saguaro. `provision` rebuilds a damaged
 entry; `clean` removes temp folders left by interrupted builds (provision does too). `hit-tables` builds the
-simulator's shipped hit tables from SD bench runs (saguaro/hit_tables.py; no torch).
+simulator's shipped hit tables from SD bench runs (saguaro/calibration/hit_tables.py; no torch).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def _verify(provision, model_cache, root: Path) -> int:
 
 
 def _hit_tables(args: argparse.Namespace) -> int:
-    from saguaro.hit_tables import write
+    from saguaro.calibration.hit_tables import write
     from simulator.hits import TABLES
 
     out = args.out or TABLES

@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from saguaro.commands.simulate import _write_json
+from saguaro.formatting import write_json
 
 
 def add_flags(g) -> None:
@@ -108,7 +108,7 @@ def _presets(args) -> tuple[str, list[dict]]:
 def _calibrated(args) -> tuple[str, list[dict]]:
     from dataclasses import replace
 
-    from saguaro.calibration_files import fit_all
+    from saguaro.calibration.files import fit_all
     from saguaro.commands.simulate import scenario_from_args
     from simulator.placement import Option, compare
     from theory import Strategy
@@ -188,7 +188,7 @@ def _compare_forwards(args: argparse.Namespace) -> int:
                    f"against eager {best_eager['strategy'].upper()} {best_eager['tok/s']:.1f}: compiling pays "
                    f"{best_graphs['tok/s'] / best_eager['tok/s']:.2f}×")
     if args.json:
-        _write_json(args.json, {"blocks": [{"label": label, "rows": rows, "verdict": _verdict(rows)}
+        write_json(args.json, {"blocks": [{"label": label, "rows": rows, "verdict": _verdict(rows)}
                                            for label, rows in blocks],
                                 "verdict": verdict, "slo": [str(t) for t in _targets(args)]})
     if args.json != "-":
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         label, rows = _presets(args)
     if args.json:
-        _write_json(args.json, {"label": label, "rows": rows, "verdict": _verdict(rows),
+        write_json(args.json, {"label": label, "rows": rows, "verdict": _verdict(rows),
                                 "slo": [str(t) for t in _targets(args)]})
     if args.json != "-":
         print("\n".join(_lines(label, rows, args.percentile)))

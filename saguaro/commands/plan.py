@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 
+from saguaro.cli import HelpFormatter
 from saguaro.commands.placement import add_flags as add_placement_flags
-from saguaro.commands.simulate import (Progress, _write_json, add_scenario_flags, help_formatter, int_or_auto,
-                                      scenario_inputs, table)
+from saguaro.commands.simulate import add_scenario_flags, int_or_auto, scenario_inputs
+from saguaro.formatting import Progress, latency_unit, number, table, write_json
 
 METRICS = ("ttft", "tpot", "itl", "e2el")  # theory.latency.METRICS (not imported here: the CLI starts light)
 SETTINGS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C"]
@@ -35,7 +36,7 @@ SOURCED = ("alpha", "r", "scale", "p_hit")  # flags whose defaults the assumptio
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="capacity plan: best SD/SSD settings and replicas for latency targets",
-                       description=__doc__, formatter_class=help_formatter())
+                       description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("demand and targets")
     g.add_argument("--rate", type=float, help="arrival rate, requests per second (all replicas); needed for a "
                                               "capacity plan, not with --placement")
@@ -119,7 +120,6 @@ def _limits(targets) -> dict[str, float]:
 def slo_table(candidate, targets, percentile: int) -> tuple[list[dict], list[str]]:
     """Every metric at the percentile: its limit, at full load and in the open-loop check ('!' = violated), in
     one unit for the table (ms, or s once a value reaches 10 s); rows and columns as printed."""
-    from saguaro.commands.simulate import _number, latency_unit
     from simulator.plan import latency_ms
 
     limits = {t.metric: t.ms for t in targets}
@@ -130,8 +130,8 @@ def slo_table(candidate, targets, percentile: int) -> tuple[list[dict], list[str
         raw.append((m, limits.get(m), full, checked))
     unit, factor, decimals = latency_unit([v for row in raw for v in row[1:] if v is not None])
     columns = ["metric", f"limit_{unit}", f"full_load_{unit}", f"checked_{unit}"]
-    rows = [dict(zip(columns, (f"{m} p{percentile}", _number(limit, decimals, factor),
-                               _number(full, decimals, factor, limit), _number(checked, decimals, factor, limit))))
+    rows = [dict(zip(columns, (f"{m} p{percentile}", number(limit, decimals, factor),
+                               number(full, decimals, factor, limit), number(checked, decimals, factor, limit))))
             for m, limit, full, checked in raw]
     return rows, columns
 
@@ -155,7 +155,7 @@ def _describe(candidate, targets, args) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saguaro.assumptions import assumptions, left_aligned
+    from saguaro.commands.assumptions import assumptions, left_aligned
     from saguaro.commands.simulate import _grid, scenario_from_args
     from simulator import plan
 
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                       check_top=args.check_top, check_requests=args.check_requests, progress=progress)
     finally:
         progress.close()
-    rows = assumptions(args, scenario, targets)  # saguaro.assumptions
+    rows = assumptions(args, scenario, targets)  # saguaro.commands.assumptions
     pct = args.percentile
     if args.json:
         def detail(c):
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
                                            "checked": c.checked.to_dict() if c.checked else None}
         inputs = {**scenario_inputs(args, scenario), "rate_per_s": args.rate, "slo": [str(t) for t in targets],
                   "objective": args.objective, "headroom": args.headroom}
-        _write_json(args.json, {
+        write_json(args.json, {
             "inputs": inputs,
             "assumptions": rows, "slo": [str(t) for t in targets], "rate_per_s": args.rate,
             "best": detail(result.best), "closest": detail(result.closest),

@@ -28,7 +28,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from saguaro.report import build_report
+    from saguaro.reporting.report import build_report
 
     out = Path(args.out) if args.out else Path(args.runs[0]) / "report"
     argv = [*args.runs, *(["--out", args.out] if args.out else [])]

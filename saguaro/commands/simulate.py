@@ -26,11 +26,12 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
-from saguaro.calibration_files import check_same_precision, fit_all, read_all
+from saguaro.calibration.files import check_same_precision, fit_all, read_all
+from saguaro.cli import HelpFormatter
 from saguaro.commands.values import argument_type, flat, numbers
+from saguaro.formatting import Progress, format_table, latency_unit, number, readable, table, write_json
 
 TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "tok/s", "tok/s/seq", "tok/s/acc",
                  "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "hit", "tok/round",
@@ -38,133 +39,6 @@ TABLE_COLUMNS = ["strategy", "K", "budget", "fanout", "backup", "batch", "C", "t
 
 
 _floats = argument_type(numbers, float, "expected numbers separated by spaces")
-
-
-class _DefaultsFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Fallback: the description's line breaks and every option's default."""
-
-
-def help_formatter() -> type[argparse.HelpFormatter]:
-    """saguaro.cli's formatter (every default shown, the description's line breaks kept), or a fallback."""
-    try:
-        from saguaro.cli import HelpFormatter
-    except ImportError:
-        return _DefaultsFormatter
-    return HelpFormatter
-
-
-# --- output people read: one number format per column, the unit in the header -------------------------
-
-def _finite_values(values) -> list[float]:
-    return [abs(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-
-
-def latency_unit(values_ms) -> tuple[str, float, int]:
-    """(unit, factor from ms, decimals) for a set of latencies: s with 2 decimals once any reaches 10 s, else
-    ms with 1 decimal (2 below 10 ms)."""
-    finite = _finite_values(values_ms)
-    top = max(finite, default=0.0)
-    if top >= 10_000:
-        return "s", 1e-3, 2
-    return "ms", 1.0, 2 if top < 10 else 1
-
-
-def _decimals(values) -> int:
-    """Fixed decimals for a column of plain figures: 1 from 100 up, 2 from 1, else 3."""
-    top = max(_finite_values(values), default=0.0)
-    return 1 if top >= 100 else 2 if top >= 1 else 3
-
-
-def _number(value, decimals: int, factor: float = 1.0, limit: float | None = None) -> str | None:
-    """A figure as printed: fixed decimals, 'none' for NaN (no sample), '!' past its limit (same unit as value)."""
-    if value is None:
-        return None
-    if isinstance(value, float) and math.isnan(value):
-        return "none" if limit is None else "none!"
-    text = f"{value * factor:,.{decimals}f}".replace(",", "")
-    return text + ("!" if limit is not None and value > limit else "")
-
-
-def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | None = None,
-             decimals: int | None = None) -> tuple[list[dict], list[str]]:
-    """Rows and columns for format_table with every float fixed-format: a column named *_ms in ms or s (the
-    header says which, chosen over the column), other float columns with fixed decimals (`decimals`, or by
-    the column's size). `limits` (ms, by column) adds '!' to a latency past it."""
-    fixed = decimals
-    limits = limits or {}
-    renamed, out = {}, [dict(r) for r in rows]
-    for column in columns:
-        values = [r.get(column) for r in rows]
-        if not any(isinstance(v, float) for v in values):
-            continue
-        if column in ("C", "F"):  # a setting (Saguaro constant, fan-out): as given
-            for r in out:
-                if isinstance(r.get(column), float):
-                    r[column] = f"{r[column]:g}"
-        elif column.endswith("_ms"):
-            unit, factor, decimals = latency_unit(values)
-            new = column[: -len("_ms")] + f"_{unit}"
-            renamed[column] = new
-            for r in out:
-                r[new] = _number(r.pop(column, None), decimals, factor, limits.get(column))
-        else:
-            decimals = _decimals(values) if fixed is None else fixed
-            for r in out:
-                value = r.get(column)
-                if isinstance(value, float):
-                    r[column] = _number(value, decimals)
-    return out, [renamed.get(c, c) for c in columns]
-
-
-def table(rows: list[dict], columns: list[str], markdown: bool = False, limits: dict | None = None,
-          decimals: int | None = None) -> str:
-    from saguaro.tables import format_table
-
-    return format_table(*readable(rows, columns, limits, decimals), markdown=markdown)
-
-
-class Progress:
-    """Progress of a long loop on stderr: a tqdm bar when stderr is a terminal, else a line every few seconds
-    (with -v); nothing with -q, and nothing at all when the loop ends within two seconds."""
-
-    DELAY_S, EVERY_S = 2.0, 5.0
-
-    def __init__(self, what: str, args: argparse.Namespace) -> None:
-        shown = getattr(args, "_progress", None)
-        tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
-        if shown is None:  # the CLI did not decide: a terminal, or -v
-            shown = tty or bool(getattr(args, "verbose", False))
-        self.what, self.shown, self.tty = what, bool(shown) and not getattr(args, "quiet", False), tty
-        self.start = self.last = time.monotonic()
-        self.bar = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.shown:
-            return
-        now = time.monotonic()
-        if self.tty and self.bar is None and now - self.start >= self.DELAY_S and done < total:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self.tty = False
-            else:
-                self.bar = tqdm(total=total, initial=done, desc=self.what, unit="config", file=sys.stderr,
-                                dynamic_ncols=True, leave=False)
-                return
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
-            if done >= total:
-                self.close()
-            return
-        if not self.tty and now - self.start >= self.DELAY_S and (now - self.last >= self.EVERY_S or done >= total):
-            self.last = now
-            print(f"{self.what}: {done}/{total} configurations, {now - self.start:.0f} s", file=sys.stderr,
-                  flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
 
 def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
@@ -244,7 +118,7 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate AR/SD/SSD timing (one configuration or a sweep)",
-                       description=__doc__, formatter_class=help_formatter())
+                       description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("configuration (several values, space-separated: a sweep)")
     g.add_argument("--strategy", nargs="+", default=["ssd"], choices=["ar", "sd", "ssd"], help="strategies")
     g.add_argument("-K", "--K", dest="K", type=int_or_auto, nargs="+", default=[4],
@@ -335,7 +209,7 @@ def timing_from_args(args: argparse.Namespace):
 
 def hit_model_from_args(args: argparse.Namespace, alpha: float | None = None):
     """The hit model the flags ask for at acceptance α (`--calibrate` may replace it with the records' own)."""
-    from saguaro.hit_choice import alpha_choice, hit_choice
+    from saguaro.commands.hit_choice import alpha_choice, hit_choice
 
     return hit_choice(args, alpha_choice(args)[0] if alpha is None else alpha)[0]
 
@@ -346,7 +220,7 @@ def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
     from simulator.calibrate import calibrate
     from simulator.hits import from_records
 
-    from saguaro.hit_choice import alpha_choice
+    from saguaro.commands.hit_choice import alpha_choice
 
     timing, tp, draft_hw, fitted = timing_from_args(args)
     alpha = alpha_choice(args)[0]
@@ -396,8 +270,8 @@ def _lengths_text(lengths) -> str:
 def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
     """The inputs a run used, resolved (presets to model and hardware names, the hit model to its source) and
     as given (`flags`): what JSON output echoes so that a result file says what it is a result of."""
+    from saguaro.commands.hit_choice import alpha_choice, hit_choice
     from simulator import ConstantHit, FittedTiming, IidAcceptance, PerPositionAcceptance, PowerLawHit, Replay
-    from saguaro.hit_choice import alpha_choice, hit_choice
     from simulator import RooflineTiming
     from simulator.alpha_hits import AlphaHit
     from simulator.hits import EmpiricalHit
@@ -478,7 +352,7 @@ def _detail(result, markdown: bool = False) -> str:
     for name in METRICS:
         stats = getattr(result, f"{name}_ms")
         unit, factor, decimals = latency_unit(stats.values())
-        rows.append({"latency": name, "unit": unit, **{stat: _number(v, decimals, factor) for stat, v in stats.items()}})
+        rows.append({"latency": name, "unit": unit, **{stat: number(v, decimals, factor) for stat, v in stats.items()}})
     breakdown = [{"actor": actor, "activity": what, "time_ms": ms,
                   "share_%": f"{100 * ms / sim_ms if sim_ms else 0.0:.1f}"}
                  for actor, parts in result.breakdown_ms.items() for what, ms in parts.items() if ms > 0]
@@ -486,8 +360,6 @@ def _detail(result, markdown: bool = False) -> str:
              "misses_after": result.misses_by_k[k] if result.hit_rate is not None else None}
             for k, n in enumerate(result.accepted_hist)]
     busy = readable(breakdown, ["actor", "activity", "time_ms", "share_%"])
-    from saguaro.tables import format_table
-
     return "\n".join(lines) + "\n\n" + "\n\n".join([
         format_table(rows, ["latency", "unit", "mean", "p50", "p90", "p99"], markdown=markdown),
         format_table(*busy, markdown=markdown),
@@ -496,7 +368,6 @@ def _detail(result, markdown: bool = False) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from saguaro.tables import format_table
     from simulator import read_records, validate
     from simulator.validate import TOLERANCE
 
@@ -519,31 +390,12 @@ def _validate(args: argparse.Namespace) -> int:
     if args.json:
         inputs = {"fit": list(args.fit), "validate": list(args.validate), "tolerance": TOLERANCE,
                   "flags": {k: v for k, v in vars(args).items() if not k.startswith("_")}}
-        _write_json(args.json, {"inputs": inputs, "fit": fit, "validation": rows, "passed": passed})
+        write_json(args.json, {"inputs": inputs, "fit": fit, "validation": rows, "passed": passed})
     if args.json != "-":
         print(f"fitted on {' '.join(args.fit)}: " + ", ".join(f"{k}={v}" for k, v in fit.items()))
         print(table(rows, list(rows[0]) if rows else [], markdown=args.markdown))
         print(f"{passed}/{len(rows)} configurations within {TOLERANCE:.0%} of the measured tokens/s")
     return 0
-
-
-def _finite(value):
-    """The payload with NaN and infinities as None: JSON has no NaN (a metric without samples is null)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _write_json(path: str, payload) -> None:
-    text = json.dumps(_finite(payload), indent=2, default=str, allow_nan=False)
-    if path == "-":
-        print(text)
-    else:
-        Path(path).write_text(text + "\n", encoding="utf-8")
 
 
 def _overload_warning(results, rate: float | None) -> str | None:
@@ -625,5 +477,5 @@ def run(args: argparse.Namespace) -> int:
         if warning:
             print(warning, file=sys.stderr)
     if args.json:
-        _write_json(args.json, {"inputs": scenario_inputs(args, scenario), "results": [r.to_dict() for r in results]})
+        write_json(args.json, {"inputs": scenario_inputs(args, scenario), "results": [r.to_dict() for r in results]})
     return 0

@@ -13,14 +13,15 @@ import json
 import math
 from typing import Any
 
+from saguaro.cli import HelpFormatter
+from saguaro.formatting import table
+
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 MISS_POLICIES = ("per-row", "whole-batch")  # theory.MissPolicy's values (kept here: no import at parse time)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from saguaro.commands.simulate import help_formatter
-
-    formatter = help_formatter()
+    formatter = HelpFormatter
     parser = sub.add_parser("theory", help="closed-form SD/SSD/Saguaro theory for given inputs", description=__doc__,
                             formatter_class=formatter)
     theory_sub = parser.add_subparsers(dest="theory_command", required=True, metavar="WHAT")
@@ -118,8 +119,6 @@ def _pairs(rows: dict[str, Any]) -> str:
 
 def _fixed(rows: list[dict], columns: list[str]) -> str:
     """A table with every figure to three decimals (one format per column, no scientific notation)."""
-    from saguaro.commands.simulate import table
-
     return table(rows, columns, decimals=3)
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from saguaro.calibration_files import check_same_precision, fit_all
+from saguaro.calibration.files import check_same_precision, fit_all
 from saguaro.validation.measured import (full_batch_tokens_per_s, label, lookup_alpha, lookup_alphas,
                                          measured_hit_rate, measured_tokens_per_s, variants)
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, Scenario, SimConfig, fit_timing, simulate

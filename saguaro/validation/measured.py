@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from saguaro.runfolder import RunDir
+from saguaro.bench.runfolder import RunDir
 from simulator.hits import alpha_per_position, is_draft_sourced
 from simulator.records import parse_record
 

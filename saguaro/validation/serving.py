@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from saguaro.calibration_files import check_same_precision, fit_all
-from saguaro.runfolder import RunDir
+from saguaro.bench.runfolder import RunDir
+from saguaro.calibration.files import check_same_precision, fit_all
 from simulator import ClosedLoop, Lengths, PerPositionAcceptance, Policy, Replayed, SimConfig, simulate
 from simulator.hits import from_records
 from simulator.link import LinkSpec

@@ -3,7 +3,7 @@
 import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from saguaro.prompts import load_prompts
+from saguaro.bench.prompts import load_prompts
 
 
 @pytest.mark.smoke

@@ -16,7 +16,7 @@ from engine.config import DraftPlacement, EngineConfig, WorkerFaults
 from engine.loading.quantize import int8_dynamic
 from engine.loading.recipe import draft_recipe
 from engine.ssd.heartbeat import BEAT_S, LOST_S
-from saguaro.prompts import load_prompts
+from saguaro.bench.prompts import load_prompts
 from tests.engine.tiny import noisy_copy
 
 # Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.

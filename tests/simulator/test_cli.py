@@ -133,10 +133,10 @@ def test_help_shows_the_defaults_and_minus_k(command, capsys):
 
 
 def test_progress_on_stderr_for_a_long_sweep(monkeypatch, capsys):
-    from saguaro.commands import simulate
+    from saguaro.formatting import Progress
 
-    monkeypatch.setattr(simulate.Progress, "DELAY_S", 0.0)
-    monkeypatch.setattr(simulate.Progress, "EVERY_S", 0.0)
+    monkeypatch.setattr(Progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(Progress, "EVERY_S", 0.0)
     assert main(["simulate", "-v", "--strategy", "ar", "sd", "--K", "2", *FAST]) == 0
     err = capsys.readouterr().err
     assert "simulate: 2/2 configurations" in err

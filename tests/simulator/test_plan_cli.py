@@ -119,10 +119,10 @@ def test_the_commands_metrics_are_theorys():
 
 
 def test_plan_shows_progress_on_stderr_and_tables_on_stdout(monkeypatch, capsys):
-    from saguaro.commands import simulate
+    from saguaro.formatting import Progress
 
-    monkeypatch.setattr(simulate.Progress, "DELAY_S", 0.0)
-    monkeypatch.setattr(simulate.Progress, "EVERY_S", 0.0)
+    monkeypatch.setattr(Progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(Progress, "EVERY_S", 0.0)
     argv = ["plan", "-v", "--rate", "0.5", "--target-ms", "50", *CONSTANT_AR[:4], "--strategy", "ar", "sd", "-K", "2",
             "--batch", "1", "--output-len", "50", "--rounds", "200", "--check-requests", "20", "--check-top", "1"]
     assert main(argv) == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from saguaro.calibration_files import check_same_precision, precision
+from saguaro.calibration.files import check_same_precision, precision
 from saguaro.cli import main
 from tests.simulator.synthetic import engine_run, write_jsonl
 

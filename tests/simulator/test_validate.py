@@ -2,7 +2,7 @@
 
 Synthetic runs follow the round structure the engine records (tests/simulator/synthetic.py), so the
 fitted simulator must predict their tokens/s within 10%; `saguaro validate` does the same on real engine runs
-(tests/reports/test_validate_engine.py).
+(tests/saguaro/validation/test_validate_engine.py).
 """
 
 from dataclasses import replace

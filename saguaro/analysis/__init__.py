@@ -1,6 +1,0 @@
-"""Reading run folders back: per-variant tables, round statistics, and closed-form and simulated predictions."""
-
-from saguaro.analysis.load import Run, load_run
-from saguaro.analysis.variants import category_rows, error_rows, variant_rows
-
-__all__ = ["Run", "category_rows", "error_rows", "load_run", "variant_rows"]
