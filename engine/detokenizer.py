@@ -49,10 +49,6 @@ class IncrementalDecoder:
         self._context: str | None = ""  # decode(_window[:_read]); None until needed
         self._tail: str | None = ""  # the pending ids' text; None until needed
 
-    @property
-    def uses_decode_stream(self) -> bool:
-        return self._stream is not None
-
     def push(self, ids: list[int]) -> str:
         """Add ids; the text that became final with them ("" while a character is incomplete)."""
         if self._stream is not None:
@@ -62,7 +58,7 @@ class IncrementalDecoder:
                 if "Invalid prefix" not in str(err):
                     raise
                 # The window's text no longer begins with the context's (see _pending_text): go on by offsets.
-                logger.warning("DecodeStream cannot follow this tokenizer's decoder (%s); decoding by offsets", err)
+                logger.debug("DecodeStream cannot follow this tokenizer's decoder (%s); decoding by offsets", err)
                 self._stream = None
             else:
                 self._window += ids
@@ -119,13 +115,9 @@ class OutputText:
         self._open = ""  # final text from _open_start on
         self._open_start = 0
         self._final_len = 0
-        self._stable = 0  # length of the text no later token changes (final text and the tail's complete part)
+        self._stable = 0  # with stop strings: the length of text no later token changes
         self._sent = 0  # characters streamed
         self._cut: int | None = None  # where a stop string begins, once one was found
-
-    @property
-    def uses_decode_stream(self) -> bool:
-        return self._decoder.uses_decode_stream
 
     @property
     def cut_at_stop(self) -> bool:
