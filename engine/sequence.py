@@ -6,11 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.detokenizer import OutputText
 from engine.metrics import RequestMetrics
 from engine.outputs import Chunk, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
-
-REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete UTF-8 character to
 
 
 @dataclass
@@ -27,14 +26,26 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" or "abort"
-    text: str = ""
-    sent_chars: int = 0  # text already streamed
-    cut_at_stop: bool = False  # the text was cut before a stop string
     metrics: RequestMetrics = field(init=False)
     generator: torch.Generator | None = field(default=None, repr=False)
+    _text: OutputText | None = field(init=False, repr=False)  # None without a tokenizer
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(prompt_tokens=len(self.prompt_ids), arrival_s=self.arrival_s)
+        if self.params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: load the model with one (or pass tokenizer=), "
+                             "or end the output with stop_token_ids")
+        self._text = OutputText(self.tokenizer, self.params.stop) if self.tokenizer is not None else None
+
+    @property
+    def text(self) -> str:
+        """The output text so far, cut before a stop string ("" without a tokenizer)."""
+        return self._text.text if self._text is not None else ""
+
+    @property
+    def cut_at_stop(self) -> bool:
+        """Whether the text was cut before a stop string."""
+        return self._text is not None and self._text.cut_at_stop
 
     @property
     def finished(self) -> bool:
@@ -47,7 +58,7 @@ class Sequence:
         Truncating a round's output keeps exactness: every kept token was distributed as the target
         would have sampled it, and AR would have stopped at the same place.
         """
-        p, kept = self.params, 0
+        p, kept, text = self.params, 0, self._text
         for i, token in enumerate(tokens):
             if self.finished:
                 break
@@ -55,14 +66,18 @@ class Sequence:
             if logprobs is not None and p.logprobs is not None:
                 self.logprobs.append(logprobs[i])
             kept += 1
-            if (p.stop_on_eos and token in self.eos_ids) or token in p.stop_token_ids:
-                self.finish_reason = "stop"
-            elif p.stop and len(self.output_ids) > p.min_tokens and self._cut_at_stop_string():
+            stop_token = (p.stop_on_eos and token in self.eos_ids) or token in p.stop_token_ids
+            # With stop strings, a token at a time: a stop string in its text drops the round's later tokens.
+            check = not stop_token and len(self.output_ids) > p.min_tokens
+            cut = bool(p.stop) and text.add([token], check_stop=check)
+            if stop_token or cut:
                 self.finish_reason = "stop"
             elif len(self.output_ids) >= p.max_new_tokens:
                 self.finish_reason = "length"
         if not kept:
             return None
+        if text is not None and not p.stop:
+            text.add(tokens[:kept])
         self.metrics.add_chunk(now_s, kept)
         return self._chunk(tokens[:kept], logprobs[:kept] if logprobs is not None and p.logprobs is not None else None,
                            now_s)
@@ -72,33 +87,9 @@ class Sequence:
         self.finish_reason = "abort"
         return self._chunk([], None, now_s)
 
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.output_ids, skip_special_tokens=True)
-
-    def _cut_at_stop_string(self) -> bool:
-        """True (and the text cut before it) once the output text contains a stop string."""
-        text = self._decode()
-        longest = max(len(s) for s in self.params.stop)
-        start = max(0, len(self.text) - longest)  # a new match must end in the newest characters
-        found = [i for i in (text.find(s, start) for s in self.params.stop) if i >= 0]
-        self.text = text[: min(found)] if found else text
-        self.cut_at_stop = bool(found)
-        return self.cut_at_stop
-
     def _chunk(self, tokens: list[int], logprobs: list[TokenLogprob] | None, now_s: float) -> Chunk:
-        delta = ""
-        if self.tokenizer is not None:
-            if not self.cut_at_stop and self.finish_reason != "abort":
-                self.text = self._decode()
-            end = len(self.text)
-            if not self.finished:
-                # Hold back an incomplete character, and a possible start of a stop string.
-                if self.text.endswith(REPLACEMENT):
-                    end = len(self.text.rstrip(REPLACEMENT))
-                if self.params.stop:
-                    end = min(end, len(self.text) - (max(len(s) for s in self.params.stop) - 1))
-            end = max(end, self.sent_chars)
-            delta, self.sent_chars = self.text[self.sent_chars : end], end
+        # Unfinished, the delta holds back an incomplete character and a possible start of a stop string.
+        delta = self._text.delta(self.finished) if self._text is not None else ""
         return Chunk(self.request_id, self.index, list(tokens), delta, logprobs, now_s, self.finished,
                      self.finish_reason, len(self.prompt_ids), len(self.output_ids), self.metrics.scheduled_s)
 
