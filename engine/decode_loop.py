@@ -25,17 +25,19 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from engine import host
 from engine.checks import Checks
+from engine.keyed_random import Purpose
 from engine.kv_cache import KVState, new_state, right_aligned
 from engine.metrics import ServingStats
 from engine.outputs import Chunk
 from engine.recorder import RoundRecorder
 from engine.row_distribution import hold_back_stops, logprobs
-from engine.sampling import RowSampling, sample, warp_rows
+from engine.sampling import Keys, RowSampling, sample, warp_rows
 from engine.sampling_params import LogprobsMode
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
@@ -81,7 +83,7 @@ class DecodeLoop:
         self.running: list[Sequence] = []
         self.prefilling: Prefilling | None = None  # the admitted group whose prompts are being fed
         self.pending = torch.zeros(0, dtype=torch.long, device=device)  # [B] newest token of each row
-        self._batch_changed()
+        self.batch_changed()
         self.recorder = RoundRecorder()  # the round records (kept while recorder.records is a list)
         self.stats = ServingStats(strategy=proposer.name)
         self.fault: str | None = None  # why the SSD worker was replaced (None while it serves, or never used)
@@ -210,7 +212,9 @@ class DecodeLoop:
         """Sample the first token of each sequence whose prompt is complete (logits [J, V]); their chunks, and
         the tokens [J]."""
         p = warp_rows(hold_back_stops(logits[:, None], seqs)[:, 0].float(), RowSampling([s.params for s in seqs]))
-        first = sample(p, [s.generator for s in seqs])  # [J]
+        keys = Keys.of([s.seed for s in seqs], [len(s.prompt_ids) for s in seqs])  # the first token's position
+        drawn = host.upload(torch.from_numpy(keys.uniforms(Purpose.TARGET, 1)[:, 0]), p.device)  # [J]
+        first = sample(p, None, u=drawn)  # [J]
         now = time.perf_counter()
         firsts = [[t] for t in first.tolist()]
         chunks = []
@@ -227,7 +231,7 @@ class DecodeLoop:
         self.state = KVState.concat([self.state, state])
         self.pending = torch.cat([self.pending, first.to(self.device)])
         self.running += seqs
-        self._batch_changed()
+        self.batch_changed()
         self.proposer.admit(seqs)  # SD: the draft's prefill; SSD: sent with the next round
 
     def _propose(self, rows: RowSampling) -> tuple[Proposal, RoundTelemetry]:
@@ -267,7 +271,8 @@ class DecodeLoop:
             p, result = None, verify_greedy(x, held, checks)
         else:
             p = warp_rows(held.float(), rows, checks)  # [B, K + 1, V]
-            result = verify(x, proposal.q, p, self.generators, checks)
+            keys = Keys(self.seeds, np.asarray(self._host_positions(), dtype=np.int64))  # x_1's positions
+            result = verify(x, proposal.q, p, keys, checks)
         accepted, _, _ = result.host(checks)  # the round's one read: the outcome and the input checks
         if K:  # keep pending, x_1..x_k (AR's K = 0 leaves nothing to roll back)
             self.state.rollback([K - k for k in accepted])
@@ -291,6 +296,10 @@ class DecodeLoop:
                              [s.index for s in self.running], telemetry)
         self._retire()
         return [c for c in chunks if c is not None]
+
+    def _host_positions(self) -> list[int]:
+        """Each row's tokens so far (prompt and output, `pending` included): the position of its next token."""
+        return [len(s.prompt_ids) + len(s.output_ids) for s in self.running]
 
     def _host_lengths(self) -> list[int]:
         """Tokens in the target's cache per row, from the host's own count where the state keeps one."""
@@ -343,13 +352,14 @@ class DecodeLoop:
         self.state.select(keep)
         self.pending = self.pending[host.tensor(keep, torch.long, self.device)]
         self.running = [self.running[i] for i in keep]
-        self._batch_changed()
+        self.batch_changed()
         self.proposer.retire(keep)
 
-    def _batch_changed(self) -> None:
-        """The running rows changed: their sampling settings and random streams, kept until the next change."""
+    def batch_changed(self) -> None:
+        """The running rows changed (they are set anew): their sampling settings and seeds, kept until the next
+        change."""
         self.rows = RowSampling([s.params for s in self.running])
-        self.generators = [s.generator for s in self.running]
+        self.seeds = np.asarray([s.seed for s in self.running], dtype=np.int64)  # keyed random numbers' seeds
         self.greedy = all(s.params.greedy and s.params.logprobs_mode is not LogprobsMode.PROCESSED
                           for s in self.running)
 

@@ -14,9 +14,11 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from engine import host
 from engine.checks import Checks, check
+from engine.keyed_random import Purpose
 from engine.kv_cache import KVState
-from engine.sampling import Generators, RowSampling, saguaro, sample, warp_rows
+from engine.sampling import Generators, Keys, RowSampling, saguaro, sample, warp_rows
 from engine.sparse import SparseQ
 
 
@@ -37,7 +39,8 @@ def draft_steps(
     `logits` [N, V] are the draft's logits at position 1. q is the warped draft distribution, Saguaro's
     σ_{F,C} when C < 1 (n_top = saguaro_top[i] at position i+1), kept as its support where that is narrow: when
     every row is greedy it is the point mass at the argmax, and nothing over the vocabulary is made but the argmax
-    itself (no draw either: a point mass has one outcome). `params` and `generator` are per row. Rows where
+    itself (no draw either: a point mass has one outcome). `params` and `generator` are per row; keyed (`Keys`,
+    the positions those of y_1), y_i is drawn with U(seed, position of y_i, DRAFT). Rows where
     `active` [N] is False get holes (their results are to be ignored); `fed` is `active` on the host (1 or 0
     per row). `stop_below`: stop before a position i > 1 whose top probability (softmax of the raw logits, so greedy
     rows can stop too) is below it in every row; the last y, fed only to look there, goes back to unfed, so the
@@ -47,6 +50,9 @@ def draft_steps(
     checks = Checks()  # the steps' input checks, read once after the last step
     N, V = logits.shape
     greedy = all(p.greedy for p in params.params)
+    drawn = None
+    if isinstance(generator, Keys) and not greedy:  # the draft's draw at each position, keyed: one copy up
+        drawn = host.upload(torch.from_numpy(generator.uniforms(Purpose.DRAFT, K)), logits.device)  # [N, K]
     for i in range(K):
         if i > 0 and stop_below is not None and bool((logits.softmax(-1).amax(-1) < stop_below).all()):
             state.rollback([1] * N)
@@ -59,7 +65,7 @@ def draft_steps(
             dense = warp_rows(logits, params, checks)  # [N, V]
             if C < 1:
                 dense = saguaro(dense, saguaro_top[i], C)
-            y = sample(dense, generator, checks)  # [N]
+            y = sample(dense, generator, checks) if drawn is None else sample(dense, None, checks, u=drawn[:, i])
             q = SparseQ(V, None, dense.float())
         yield y, q, logits
         if i < K - 1:

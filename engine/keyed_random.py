@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 from enum import IntEnum
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -278,3 +279,37 @@ def reference_gumbel(seed: int, position: int, token: int) -> float:
     """The float64 Gumbel value keyed_gumbel computes before rounding to its dtype (up to the last bit of log)."""
     u = ((reference_bits(seed, position, Purpose.GUMBEL, token) >> 12) * 2 + 1) * 2.0 ** -53
     return -math.log(-math.log(u))
+
+
+# -- on the host ------------------------------------------------------------------------------------------------
+# A round needs a few draws per row (the acceptance tests and the target's draws at the block's positions, the
+# draft's draws at its positions): the same words computed with numpy's unsigned 64-bit arithmetic (which wraps
+# modulo 2^64 by definition) cost microseconds, and reach the device with the round's other inputs in one copy.
+_U64 = np.uint64
+
+
+def _mix_host(z: np.ndarray) -> np.ndarray:
+    z = z ^ (z >> _U64(MIX_SHIFTS[0]))
+    z = z * _U64(MIX_MULTIPLIERS[0])
+    z = z ^ (z >> _U64(MIX_SHIFTS[1]))
+    z = z * _U64(MIX_MULTIPLIERS[1])
+    return z ^ (z >> _U64(MIX_SHIFTS[2]))
+
+
+def _absorb_host(h: np.ndarray, x: np.ndarray | int) -> np.ndarray:
+    return _mix_host(h + (np.asarray(x, dtype=_U64) + _U64(1)) * _U64(GAMMA))
+
+
+def host_bits(seeds: np.ndarray, positions: np.ndarray, purpose: Purpose, index: int = 0) -> np.ndarray:
+    """`keyed_bits` on the host: seeds [B] and positions [B, n] (non-negative integers) -> uint64 words [B, n]."""
+    purpose = _purpose(purpose)
+    with np.errstate(over="ignore"):
+        seed_words = _absorb_host(np.asarray(seeds, dtype=np.int64).astype(_U64), 0)[:, None]  # [B, 1]
+        counter = np.asarray(positions, dtype=np.int64).astype(_U64) * _U64(PURPOSE_SLOTS) + _U64(int(purpose))
+        return _absorb_host(_absorb_host(seed_words, counter), index)
+
+
+def host_uniforms(seeds: np.ndarray, positions: np.ndarray, purpose: Purpose) -> np.ndarray:
+    """`keyed_uniforms` in float64 on the host (53 bits, in [0, 1 - 2^-53]): [B] x [B, n] -> [B, n], the same
+    values bit for bit."""
+    return (host_bits(seeds, positions, purpose) >> _U64(11)).astype(np.float64) * 2.0 ** -53

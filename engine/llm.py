@@ -28,7 +28,6 @@ from engine.loading.models import engine_model
 from engine.metrics import RunMetrics
 from engine.outputs import Chunk, Generation
 from engine.prompt_input import check_prompts, encode_chat, encode_ids, encode_text, eos_ids, is_single_prompt, pad_id
-from engine.sampling import row_generator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence
@@ -289,7 +288,6 @@ class LLM:
         seq = Sequence(seq_id=seq_id, request_id=request_id or f"req-{seq_id}", index=index, prompt_ids=prompt_ids,
                        params=params, eos_ids=self.eos_ids, seed=seed,
                        arrival_s=time.perf_counter() if arrival_s is None else arrival_s, tokenizer=self.tokenizer)
-        seq.generator = row_generator(seed)  # on the host: engine.sampling.row_generator
         return seq
 
     def _sequences(self, prompts, params) -> list[Sequence]:

@@ -8,17 +8,51 @@ exactness tests can drive them directly. Notation follows docs/ssd.md: `p` targe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from engine import host
 from engine.checks import Checks, check
+from engine.keyed_random import Purpose, host_uniforms
 from engine.sampling_params import SamplingParams
 
+@dataclass(frozen=True)
+class Keys:
+    """Where a batch's random numbers come from when they are keyed (engine.keyed_random): each row's request seed
+    [B] and the position of the first token of the block being drafted or verified [B], on the host. The number
+    behind a decision is U(seed, position, purpose): it does not depend on round boundaries, on which rows share the
+    batch, or on what was drawn before, so a seed gives one text whatever the run's timing."""
+
+    seeds: np.ndarray  # [B] int64
+    positions: np.ndarray  # [B] int64
+
+    @classmethod
+    def of(cls, seeds: Sequence[int], positions: Sequence[int]) -> "Keys":
+        return cls(np.asarray(seeds, dtype=np.int64).reshape(-1), np.asarray(positions, dtype=np.int64).reshape(-1))
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def uniforms(self, purpose: Purpose, n: int, offset: int | np.ndarray = 0) -> np.ndarray:
+        """U[0, 1) float64 [B, n] at positions positions[b] + offset + 0..n-1 (offset: an int or [B] per row)."""
+        at = (self.positions + offset)[:, None] + np.arange(n)[None, :]  # [B, n]
+        return host_uniforms(self.seeds, at, purpose)
+
+    def rows(self, index: Sequence[int]) -> "Keys":
+        index = np.asarray(index, dtype=np.int64)
+        return Keys(self.seeds[index], self.positions[index])
+
+    def shifted(self, by: int | np.ndarray) -> "Keys":
+        """The same rows' keys `by` positions later (an int, or [B] per row)."""
+        return Keys(self.seeds, self.positions + by)
+
+
 # One generator for the whole tensor, or one per row (each request keeps its own random stream, so its
-# draws do not depend on which other requests share the batch).
-Generators = torch.Generator | Sequence[torch.Generator]
+# draws do not depend on which other requests share the batch), or keyed random numbers (Keys).
+Generators = torch.Generator | Sequence[torch.Generator] | Keys
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -204,6 +238,8 @@ def uniforms(generator: Generators, rows: int, n: int, dtype: torch.dtype, devic
     """U[0, 1) draws `[rows, n]` on `device`: from one generator in row-major order, or n from each row's own.
     Drawn on the generators' device (they must share one): a host stream's draws fill a (pinned) host buffer
     and cross to `device` in one copy (engine.host.upload)."""
+    if isinstance(generator, Keys):
+        raise TypeError("keyed random numbers are drawn by position and purpose: use Keys.uniforms")
     single = isinstance(generator, torch.Generator)
     gens = [generator] if single else list(generator)
     if not single and len(gens) != rows:
@@ -264,7 +300,8 @@ def warp_rows(logits: Tensor, rows: RowSampling | SamplingParams, checks: Checks
     return out
 
 
-def sample(probs: Tensor, generator: Generators, checks: Checks | None = None) -> Tensor:
+def sample(probs: Tensor, generator: Generators | None, checks: Checks | None = None, u: Tensor | None = None
+           ) -> Tensor:
     """One draw per row of `probs` `[..., V]` -> LongTensor `[...]`, using only `generator`.
 
     Inverse-CDF sampling: one uniform u per row, and the token whose cumulative-mass interval holds
@@ -274,6 +311,7 @@ def sample(probs: Tensor, generator: Generators, checks: Checks | None = None) -
     but a row with no positive finite mass raises RuntimeError instead of yielding the last id. A zero-probability token has an empty interval and is never drawn,
     so a one-hot row always yields its token (the draw still advances the generator, which keeps the
     random stream position independent of the values). `checks`: where the mass check goes (default: now).
+    `u`: the uniforms to use instead of drawing from `generator`, float64 [N] (keyed random numbers).
     """
     _check_last_dim(probs, "probs")
     leading = probs.shape[:-1]
@@ -290,7 +328,10 @@ def sample(probs: Tensor, generator: Generators, checks: Checks | None = None) -
                             f"NaN): nothing can be sampled from it; a model or warp bug")
 
     check(bad, error, checks)
-    u = uniforms(generator, flat.shape[0], 1, torch.float64, probs.device)  # [N, 1]
+    if u is None:
+        u = uniforms(generator, flat.shape[0], 1, torch.float64, probs.device)  # [N, 1]
+    else:
+        u = u.to(probs.device, torch.float64).reshape(-1, 1)  # [N, 1]
     # right=True: the first index whose cumulative mass exceeds the target, skipping empty intervals.
     draws = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [N, 1]
     return draws.clamp_(max=flat.shape[-1] - 1).reshape(leading)

@@ -1,10 +1,8 @@
-"""One request in flight: its prompt, settings, random stream, output so far, text and metrics."""
+"""One request in flight: its prompt, settings, seed, output so far, text and metrics."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
 
 from engine.detokenizer import OutputText
 from engine.metrics import RequestMetrics
@@ -20,14 +18,13 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     eos_ids: frozenset[int]
-    seed: int  # the request's random stream (the target's; the draft's is derived from it)
+    seed: int  # keys every random number of the request (engine.keyed_random), the draft's too
     arrival_s: float  # time.perf_counter() when the request was submitted
     tokenizer: object | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" or "abort"
     metrics: RequestMetrics = field(init=False)
-    generator: torch.Generator | None = field(default=None, repr=False)
     _text: OutputText | None = field(init=False, repr=False)  # None without a tokenizer
 
     def __post_init__(self) -> None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from engine import host
 from engine.checks import Checks, check
-from engine.sampling import Generators, sample, uniforms
+from engine.keyed_random import Purpose
+from engine.sampling import Generators, Keys, sample, uniforms
 from engine.sparse import SparseQ
 
 
@@ -127,7 +130,9 @@ def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Gene
     Random numbers are drawn in a fixed order, independent of the values: first u [B, K] (all of them,
     even past the first rejection), then one bonus draw per row; the same generator state therefore
     reproduces the same outcome. With one generator per row, each row draws its own K uniforms and then
-    its bonus from its own stream, so a row's outcome does not depend on its batch-mates. p and q are used as given (they should be normalised distributions).
+    its bonus from its own stream, so a row's outcome does not depend on its batch-mates. With `Keys`
+    (engine.sampling) each number is keyed by its row's seed and its token's position: the test of x_i uses
+    U(seed, position of x_i, ACCEPT) and the bonus U(seed, position of t*, TARGET), whatever came before. p and q are used as given (they should be normalised distributions).
 
     `checks` (engine.sampling.Checks): where the input checks go, to be read later together with others; the
     tokens are then clamped into the vocabulary for the gathers, so a bad one cannot index out of range on a
@@ -143,10 +148,17 @@ def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Gene
     if checks is not None:
         x = x.clamp(0, p.shape[2] - 1)  # checked later (checks); meanwhile no index leaves the vocabulary
 
-    u = uniforms(generator, B, K, dtype, p.device)  # [B, K]
     p_x = p[:, :K].gather(-1, x).squeeze(-1)  # [B, K]
     q_x = q.gather(-1, x).squeeze(-1)  # [B, K]
-    accept = u * q_x < p_x  # [B, K]
+    u_bonus = None
+    if isinstance(generator, Keys):  # keyed: the test at x_i's position, the target's draw at t*'s (one copy up)
+        drawn = np.concatenate([generator.uniforms(Purpose.ACCEPT, K), generator.uniforms(Purpose.TARGET, K + 1)], 1)
+        drawn = host.upload(torch.from_numpy(drawn), p.device)  # [B, 2K + 1] float64
+        u, u_target = drawn[:, :K], drawn[:, K:]
+        accept = u * q_x.double() < p_x.double()  # [B, K], in float64: u has 53 bits
+    else:
+        u = uniforms(generator, B, K, dtype, p.device)  # [B, K]
+        accept = u * q_x < p_x  # [B, K]
     # Leading run of acceptances: the cumulative product turns to 0 at the first rejection.
     accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # [B]
 
@@ -161,5 +173,8 @@ def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Gene
     else:
         bonus_dist = p_next
     # sample() normalises each row by its own total, so the residual needs no explicit division.
-    bonus = sample(bonus_dist, generator, checks)  # [B]
+    if isinstance(generator, Keys):
+        bonus = sample(bonus_dist, None, checks, u=u_target.gather(1, accepted[:, None])[:, 0])  # [B]
+    else:
+        bonus = sample(bonus_dist, generator, checks)  # [B]
     return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)

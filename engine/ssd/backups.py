@@ -7,15 +7,21 @@ backup is the draft drafting just in time: engine.ssd.tree.draft_compact.)
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from engine.proposals import point_mass, random_tokens, uniform
+from engine.keyed_random import Purpose
+from engine.proposals import point_mass, uniform
+from engine.sampling import Keys
 
 
-def random_backup(n: int, K: int, V: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """K uniform random tokens per row: tokens [n, K], q [n, K, V] uniform."""
-    return random_tokens((n, K), V, generator), uniform((n, K), V)
+def random_backup(keys: Keys, K: int, V: int) -> tuple[Tensor, Tensor]:
+    """K uniform random tokens per row: tokens [n, K] (token i of row b is floor(V·U) with U the draft's keyed
+    draw at its position), q [n, K, V] uniform."""
+    u = keys.uniforms(Purpose.DRAFT, K)  # [n, K] float64 in [0, 1)
+    tokens = torch.from_numpy(np.minimum(np.floor(u * V), V - 1).astype(np.int64))
+    return tokens, uniform((len(keys), K), V)
 
 
 def lookup_continuation(context: list[int], K: int, max_ngram: int = 3) -> list[int]:

@@ -32,7 +32,7 @@ from torch import Tensor
 from engine import host
 from engine.config import SpeculativeConfig
 from engine.kv_cache import KVState, new_state, right_aligned
-from engine.sampling import RowSampling, row_generator
+from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
 from engine.ssd.messages import Join, Prefill, Round, Source, Speculation
@@ -186,8 +186,7 @@ class DraftWorker:
     def _join_rows(self, joins: list[Join]) -> Rows:
         params = [SamplingParams(temperature=j.temperature, top_k=j.top_k or None,
                                  top_p=j.top_p if j.top_p < 1 else None, stop_on_eos=False) for j in joins]
-        generators = [row_generator(j.seed) for j in joins]
-        return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, generators)
+        return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, [j.seed for j in joins])
 
     def _next_speculation(self, bonus: list[int], hit_index: list[int | None], backup: Backup | None, round_: int,
                           ranks: list[int]) -> Speculation:
@@ -214,7 +213,7 @@ class DraftWorker:
                 first_t, first_v = right_aligned(first, self.pad_id, on)
                 active = host.tensor([not h for h in hit], torch.bool, on)  # [n]
                 y, qy, ranking = draft_compact(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
-                                               RowSampling(self.rows.params), self.rows.generators, depth, active,
+                                               RowSampling(self.rows.params), self.rows.keys(), depth, active,
                                                width, fed=[len(f) for f in first], active_host=[not h for h in hit])
                 rows = host.tensor(miss, torch.long, on)
                 tokens.append(y[rows])
@@ -222,8 +221,7 @@ class DraftWorker:
                 rankings.append(ranking.rows(rows))
             else:
                 if backup is Backup.RANDOM:
-                    # One generator per missed row, drawn in row order.
-                    y, qy = random_backup(len(miss), K, V, self.rows.generators[miss[0]])
+                    y, qy = random_backup(self.rows.keys(miss), K, V)
                 else:
                     y, qy = lookup_backup([self.rows.contexts[b] for b in miss], K, V)
                 tokens.append(host.upload(y, on))
@@ -301,7 +299,7 @@ class DraftWorker:
         if rows:
             branches = decode_branches(self.state, rows, ks, t, K, self.saguaro_top(True, length),
                                        self.spec.C, RowSampling(self.rows.params).index(rows),
-                                       [self.rows.generators[r] for r in rows], depth, length,
+                                       self.rows.keys(rows, [k + 1 for k in ks]), depth, length,
                                        support_width(self.rows.params))
             keys = list(zip(rows, ks, t.tolist()))  # the host's one read of the build
         self.cache, self.cache_K = SpeculationCache(self.rows.seq_ids, branches, keys), length

@@ -58,7 +58,7 @@ class Join:
     temperature: float
     top_k: int  # 0 = off
     top_p: float  # 1 = off
-    seed: int  # the draft's random stream for this sequence
+    seed: int  # the request's seed, which keys every random number the draft uses for it
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
+from engine.sampling import Keys
 from engine.sampling_params import SamplingParams
 from engine.sparse import TopLogits
 
@@ -19,14 +19,21 @@ class Rows:
     seq_ids: list[int] = field(default_factory=list)
     contexts: list[list[int]] = field(default_factory=list)  # committed tokens (lookup backup)
     params: list[SamplingParams] = field(default_factory=list)
-    generators: list[torch.Generator] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)  # each request's seed (keyed random numbers)
 
     def keep(self, rows: list[int]) -> "Rows":
-        return Rows(*([getattr(self, f)[i] for i in rows] for f in ("seq_ids", "contexts", "params", "generators")))
+        return Rows(*([getattr(self, f)[i] for i in rows] for f in ("seq_ids", "contexts", "params", "seeds")))
 
     def __add__(self, other: "Rows") -> "Rows":
         return Rows(self.seq_ids + other.seq_ids, self.contexts + other.contexts, self.params + other.params,
-                    self.generators + other.generators)
+                    self.seeds + other.seeds)
+
+    def keys(self, rows: list[int] | None = None, ahead: list[int] | int = 0) -> Keys:
+        """Keyed random numbers for these rows (default: all), at the position of each one's next token (the
+        length of its committed context) plus `ahead`."""
+        rows = range(len(self.seq_ids)) if rows is None else rows
+        ahead = [ahead] * len(rows) if isinstance(ahead, int) else ahead
+        return Keys.of([self.seeds[b] for b in rows], [len(self.contexts[b]) + a for b, a in zip(rows, ahead)])
 
 
 @dataclass

@@ -28,19 +28,12 @@ from engine.config import SpeculativeConfig
 from engine.drafting import bonus_rank_tensor, draft_from
 from engine.kv_cache import KVState, new_state, right_aligned
 from engine.loading.devices import model_device
-from engine.sampling import RowSampling, row_generator
+from engine.sampling import Keys, RowSampling
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, RoundTelemetry
 from engine.strategies.lookahead import Lookahead
 from engine.timing import Stopwatch
 from engine.verifier import Verification
-
-DRAFT_SEED_OFFSET = 0x5A6  # the draft's random stream differs from the target's
-
-
-def draft_seed(seed: int) -> int:
-    return (seed + DRAFT_SEED_OFFSET) % (1 << 63)
-
 
 class InProcessDraft:
     """SD's proposer. The draft runs on its own device (`draft_device`: the target's, or the CPU for a low-bit
@@ -60,7 +53,8 @@ class InProcessDraft:
         self.draft_device = model_device(draft)
         self.state = new_state(draft, 0, self.draft_device)
         self.tails: list[list[int]] = []
-        self.generators: list[torch.Generator] = []
+        self.seeds: list[int] = []  # each row's request seed (keyed random numbers: engine.sampling.Keys)
+        self.positions: list[int] = []  # each row's tokens so far: the position of its next x_1
         self.ranks: list[int | None] = []  # per row of the last round: its bonus's rank (None: not yet known)
         self.late: list[int | None] = []  # per row: where its all-accepted outcome's rank goes in `ranks`
         # the last round's rejected rows (their places in `ranks`) and their ranks, on the draft's device: read on
@@ -81,13 +75,15 @@ class InProcessDraft:
         self.tails += [[s.output_ids[-1]] for s in seqs]
         self.late += [None] * len(seqs)
         self.lookahead.admit(len(seqs))
-        self.generators += [row_generator(draft_seed(s.seed)) for s in seqs]
+        self.seeds += [s.seed for s in seqs]
+        self.positions += [len(s.prompt_ids) + len(s.output_ids) for s in seqs]
 
     def retire(self, keep: list[int]) -> None:
         self.state.select(keep)
         self.tails = [self.tails[i] for i in keep]
         self.late = [self.late[i] for i in keep]
-        self.generators = [self.generators[i] for i in keep]
+        self.seeds = [self.seeds[i] for i in keep]
+        self.positions = [self.positions[i] for i in keep]
         self.lookahead.retire(keep)
 
     def propose(self, rows: RowSampling) -> Proposal:
@@ -97,7 +93,7 @@ class InProcessDraft:
         previous = self._late_ranks(fed) if self.record_outcomes else None
         K, logits = self.lookahead.choose(), fed[:, -1].float()
         self.x, q, self.z = draft_from(self.state, logits, K, self.spec.saguaro_top(), self.spec.C, rows,
-                                       self.generators, stop_below=self.spec.confidence_stop,
+                                       Keys.of(self.seeds, self.positions), stop_below=self.spec.confidence_stop,
                                        keep_logits=self.record_outcomes)  # [B, K'], [B, K', V], K' x [B, V]
         self.K = self.x.shape[1]
         forwards = self.K + (self.K < K)  # the tail's feed included; a stopped block fed its last token to look
@@ -132,6 +128,7 @@ class InProcessDraft:
         if not x or len(x[0]) != K:  # a Verification made without its draft tokens
             x = self.x.tolist()
         self.lookahead.observe(accepted, K, verify_ms)
+        self.positions = [p + kb + 1 for p, kb in zip(self.positions, accepted)]
         self.state.rollback([max(K - 1 - kb, 0) for kb in accepted])
         self.tails = [[row[-1], t] if kb == K else [t] for row, kb, t in zip(x, accepted, bonus)]
         rejected = [b for b, kb in enumerate(accepted) if kb < K]

@@ -39,7 +39,7 @@ from engine.ssd.messages import Join, MalformedMessage, Prefill, Round, Source
 from engine.ssd.transport import DraftUnavailable
 from engine.strategies.ar import NoDraft
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
-from engine.strategies.sd import InProcessDraft, draft_seed
+from engine.strategies.sd import InProcessDraft
 from engine.strategies.ssd_lookahead import SSDLookahead
 from engine.timing import Stopwatch
 from engine.verifier import Verification
@@ -82,7 +82,7 @@ class DraftWorkerProposer:
         for s in seqs:
             p = s.params
             self.rows.append(Join(s.seq_id, _draft_prompt(s), s.output_ids[-1], float(p.temperature),
-                                  p.top_k or 0, p.top_p or 1.0, draft_seed(s.seed)))
+                                  p.top_k or 0, p.top_p or 1.0, s.seed))
         self.lookahead.admit(len(seqs))
 
     def prefetch(self, seqs: list[Sequence]) -> None:

@@ -28,15 +28,16 @@ def fast_backup_ms(K: int, V: int, reps: int = 20) -> dict:
     """Median ms of the random and lookup backups for one missed row (they cost about the same per row)."""
     import torch
 
+    from engine.sampling import Keys
     from engine.ssd.backups import lookup_backup, random_backup
 
-    generator = torch.Generator().manual_seed(0)
+    keys = Keys.of([0], [400])
     context = list(range(200)) * 2
     times: dict = {"random": [], "lookup": []}
     q = torch.zeros(1, K, V)  # the worker writes each backup's q into the speculation's dense q
     for _ in range(reps):
         t0 = time.perf_counter()
-        q[0] = random_backup(1, K, V, generator)[1][0]
+        q[0] = random_backup(keys, K, V)[1][0]
         t1 = time.perf_counter()
         q[0] = lookup_backup([context], K, V)[1][0]
         times["random"].append((t1 - t0) * 1e3)

@@ -66,9 +66,9 @@ class TargetRounds:
         for i in range(b):
             seq = Sequence(seq_id=i, request_id=f"calibrate-{i}", index=i, prompt_ids=self.ids[:c], params=params,
                            eos_ids=frozenset(), seed=i, arrival_s=time.perf_counter())
-            seq.generator = torch.Generator(device=self.device).manual_seed(i)
             loop.running.append(seq)
         loop.state = ragged(base, b)
+        loop.batch_changed()
         loop.pending = torch.full((b,), self.ids[c], dtype=torch.long)
         longest = max(self.widths) - 1
         if c + 1 + longest > len(self.ids):

@@ -52,8 +52,8 @@ def test_ssd_with_a_changing_K_matches_the_target_distribution(target8, draft8, 
     params = SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=11, **sampling)
     counts, rounds = run(target8, draft8, params, **spec)
     assert len({r.K for r in rounds}) >= 2  # K changed from round to round
-    hit_rate = np.mean([h for r in rounds[1:] for h in r.hit])
-    assert hit_rate > 0.15  # hundreds of rows took a branch drafted at a length other than its parent's
+    hits = sum(h for r in rounds[1:] for h in r.hit)
+    assert hits >= 100  # a hundred rows and more took a branch drafted at a length other than its parent's
     assert chi_square_p(counts, exact_distribution(target8, params)) > FALSE_ALARM
 
 

@@ -11,7 +11,8 @@ import torch
 from scipy.stats import chisquare
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from engine.sampling import sample, warp
+from engine.keyed_random import Purpose
+from engine.sampling import Keys, sample, warp
 from engine.verifier import Verification
 
 # The statistical tests: an 8-token vocabulary makes the exact distribution of the first STEPS generated
@@ -81,7 +82,11 @@ def argmax_verifier(draft_tokens, q, p, generator, checks=None):
     matches = draft_tokens == p[:, :-1].argmax(-1)  # [B, K]
     accepted = matches.long().cumprod(dim=1).sum(dim=1)  # [B]
     rows = torch.arange(len(accepted))
-    bonus = sample(p[rows, accepted], generator)
+    if isinstance(generator, Keys):  # the engine's keyed numbers: the target's draw at the bonus's position
+        u = torch.from_numpy(generator.uniforms(Purpose.TARGET, 1, offset=accepted.cpu().numpy())[:, 0])
+        bonus = sample(p[rows, accepted], None, u=u)
+    else:
+        bonus = sample(p[rows, accepted], generator)
     return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
 
 
