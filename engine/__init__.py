@@ -28,6 +28,7 @@ _EXPORTS = {
     "QueueFull": "engine.decode_loop",
     "ServingStats": "engine.metrics",
     "SamplingParams": "engine.sampling_params",
+    "SamplingMode": "engine.sampling_params",
     "SpeculativeConfig": "engine.config",
     "QuantConfig": "engine.config",
     "load_model": "engine.loading.models",

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from engine import host
 from engine.checks import Checks
+from engine.invariant import target_winners
 from engine.keyed_random import Purpose
 from engine.kv_cache import KVState, new_state, right_aligned
 from engine.metrics import ServingStats
@@ -43,7 +44,7 @@ from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, Proposer, RoundTelemetry
 from engine.timing import Stopwatch
-from engine.verifier import verify, verify_greedy
+from engine.verifier import verify_greedy, verify_rows
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,11 @@ class DecodeLoop:
         keys = Keys.of([s.seed for s in seqs], [len(s.prompt_ids) for s in seqs])  # the first token's position
         drawn = host.upload(torch.from_numpy(keys.uniforms(Purpose.TARGET, 1)[:, 0]), p.device)  # [J]
         first = sample(p, None, u=drawn)  # [J]
+        invariant = [b for b, s in enumerate(seqs) if s.params.invariant]
+        if invariant:  # drafter-invariant rows: the race's winner (engine.invariant)
+            index = host.tensor(invariant, torch.long, p.device)
+            on = host.tensor([[keys.seeds[b], keys.positions[b]] for b in invariant], torch.long, p.device)
+            first[index] = target_winners(p[index][:, None], on[:, 0], on[:, 1:])[:, 0]
         now = time.perf_counter()
         firsts = [[t] for t in first.tolist()]
         chunks = []
@@ -272,7 +278,7 @@ class DecodeLoop:
         else:
             p = warp_rows(held.float(), rows, checks)  # [B, K + 1, V]
             keys = Keys(self.seeds, np.asarray(self._host_positions(), dtype=np.int64))  # x_1's positions
-            result = verify(x, proposal.q, p, keys, checks)
+            result = verify_rows(x, proposal.q, p, keys, self.invariant, checks)
         accepted, _, _ = result.host(checks)  # the round's one read: the outcome and the input checks
         if K:  # keep pending, x_1..x_k (AR's K = 0 leaves nothing to roll back)
             self.state.rollback([K - k for k in accepted])
@@ -360,6 +366,7 @@ class DecodeLoop:
         change."""
         self.rows = RowSampling([s.params for s in self.running])
         self.seeds = np.asarray([s.seed for s in self.running], dtype=np.int64)  # keyed random numbers' seeds
+        self.invariant = [s.params.invariant for s in self.running]  # drafter-invariant rows (engine.invariant)
         self.greedy = all(s.params.greedy and s.params.logprobs_mode is not LogprobsMode.PROCESSED
                           for s in self.running)
 

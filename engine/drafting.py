@@ -16,6 +16,7 @@ from torch import Tensor
 
 from engine import host
 from engine.checks import Checks, check
+from engine.invariant import draft_winners
 from engine.keyed_random import Purpose
 from engine.kv_cache import KVState
 from engine.sampling import Generators, Keys, RowSampling, saguaro, sample, warp_rows
@@ -50,9 +51,14 @@ def draft_steps(
     checks = Checks()  # the steps' input checks, read once after the last step
     N, V = logits.shape
     greedy = all(p.greedy for p in params.params)
-    drawn = None
+    drawn = race = None
     if isinstance(generator, Keys) and not greedy:  # the draft's draw at each position, keyed: one copy up
         drawn = host.upload(torch.from_numpy(generator.uniforms(Purpose.DRAFT, K)), logits.device)  # [N, K]
+        rows = [b for b, p in enumerate(params.params) if p.invariant]
+        if rows:
+            on = host.tensor([[b, generator.seeds[b], generator.positions[b]] for b in rows], torch.long,
+                             logits.device)
+            race = (on[:, 0], on[:, 1], on[:, 2])
     for i in range(K):
         if i > 0 and stop_below is not None and bool((logits.softmax(-1).amax(-1) < stop_below).all()):
             state.rollback([1] * N)
@@ -66,6 +72,9 @@ def draft_steps(
             if C < 1:
                 dense = saguaro(dense, saguaro_top[i], C)
             y = sample(dense, generator, checks) if drawn is None else sample(dense, None, checks, u=drawn[:, i])
+            if race is not None:  # drafter-invariant rows: the race's likeliest winner (engine.invariant)
+                index, seeds, positions = race
+                y[index] = draft_winners(dense[index], seeds, positions + i)
             q = SparseQ(V, None, dense.float())
         yield y, q, logits
         if i < K - 1:

@@ -54,6 +54,7 @@ to the host, so a caller that guarantees them (an engine that validates a seed w
 
 from __future__ import annotations
 
+import functools
 import math
 from enum import IntEnum
 
@@ -245,6 +246,25 @@ def keyed_gumbel(seeds: Tensor, positions: Tensor, vocab: int, dtype: torch.dtyp
     at = _position_words(seeds, positions, Purpose.GUMBEL)  # [B, n]
     tokens = torch.arange(vocab, dtype=torch.int64, device=seeds.device)  # [V]
     return _gumbel_from_bits_(_absorb(at[..., None], tokens), dtype)  # [B, n, V]
+
+
+@functools.lru_cache(maxsize=8)
+def _token_steps(V: int, device: torch.device) -> Tensor:
+    """(i + 1)·GAMMA mod 2^64 for every token i, as int64 [V]: the per-token half of the last absorb, kept."""
+    return (torch.arange(V, dtype=torch.int64, device=device) + 1).mul_(_signed(GAMMA & MASK64))
+
+
+def token_uniforms(seeds: Tensor, positions: Tensor, V: int, ids: Tensor | None = None) -> Tensor:
+    """U(seed, position, i) in (0, 1), float64, from the words of purpose GUMBEL with index = the token id (the
+    uniform behind `keyed_gumbel`'s noise): for every token [B, n, V] (ids None), or for the token ids `ids`
+    [B, n, M]. seeds [B], positions [B, n], int64 on one device; no range check (the caller keeps them in range)."""
+    at = _position_words(seeds, positions, Purpose.GUMBEL)[..., None]  # [B, n, 1]
+    if ids is None:
+        words = _mix_(at + _token_steps(V, seeds.device))  # [B, n, V]
+    else:
+        words = _absorb(at, ids)  # [B, n, M]
+    k = words.bitwise_right_shift_(12).bitwise_and_((1 << 52) - 1)
+    return k.mul_(2).add_(1).to(torch.float64).mul_(2.0 ** -53)  # (2k + 1) / 2^53: never 0 or 1
 
 
 # The pure-Python reference: the same construction on Python integers modulo 2^64, for the tests and for anyone

@@ -28,6 +28,7 @@ from engine.loading.models import engine_model
 from engine.metrics import RunMetrics
 from engine.outputs import Chunk, Generation
 from engine.prompt_input import check_prompts, encode_chat, encode_ids, encode_text, eos_ids, is_single_prompt, pad_id
+from engine.reproducibility import unreproducible_reason
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence
@@ -287,7 +288,8 @@ class LLM:
             seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = Sequence(seq_id=seq_id, request_id=request_id or f"req-{seq_id}", index=index, prompt_ids=prompt_ids,
                        params=params, eos_ids=self.eos_ids, seed=seed,
-                       arrival_s=time.perf_counter() if arrival_s is None else arrival_s, tokenizer=self.tokenizer)
+                       arrival_s=time.perf_counter() if arrival_s is None else arrival_s, tokenizer=self.tokenizer,
+                       unreproducible=unreproducible_reason(self.config.strategy, self.config.speculative, params))
         return seq
 
     def _sequences(self, prompts, params) -> list[Sequence]:

@@ -46,6 +46,13 @@ class RequestOutput:
     finish_reason: str
     logprobs: list[TokenLogprob] | None
     metrics: RequestMetrics
+    # None: the same prompt, seed and settings give this text on any run; else why they may not
+    # (engine.reproducibility)
+    unreproducible: str | None = None
+
+    @property
+    def reproducible(self) -> bool:
+        return self.unreproducible is None
 
 
 @dataclass

@@ -17,6 +17,23 @@ class LogprobsMode(str, Enum):
     PROCESSED = "processed_logprobs"  # the distribution actually sampled: after all of them
 
 
+class SamplingMode(str, Enum):
+    """How a token is drawn from the target's distribution p (both are exact: every token is distributed as p).
+
+    STANDARD: speculative rounds verify by rejection sampling (accept x with probability min(1, p(x)/q(x)), else
+    draw from the residual); AR draws by inverse CDF. A seed reproduces each strategy's text, but SD's and SSD's
+    text is not AR's, and it depends on the draft (engine.sampling.Keys; docs/api.md "Reproducible sampling").
+    INVARIANT: drafter-invariant sampling. Each token is the winner of an exponential race keyed by (seed,
+    position, token): argmax_i log(U_i)/p(i), which is distributed as p and is the Gumbel-max trick in another
+    form. The draft runs the same race on its q and a draft token is accepted exactly when it is the target's
+    winner, so AR, SD and SSD give the same text for a seed at any temperature: the draft changes the speed,
+    never the text (Daliri, Musco & Suresh, arXiv 2408.07978).
+    """
+
+    STANDARD = "standard"
+    INVARIANT = "invariant"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are sampled for one request. temperature 0 means greedy (argmax).
@@ -36,6 +53,8 @@ class SamplingParams:
                   temperature 0 a point mass: 0 for the chosen token, -inf for the others).
     min_tokens    the fewest tokens generated before EOS, a stop token or a stop string may end the output:
                   until then those tokens get probability 0 (the target's p is renormalised without them).
+    sampling_mode STANDARD (rejection sampling) or INVARIANT (drafter-invariant: the same text whatever the
+                  strategy, K or draft), SamplingMode; the same at temperature 0.
     """
 
     temperature: float = 1.0
@@ -49,6 +68,7 @@ class SamplingParams:
     logprobs: int | None = None
     logprobs_mode: LogprobsMode = LogprobsMode.RAW
     min_tokens: int = 0
+    sampling_mode: SamplingMode = SamplingMode.STANDARD
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
@@ -79,6 +99,11 @@ class SamplingParams:
         except ValueError:
             raise ValueError(f"logprobs_mode must be one of {', '.join(m.value for m in LogprobsMode)}, "
                              f"got {self.logprobs_mode!r}") from None
+        try:
+            object.__setattr__(self, "sampling_mode", SamplingMode(self.sampling_mode))
+        except ValueError:
+            raise ValueError(f"sampling_mode must be one of {', '.join(m.value for m in SamplingMode)}, "
+                             f"got {self.sampling_mode!r}") from None
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise ValueError(f"min_tokens must be an integer in 0..max_new_tokens = 0..{self.max_new_tokens}, "
                              f"got {self.min_tokens!r}")
@@ -86,6 +111,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def invariant(self) -> bool:
+        """Drafter-invariant sampling at temperature > 0 (at 0 both modes are the argmax)."""
+        return self.sampling_mode is SamplingMode.INVARIANT and not self.greedy
 
     def stops_before(self, eos_ids: frozenset[int]) -> tuple[int, ...]:
         """The ids min_tokens holds back: those that would end the output (EOS unless ignored, stop tokens)."""

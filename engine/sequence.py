@@ -21,6 +21,7 @@ class Sequence:
     seed: int  # keys every random number of the request (engine.keyed_random), the draft's too
     arrival_s: float  # time.perf_counter() when the request was submitted
     tokenizer: object | None = None
+    unreproducible: str | None = None  # why a seed may not reproduce this text (engine.reproducibility); None: it does
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" or "abort"
@@ -95,4 +96,5 @@ class Sequence:
             index=self.index, request_id=self.request_id, prompt_ids=self.prompt_ids, token_ids=list(self.output_ids),
             text=self.text if self.tokenizer is not None else None, finish_reason=self.finish_reason or "length",
             logprobs=list(self.logprobs) if self.params.logprobs is not None else None, metrics=self.metrics,
+            unreproducible=self.unreproducible,
         )

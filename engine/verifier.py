@@ -16,6 +16,7 @@ from torch import Tensor
 
 from engine import host
 from engine.checks import Checks, check
+from engine.invariant import target_winners
 from engine.keyed_random import Purpose
 from engine.sampling import Generators, Keys, sample, uniforms
 from engine.sparse import SparseQ
@@ -113,6 +114,50 @@ def verify_greedy(draft_tokens: Tensor, logits: Tensor, checks: Checks | None = 
               checks)
     accepted = (draft_tokens.to(target.device) == target[:, :K]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
     bonus = target.gather(1, accepted[:, None])[:, 0]  # [B]
+    return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
+
+
+def verify_invariant(draft_tokens: Tensor, p: Tensor, keys: Keys, checks: Checks | None = None) -> Verification:
+    """Drafter-invariant verification (engine.invariant) of draft_tokens [B, K] against p [B, K+1, V], the rows'
+    keys giving x_1's positions: the target's token at each position is its race's winner under p; x_i is accepted
+    iff it is the winner at its position, and t* is the winner at position k+1. q plays no part: whatever the
+    draft proposed, the emitted tokens are the target's winners."""
+    B, K = draft_tokens.shape
+    if p.dim() != 3 or tuple(p.shape[:2]) != (B, K + 1):
+        raise ValueError(f"p must be [B, K+1, V] = [{B}, {K + 1}, V], got {tuple(p.shape)}")
+    check(~(p.sum(-1) > 0), lambda bad: RuntimeError("p has a row without mass: nothing can be drawn from it"), checks)
+    at = host.upload(torch.from_numpy(np.concatenate([keys.seeds[:, None], keys.positions[:, None]], 1)), p.device)
+    positions = at[:, 1:] + torch.arange(K + 1, device=p.device)  # [B, K+1]
+    winners = target_winners(p, at[:, 0], positions)  # [B, K+1]
+    accepted = (draft_tokens.to(p.device) == winners[:, :K]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    bonus = winners.gather(1, accepted[:, None])[:, 0]
+    return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
+
+
+def verify_rows(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, keys: Keys, invariant: list[bool],
+                checks: Checks | None = None) -> Verification:
+    """Each row verified in its own sampling mode: rejection sampling (`verify`), or drafter-invariant
+    (`verify_invariant`) where invariant[b]. Rows never mix: each subset's outcome is its rows' own."""
+    if not any(invariant):
+        return verify(draft_tokens, q, p, keys, checks)
+    if all(invariant):
+        return verify_invariant(draft_tokens, p, keys, checks)
+    parts = {}
+    for mode in (False, True):
+        rows = [b for b, inv in enumerate(invariant) if inv is mode]
+        index = host.tensor(rows, torch.long, p.device)
+        x, p_rows = draft_tokens[index.to(draft_tokens.device)], p[index]
+        if mode:
+            parts[mode] = (index, verify_invariant(x, p_rows, keys.rows(rows), checks))
+        else:
+            q_rows = q.rows(index.to(q.device)) if isinstance(q, SparseQ) else q[index.to(q.device)]
+            parts[mode] = (index, verify(x, q_rows, p_rows, keys.rows(rows), checks))
+    B = draft_tokens.shape[0]
+    accepted = torch.empty(B, dtype=torch.long, device=p.device)
+    bonus = torch.empty(B, dtype=torch.long, device=p.device)
+    for index, result in parts.values():
+        accepted[index] = result.accepted.to(p.device)
+        bonus[index] = result.bonus.to(p.device)
     return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
 
 

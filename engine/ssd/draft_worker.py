@@ -32,8 +32,9 @@ from torch import Tensor
 from engine import host
 from engine.config import SpeculativeConfig
 from engine.kv_cache import KVState, new_state, right_aligned
-from engine.sampling import RowSampling
-from engine.sampling_params import SamplingParams
+from engine.invariant import race_ranking
+from engine.sampling import RowSampling, warp_rows
+from engine.sampling_params import SamplingMode, SamplingParams
 from engine.ssd.backups import lookup_backup, random_backup
 from engine.ssd.messages import Join, Prefill, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
@@ -185,7 +186,9 @@ class DraftWorker:
 
     def _join_rows(self, joins: list[Join]) -> Rows:
         params = [SamplingParams(temperature=j.temperature, top_k=j.top_k or None,
-                                 top_p=j.top_p if j.top_p < 1 else None, stop_on_eos=False) for j in joins]
+                                 top_p=j.top_p if j.top_p < 1 else None, stop_on_eos=False,
+                                 sampling_mode=SamplingMode.INVARIANT if j.invariant else SamplingMode.STANDARD)
+                  for j in joins]
         return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, [j.seed for j in joins])
 
     def _next_speculation(self, bonus: list[int], hit_index: list[int | None], backup: Backup | None, round_: int,
@@ -262,6 +265,18 @@ class DraftWorker:
         K = self.K if K is None else K
         return tuple(f + 1 for f in self.policy.schedule(after_hit, K)[:K])
 
+    def _race_glue(self, ids: Tensor, out: Tensor, racing: list[int], fast: list[int], K: int, depth: int) -> None:
+        """The glue's ranking for drafter-invariant rows (ids [n, K+1, M], filled in place): by the race of each
+        position, over the draft's warped q there, at x_{K+1}'s position for every such row and at x_1..x_K's for
+        those a fast backup drafted (the others' came from their drafting)."""
+        params = RowSampling([self.rows.params[b] for b in racing])
+        q = warp_rows(out[racing, -1].float(), params)  # [r, V] at position K+1
+        ids[racing, K] = race_ranking(q, self.rows.keys(racing, K), depth)[:, : ids.shape[-1]]
+        for b in (b for b in racing if b in set(fast)):
+            q = warp_rows(out[b, -(K + 1) : -1].float(), params.index([racing.index(b)] * K))  # [K, V]
+            keys = self.rows.keys([b] * K, list(range(K)))
+            ids[b, :K] = race_ranking(q, keys, depth)[:, : ids.shape[-1]]
+
     # -- while the target verifies ------------------------------------------------------------
     def _settle(self) -> None:
         """Rebuild the draft's KV from the hit branches, if the last answer left that for later."""
@@ -291,6 +306,9 @@ class DraftWorker:
         if fast:
             f = host.tensor(fast, torch.long, on)
             ids[f, :K] = TopLogits.of(out[f, -(K + 1) : -1].float(), depth).ids
+        racing = [b for b, params in enumerate(self.rows.params) if params.invariant]
+        if racing:  # drafter-invariant rows: the target's winner is guessed from the draft's race (engine.invariant)
+            self._race_glue(ids, out, racing, fast, K, depth)
         ranking = TopLogits(ids[..., :kept] if any(cur.known) else ids, out.shape[-1])
         del out
         self.glue_ranking = ranking

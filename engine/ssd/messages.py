@@ -59,6 +59,7 @@ class Join:
     top_k: int  # 0 = off
     top_p: float  # 1 = off
     seed: int  # the request's seed, which keys every random number the draft uses for it
+    invariant: bool = False  # drafter-invariant sampling (engine.invariant): the draft runs the target's race
 
 
 @dataclass
@@ -157,6 +158,7 @@ def encode(msg: Message) -> list[Tensor]:
         ints = (msg.accepted + msg.bonus + [int(a) for a in msg.alive] + [msg.K_last, msg.K_next, msg.K_miss, J]
                 + [x.seq_id for x in j]
                 + [len(x.prompt) for x in j] + [x.pending for x in j] + [x.top_k for x in j] + [x.seed for x in j]
+                + [int(x.invariant) for x in j]
                 + [t for x in j for t in x.prompt])
         floats = [msg.verify_ms] + [x.temperature for x in j] + [x.top_p for x in j]
         return [_header(Kind.ROUND, B, msg.K, msg.V, len(ints), len(floats), msg.round),
@@ -230,7 +232,7 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
         raise MalformedMessage("ROUND payload too short")
     accepted, bonus, alive = ints[:B], ints[B : 2 * B], ints[2 * B : 3 * B]
     K_last, K_next, K_miss, J = ints[3 * B : 3 * B + 4]
-    if J < 0 or len(ints) < 3 * B + 4 + 5 * J or len(floats) != 1 + 2 * J:
+    if J < 0 or len(ints) < 3 * B + 4 + 6 * J or len(floats) != 1 + 2 * J:
         raise MalformedMessage("ROUND joins do not match the payload")
     if K < 1 or K_last < 1 or K_next < 1 or not 1 <= K_miss <= K:
         raise MalformedMessage(f"ROUND lengths K={K}, K_last={K_last}, K_next={K_next}, K_miss={K_miss}: each must "
@@ -238,8 +240,10 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
     if not all(0 <= k <= K_last for k in accepted) or not _tokens_ok(bonus, V) or not set(alive) <= {0, 1}:
         raise MalformedMessage("ROUND outcome values out of range")
     at = 3 * B + 4
-    seq_ids, lengths, pending, top_k, seeds = (ints[at + i * J : at + (i + 1) * J] for i in range(5))
-    flat = ints[at + 5 * J :]
+    seq_ids, lengths, pending, top_k, seeds, invariant = (ints[at + i * J : at + (i + 1) * J] for i in range(6))
+    flat = ints[at + 6 * J :]
+    if not set(invariant) <= {0, 1}:
+        raise MalformedMessage("ROUND joining sampling modes out of range")
     if min(lengths, default=1) < 1 or sum(lengths) != len(flat) or not _tokens_ok(flat + pending, V):
         raise MalformedMessage("ROUND joining prompts or tokens are inconsistent")
     temps, top_p = floats[1 : 1 + J], floats[1 + J :]
@@ -247,7 +251,7 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
     for i in range(J):
         prompt = flat[offset : offset + lengths[i]]
         offset += lengths[i]
-        joins.append(Join(seq_ids[i], prompt, pending[i], temps[i], top_k[i], top_p[i], seeds[i]))
+        joins.append(Join(seq_ids[i], prompt, pending[i], temps[i], top_k[i], top_p[i], seeds[i], bool(invariant[i])))
     return Round(round_, accepted, bonus, [bool(a) for a in alive], floats[0], joins, K, V, K_last, K_next, K_miss)
 
 

@@ -16,7 +16,8 @@ from torch import Tensor
 from engine import host
 from engine.drafting import draft_steps
 from engine.kv_cache import KVState
-from engine.sampling import Generators, RowSampling
+from engine.invariant import race_ranking
+from engine.sampling import Generators, Keys, RowSampling
 from engine.sparse import SparseQ, TopLogits
 
 
@@ -61,9 +62,14 @@ def draft_compact(
     logits = state.extend(first, first_valid, fed=fed)[:, -1].float()  # [N, V]
     ys, qs, ranks = [], [], []
     active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
-    for y, q, z in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, fed=active_fed):
+    racing = [b for b, p in enumerate(params.params) if p.invariant] if isinstance(generator, Keys) else []
+    for i, (y, q, z) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
+                                              fed=active_fed)):
         ys.append(y)
-        ranks.append(TopLogits.of(z, depth).ids)  # [N, M]
+        ids = TopLogits.of(z, depth).ids  # [N, M]
+        if racing:  # drafter-invariant rows rank by the race at their position: the likeliest winners first
+            ids[racing] = race_ranking(q.dense()[racing], generator.rows(racing).shifted(i), depth)
+        ranks.append(ids)
         qs.append(q if q.ids is not None else SparseQ.of(q.values, width))
     return torch.stack(ys, 1), SparseQ.stack(qs), TopLogits(torch.stack(ranks, 1), logits.shape[-1])
 

@@ -82,7 +82,7 @@ class DraftWorkerProposer:
         for s in seqs:
             p = s.params
             self.rows.append(Join(s.seq_id, _draft_prompt(s), s.output_ids[-1], float(p.temperature),
-                                  p.top_k or 0, p.top_p or 1.0, s.seed))
+                                  p.top_k or 0, p.top_p or 1.0, s.seed, p.invariant))
         self.lookahead.admit(len(seqs))
 
     def prefetch(self, seqs: list[Sequence]) -> None:
