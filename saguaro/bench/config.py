@@ -24,6 +24,7 @@ SCHEDULES = ("uniform", "geometric")
 BACKUPS = tuple(b.value for b in Backup if b is not Backup.AUTO)
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: engine.loading.devices.resolve_dtype, when the run starts
 ORDERS = ("interleaved", "grouped")
+SAMPLING_MODES = ("standard", "invariant")  # engine.sampling_params.SamplingMode
 AUTO_K_MAX = 8  # engine.config.AUTO_K_MAX (tests/saguaro/test_cli_defaults.py checks they agree)
 
 
@@ -54,6 +55,7 @@ class Settings:
     draft_cost: float | None = None
     confidence_stop: float | None = None
     compiled: bool | None = None  # ar, sd, ssd: compiled forwards on the static KV cache (None: not ours)
+    sampling_mode: str | None = None  # ar, sd, ssd: "invariant" (drafter-invariant sampling); None: standard
 
     def label(self) -> str:
         parts = []
@@ -75,6 +77,8 @@ class Settings:
         parts.append(f"b={self.batch}")
         if self.compiled:
             parts.append("compiled")
+        if self.sampling_mode == "invariant":
+            parts.append("invariant")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -166,11 +170,15 @@ class BenchConfig:
     compiled: tuple[bool, ...] = (False,)  # ar, sd, ssd: eager and / or compiled forwards (--compile off on)
     compile_max_len: int = 2048  # tokens per row of the compiled engines' static KV cache
     only: tuple[str, ...] = ()  # keep the grid's variants some of these match (`matches`); () = all of them
+    sampling_modes: tuple[str, ...] = ("standard",)  # ar, sd, ssd at T > 0: standard and / or invariant
 
     def __post_init__(self) -> None:
         for name in ("only", "systems", "categories", "Ks", "budgets", "schedules", "Cs", "backups", "temperatures",
-                     "batch_sizes", "compiled"):
+                     "batch_sizes", "compiled", "sampling_modes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.sampling_modes or set(self.sampling_modes) - set(SAMPLING_MODES):
+            raise ValueError(f"sampling modes must be among {', '.join(SAMPLING_MODES)}, got "
+                             f"{list(self.sampling_modes)}")
         if self.fanout is not None:
             object.__setattr__(self, "fanout", tuple(int(f) for f in self.fanout))
         unknown = set(self.systems) - set(SYSTEMS)
@@ -281,7 +289,7 @@ class BenchConfig:
             for T in self.temperatures:
                 Cs = (1.0,) if T == 0 else self.Cs
                 for b in self.batch_sizes:
-                    for s in self._compiled(system, self._settings(system, T, b, Cs)):
+                    for s in self._modes(system, T, self._compiled(system, self._settings(system, T, b, Cs))):
                         v = Variant(system, s)
                         if v in variants or v in (x for x, _ in skipped):
                             continue
@@ -303,6 +311,13 @@ class BenchConfig:
             variants = [v for v in variants if any(matches(o, v.key) for o in self.only)]
             skipped = [(v, why) for v, why in skipped if any(matches(o, v.key) for o in self.only)]
         return variants, skipped
+
+    def _modes(self, system: str, T: float, settings: list[Settings]) -> list[Settings]:
+        """Each setting of one of this engine's systems once per --sampling-mode (at T = 0 both are the argmax: once;
+        the peers sample as they do)."""
+        if system not in OURS or T == 0:
+            return settings
+        return [replace(s, sampling_mode=None if m == "standard" else m) for s in settings for m in self.sampling_modes]
 
     def _compiled(self, system: str, settings: list[Settings]) -> list[Settings]:
         """Each setting of one of this engine's systems once per --compile value (the peers: as they are)."""

@@ -95,11 +95,11 @@ class Bench:
                 f"{cost / 2**30:.1f} GiB each, and only {left / 2**30:.1f} GiB is left after the first: use "
                 f"--order grouped (one engine at a time) or fewer SSD variants")
 
-    def params(self, T: float, batch_index: int, warmup: bool = False) -> SamplingParams:
+    def params(self, T: float, batch_index: int, warmup: bool = False, mode: str | None = None) -> SamplingParams:
         c = self.config
         return SamplingParams(
             temperature=T, max_new_tokens=c.warmup_tokens if warmup else c.max_new_tokens,
-            stop_on_eos=c.stop_on_eos, seed=c.seed + batch_index,
+            stop_on_eos=c.stop_on_eos, seed=c.seed + batch_index, sampling_mode=mode or "standard",
         )
 
     def units(self, variants: list[Variant]) -> list[tuple[Variant, int, list[Prompt]]]:
@@ -198,7 +198,8 @@ class Bench:
             self._say("warming up %s ...", v.key)
             for _ in range(self.config.warmup):
                 try:
-                    systems.run(v, prompts, self.params(v.settings.temperature, 0, warmup=True))
+                    systems.run(v, prompts, self.params(v.settings.temperature, 0, warmup=True,
+                                                        mode=v.settings.sampling_mode))
                 except Exception as err:  # recorded when the real call fails the same way
                     log.warning("warm-up of %s failed: %s", v.key, err)
 
@@ -208,7 +209,7 @@ class Bench:
         described = [{**ident, "prompt_id": p.id, "category": p.category, "task": p.task} for p in prompts]
         load = OtherLoad.now()
         try:
-            out = systems.run(v, prompts, self.params(v.settings.temperature, index))
+            out = systems.run(v, prompts, self.params(v.settings.temperature, index, mode=v.settings.sampling_mode))
         except Exception as err:
             log.warning("%s, batch %d (%s) failed: %s", v.key, index, ", ".join(p.id for p in prompts), err)
             self.run_dir.append_unit([{**d, **_error_summary(err)} for d in described], [])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, SCHEDULES, SYSTEMS
+from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, SAMPLING_MODES, SCHEDULES, SYSTEMS
 from saguaro.cli import HelpFormatter
 from saguaro.commands.generate import add_adaptive_flags, add_precision_flags
 from saguaro.commands.values import argument_type, flat, numbers, whole_or_auto
@@ -108,6 +108,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--backup", nargs="+", default=["neural"], choices=BACKUPS, help="SSD backup(s)")
     g.add_argument("--temperature", type=float, nargs="+", default=[1.0],
                    help="0 = greedy (the default is the API's, engine.SamplingParams)")
+    g.add_argument("--sampling-mode", nargs="+", choices=SAMPLING_MODES, default=["standard"], dest="sampling_modes",
+                   help="ar, sd, ssd at T > 0: standard (rejection sampling) and / or invariant (drafter-invariant "
+                        "sampling: the same text for every strategy; docs/api.md)")
     g.add_argument("--compile", nargs="+", choices=["off", "on"], dest="compiled", metavar="off|on",
                    help="ar, sd, ssd with eager (off) and / or compiled forwards on a static KV cache (on); "
                         "--compile off on: both, interleaved (default: off)")
@@ -179,7 +182,7 @@ def config_from(args):
         draft_head_quant=args.draft_head_quant, threads=args.threads,
         seed=args.seed, warmup=args.warmup, order=args.order, K_min=args.K_min, draft_cost=args.draft_cost,
         confidence_stop=args.confidence_stop, compiled=_compiled(args.compiled), compile_max_len=args.compile_max_len,
-        only=tuple(args.only or ()),
+        only=tuple(args.only or ()), sampling_modes=tuple(dict.fromkeys(args.sampling_modes)),
     )
 
 

@@ -62,8 +62,11 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, help="keep the k most likely tokens (default: off)")
     p.add_argument("--top-p", type=float, help="keep the smallest set of tokens with this much mass (default: off)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, help="random stream of the first prompt, the others derive theirs "
+    p.add_argument("--seed", type=int, help="seed of the first prompt, the others derive theirs "
                                             "(default: a fresh random seed, as the API)")
+    p.add_argument("--sampling-mode", choices=["standard", "invariant"], default="standard",
+                   help="invariant: drafter-invariant sampling, the same text for a seed with AR, SD or SSD at any "
+                        "temperature (docs/api.md)")
 
 
 def add_batch_flag(p: argparse.ArgumentParser, default: int | None, text: str) -> None:
@@ -338,6 +341,7 @@ def run(args) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos, seed=args.seed,
         stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id), logprobs=args.logprobs,
+        sampling_mode=args.sampling_mode,
     )
     if args.stream and len(prompts) != 1:
         raise ValueError(f"--stream prints one prompt's text as it comes; got {len(prompts)} prompts")
