@@ -93,14 +93,17 @@ class SlotModel:
             return None
         return None if rows is None or width is None else (rows, block, width)
 
-    def run(self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int) -> Tensor:
+    def run(self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int,
+            need: int | None = None) -> Tensor:
         """Logits [B, T or logits_to_keep, V] of tokens [B, T] (valid [B, T]) fed to the rows in slots `rows`
-        [B] after their `lengths` [B] tokens."""
+        [B] after their `lengths` [B] tokens; `need`: the longest row after them + the scratch column, when the
+        caller knows it on the host (else it is read from the device)."""
         B, T = tokens.shape
         keep = logits_to_keep if 0 < logits_to_keep < T else T
         if B == 0:
             return torch.zeros(0, keep, self.vocab_size, device=self.device)
-        need = 1 + int((lengths + valid.to(torch.long).sum(-1)).max())  # the longest row, + the scratch column
+        if need is None:
+            need = 1 + int((lengths + valid.to(torch.long).sum(-1)).max())  # the longest row, + the scratch column
         if need > 1 + self.settings.max_len:
             raise ValueError(f"a row of {need - 1} tokens does not fit the static KV cache's max_len "
                              f"{self.settings.max_len}: raise CompileConfig.max_len (--max-len)")
@@ -135,8 +138,11 @@ class SlotModel:
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         logits = forward(tokens, positions, mask)
-        if self.cudagraphs:
-            logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
+        if self.cudagraphs and self.name != "target":
+            # The graph's output buffer is overwritten by its next replay. The target's logits are used up within
+            # the round, before its next forward (p, the outcome and the log-probabilities are made from them), so
+            # they are not copied; a draft's steps replay one graph K times and keep each step's logits.
+            logits = logits.clone()
         if first:
             self.first_call_s[bucket] = time.perf_counter() - t0
             if self.settings.compiled:

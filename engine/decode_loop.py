@@ -240,14 +240,15 @@ class DecodeLoop:
         self.batch_changed()
         self.proposer.admit(seqs)  # SD: the draft's prefill; SSD: sent with the next round
 
-    def _propose(self, rows: RowSampling) -> tuple[Proposal, RoundTelemetry]:
-        """The proposer's speculation and its account of drafting it (after a fault, its replacement's)."""
+    def _propose(self, rows: RowSampling, checks: Checks) -> tuple[Proposal, RoundTelemetry]:
+        """The proposer's speculation and its account of drafting it (after a fault, its replacement's); its input
+        checks go to `checks`, read with the round's outcome."""
         self.proposer.record_outcomes = self.recorder.active
         try:
-            proposal = self.proposer.propose(rows)
+            proposal = self.proposer.propose(rows, checks)
         except self.proposer.faults as err:
             self.fall_back(err)
-            proposal = self.proposer.propose(rows)
+            proposal = self.proposer.propose(rows, checks)
         return proposal, self.proposer.last_round
 
     def fall_back(self, err: Exception, what: str = "failed") -> None:
@@ -265,12 +266,12 @@ class DecodeLoop:
         rows = self.rows
         context_len = max(self._host_lengths(), default=0)
         t0 = Stopwatch()
-        proposal, telemetry = self._propose(rows)
+        checks = Checks()  # the round's input checks (the draft's and the verify's), read on the host with the outcome
+        proposal, telemetry = self._propose(rows, checks)
         x, K = proposal.tokens, proposal.tokens.shape[1]
 
         t1 = Stopwatch()
         block = torch.cat([self.pending[:, None], x.to(self.device)], dim=1)  # [B, K + 1]
-        checks = Checks()  # the round's input checks, read on the host with the outcome
         logits = self.state.extend(block)  # [B, K + 1, V]: position j predicts output token len(output_ids) + j
         held = hold_back_stops(logits, self.running)  # min_tokens: p only (logprobs report the model's own)
         if self.greedy:  # every row argmax: p is never built

@@ -34,6 +34,7 @@ def draft_steps(
     active: Tensor | None = None,
     stop_below: float | None = None,
     fed: list[int] | None = None,
+    checks: Checks | None = None,
 ) -> Iterator[tuple[Tensor, SparseQ, Tensor]]:
     """Yield (y [N], q [N, V], logits [N, V]) for draft positions 1..K, feeding each y but the last.
 
@@ -46,9 +47,11 @@ def draft_steps(
     per row). `stop_below`: stop before a position i > 1 whose top probability (softmax of the raw logits, so greedy
     rows can stop too) is below it in every row; the last y, fed only to look there, goes back to unfed, so the
     block ends with it. The steps' input checks (finite logits, a positive mass to draw from) are read on the host
-    once, after the last step: a bad row raises then, as it would have at its step.
+    once, after the last step: a bad row raises then, as it would have at its step; or they go to `checks`, to be
+    read later with other values (the decode loop reads them with the round's outcome).
     """
-    checks = Checks()  # the steps' input checks, read once after the last step
+    own = checks is None
+    checks = Checks() if own else checks
     N, V = logits.shape
     greedy = all(p.greedy for p in params.params)
     drawn = race = None
@@ -80,7 +83,8 @@ def draft_steps(
         if i < K - 1:
             valid = None if active is None else active[:, None]
             logits = state.extend(y[:, None], valid, fed=fed)[:, -1].float()  # [N, V]
-    checks.raise_first()
+    if own:
+        checks.raise_first()
 
 
 def _no_maximum(bad: Tensor) -> RuntimeError:
@@ -99,6 +103,7 @@ def draft_from(
     active: Tensor | None = None,
     stop_below: float | None = None,
     keep_logits: bool = True,
+    checks: Checks | None = None,
 ) -> tuple[Tensor, SparseQ, list[Tensor]]:
     """`draft_steps` collected: tokens [N, K'], q [N, K', V] (as its support where narrow) and, with
     `keep_logits`, the draft's logits at each position (K' tensors [N, V], as the steps made them; none without),
@@ -106,7 +111,8 @@ def draft_from(
     block is verified exactly like a block of that length chosen in advance. Draft forwards made, the one that gave
     `logits` included: K' + (K' < K)."""
     ys, qs, zs = [], [], []
-    for y, q, z in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below):
+    for y, q, z in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below,
+                               checks=checks):
         ys.append(y)
         qs.append(q)
         if keep_logits:

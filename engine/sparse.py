@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -36,10 +37,13 @@ class SparseQ:
     @classmethod
     def of(cls, q: Tensor, width: int | None = None) -> "SparseQ":
         """The support of q [..., V] (q >= 0); S = the widest row's support, narrower rows padded with zeros.
-        `width`: a bound on every row's support known beforehand (`support_width`), so S is not read from q."""
+        `width`: a bound on every row's support known beforehand (`support_width`), so S is not read from q; without
+        one S is read from q where reads are free (the CPU), and elsewhere q stays dense."""
         V = q.shape[-1]
         if width is not None:
             S = min(width, V) if q.numel() else 0
+        elif not host.reads_are_free(q.device):
+            return cls(V, None, q)  # its support is unknown, and reading it would wait for the device
         else:
             S = int((q != 0).sum(-1).max()) if q.numel() else 0
         if S * ENTRY_BYTES >= V * q.element_size():
@@ -214,3 +218,15 @@ class TopLogits:
         excluded_before = ((self.ids == excluded[:, None]) & before).any(-1) & (excluded >= 0)
         rank = torch.where(found, pos - excluded_before.long(), torch.full_like(pos, M))
         return torch.where(bonus == excluded, self.V, rank).tolist()
+
+
+def host_ranks(ids: np.ndarray, bonus: np.ndarray, excluded: np.ndarray, V: int) -> list[int]:
+    """`TopLogits.ranks` on the host: ids [N, M] of a ranking (numpy), bonus [N], excluded [N] (−1 = none)."""
+    M = ids.shape[-1]
+    at = ids == bonus[:, None]  # [N, M]
+    found = at.any(-1)
+    pos = at.argmax(-1)  # [N] the bonus's place where found
+    before = np.arange(M)[None, :] < pos[:, None]
+    excluded_before = ((ids == excluded[:, None]) & before).any(-1) & (excluded >= 0)
+    rank = np.where(found, pos - excluded_before, M)
+    return np.where(bonus == excluded, V, rank).tolist()

@@ -151,8 +151,10 @@ class Runner(Protocol):
 
     cache: SlotCache
 
-    def run(self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int) -> Tensor:
-        """Logits [B, T or logits_to_keep, V] of tokens [B, T] fed to the rows in slots `rows` [B]."""
+    def run(self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int,
+            need: int | None = None) -> Tensor:
+        """Logits [B, T or logits_to_keep, V] of tokens [B, T] fed to the rows in slots `rows` [B]; `need`: the
+        columns the longest row reaches, scratch included, when the caller knows it on the host."""
 
 
 def block_inputs(lengths: Tensor, valid: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -168,72 +170,88 @@ def block_inputs(lengths: Tensor, valid: Tensor, width: int) -> tuple[Tensor, Te
 
 
 class SlotState:
-    """A batch's rows in the slot cache: the slot of each row [B] and its length [B] (real tokens fed)."""
+    """A batch's rows in the slot cache: the slot of each row [B] and its length [B] (real tokens fed), kept as host
+    integers (the device's copy is made when asked for), so no roll-back, selection or fork reads the device."""
 
-    def __init__(self, runner: Runner, slots: list[int], lengths: Tensor):
+    def __init__(self, runner: Runner, slots: list[int], lengths: list[int], device: torch.device):
         self.runner = runner
         self.model = runner  # as KVState.model: what the state feeds
         self.slots = slots  # owned: given back to the cache when the state is dropped (or passed on)
-        self.lengths = lengths
+        self.host_lengths = list(lengths)
+        self.device = torch.device(device)
+        self._lengths: Tensor | None = None
         self._rows: Tensor | None = None
         weakref.finalize(self, runner.cache.release, slots)
 
     @classmethod
     def empty(cls, runner: Runner, batch_size: int, device: torch.device) -> "SlotState":
-        return cls(runner, runner.cache.allocate(batch_size), torch.zeros(batch_size, dtype=torch.long, device=device))
+        return cls(runner, runner.cache.allocate(batch_size), [0] * batch_size, device)
 
     @property
     def batch_size(self) -> int:
         return len(self.slots)
 
+    @property
+    def lengths(self) -> Tensor:
+        """[B] real tokens per row on the device (made from the host's count)."""
+        if self._lengths is None:
+            self._lengths = host.tensor(self.host_lengths, torch.long, self.device)
+        return self._lengths
+
+    def _set_lengths(self, lengths: list[int]) -> None:
+        self.host_lengths, self._lengths = lengths, None
+
     def rows(self) -> Tensor:
         if self._rows is None:
-            self._rows = torch.tensor(self.slots, dtype=torch.long, device=self.lengths.device)
+            self._rows = host.tensor(self.slots, torch.long, self.device)
         return self._rows
 
     @torch.inference_mode()
     def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
                fed: list[int] | None = None) -> Tensor:
-        """As KVState.extend: feed tokens [B, T] (holes where valid is False); logits [B, T or keep, V]."""
+        """As KVState.extend: feed tokens [B, T] (holes where valid is False); logits [B, T or keep, V]. `fed`: the
+        real tokens per row on the host (read from `valid` when not given)."""
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
-        logits = self.runner.run(self.rows(), tokens, valid, self.lengths, logits_to_keep)
-        self.lengths = self.lengths + valid.to(torch.long).sum(-1)
+            fed = [tokens.shape[1]] * tokens.shape[0] if fed is None else fed
+        elif fed is None:
+            fed = valid.to(torch.long).sum(-1).tolist()  # a read of the device unless it is the CPU
+        after = [n + f for n, f in zip(self.host_lengths, fed)]
+        logits = self.runner.run(self.rows(), tokens, valid, self.lengths, logits_to_keep, need=1 + max(after, default=0))
+        self._set_lengths(after)
         return logits
 
     def rollback(self, drop: Tensor | list[int]) -> None:
         """Forget the newest drop[b] tokens of each row: its length goes down, and the next tokens fed overwrite
         theirs. ValueError for a drop below 0 or above the row's length."""
-        drop = host.index(drop, self.lengths.device)
-        if drop.numel() == 0:
+        drop = drop.tolist() if isinstance(drop, Tensor) else list(drop)
+        if not drop:
             return
-        if bool(((drop < 0) | (drop > self.lengths)).any()):
-            raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {self.lengths.tolist()}: each row "
+        if any(d < 0 or d > n for d, n in zip(drop, self.host_lengths)):
+            raise ValueError(f"roll-back of {drop} tokens from rows of {self.host_lengths}: each row "
                              f"can forget 0 up to its own length (to extend a row, feed it tokens)")
-        self.lengths = self.lengths - drop
+        self._set_lengths([n - d for n, d in zip(self.host_lengths, drop)])
 
     def select(self, rows: Tensor | list[int]) -> None:
         """Keep only the given rows, in the given order; the others' slots go back to the cache."""
-        rows = host.index(rows, self.lengths.device)
-        keep = rows.tolist()
+        keep = rows.tolist() if isinstance(rows, Tensor) else list(rows)
         if len(set(keep)) != len(keep):
             raise ValueError(f"select keeps each row at most once, got rows {keep}: copy rows with fork")
         kept = [self.slots[i] for i in keep]
         gone = set(self.slots) - set(kept)
         self.runner.cache.release(sorted(gone))
         self.slots[:] = kept  # the list the finalizer holds
-        self.lengths = self.lengths[rows.to(self.lengths.device)]
+        self._set_lengths([self.host_lengths[i] for i in keep])
         self._rows = None
 
     def fork(self, rows: Tensor | list[int]) -> "SlotState":
         """A new state whose row i is a copy of this state's row rows[i] (rows may repeat): new slots, with the
         rows' used columns copied."""
-        rows = host.index(rows, self.lengths.device)
-        index = rows.tolist()
-        lengths = self.lengths.index_select(0, rows.to(self.lengths.device))
-        new = SlotState(self.runner, self.runner.cache.allocate(len(index)), lengths)
+        index = rows.tolist() if isinstance(rows, Tensor) else list(rows)
+        lengths = [self.host_lengths[i] for i in index]
+        new = SlotState(self.runner, self.runner.cache.allocate(len(index)), lengths, self.device)
         if index:
-            columns = 1 + int(lengths.max())
+            columns = 1 + max(lengths)
             self.runner.cache.copy_rows([self.slots[i] for i in index], new.slots, columns)
         return new
 
@@ -246,9 +264,9 @@ class SlotState:
         if any(s.runner is not live[0].runner for s in live):
             raise ValueError("concat joins states of one model's slot cache only")
         slots = [slot for s in live for slot in s.slots]
-        new = SlotState(live[0].runner, slots, torch.cat([s.lengths for s in live]))
+        new = SlotState(live[0].runner, slots, [n for s in live for n in s.host_lengths], live[0].device)
         for s in live:
             s.slots.clear()
-            s.lengths = s.lengths[:0]
+            s._set_lengths([])
             s._rows = None
         return new

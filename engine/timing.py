@@ -40,3 +40,36 @@ class Stopwatch:
             return (end - self._start) * 1e3
         end.synchronize()
         return float(self._start.elapsed_time(end))
+
+
+class Interval:
+    """A time on the device that is read after the host has waited for the device anyway (a round's one read):
+    started at construction, `stop()` where the work it covers has been queued, `ms()` afterwards. On the CPU both
+    ends are the host's clock. On CUDA they are events, and `ms()` returns the device's time between them without a
+    wait of its own, or None while the end has not been reached (read it later, after the round's read)."""
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.on_cuda = device is not None and torch.device(device).type == "cuda"
+        self._device = None if device is None else torch.device(device)
+        self._start = self._now()
+        self._end = None
+
+    def _now(self):
+        if not self.on_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    def stop(self) -> "Interval":
+        self._end = self._now()
+        return self
+
+    def ms(self) -> float | None:
+        if self._end is None:
+            raise RuntimeError("Interval.ms() before stop()")
+        if not self.on_cuda:
+            return (self._end - self._start) * 1e3
+        if not self._end.query():  # not reached yet: reading it now would wait for the device
+            return None
+        return float(self._start.elapsed_time(self._end))

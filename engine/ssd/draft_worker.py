@@ -26,19 +26,21 @@ critical path), and the next cache is built over that shorter speculation.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from engine import host
+from engine.checks import Checks
 from engine.config import SpeculativeConfig
-from engine.kv_cache import KVState, new_state, right_aligned
 from engine.invariant import race_ranking
+from engine.kv_cache import KVState, new_state, right_aligned
 from engine.sampling import RowSampling, warp_rows
 from engine.sampling_params import SamplingMode, SamplingParams
+from engine.sparse import RANK_DEPTH, SparseQ, TopLogits, host_ranks, support_width
 from engine.ssd.backups import lookup_backup, random_backup
 from engine.ssd.messages import Join, Prefill, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
-from engine.sparse import RANK_DEPTH, SparseQ, TopLogits, support_width
 from engine.ssd.speculation_cache import SpeculationCache, guess_plan
 from engine.ssd.tree import decode_branches, draft_compact
 from engine.ssd.worker_rows import Current, Rows
@@ -70,7 +72,8 @@ class DraftWorker:
         self.cache = SpeculationCache([], None)
         self.current: Current | None = None
         self.row_fanout: list[tuple[int, ...]] = []
-        self.glue_ranking: TopLogits | None = None  # [n, K+1, M] the ranking the last cache's guesses came from
+        self.glue_ranking: np.ndarray | None = None  # [n, K+1, M] the ranking the last cache's guesses came from (host)
+        self.checks = Checks()  # the drafting's input checks, read with the next answer's tokens
         self.V = 0  # the vocabulary, from the first round
         self.build_ms = 0.0
         self.built_fanout = list(self.policy.schedule(True))
@@ -151,14 +154,14 @@ class DraftWorker:
 
     def _outcome_ranks(self, msg: Round) -> list[int]:
         """Each row's rank of its verified bonus among the guesses the last cache could make (every row,
-        finished or not: its outcome was verified all the same); −1 where no cache was built."""
-        if self.glue_ranking is None or self.glue_ranking.ids.shape[0] != len(msg.accepted):
+        finished or not: its outcome was verified all the same); −1 where no cache was built. On the host, from
+        the ranking the build read with its guesses."""
+        if self.glue_ranking is None or self.glue_ranking.shape[0] != len(msg.accepted):
             return [-1] * len(msg.accepted)
-        n, on = len(msg.accepted), self.glue_ranking.ids.device
-        k = host.tensor(msg.accepted, torch.long, on)  # [n]
+        n = len(msg.accepted)
         excluded = [row[kb] if kb < len(row) else -1 for row, kb in zip(self.current.listed, msg.accepted)]  # x_{k+1}
-        ranking = TopLogits(self.glue_ranking.ids[torch.arange(n, device=on), k], self.glue_ranking.V)  # [n, M]
-        return ranking.ranks(host.tensor(msg.bonus, torch.long, on), host.tensor(excluded, torch.long, on))
+        ids = self.glue_ranking[np.arange(n), np.asarray(msg.accepted)]  # [n, M]
+        return host_ranks(ids, np.asarray(msg.bonus), np.asarray(excluded), self.V)
 
     def prefill_ahead(self, msg: Prefill) -> None:
         """Prefill prompts the target is prefilling now, for the Round that brings them as joins."""
@@ -209,7 +212,7 @@ class DraftWorker:
             tokens.append(branches.tokens[i])
             qs.append(branches.q.rows(i))
             rankings.append(branches.ranking.rows(i))
-        t0 = Stopwatch(on)
+        t0 = Stopwatch()  # the host's clock, read after the answer's read (which waits for the backup's work)
         if miss:
             if backup is Backup.NEURAL:
                 first = [[] if hit[b] else [bonus[b]] for b in range(n)]
@@ -217,7 +220,8 @@ class DraftWorker:
                 active = host.tensor([not h for h in hit], torch.bool, on)  # [n]
                 y, qy, ranking = draft_compact(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
                                                RowSampling(self.rows.params), self.rows.keys(), depth, active,
-                                               width, fed=[len(f) for f in first], active_host=[not h for h in hit])
+                                               width, fed=[len(f) for f in first], active_host=[not h for h in hit],
+                                               checks=self.checks)
                 rows = host.tensor(miss, torch.long, on)
                 tokens.append(y[rows])
                 qs.append(qy.rows(rows))
@@ -239,10 +243,17 @@ class DraftWorker:
             q = SparseQ(V, None, torch.zeros(0, K, V, device=on))
             ranking = TopLogits(torch.zeros(0, K, depth, dtype=torch.long, device=on), V)
         sent_x, sent_q = x, q  # [n, K], [n, K, V]
+        checks, self.checks = self.checks, Checks()
+        flags = checks.flags().to(on)  # the drafting's input checks since the last answer
         if self.host_answers:  # what crosses the link: x and q, in one wait for the device
-            sent_x, *parts = host.download([x, q.values] + ([] if q.ids is None else [q.ids]))
+            sent_x, flags, *parts = host.download([x, flags, q.values] + ([] if q.ids is None else [q.ids]))
             sent_q = SparseQ(V, parts[1] if len(parts) > 1 else None, parts[0])
-        listed = sent_x.tolist()  # [n][K]: the host's bookkeeping (on the device: its one read)
+            listed, failed = sent_x.tolist(), flags.tolist()
+        else:  # in the target's process: x stays on the device, and the host reads it with the checks
+            values = torch.cat([x.reshape(-1), flags]).tolist()  # the answer's one read
+            listed = [values[b * K : (b + 1) * K] for b in range(n)]
+            failed = values[n * K :]
+        checks.raise_from(failed)
         known = [h or backup is Backup.NEURAL for h in hit]
         sources = ["hit" if h else backup.value for h in hit]
         tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known, bonus)]
@@ -270,10 +281,10 @@ class DraftWorker:
         position, over the draft's warped q there, at x_{K+1}'s position for every such row and at x_1..x_K's for
         those a fast backup drafted (the others' came from their drafting)."""
         params = RowSampling([self.rows.params[b] for b in racing])
-        q = warp_rows(out[racing, -1].float(), params)  # [r, V] at position K+1
+        q = warp_rows(out[racing, -1].float(), params, self.checks)  # [r, V] at position K+1
         ids[racing, K] = race_ranking(q, self.rows.keys(racing, K), depth)[:, : ids.shape[-1]]
         for b in (b for b in racing if b in set(fast)):
-            q = warp_rows(out[b, -(K + 1) : -1].float(), params.index([racing.index(b)] * K))  # [K, V]
+            q = warp_rows(out[b, -(K + 1) : -1].float(), params.index([racing.index(b)] * K), self.checks)  # [K, V]
             keys = self.rows.keys([b] * K, list(range(K)))
             ids[b, :K] = race_ranking(q, keys, depth)[:, : ids.shape[-1]]
 
@@ -286,7 +297,7 @@ class DraftWorker:
     def build_cache(self) -> None:
         """Glue decode over the current speculation, then pre-draft every guessed outcome: all on the worker's
         device (the logits never leave it), the host reading only the guessed tokens, to index the cache."""
-        t0 = Stopwatch(self.device)
+        t0 = Stopwatch()  # the host's clock, read after the build's one read (which waits for its work)
         self._settle()
         K, n, cur, on = self.K, len(self.rows.seq_ids), self.current, self.device
         if n == 0 or cur is None:
@@ -311,15 +322,19 @@ class DraftWorker:
             self._race_glue(ids, out, racing, fast, K, depth)
         ranking = TopLogits(ids[..., :kept] if any(cur.known) else ids, out.shape[-1])
         del out
-        self.glue_ranking = ranking
         rows, ks, t = guess_plan(ranking, cur.tokens, self.row_fanout)
         branches, keys = None, []
         if rows:
             branches = decode_branches(self.state, rows, ks, t, K, self.saguaro_top(True, length),
                                        self.spec.C, RowSampling(self.rows.params).index(rows),
                                        self.rows.keys(rows, [k + 1 for k in ks]), depth, length,
-                                       support_width(self.rows.params))
-            keys = list(zip(rows, ks, t.tolist()))  # the host's one read of the build
+                                       support_width(self.rows.params), checks=self.checks)
+        # the build's one read: the guessed tokens (the cache's keys) and the ranking they came from (the outcome
+        # ranks of the next answer are worked out from it on the host)
+        glue = ranking.ids.reshape(-1)
+        values = np.asarray(torch.cat([t, glue]).tolist(), dtype=np.int64)
+        keys = list(zip(rows, ks, values[: len(rows)].tolist()))
+        self.glue_ranking = values[len(rows) :].reshape(ranking.ids.shape)
         self.cache, self.cache_K = SpeculationCache(self.rows.seq_ids, branches, keys), length
         self.built_fanout = list(self.policy.schedule(True, K, length))
         self.policy.built(K, length, len(rows) / n)

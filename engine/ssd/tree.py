@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from engine import host
+from engine.checks import Checks
 from engine.drafting import draft_steps
 from engine.kv_cache import KVState
 from engine.invariant import race_ranking
@@ -51,6 +52,7 @@ def draft_compact(
     width: int | None = None,
     fed: list[int] | None = None,
     active_host: list[bool] | None = None,
+    checks: Checks | None = None,
 ) -> tuple[Tensor, SparseQ, TopLogits]:
     """Feed `first` [N, T] (holes where not valid) then draft K tokens (engine.drafting.draft_tokens, the same
     draws), keeping q as its support and the logits as their best `depth` tokens step by step, so no [N, K, V]
@@ -64,7 +66,7 @@ def draft_compact(
     active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
     racing = [b for b, p in enumerate(params.params) if p.invariant] if isinstance(generator, Keys) else []
     for i, (y, q, z) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
-                                              fed=active_fed)):
+                                              fed=active_fed, checks=checks)):
         ys.append(y)
         ids = TopLogits.of(z, depth).ids  # [N, M]
         if racing:  # drafter-invariant rows rank by the race at their position: the likeliest winners first
@@ -87,6 +89,7 @@ def decode_branches(
     depth: int,
     length: int | None = None,
     width: int | None = None,
+    checks: Checks | None = None,
 ) -> Branches:
     """Pre-draft every branch (row[i], k[i], t[i]); `state` must hold x_1..x_K of each row as its newest tokens.
     `depth`: how many of the draft's best tokens per position to keep for the next round's guesses.
@@ -97,6 +100,6 @@ def decode_branches(
     branch_state.rollback([K - kb for kb in ks])  # exactly the state after x_1..x_k
     length = K if length is None else length
     tokens, q, ranking = draft_compact(branch_state, t[:, None], None, length, saguaro_top, C, params, generator,
-                                       depth, width=width)
+                                       depth, width=width, checks=checks)
     on = t.device
     return Branches(branch_state, host.index(row, on), host.index(k, on), t, tokens, q, ranking)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.checks import Checks
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, RoundTelemetry
@@ -32,7 +33,7 @@ class NoDraft:
     def retire(self, keep: list[int]) -> None:
         pass
 
-    def propose(self, rows: RowSampling) -> Proposal:
+    def propose(self, rows: RowSampling, checks: Checks | None = None) -> Proposal:
         n = len(rows)
         return Proposal(torch.zeros(n, 0, dtype=torch.long, device=self.device),
                         torch.zeros(n, 0, self.vocab_size, device=self.device))
@@ -55,5 +56,5 @@ class FixedDraft(NoDraft):
         self.x, self.K = x, x.shape[1]
         self.q = torch.zeros(*x.shape, vocab_size, device=x.device).scatter_(-1, x[..., None], 1.0)  # [b, K, V]
 
-    def propose(self, rows: RowSampling) -> Proposal:
+    def propose(self, rows: RowSampling, checks: Checks | None = None) -> Proposal:
         return Proposal(self.x, self.q)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from torch import Tensor
 
+from engine.checks import Checks
 from engine.sampling import RowSampling
 from engine.sparse import SparseQ
 from engine.sequence import Sequence
@@ -63,11 +64,13 @@ class Proposer(Protocol):
     def retire(self, keep: list[int]) -> None:
         """Only these rows (indices into the current batch, increasing) go on."""
 
-    def propose(self, rows: RowSampling) -> Proposal:
-        """The next speculation for every row; sets `last_round` (raises one of `faults`)."""
+    def propose(self, rows: RowSampling, checks: Checks | None = None) -> Proposal:
+        """The next speculation for every row; sets `last_round` (raises one of `faults`). Its input checks may
+        go to `checks`, which the loop reads with the round's outcome."""
 
     def observe(self, result: Verification, verify_ms: float) -> None:
-        """The outcome (k, t*) of the speculation just verified."""
+        """The outcome (k, t*) of the speculation just verified (read on the host already: `result.host()`). Times
+        measured on the device during `propose` are read here, and go into `last_round` before it is recorded."""
 
     def close(self) -> None:
         """Free what the proposer started."""

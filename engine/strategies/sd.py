@@ -25,6 +25,7 @@ from torch import Tensor
 
 from engine import host
 from engine.config import SpeculativeConfig
+from engine.checks import Checks
 from engine.drafting import bonus_rank_tensor, draft_from
 from engine.kv_cache import KVState, new_state, right_aligned
 from engine.loading.devices import model_device
@@ -32,7 +33,7 @@ from engine.sampling import Keys, RowSampling
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, RoundTelemetry
 from engine.strategies.lookahead import Lookahead
-from engine.timing import Stopwatch
+from engine.timing import Interval
 from engine.verifier import Verification
 
 class InProcessDraft:
@@ -86,20 +87,19 @@ class InProcessDraft:
         self.positions = [self.positions[i] for i in keep]
         self.lookahead.retire(keep)
 
-    def propose(self, rows: RowSampling) -> Proposal:
-        t0 = Stopwatch(self.draft_device)
+    def propose(self, rows: RowSampling, checks: Checks | None = None) -> Proposal:
+        self.interval = Interval(self.draft_device)  # read in observe, after the round's read: no wait of its own
         tokens, valid = right_aligned(self.tails, self.pad_id, self.draft_device)
         fed = self.state.extend(tokens, valid, fed=[len(t) for t in self.tails])  # [B, W, V]
         previous = self._late_ranks(fed) if self.record_outcomes else None
         K, logits = self.lookahead.choose(), fed[:, -1].float()
         self.x, q, self.z = draft_from(self.state, logits, K, self.spec.saguaro_top(), self.spec.C, rows,
                                        Keys.of(self.seeds, self.positions), stop_below=self.spec.confidence_stop,
-                                       keep_logits=self.record_outcomes)  # [B, K'], [B, K', V], K' x [B, V]
+                                       keep_logits=self.record_outcomes, checks=checks)  # [B, K'], [B, K', V]
         self.K = self.x.shape[1]
-        forwards = self.K + (self.K < K)  # the tail's feed included; a stopped block fed its last token to look
-        draft_ms = t0.ms()
-        self.lookahead.drafted(forwards, draft_ms)
-        self.last_round = RoundTelemetry(draft_ms=draft_ms, draft_forwards=forwards, previous_outcome_rank=previous)
+        self.forwards = self.K + (self.K < K)  # the tail's feed included; a stopped block fed its last token to look
+        self.interval.stop()
+        self.last_round = RoundTelemetry(draft_forwards=self.forwards, previous_outcome_rank=previous)
         return Proposal(host.upload(self.x, self.device), q.to(self.device))
 
     def _late_ranks(self, fed: Tensor) -> list[int | None] | None:
@@ -125,6 +125,10 @@ class InProcessDraft:
     def observe(self, result: Verification, verify_ms: float) -> None:
         K = self.K
         accepted, bonus, x = result.host()  # the loop's one read of the outcome
+        draft_ms = self.interval.ms()  # the device has run the draft by now: no wait
+        if draft_ms is not None:
+            self.lookahead.drafted(self.forwards, draft_ms)
+            self.last_round.draft_ms = draft_ms
         if not x or len(x[0]) != K:  # a Verification made without its draft tokens
             x = self.x.tolist()
         self.lookahead.observe(accepted, K, verify_ms)

@@ -31,6 +31,7 @@ import torch
 
 from engine import host
 from engine.config import SpeculativeConfig
+from engine.checks import Checks
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
 from engine.ssd.channel import FAULTS, Channel
@@ -95,7 +96,7 @@ class DraftWorkerProposer:
         self.rows = [self.rows[i] for i in keep]
         self.lookahead.retire(keep)
 
-    def propose(self, rows: RowSampling) -> Proposal:
+    def propose(self, rows: RowSampling, checks: Checks | None = None) -> Proposal:
         going_on = {r for r in self.rows if isinstance(r, int)}
         if not going_on and self.channel is not None and not self.channel.in_step:
             self._restart()  # an exchange broke off mid-way (not by Ctrl-C, which waits): a fresh worker
