@@ -1,9 +1,11 @@
 """The branch decode: pre-draft K tokens for every guessed outcome of every sequence at once.
 
-After the glue decode the draft's cache row b holds [.., t*_prev, x_1..x_K]. Branch (b, k, t) is that row
-with x_{k+1}..x_K masked as holes (exact roll-back, engine.kv_cache) followed by the guess t. The rows are
-copied once per branch and all branches of all sequences advance together: K batched forwards per round
-in total (feed t, y_1..y_{K−1}), never one forward per branch.
+After the glue decode the draft's cache row b holds [.., t*_prev, x_1..x_K]. Branch (b, k, t) is that row's first
+tokens up to x_k followed by the guess t. On the block KV cache (engine.block_cache) the branches are decoded as
+a tree over their rows: each forward has one row per sequence, whose queries are its branches' tokens, reading the
+row's prefix once and, through a 4-D mask, each branch's own earlier tokens; nothing of a row is copied per
+branch. (A state without blocks copies the row per branch and rolls it back.) All branches of all sequences advance
+together: K batched forwards per round in total (feed t, y_1..y_{K−1}), never one forward per branch.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Branches:
     Nothing dense over the vocabulary is kept where it can be avoided: q as its support (one id per
     position at temperature 0), the logits only as the ranking's first M tokens (engine.sparse)."""
 
-    state: KVState  # one row per branch: prefix, x_1..x_k, t, y_1..y_{K−1}
+    state: KVState  # the branches: a BlockTree over their rows, or one row per branch (fork / take gives rows)
     row: Tensor  # [N] batch row of each branch
     k: Tensor  # [N] outcome k the branch assumes
     t: Tensor  # [N] guessed bonus token
@@ -96,9 +98,13 @@ def decode_branches(
     `length`: tokens each branch drafts (default K; adaptive K may ask for another length next round)."""
     rows = row.tolist() if isinstance(row, Tensor) else list(row)  # host lists from the worker: nothing is read
     ks = k.tolist() if isinstance(k, Tensor) else list(k)
-    branch_state = state.fork(rows)
-    branch_state.rollback([K - kb for kb in ks])  # exactly the state after x_1..x_k
     length = K if length is None else length
+    if hasattr(state, "tree"):  # the block cache: one tree over the rows, their prefixes read once (BlockTree)
+        lengths = state.host_lengths
+        branch_state = state.tree(rows, [lengths[r] - (K - kb) for r, kb in zip(rows, ks)], length)
+    else:  # a copy of the row per branch, rolled back to x_1..x_k
+        branch_state = state.fork(rows)
+        branch_state.rollback([K - kb for kb in ks])  # exactly the state after x_1..x_k
     tokens, q, ranking = draft_compact(branch_state, t[:, None], None, length, saguaro_top, C, params, generator,
                                        depth, width=width, checks=checks)
     on = t.device

@@ -40,6 +40,6 @@ def test_adaptive_K_and_confidence_stop_keep_the_target_distribution(target8, dr
 
 
 def test_negative_control_biased_verifier_is_detected_under_adaptive_K(target8, draft8, monkeypatch):
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     counts, _ = run(target8, draft8, CALLS // 3)
     assert chi_square_p(counts, exact_distribution(target8, SamplingParams(temperature=1.0))) < 1e-9

@@ -145,3 +145,53 @@ def test_any_sequence_of_operations_gives_each_row_its_logits_alone(prompt_lengt
             assert torch.allclose(logits[b], alone(MODEL, r + [7]), atol=ATOL)
     del state
     assert model.pool.used_blocks == 0  # nothing leaked
+
+
+# -- tree decode --------------------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=3), st.integers(1, 4), st.integers(1, 5), st.data())
+def test_tree_branches_get_the_logits_of_each_branch_run_alone(prompt_lengths, steps, block_size, data):
+    model = block_model(block_size)
+    gen = np.random.default_rng(sum(prompt_lengths) * 13 + steps)
+    rows = [gen.integers(1, 40, n).tolist() for n in prompt_lengths]
+    state = model.new_kv_state(len(rows), torch.device("cpu"))
+    feed(state, rows)
+    parent = data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=7))
+    keep = [data.draw(st.integers(1, len(rows[p]))) for p in parent]
+    tree = state.tree(parent, keep, steps)
+    fed = [[] for _ in parent]
+    for _ in range(steps):
+        tokens = gen.integers(1, 40, len(parent)).tolist()
+        logits = tree.extend(torch.tensor(tokens)[:, None])[:, -1]
+        for i, (p, k, t) in enumerate(zip(parent, keep, tokens)):
+            fed[i].append(t)
+            assert torch.allclose(logits[i], alone(MODEL, rows[p][:k] + fed[i]), atol=ATOL)
+    taken = tree.take(list(range(len(parent)))[::-1])  # rows of their own, any order
+    logits = feed(taken, [[7]] * len(parent))
+    for j, i in enumerate(reversed(range(len(parent)))):
+        assert torch.allclose(logits[j], alone(MODEL, rows[parent[i]][: keep[i]] + fed[i] + [7]), atol=ATOL)
+    logits = feed(state, [[9]] * len(rows))  # the parents are as they were
+    for b, r in enumerate(rows):
+        assert torch.allclose(logits[b], alone(MODEL, r + [9]), atol=ATOL)
+    del state, tree, taken
+    assert model.pool.used_blocks == 0  # nothing leaked
+
+
+def test_a_tree_reads_each_rows_prefix_once_per_step():
+    """The forward's rows are the parent rows, not the branches: its keys hold each prefix once."""
+    model = block_model(block_size=4)
+    state = model.new_kv_state(2, torch.device("cpu"))
+    feed(state, [list(range(1, 31)), list(range(1, 21))])
+    tree = state.tree([0, 0, 0, 1, 1], [30, 29, 28, 20, 19], steps=3)
+    widths = []
+    forward = model.forward
+
+    def spy(tokens, positions, mask, binding, width, keep):
+        widths.append((tuple(tokens.shape), tuple(binding.read.shape)))
+        return forward(tokens, positions, mask, binding, width, keep)
+
+    model.forward = spy
+    for _ in range(3):
+        tree.extend(torch.tensor([[3]] * 5))
+    # 2 rows of 3 queries; each row's columns: its 30 (20) prefix tokens, then 3 (2) branches' tokens, + scratch
+    assert widths == [((2, 3), (2, 30 + 3 * s + 1)) for s in (1, 2, 3)]

@@ -42,12 +42,12 @@ def test_compiled_ssd_with_cache_hits_matches_the_target_distribution(target8, d
 
 
 def test_negative_control_biased_verifier_is_detected_on_compiled_sd(target8, draft8, monkeypatch):
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     counts, _ = compiled_counts(target8, draft8, "sd", SpeculativeConfig(K=2), 6_000)
     assert chi_square_p(counts, exact_distribution(target8, PARAMS)) < 1e-12
 
 
 def test_negative_control_biased_verifier_is_detected_on_compiled_ssd(target8, draft8, monkeypatch):
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     counts, _ = compiled_counts(target8, draft8, "ssd", SSD_HITS, 3_000)
     assert chi_square_p(counts, exact_distribution(target8, PARAMS)) < 1e-12

@@ -159,6 +159,6 @@ def test_negative_control_the_float_targets_distribution_is_rejected(small_pair,
 
 
 def test_negative_control_a_biased_verifier_is_detected_on_the_low_bit_path(small_pair, monkeypatch):
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     counts, loaded = sd_samples(*small_pair)
     assert chi_square_p(counts, exact_distribution(loaded, PARAMS)) < 1e-9

@@ -47,7 +47,7 @@ def test_mixed_settings_under_continuous_batching_match_each_target_distribution
 
 
 def test_negative_control_biased_verifier_is_detected_in_a_mixed_batch(target8, draft8, monkeypatch):
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     counts, _ = mixed_counts(target8, draft8, "sd")
     params = SamplingParams(max_new_tokens=STEPS, **SETTINGS[0])
     assert chi_square_p(counts[0], exact_distribution(target8, params)) < 1e-12

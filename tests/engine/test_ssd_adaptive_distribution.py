@@ -73,7 +73,7 @@ def test_a_round_where_no_row_hits_may_draft_fewer_tokens_and_still_matches(targ
 def test_negative_control_biased_verifier_is_detected_under_a_changing_K(target8, draft8, cycling_K, monkeypatch,
                                                                          miss_length):
     cycling_K[0] = miss_length
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
     counts, _ = run(target8, draft8, params, schedule="given", fanout=(3, 3, 3, 3))
     assert chi_square_p(counts, exact_distribution(target8, params)) < 1e-12

@@ -51,7 +51,7 @@ def test_ssd_engine_matches_the_target_distribution(target8, draft8, regime):
 
 
 def test_negative_control_biased_verifier_is_detected(target8, draft8, monkeypatch):
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
     counts, _ = ssd_counts(target8, draft8, SpeculativeConfig(K=2, placement=IN_PROCESS, **HITS), params)
     assert chi_square_p(counts, exact_distribution(target8, params)) < 1e-12

@@ -186,7 +186,7 @@ def _interrupt_in_verify(llm, monkeypatch, at_call: int) -> None:
             return real_verify(*args, **kwargs)
         return verify
 
-    for name in ("verify", "verify_greedy"):  # rows sampling at T > 0, and all-greedy rows
+    for name in ("verify_rows", "verify_greedy"):  # rows sampling at T > 0, and all-greedy rows
         monkeypatch.setattr(engine.decode_loop, name, interrupting(getattr(engine.decode_loop, name)))
 
 

@@ -57,6 +57,6 @@ def test_ssd_with_cache_hits_matches_the_target_distribution(device, exact):
 
 
 def test_negative_control_biased_verifier_is_detected(device, exact, monkeypatch):
-    monkeypatch.setattr("engine.decode_loop.verify", argmax_verifier)
+    monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     observed, _ = counts(device, "sd", SpeculativeConfig(K=2), N)
     assert chi_square_p(observed, exact) < 1e-12
