@@ -33,8 +33,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_model_flags(p)
     p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (own cores on CPU)")
     p.add_argument("--draft-deadline", type=float, default=30.0,
-                   help="seconds SSD waits for one answer of its draft worker before it falls back to SD "
-                        "(a hung worker stalls the streams this long)")
+                   help="seconds SSD waits for one answer of its draft worker before it falls back to SD: the "
+                        "outer bound of a stall (a worker process that has stopped is found by its heartbeat in "
+                        "about 5 s; one whose loop hangs stalls the streams this long)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = a free port)")
     key = p.add_mutually_exclusive_group()
