@@ -113,7 +113,9 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
     name = settings.served_model_name or model.model_name
     if not name:
         raise ValueError("the model has no name (built in memory?): give a served model name")
-    ctx = ServingContext(model, engine, settings, ServerMetrics(engine.stats, name))
+    # several engine replicas behind one ingress (server.replicas) report their stats one by one
+    metrics = ServerMetrics(engine.stats, name, by_replica=getattr(engine, "stats_by_replica", None))
+    ctx = ServingContext(model, engine, settings, metrics)
     tokens = TokenStrings(model.tokenizer)
     app = FastAPI(title="saguaro serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
