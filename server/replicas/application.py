@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ray import serve
 
@@ -21,8 +20,9 @@ from server.app import create_app
 from server.context import ServerSettings
 from server.replicas.remote import ReplicaBoard, RemoteEngine, RemoteModel
 from server.replicas.replica import EngineReplica, ReplicaReport
-from server.replicas.resources import ReplicaResources
-from server.replicas.routing import LOAD_BOUND, PREFIX_TOKENS, Routing, router_config
+from server.replicas.loopback import keep_serve_on_loopback
+from server.replicas.options import ReplicaOptions
+from server.replicas.routing import router_config
 
 APP_NAME = "saguaro"
 INGRESS = "Ingress"
@@ -31,32 +31,11 @@ DRAIN_POLL_S = 0.05
 HEALTH_CHECK_PERIOD_S = 2.0  # how often Ray checks a replica (a dead actor is also reported at once)
 
 
-@dataclass(frozen=True)
-class ReplicaOptions:
-    """How many engine replicas, on what hardware, routed how.
-
-    max_waiting  requests each replica's engine queues beyond its batch rows; the router queues up to
-                 max_waiting more in front of all replicas, then answers 503
-    """
-
-    replicas: int = 1
-    resources: ReplicaResources = ReplicaResources()
-    routing: Routing = Routing.POWER_OF_TWO
-    batch: int = 8
-    max_waiting: int = 64
-    prefix_tokens: int = PREFIX_TOKENS
-    load_bound: int = LOAD_BOUND
-
-    def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
-        object.__setattr__(self, "routing", Routing(self.routing))
-
-
 class Ingress:
     """The FastAPI ingress deployment: the plain server's app, whose engine is the replicas' DeploymentHandle."""
 
     async def __init__(self, engine, settings: ServerSettings):
+        keep_serve_on_loopback()
         self.board = ReplicaBoard()
         facts = await engine.facts.remote()  # from any replica: all serve the same model
         self.engine = RemoteEngine(engine, self.board, facts.strategy)

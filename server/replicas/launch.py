@@ -3,7 +3,7 @@ everything this process started.
 
 On one machine a local Ray starts with this process and stops with it; all its listeners (GCS, raylets, workers,
 agents) bind the loopback interface: Ray's own single-host mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), with no
-dashboard and a small object store. With `address` the application joins an existing cluster and, on exit,
+dashboard and a small object store (server.replicas.loopback keeps Serve's replicas there too). With `address` the application joins an existing cluster and, on exit,
 deletes only itself. SIGTERM or SIGINT drains the ingress (503 to new requests, those in flight get
 `shutdown_timeout_s`), then the application and the local Ray go: exit status 0.
 """
@@ -14,16 +14,17 @@ import ipaddress
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine import LLM
 from server.context import ServerSettings
+from server.replicas.loopback import SINGLE_HOST_VARIABLE
 
 log = logging.getLogger("server")
 
-SINGLE_HOST_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray binds its node to the loopback interface
 OBJECT_STORE_BYTES = 256 * 2**20  # chunks are small; Ray's default (30% of RAM) would reserve GiBs of /dev/shm
 NAMESPACE = "saguaro"
 
@@ -61,6 +62,9 @@ def loopback(host: str) -> bool:
 def start_ray(cluster: ClusterSettings) -> bool:
     """Connect to Ray: join `cluster.address`, or start a local Ray bound to loopback. True when started here."""
     if cluster.address is None:
+        if "ray" in sys.modules and os.environ.get(SINGLE_HOST_VARIABLE) != "0":
+            raise ValueError(f"ray was imported before the local Ray started, so its node would listen on every "
+                             f"interface: set {SINGLE_HOST_VARIABLE}=0 before importing ray, or import it later")
         os.environ[SINGLE_HOST_VARIABLE] = "0"  # read when ray is imported, and by the processes it starts
     import ray
 
@@ -68,7 +72,7 @@ def start_ray(cluster: ClusterSettings) -> bool:
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
         return False
     ray.init(num_cpus=cluster.num_cpus, num_gpus=None, include_dashboard=False, namespace=NAMESPACE,
-             object_store_memory=OBJECT_STORE_BYTES, log_to_driver=True)
+             object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False)
     return True
 
 
@@ -105,7 +109,7 @@ def serve_replicas(build: Callable[[], LLM], options, settings: ServerSettings |
                    stop: Stop | None = None) -> int:
     """Serve `options.replicas` engines built by `build()` (picklable: it runs in each replica) on Ray Serve until
     SIGTERM / SIGINT (or `stop`), then stop what was started. Returns the exit status (0)."""
-    from server.replicas.application import ReplicaOptions
+    from server.replicas.options import ReplicaOptions
     from server.replicas.resources import check_fit
 
     if not isinstance(options, ReplicaOptions):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import LLM, AsyncLLM, Chunk, SamplingParams, ServingStats
+from server.replicas.loopback import keep_serve_on_loopback
 
 log = logging.getLogger("server")
 
@@ -58,6 +59,7 @@ class EngineReplica:
     async def __init__(self, build: Callable[[], LLM], max_waiting: int, ingress_name: str, app_name: str):
         from ray import serve
 
+        keep_serve_on_loopback()
         self.llm = build()
         self.engine = AsyncLLM(self.llm, max_waiting=max_waiting)
         self.replica = serve.get_replica_context().replica_id.unique_id

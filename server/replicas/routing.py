@@ -18,30 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import random
-from enum import Enum
 
 import numpy as np
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-PREFIX_TOKENS = 32  # prompts that share this many leading token ids share a home replica
-LOAD_BOUND = 4  # the home is skipped once it has this many more requests in flight than the least loaded
-
-
-class Routing(str, Enum):
-    """`saguaro serve --routing`."""
-
-    POWER_OF_TWO = "pow2"
-    PREFIX = "prefix"
+from server.replicas.options import LOAD_BOUND, PREFIX_TOKENS, Routing
 
 
 def router_config(routing: Routing, prefix_tokens: int = PREFIX_TOKENS, load_bound: int = LOAD_BOUND):
     """Ray Serve's RequestRouterConfig for the engine replicas' deployment."""
     from ray.serve.config import RequestRouterConfig
 
-    routing = Routing(routing)
-    if prefix_tokens < 1 or load_bound < 0:
-        raise ValueError(f"prefix_tokens must be >= 1 and load_bound >= 0, got {prefix_tokens} and {load_bound}")
-    if routing is Routing.POWER_OF_TWO:
+    if Routing(routing) is Routing.POWER_OF_TWO:
         return RequestRouterConfig()  # Ray Serve's PowerOfTwoChoicesRequestRouter
     return RequestRouterConfig(request_router_class=f"{__name__}:PrefixAffinityRouter",
                                request_router_kwargs={"prefix_tokens": prefix_tokens, "load_bound": load_bound})
