@@ -68,10 +68,11 @@ def start_ray(cluster: ClusterSettings) -> bool:
         os.environ[SINGLE_HOST_VARIABLE] = "0"  # read when ray is imported, and by the processes it starts
     import ray
 
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's progress lines are not ours to show
     if cluster.address is not None:
-        ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+        ray.init(address=cluster.address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
         return False
-    ray.init(num_cpus=cluster.num_cpus, num_gpus=None, include_dashboard=False, namespace=NAMESPACE,
+    ray.init(num_cpus=cluster.num_cpus, include_dashboard=False, namespace=NAMESPACE, logging_level=logging.ERROR,
              object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False)
     return True
 
@@ -140,9 +141,35 @@ def _deploy(build, options, settings: ServerSettings, cluster: ClusterSettings) 
     from server.replicas.application import APP_NAME, application
 
     serve.start(http_options=HTTPOptions(host=cluster.host, port=cluster.port))
-    serve.run(application(build, options, settings), name=APP_NAME, route_prefix="/")
+    try:
+        serve.run(application(build, options, settings), name=APP_NAME, route_prefix="/")
+    except RuntimeError as err:  # Ray Serve's own words say only that the deployment failed
+        raise ReplicasFailed(f"the replicas did not start: {_why_not_started(err)}") from None
     host = f"[{cluster.host}]" if ":" in cluster.host else cluster.host
     return f"http://{host}:{cluster.port}"
+
+
+class ReplicasFailed(RuntimeError):
+    """The application did not start; the message is one line (the CLI prints it as is, exit status 1)."""
+
+    one_line = True
+
+
+def _why_not_started(err: RuntimeError) -> str:
+    """The last line of the first deployment error Ray Serve recorded (a replica's exception), else `err`."""
+    from ray import serve
+
+    from server.replicas.application import APP_NAME
+
+    try:
+        deployments = serve.status().applications[APP_NAME].deployments.values()
+    except Exception:  # the controller is gone too: Ray's own words will do
+        return str(err)
+    for deployment in deployments:
+        lines = [line.strip() for line in (deployment.message or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return str(err)
 
 
 def _drain(timeout_s: float) -> None:
