@@ -134,10 +134,10 @@ class RemoteStream:
 
     async def __anext__(self) -> Chunk:
         while True:
-            if self._replies is None:
-                self._calls += 1
-                self._replies = self._handle.options(stream=True).generate.remote(self._request)
             try:
+                if self._replies is None:
+                    self._calls += 1
+                    self._replies = self._handle.options(stream=True).generate.remote(self._request)
                 chunk = await self._replies.__anext__()
             except StopAsyncIteration:
                 self._end()
