@@ -1,5 +1,4 @@
-"""Shared test options: slow real-model tests are opt-in with --run-slow, tests that start a local Ray (marker
-`ray`) with --run-ray; CUDA tests (marker `cuda`: the "cuda"
+"""Shared test options: slow real-model tests are opt-in with --run-slow; CUDA tests (marker `cuda`: the "cuda"
 half of tests/gpu's device-parametrised tests, whose "cpu" half always runs) with --run-gpu, and then run only
 where torch sees a CUDA device."""
 
@@ -9,7 +8,6 @@ import pytest
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="run the slow real-model tests")
     parser.addoption("--run-gpu", action="store_true", help="run the CUDA tests (marker cuda) if a GPU is present")
-    parser.addoption("--run-ray", action="store_true", help="run the tests that start a local Ray (marker ray)")
 
 
 def _cuda_skip_reason(config) -> str | None:
@@ -29,11 +27,6 @@ def pytest_collection_modifyitems(config, items):
     if reason:
         for item in cuda_items:
             item.add_marker(pytest.mark.skip(reason=reason))
-    if not config.getoption("--run-ray"):
-        ray_skip = pytest.mark.skip(reason="starts a local Ray (about a minute on 2 cores): pass --run-ray to run it")
-        for item in items:
-            if "ray" in item.keywords:
-                item.add_marker(ray_skip)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow real-model test: pass --run-slow to run it")
