@@ -79,7 +79,6 @@ def application(build: Callable[[], LLM], options: ReplicaOptions, settings: Ser
     ingress = serve.deployment(serve.ingress()(Ingress), name=INGRESS).options(
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},  # waits on the replicas; tokenizing is its only CPU work
-        max_queued_requests=-1,
     )
     replicas = engine.bind(build, options.max_waiting, INGRESS, APP_NAME)
     return ingress.bind(replicas, settings)

@@ -123,7 +123,8 @@ def serve_replicas(build: Callable[[], LLM], options, settings: ServerSettings |
     started = start_ray(cluster)
     try:
         check_fit(options.replicas, options.resources, node_resources())
-        stop.install() if threading.current_thread() is threading.main_thread() else None
+        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+            stop.install()
         url = _deploy(build, options, settings, cluster)
         if on_ready is not None:
             on_ready(url)
