@@ -20,16 +20,17 @@ ROUTINGS = ("pow2", "prefix")  # server.replicas.options.Routing (not imported h
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("more than one engine (Ray Serve; the 'cluster' extra)")
-    group.add_argument("--replicas", type=int, metavar="N", help="serve N engine replicas on Ray Serve (default: one engine in "
-                                                     "this process, no Ray)")
+    group.add_argument("--replicas", type=int, metavar="N",
+                       help="serve N engine replicas on Ray Serve (default: one engine in this process, no Ray)")
     group.add_argument("--address", help="join this Ray cluster (e.g. auto or HOST:6379) instead of starting a "
                                          "local Ray")
     group.add_argument("--routing", choices=ROUTINGS, default=ROUTINGS[0],
                        help="pow2: the less busy of two replicas; prefix: prompts sharing their first "
                             "--prefix-tokens tokens go to one replica while it is within --load-bound requests of "
                             "the least busy")
-    group.add_argument("--prefix-tokens", type=int, metavar="N", help="--routing prefix: leading tokens that make a shared "
-                                                          "prefix (default: server.replicas.options.PREFIX_TOKENS, 32)")
+    group.add_argument("--prefix-tokens", type=int, metavar="N",
+                       help="--routing prefix: leading tokens that make a shared prefix "
+                            "(default: server.replicas.options.PREFIX_TOKENS, 32)")
     group.add_argument("--load-bound", type=int, metavar="N",
                        help="--routing prefix: requests in flight a prefix's replica may have beyond the least busy "
                             "(default: server.replicas.options.LOAD_BOUND, 4)")

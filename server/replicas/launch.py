@@ -3,9 +3,10 @@ everything this process started.
 
 On one machine a local Ray starts with this process and stops with it; all its listeners (GCS, raylets, workers,
 agents) bind the loopback interface: Ray's own single-host mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), with no
-dashboard and a small object store (server.replicas.loopback keeps Serve's replicas there too). With `address` the application joins an existing cluster and, on exit,
-deletes only itself. SIGTERM or SIGINT drains the ingress (503 to new requests, those in flight get
-`shutdown_timeout_s`), then the application and the local Ray go: exit status 0.
+dashboard and a small object store (server.replicas.loopback keeps Serve's replicas there too). With `address`
+the application joins an existing cluster and, on exit, deletes only itself. SIGTERM or SIGINT drains the
+ingress (503 to new requests, those in flight get `shutdown_timeout_s`), then the application and the local Ray
+go: exit status 0.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ import pytest
 from openai import OpenAI
 
 from engine import LLM, AsyncLLM
-from server import ServerSettings
 from engine.loading.tiny import tiny_model
+from server import ServerSettings
 from tests.engine.test_models import tiny_tokenizer
 from tests.server.conftest import running
 
