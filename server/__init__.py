@@ -2,8 +2,9 @@
 
 Files: `protocol` (request bodies), `translate` (request -> prompt ids and SamplingParams),
 `generation` (one request through the engine: SSE stream or one response), `responses` (OpenAI
-response bodies), `errors` (OpenAI error JSON), `metrics` (Prometheus), `app` (the routes),
-`http_server` (uvicorn, signals, graceful drain), `engine_api` (what the server needs from the engine).
+response bodies), `token_bytes` (a token's text and raw bytes), `errors` (OpenAI error JSON), `metrics`
+(Prometheus), `app` (the routes), `http_server` (uvicorn, signals, graceful drain), `engine_api` (what the
+server needs from the engine).
 """
 
 from server.app import create_app

@@ -8,18 +8,19 @@ import time
 import uuid
 from http import HTTPStatus
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.context import ServerSettings, ServingContext
 from server.engine_api import AsyncEngine, ServedModel
-from server.errors import APIError, install_error_handlers
+from server.errors import APIError, RaisedAPIError, install_error_handlers
 from server.generation import ClientDisconnected, Job, respond
 from server.metrics import ServerMetrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.responses import ChatFormat, CompletionFormat, Head
+from server.token_bytes import TokenStrings
 from server.translate import chat_request, completion_request, max_model_len
 
 logger = logging.getLogger("server")
@@ -69,7 +70,7 @@ class BodyLimit:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.limit:
-                raise HTTPException(self.too_large().status, self.too_large().message)
+                raise RaisedAPIError(self.too_large())
             return message
 
         await self.app(scope, receive if length else counted, send)
@@ -112,7 +113,10 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
     name = settings.served_model_name or model.model_name
     if not name:
         raise ValueError("the model has no name (built in memory?): give a served model name")
-    ctx = ServingContext(model, engine, settings, ServerMetrics(engine.stats, name))
+    # several engine replicas behind one ingress (server.replicas) report their stats one by one
+    metrics = ServerMetrics(engine.stats, name, by_replica=getattr(engine, "stats_by_replica", None))
+    ctx = ServingContext(model, engine, settings, metrics)
+    tokens = TokenStrings(model.tokenizer)
     app = FastAPI(title="saguaro serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)
@@ -176,7 +180,7 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
         check_model(body.model)
         prompt_ids, params = await translated(completion_request, body)
         head = Head(f"cmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name)
-        fmt = CompletionFormat(head, model.tokenizer, body.include_usage)
+        fmt = CompletionFormat(head, tokens, body.include_usage)
         return await run(request, Job(head.id, prompt_ids, params, fmt, body.stream, body.include_usage))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(admitted)])
@@ -184,7 +188,7 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
         check_model(body.model)
         prompt_ids, params = await translated(chat_request, body)
         head = Head(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name)
-        fmt = ChatFormat(head, model.tokenizer, body.include_usage)
+        fmt = ChatFormat(head, tokens, body.include_usage)
         return await run(request, Job(head.id, prompt_ids, params, fmt, body.stream, body.include_usage))
 
     return app

@@ -62,7 +62,8 @@ class ServedModel(Protocol):
     strategy_in_use: str
     fault: str | None  # why the SSD worker was replaced, once it was
 
-    def encode(self, text: str, chat: bool = False) -> list[int]: ...
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Token ids of a text prompt; token ids as given, once checked against the vocabulary (ValueError)."""
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
 

@@ -9,7 +9,9 @@ import logging
 from enum import Enum
 from http import HTTPStatus
 
-from fastapi import FastAPI, Request
+from collections.abc import Mapping
+
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -54,9 +56,21 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type.value, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status == HTTPStatus.SERVICE_UNAVAILABLE else None
-        return JSONResponse(self.body(), status_code=self.status.value, headers=headers)
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        """The JSON answer, with `headers` (a 405's Allow) and a 503's Retry-After."""
+        headers = dict(headers or {})
+        if self.status == HTTPStatus.SERVICE_UNAVAILABLE:
+            headers["Retry-After"] = str(RETRY_AFTER_S)
+        return JSONResponse(self.body(), status_code=self.status.value, headers=headers or None)
+
+
+class RaisedAPIError(HTTPException):
+    """An APIError raised where FastAPI passes on only an HTTPException (while it reads a request body): answered
+    as the APIError it carries, `code` included."""
+
+    def __init__(self, error: APIError):
+        super().__init__(error.status.value, error.message)
+        self.error = error
 
 
 def context_length_exceeded(max_model_len: int, prompt_tokens: int, max_tokens: int | None, param: str) -> APIError:
@@ -83,6 +97,9 @@ def validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     if loc == [] and first.get("type") in ("model_attributes_type", "dict_type", "missing"):
         return "the request body must be a JSON object (send Content-Type: application/json)", None
     message = first.get("msg", "invalid request")
+    if first.get("type") == "finite_number":  # NaN or infinity, which Python's JSON reader lets through
+        value = first.get("input")
+        message = "must be a number, not NaN" if value != value else f"must be a finite number, not {value}"
     # Pydantic prefixes messages raised by our validators ("Value error, ..."): drop it.
     message = message.removeprefix("Value error, ")
     return (f"{param}: {message}" if param else message), param
@@ -108,7 +125,8 @@ def install_error_handlers(app: FastAPI) -> None:
         status = HTTPStatus(err.status_code)
         message = err.detail if isinstance(err.detail, str) else status.phrase
         logger.info("%d %s %s: %s", status, request.method, request.url.path, message)
-        return APIError(status, message).response()
+        error = err.error if isinstance(err, RaisedAPIError) else APIError(status, message)
+        return error.response(err.headers)  # Starlette's 405 names the methods allowed in `Allow`
 
     @app.exception_handler(Exception)
     async def failure(request: Request, err: Exception) -> JSONResponse:

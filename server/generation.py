@@ -34,6 +34,7 @@ T = TypeVar("T")
 
 ABORTED = "abort"  # the engine's finish_reason for a request it gave up (shutdown deadline)
 SHUT_DOWN = "the server shut down before this request finished"
+QUEUE_FULL = "the server is busy (its waiting queue is full): retry later"  # the engine's words may say it too
 
 
 class ClientDisconnected(Exception):
@@ -87,8 +88,7 @@ def engine_error(err: Exception) -> APIError:
     if isinstance(err, ValueError):
         return APIError(HTTPStatus.BAD_REQUEST, str(err))
     if isinstance(err, QueueFull):
-        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, f"the server is busy (waiting queue full): retry later ({err})",
-                        code="queue_full")
+        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, QUEUE_FULL, code="queue_full")
     if isinstance(err, EngineStopped) and not isinstance(err, EngineFailed) and err.__cause__ is None:  # shutting down
         return APIError(HTTPStatus.SERVICE_UNAVAILABLE, str(err), code="engine_stopped")
     # The engine failed under this request (EngineStopped from the failure, or anything unexpected).

@@ -12,7 +12,7 @@ SSD hit rate) are the dashboard's to compute from the counters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -53,60 +53,83 @@ class FinishedRequest:
 class EngineCollector(Collector):
     """The engine's stats snapshot as Prometheus families, read at scrape time."""
 
-    def __init__(self, stats: Callable[[], ServingStats], model_name: str):
+    def __init__(self, stats: Callable[[], ServingStats], model_name: str,
+                 by_replica: Callable[[], Mapping[str, ServingStats]] | None = None):
+        """by_replica: the stats of each engine replica by its id, when several serve (server.replicas): then
+        every family has one series per replica, labelled `replica`."""
         self._stats = stats
         self._model = model_name
-
-    def _family(self, kind, name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()):
-        family = kind(PREFIX + name, doc, labels=["model_name", *labels])
-        if value is not None:
-            family.add_metric([self._model], value)
-        return family
+        self._by_replica = by_replica
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        s, gauge, counter = self._stats(), GaugeMetricFamily, CounterMetricFamily
-        yield self._family(gauge, "num_requests_running", "Requests in the batch (prefilling or decoding)", s.running)
-        yield self._family(gauge, "num_requests_waiting", "Requests waiting for a batch row", s.waiting)
-        yield self._family(gauge, "kv_cache_usage_perc", "Tokens the target's KV cache holds over max_num_seqs x "
-                           "the context (1 = full; NaN without a known capacity)",
-                           ratio(s.cached_tokens, s.cache_capacity_tokens))
-        yield self._family(counter, "prompt_tokens", "Prompt tokens prefilled", s.prompt_tokens)
-        yield self._family(counter, "generation_tokens", "Tokens generated", s.generation_tokens)
-        yield self._family(counter, "decode_rounds", "Decode rounds of the batch (one target forward each)", s.rounds)
-        yield self._family(counter, "spec_decode_num_drafts", "Speculations verified: sequence-rounds with K > 0",
-                           s.drafts)
-        yield self._family(counter, "spec_decode_num_draft_tokens", "Draft tokens verified (K per speculation)",
-                           s.draft_tokens)
-        yield self._family(counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted and emitted",
-                           s.accepted)
-        per_position = self._family(counter, "spec_decode_num_accepted_tokens_per_pos",
-                                    "Speculations whose draft token at `position` (0 = the first) was accepted",
-                                    labels=("position",))
-        for position, count in enumerate(s.accepted_per_position):
-            per_position.add_metric([self._model, str(position)], count)
+        if self._by_replica is None:
+            snapshots = [((self._model,), self._stats())]
+        else:
+            snapshots = [((self._model, replica), s) for replica, s in self._by_replica().items()]
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for labels, stats in snapshots:
+            for family in self._families(stats, labels):
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        yield from families.values()  # none before the first replica reports
+
+    def _families(self, z: ServingStats, labels: tuple[str, ...]):
+        """The families of one engine's stats, each series labelled `labels`."""
+        names = ["model_name"] if self._by_replica is None else ["model_name", "replica"]
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+
+        def family(kind, name: str, doc: str, value=None, extra: tuple[str, ...] = ()):
+            made = kind(PREFIX + name, doc, labels=[*names, *extra])
+            if value is not None:
+                made.add_metric(list(labels), value)
+            return made
+
+        def add(made, extra: tuple[str, ...], value: float) -> None:
+            made.add_metric([*labels, *extra], value)
+
+        yield family(gauge, "num_requests_running", "Requests in the batch (prefilling or decoding)", z.running)
+        yield family(gauge, "num_requests_waiting", "Requests waiting for a batch row", z.waiting)
+        yield family(gauge, "kv_cache_usage_perc", "Tokens the target's KV cache holds over max_num_seqs x "
+                     "the context (1 = full; NaN without a known capacity)",
+                     ratio(z.cached_tokens, z.cache_capacity_tokens))
+        yield family(counter, "prompt_tokens", "Prompt tokens prefilled", z.prompt_tokens)
+        yield family(counter, "generation_tokens", "Tokens generated", z.generation_tokens)
+        yield family(counter, "decode_rounds", "Decode rounds of the batch (one target forward each)", z.rounds)
+        yield family(counter, "spec_decode_num_drafts", "Speculations verified: sequence-rounds with K > 0", z.drafts)
+        yield family(counter, "spec_decode_num_draft_tokens", "Draft tokens verified (K per speculation)",
+                     z.draft_tokens)
+        yield family(counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted and emitted", z.accepted)
+        per_position = family(counter, "spec_decode_num_accepted_tokens_per_pos",
+                              "Speculations whose draft token at `position` (0 = the first) was accepted",
+                              extra=("position",))
+        for position, count in enumerate(z.accepted_per_position):
+            add(per_position, (str(position),), count)
         yield per_position
-        lookups = self._family(counter, "ssd_cache_lookups", "SSD speculation-cache lookups, by the outcome's "
-                               "accepted count k", labels=("k",))
-        hits = self._family(counter, "ssd_cache_hits", "SSD speculation-cache hits, by the outcome's accepted "
-                            "count k", labels=("k",))
-        for k, (n, hit) in enumerate(zip(s.ssd_lookups_by_k, s.ssd_hits_by_k)):
-            lookups.add_metric([self._model, str(k)], n)
-            hits.add_metric([self._model, str(k)], hit)
+        lookups = family(counter, "ssd_cache_lookups", "SSD speculation-cache lookups, by the outcome's accepted "
+                         "count k", extra=("k",))
+        hits = family(counter, "ssd_cache_hits", "SSD speculation-cache hits, by the outcome's accepted count k",
+                      extra=("k",))
+        for k, (n, hit) in enumerate(zip(z.ssd_lookups_by_k, z.ssd_hits_by_k)):
+            add(lookups, (str(k),), n)
+            add(hits, (str(k),), hit)
         yield lookups
         yield hits
-        yield self._family(counter, "ssd_backup_seconds", "SSD: the backup's drafting on the critical path (misses)",
-                           s.backup_s)
-        yield self._family(counter, "ssd_fallbacks", "Strategy fallbacks after an SSD draft worker fault", s.fallbacks)
-        strategy = self._family(gauge, "strategy", "1 for the strategy in use (ar, sd, ssd)", labels=("strategy",))
+        yield family(counter, "ssd_backup_seconds", "SSD: the backup's drafting on the critical path (misses)",
+                     z.backup_s)
+        yield family(counter, "ssd_fallbacks", "Strategy fallbacks after an SSD draft worker fault", z.fallbacks)
+        strategy = family(gauge, "strategy", "1 for the strategy in use (ar, sd, ssd)", extra=("strategy",))
         for option in Strategy:
-            strategy.add_metric([self._model, option.value], 1.0 if option.value == s.strategy else 0.0)
+            add(strategy, (option.value,), 1.0 if option.value == z.strategy else 0.0)
         yield strategy
 
 
 class ServerMetrics:
     """Counters and histograms the server records, plus the engine's, in one registry."""
 
-    def __init__(self, stats: Callable[[], ServingStats], model_name: str):
+    def __init__(self, stats: Callable[[], ServingStats], model_name: str,
+                 by_replica: Callable[[], Mapping[str, ServingStats]] | None = None):
         self.registry = CollectorRegistry()
         self.model_name = model_name
 
@@ -133,7 +156,7 @@ class ServerMetrics:
         self.generation_tokens = histogram("request_generation_tokens", "Tokens generated per request",
                                            LENGTH_BUCKETS)
         self.max_tokens = histogram("request_params_max_tokens", "max_tokens asked per request", LENGTH_BUCKETS)
-        self.registry.register(EngineCollector(stats, model_name))
+        self.registry.register(EngineCollector(stats, model_name, by_replica))
 
     def count_request(self, endpoint: str, status: int) -> None:
         self.requests.labels(self.model_name, endpoint, str(status)).inc()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from engine.sampling_params import MAX_LOGPROBS, LogprobsMode  # top-N log-probabilities a request may ask for
+from engine.sampling_params import MAX_LOGPROBS, MAX_SEED, LogprobsMode
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -39,7 +39,8 @@ NOT_SUPPORTED = {
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # JSON as Python reads it allows NaN and Infinity: no field takes them
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
@@ -98,6 +99,20 @@ class SamplingRequest(_Request):
         except ValueError:
             raise ValueError(f"must be one of {', '.join(m.value for m in LogprobsMode)}") from None
 
+    @field_validator("seed")
+    @classmethod
+    def _seed_fits(cls, seed: int | None) -> int | None:
+        if seed is not None and seed > MAX_SEED:
+            raise ValueError(f"must be at most 2**63 - 1, got {seed}: take it modulo 2**63")
+        return seed
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("only allowed with stream: true")
+        return options
+
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_token_ids(cls, ids: list[int] | None) -> list[int] | None:
@@ -137,12 +152,6 @@ class SamplingRequest(_Request):
         if bias:
             raise ValueError("logit_bias is not supported")
         return bias
-
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> "SamplingRequest":
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream: true")
-        return self
 
     @property
     def include_usage(self) -> bool:
@@ -246,11 +255,13 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError("tools are not supported")
         return tools
 
-    @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
-        return self
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        # fields are checked in the order they are declared: `logprobs` before this one
+        if top is not None and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return top
 
     @property
     def max_new_tokens(self) -> int | None:

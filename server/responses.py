@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from server.engine_api import Chunk, TokenLogprob
+from server.token_bytes import TokenStrings
 
 NEG_INF_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM send this for an impossible token
 
@@ -26,11 +27,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def json_logprob(value: float) -> float:
     return value if math.isfinite(value) else NEG_INF_LOGPROB
-
-
-def token_text(tokenizer: Any, token_id: int) -> str:
-    """A token as text; `token_id:N` for a model without a tokenizer (vLLM's convention)."""
-    return f"token_id:{token_id}" if tokenizer is None else tokenizer.decode([token_id])
 
 
 @dataclass(frozen=True)
@@ -61,13 +57,13 @@ class CompletionFormat:
     """/v1/completions: `text_completion` objects, logprobs as parallel lists."""
 
     head: Head
-    tokenizer: Any
+    tokens: TokenStrings
     include_usage: bool = False
 
     def _logprobs(self, logprobs: Sequence[TokenLogprob] | None, text_offset: int = 0) -> dict | None:
         if logprobs is None:
             return None
-        tokens = [token_text(self.tokenizer, lp.token_id) for lp in logprobs]
+        tokens = [self.tokens.text(lp.token_id) for lp in logprobs]
         offsets = []
         for token in tokens:
             offsets.append(text_offset)
@@ -76,7 +72,7 @@ class CompletionFormat:
             "tokens": tokens,
             "token_logprobs": [json_logprob(lp.logprob) for lp in logprobs],
             "top_logprobs": [
-                {token_text(self.tokenizer, t): json_logprob(v) for t, v in lp.top} for lp in logprobs
+                {self.tokens.text(t): json_logprob(v) for t, v in lp.top} for lp in logprobs
             ],
             "text_offset": offsets,
         }
@@ -108,12 +104,13 @@ class ChatFormat:
     """/v1/chat/completions: `chat.completion(.chunk)` objects, logprobs as a list of entries."""
 
     head: Head
-    tokenizer: Any
+    tokens: TokenStrings
     include_usage: bool = False
 
     def _entry(self, token_id: int, logprob: float) -> dict:
-        token = token_text(self.tokenizer, token_id)
-        return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode("utf-8"))}
+        # `bytes` are the token's own: a token holding part of a character gives that part, not U+FFFD
+        return {"token": self.tokens.text(token_id), "logprob": json_logprob(logprob),
+                "bytes": list(self.tokens.raw(token_id))}
 
     def _logprobs(self, logprobs: Sequence[TokenLogprob] | None) -> dict | None:
         if logprobs is None:

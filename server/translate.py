@@ -1,8 +1,8 @@
 """From an OpenAI request to what the engine takes: prompt token ids and SamplingParams.
 
 Completions take raw text (no chat template) or token ids; chat completions go through the
-tokenizer's chat template, system prompt included. Bad values raise ValueError (a 400); a request that does
-not fit the context raises the APIError `context_length_exceeded`. A text prompt is measured before it is
+tokenizer's chat template, system prompt included. Bad values raise ValueError, or an APIError naming the field
+(a 400); a request that does not fit the context raises the APIError `context_length_exceeded`. A text prompt is measured before it is
 tokenized whole: prefixes of growing size are tokenized until one holds more tokens than the context, so a
 huge prompt costs about a context's worth of tokenizing, not its own size. These run off the event loop
 (server.context.ServingContext.off_loop): tokenizing is the CPU-heavy part of a request's arrival.
@@ -10,11 +10,13 @@ huge prompt costs about a context's worth of tokenizing, not its own size. These
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http import HTTPStatus
 
 from engine import SamplingParams
 from server.engine_api import ServedModel
-from server.errors import context_length_exceeded
+from server.errors import APIError, context_length_exceeded
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 DEFAULT_CHAT_TOKENS = 512  # max_tokens of a chat request that sets none (see default_max_tokens)
@@ -45,16 +47,17 @@ def tokens_beyond(encode: Callable[[str], list[int]], text: str, most_tokens: in
 
 def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[int]:
     limit = max_model_len(model)
-    if isinstance(request.prompt, str):
-        def encode(text: str) -> list[int]:
-            return model.encode(text, chat=False)
+    with naming("prompt"):
+        if isinstance(request.prompt, str):
+            def encode(text: str) -> list[int]:
+                return model.encode(text, chat=False)
 
-        floor = tokens_beyond(encode, request.prompt, None if limit is None else limit - 1)
-        if floor is not None:
-            raise context_length_exceeded(limit, floor, None, "prompt")
-        ids = encode(request.prompt)
-    else:
-        ids = list(request.prompt)
+            floor = tokens_beyond(encode, request.prompt, None if limit is None else limit - 1)
+            if floor is not None:
+                raise context_length_exceeded(limit, floor, None, "prompt")
+            ids = encode(request.prompt)
+        else:
+            ids = model.encode(list(request.prompt))  # checks the ids against the vocabulary
     check_fits(model, ids, request.max_new_tokens, "prompt")
     return ids
 
@@ -62,10 +65,11 @@ def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[in
 def chat_prompt(model: ServedModel, request: ChatCompletionRequest) -> list[int]:
     limit = max_model_len(model)
     text = "\n".join(m.content for m in request.messages)  # the messages' text: the template only adds to it
-    floor = tokens_beyond(lambda t: model.encode(t, chat=False), text, None if limit is None else limit - 1)
-    if floor is not None:
-        raise context_length_exceeded(limit, floor, None, "messages")
-    ids = model.encode_chat([m.as_template_message() for m in request.messages])
+    with naming("messages"):
+        floor = tokens_beyond(lambda t: model.encode(t, chat=False), text, None if limit is None else limit - 1)
+        if floor is not None:
+            raise context_length_exceeded(limit, floor, None, "messages")
+        ids = model.encode_chat([m.as_template_message() for m in request.messages])
     if request.max_new_tokens is not None:
         check_fits(model, ids, request.max_new_tokens, "messages")
     return ids
@@ -92,8 +96,21 @@ def default_max_tokens(model: ServedModel, prompt_ids: list[int]) -> int:
     return min(room, DEFAULT_CHAT_TOKENS)
 
 
+@contextmanager
+def naming(param: str) -> Iterator[None]:
+    """A ValueError raised inside (the engine's word on a prompt: empty, ids outside the vocabulary) becomes a 400
+    whose `param` is `param`."""
+    try:
+        yield
+    except ValueError as err:
+        raise APIError(HTTPStatus.BAD_REQUEST, str(err), param=param) from err
+
+
 def sampling_params(request: SamplingRequest, max_new_tokens: int, logprobs: int | None) -> SamplingParams:
     """The engine's SamplingParams for one request (OpenAI's defaults: temperature 1, top_p 1)."""
+    if request.min_tokens > max_new_tokens:  # the one check that needs max_tokens, which a chat may leave out
+        raise APIError(HTTPStatus.BAD_REQUEST, f"min_tokens ({request.min_tokens}) must not exceed max_tokens "
+                       f"({max_new_tokens})", param="min_tokens")
     return SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_k=request.top_k_or_none,

@@ -18,6 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
                "psutil"),
     # starlette and pydantic come with fastapi; the server imports them directly.
     "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx", "starlette", "pydantic"),
+    "cluster": ("ray",),
     "llamacpp": ("llama_cpp",),
 }
 

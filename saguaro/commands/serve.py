@@ -4,6 +4,7 @@ Once ready it prints one line, `saguaro serve: listening on http://HOST:PORT`. S
 admitting (503), lets requests in flight finish within --shutdown-timeout seconds, aborts the rest,
 stops the engine (and SSD's draft worker) and exits 0. The API key comes from --api-key-file or the
 SAGUARO_API_KEY environment variable (or --api-key, which other users of the host can read in `ps`).
+With --replicas N the engine is replicated N times on Ray Serve behind the same API (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from saguaro.commands import serve_replicas
 from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, add_batch_flag, add_model_flags,
                                       add_speculation_flags, load_llm, speculative_config)
 
@@ -33,8 +35,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_model_flags(p)
     p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (own cores on CPU)")
     p.add_argument("--draft-deadline", type=float, default=30.0,
-                   help="seconds SSD waits for one answer of its draft worker before it falls back to SD "
-                        "(a hung worker stalls the streams this long)")
+                   help="seconds SSD waits for one answer of its draft worker before it falls back to SD: the "
+                        "outer bound of a stall (a worker process that has stopped is found by its heartbeat in "
+                        "about 5 s; one whose loop hangs stalls the streams this long)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = a free port)")
     key = p.add_mutually_exclusive_group()
@@ -51,6 +54,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds requests in flight get to finish on SIGTERM/SIGINT")
     p.add_argument("--rounds-out", type=Path, help="append per-round records (JSONL) here, for the simulator")
+    serve_replicas.add_flags(p)
     return p
 
 
@@ -90,6 +94,9 @@ def run(args) -> int:
     if not args.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     spec = speculative_config(args, placement(args))
+    serve_replicas.check_flags(args)
+    if args.replicas is not None:
+        return serve_replicas.run(args, settings, spec)
     sock = bind(args.host, args.port)
     try:
         llm, aengine = _start_engine(args, spec)

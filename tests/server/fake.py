@@ -44,7 +44,13 @@ class FakeModel:
     def room(self, prompt_ids: list[int]) -> int:
         return self.max_context - len(prompt_ids)
 
-    def encode(self, text: str, chat: bool | None = None) -> list[int]:
+    def encode(self, text: str | list[int], chat: bool | None = None) -> list[int]:
+        if isinstance(text, list):  # token ids: checked as the engine checks them
+            if not text:
+                raise ValueError("empty prompt: give at least one token id")
+            if min(text) < 0 or max(text) >= VOCAB:
+                raise ValueError(f"prompt token ids must be in [0, {VOCAB}), got {min(text)}..{max(text)}")
+            return list(text)
         self.encoded_chars.append(len(text))
         time.sleep(self.encode_s)
         if not text.strip():
@@ -135,4 +141,4 @@ class FakeEngine:
 
 
 def queue_full() -> QueueFull:
-    return QueueFull("64 requests are waiting")
+    return QueueFull("the engine's waiting queue is full (64 requests): retry later")  # the engine's wording

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -14,6 +15,11 @@ from tests.server.sse import stream
 
 COMPLETION = {"model": "fake-model", "prompt": "aa bbb", "max_tokens": 5}
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def post_json(client, path: str, body: dict):
+    """POST `body` as JSON as Python writes it: NaN and Infinity included, which httpx's json= refuses."""
+    return client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
 
 
 def error_of(response, status: int) -> dict:
@@ -30,6 +36,9 @@ def error_of(response, status: int) -> dict:
     ({"max_tokens": "5"}, "max_tokens"),
     ({"top_p": 0}, "top_p"),
     ({"seed": -1}, "seed"),
+    ({"seed": 2**63}, "seed"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": float("inf")}, "top_p"),
     ({"logprobs": 6}, "logprobs"),
     ({"n": 2}, "n"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
@@ -45,7 +54,7 @@ def error_of(response, status: int) -> dict:
     ({"model": None}, "model"),
 ])
 def test_a_bad_completion_parameter_is_a_400_naming_it(client, change, param):
-    error = error_of(client.post("/v1/completions", json={**COMPLETION, **change}), 400)
+    error = error_of(post_json(client, "/v1/completions", {**COMPLETION, **change}), 400)
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert error["message"].startswith(f"{param}: ")
 
@@ -54,16 +63,25 @@ def test_a_bad_completion_parameter_is_a_400_naming_it(client, change, param):
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content"),
-    ({"top_logprobs": 2}, None),
+    ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 9}, "top_logprobs"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"tools": [{"type": "function"}]}, "tools"),
-    ({"stream_options": {"include_usage": True}}, None),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
 ])
-def test_a_bad_chat_parameter_is_a_400(client, change, param):
+def test_a_bad_chat_parameter_is_a_400_naming_it(client, change, param):
     error = error_of(client.post("/v1/chat/completions", json={**CHAT, **change}), 400)
-    if param is not None:
-        assert error["param"] == param
+    assert error["param"] == param
+
+
+def test_temperature_nan_is_refused_as_not_a_number(client):
+    error = error_of(post_json(client, "/v1/completions", {**COMPLETION, "temperature": float("nan")}), 400)
+    assert error["message"] == "temperature: must be a number, not NaN"
+
+
+def test_a_seed_beyond_int64_says_to_take_it_modulo(client):
+    error = error_of(client.post("/v1/completions", json={**COMPLETION, "seed": 2**64}), 400)
+    assert error["param"] == "seed" and "modulo 2**63" in error["message"]
 
 
 def test_n_above_one_says_it_is_not_supported(client):
@@ -104,8 +122,26 @@ def test_chat_messages_over_the_context_name_the_messages(client):
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
 
 
-def test_an_empty_text_prompt_is_a_400(client):
-    assert "empty prompt" in error_of(client.post("/v1/completions", json={**COMPLETION, "prompt": " "}), 400)["message"]
+def test_an_empty_text_prompt_is_a_400_naming_the_prompt(client):
+    error = error_of(client.post("/v1/completions", json={**COMPLETION, "prompt": " "}), 400)
+    assert "empty prompt" in error["message"] and error["param"] == "prompt"
+
+
+def test_prompt_ids_outside_the_vocabulary_are_a_400_naming_the_prompt(client, fake):
+    error = error_of(client.post("/v1/completions", json={**COMPLETION, "prompt": [1, 50]}), 400)
+    assert error["param"] == "prompt" and "[0, 50)" in error["message"]
+    assert fake.requests == []
+
+
+def test_min_tokens_over_max_tokens_is_a_400_naming_min_tokens(client):
+    error = error_of(client.post("/v1/completions", json={**COMPLETION, "min_tokens": 6}), 400)
+    assert error["param"] == "min_tokens" and "max_tokens (5)" in error["message"]
+
+
+def test_a_wrong_method_is_a_405_that_says_which_are_allowed(client):
+    response = client.get("/v1/completions")
+    assert error_of(response, 405)["type"] == "invalid_request_error"
+    assert response.headers["allow"] == "POST"
 
 
 def test_an_unknown_model_is_a_404(client):
@@ -117,9 +153,10 @@ def test_an_unknown_path_is_a_404_in_openai_shape(client):
     error_of(client.get("/v1/nothing"), 404)
 
 
-def test_a_full_queue_is_a_503(client, fake):
-    fake.refuse = queue_full()
-    assert error_of(client.post("/v1/completions", json=COMPLETION), 503)["code"] == "queue_full"
+def test_a_full_queue_is_a_503_that_says_retry_later_once(client, fake):
+    fake.refuse = queue_full()  # the engine's message says "retry later" itself
+    error = error_of(client.post("/v1/completions", json=COMPLETION), 503)
+    assert error["code"] == "queue_full" and error["message"].count("retry later") == 1
 
 
 def test_a_full_queue_is_a_503_for_a_stream_too(client, fake):

@@ -30,7 +30,7 @@ def test_a_body_over_the_limit_is_a_413_the_client_reads(small_bodies):
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 
-def test_a_chunked_body_over_the_limit_is_a_413_too(small_bodies):
+def test_a_chunked_body_over_the_limit_is_the_same_413(small_bodies):
     def chunks():
         yield b'{"model": "fake-model", "prompt": "'
         for _ in range(100):
@@ -39,7 +39,10 @@ def test_a_chunked_body_over_the_limit_is_a_413_too(small_bodies):
 
     response = httpx.post(small_bodies.url + "/v1/completions", content=chunks(),
                           headers={"content-type": "application/json"}, timeout=10)
-    assert response.status_code == 413 and response.json()["error"]["type"] == "invalid_request_error"
+    assert "content-length" not in response.request.headers  # sent chunked: the limit is found while reading
+    error = response.json()["error"]
+    assert response.status_code == 413 and (error["type"], error["code"]) == ("invalid_request_error",
+                                                                               "request_too_large")
 
 
 def test_a_body_within_the_limit_is_served(small_bodies):
@@ -124,9 +127,10 @@ def test_min_tokens_stop_token_ids_and_logprobs_mode_reach_the_engine(client, fa
     assert (params.min_tokens, params.stop_token_ids, params.logprobs_mode.value) == (3, (7,), "processed_logprobs")
 
 
-def test_min_tokens_over_max_tokens_is_a_400(client):
-    response = client.post("/v1/completions", json={**COMPLETION, "min_tokens": 6})
-    assert response.status_code == 400 and "min_tokens" in response.json()["error"]["message"]
+def test_min_tokens_over_a_chats_default_max_tokens_is_a_400_naming_min_tokens(client):
+    body = {key: value for key, value in CHAT.items() if key != "max_tokens"}
+    response = client.post("/v1/chat/completions", json={**body, "min_tokens": 100})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "min_tokens"
 
 
 def test_one_model_is_found_by_its_id_and_another_is_a_404(client):

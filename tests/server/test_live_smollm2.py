@@ -76,3 +76,14 @@ def test_logprobs_come_with_token_strings(served):
     # The model's own log-probabilities: greedy picks the most probable, which is not certain.
     for chosen, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
         assert chosen < 0 and chosen == pytest.approx(max(top.values()), abs=1e-5)
+
+
+def test_chat_logprob_bytes_join_into_the_answers_utf8(served):
+    client, expected = served
+    answer = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=MAX_NEW, temperature=0,
+                                            logprobs=True)
+    entries = answer.choices[0].logprobs.content
+    if answer.choices[0].finish_reason == "stop":
+        entries = entries[:-1]  # the end-of-sequence token, which the text leaves out
+    joined = b"".join(bytes(entry.bytes) for entry in entries)
+    assert joined.decode("utf-8") == answer.choices[0].message.content == expected["chat"].text

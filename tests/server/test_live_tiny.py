@@ -200,6 +200,7 @@ def test_a_full_queue_is_a_503(pair):
                 refused = client.post("/v1/completions", json={**body, "stream": False})
         waiting.join(60)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+    assert refused.json()["error"]["message"].count("retry later") == 1
 
 
 def test_a_killed_ssd_worker_mid_stream_still_gives_the_ar_tokens(pair, expected, caplog):
