@@ -123,7 +123,7 @@ class BlockPool:
     so a growing row's blocks tend to lie in order), and the budget."""
 
     def __init__(self, num_layers: int, bytes_per_token: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, device: torch.device | str = "cpu"):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -136,6 +136,25 @@ class BlockPool:
         self.cache = BlockKVCache(self, num_layers)
         self.binding: Binding | None = None
         self.width = 0
+        self.device = torch.device(device)
+        self._columns: Tensor | None = None
+        self._true: Tensor | None = None
+
+    # -- small tensors the forwards share ----------------------------------------------------------
+    def columns(self, width: int, device: torch.device) -> Tensor:
+        """arange(width) on `device`, a view of one kept tensor."""
+        if self._columns is None or self._columns.numel() < width:
+            self._columns = torch.arange(max(2 * width, 1024), device=device)
+        return self._columns[:width]
+
+    def all_true(self, width: int) -> Tensor:
+        """A [1, 1, 1, width] mask of True: one query that sees every column."""
+        return self._true[..., :width] if self._true is not None and self._true.shape[-1] >= width else \
+            self._make_true(width)
+
+    def _make_true(self, width: int) -> Tensor:
+        self._true = torch.ones(1, 1, 1, max(2 * width, 1024), dtype=torch.bool, device=self.device)
+        return self._true[..., :width]
 
     # -- blocks ---------------------------------------------------------------------------------
     @property
@@ -216,7 +235,7 @@ class BlockModel:
         self.model = model
         self.device = model_device(model)  # where its weights are (a low-bit draft stays on the CPU)
         layers = model.config.get_text_config().num_hidden_layers
-        self.pool = BlockPool(layers, bytes_per_token(model), block_size, max_bytes)
+        self.pool = BlockPool(layers, bytes_per_token(model), block_size, max_bytes, self.device)
         self.keyword = cache_keyword(model)
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         self.additive_mask = attention == "eager"  # eager attention adds its mask; sdpa takes booleans
@@ -308,6 +327,8 @@ class BlockState:
         else every token is real."""
         B, T = tokens.shape
         rows, bs = self._rows, self.pool.block_size
+        if B == 1 and (fed is None and valid is None or fed is not None and fed[0] == T):
+            return self._extend_one_row(tokens, logits_to_keep)
         if fed is None:
             fed = np.full(B, T, dtype=np.int64) if valid is None else valid.to(torch.long).sum(-1).cpu().numpy()
         fed = np.asarray(fed, dtype=np.int64)
@@ -360,6 +381,39 @@ class BlockState:
             mask_width = W
         logits = self.model.forward(tokens, positions_t, mask, binding, mask_width, logits_to_keep)
         rows.lengths = end
+        self._changed()
+        return logits
+
+    def _extend_one_row(self, tokens: Tensor, logits_to_keep: int) -> Tensor:
+        """`extend` of one row without holes (a single request's every step): the same forward, its bookkeeping in
+        plain integers. Its keys are a view of the pool when its blocks lie in order (the allocator hands out the
+        lowest free block, so a growing row's usually do)."""
+        rows, bs = self._rows, self.pool.block_size
+        T = tokens.shape[1]
+        start = int(rows.lengths[0])
+        end = start + T
+        self._make_room(np.asarray([end], dtype=np.int64))
+        blocks = rows.table[0]
+        n = -(-end // bs)
+        write = [int(blocks[p // bs]) * bs + p % bs for p in range(start, end)]
+        device = self.model.device
+        on = host.tensor(write + list(range(start, end)), torch.long, device)
+        positions_t = on[T:].view(1, T)
+        first = int(blocks[0])
+        if n == 1 or (np.diff(blocks[:n]) == 1).all():
+            binding, width = Binding(on[:T], None, (first * bs, first * bs + end)), end
+            if T == 1:
+                mask = self.pool.all_true(end)  # [1, 1, 1, W]: the one query sees every column of its row
+            else:
+                columns = self.pool.columns(end, device)
+                mask = (columns[None, :] <= positions_t[0, :, None])[None, None]  # [1, 1, T, W]
+        else:  # the row's slots, gathered (no holes, so no scratch column is needed)
+            read = (blocks[:n, None] * bs + np.arange(bs)).reshape(-1)[:end]
+            binding, width = Binding(on[:T], host.upload(torch.from_numpy(read)[None], device), None), end
+            columns = self.pool.columns(end, device)
+            mask = (columns[None, :] <= positions_t[0, :, None])[None, None]
+        logits = self.model.forward(tokens, positions_t, mask, binding, width, logits_to_keep)
+        rows.lengths = np.asarray([end], dtype=np.int64)
         self._changed()
         return logits
 
@@ -588,6 +642,8 @@ class BlockTree:
         grid = tokens.new_zeros(n_rq).index_copy_(0, flat_t, tokens.reshape(-1)).view(R, Q)
         logits = self.model.forward(grid, positions_t, mask, Binding(write_t, read_t, None), W, 0)  # [R, Q, V]
         self.fed = s + 1
+        if R == 1 and Q == N:  # one row, its queries the branches in order: the logits as they are
+            return logits[0][:, None]
         return logits.reshape(n_rq, -1).index_select(0, flat_t)[:, None]  # [N, 1, V]
 
     def rollback(self, drop) -> None:

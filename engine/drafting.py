@@ -20,7 +20,7 @@ from engine.invariant import draft_winners
 from engine.keyed_random import Purpose
 from engine.kv_cache import KVState
 from engine.sampling import Generators, Keys, RowSampling, saguaro, sample, warp_rows
-from engine.sparse import SparseQ
+from engine.sparse import SparseQ, ranked_ids
 
 
 def draft_steps(
@@ -35,8 +35,12 @@ def draft_steps(
     stop_below: float | None = None,
     fed: list[int] | None = None,
     checks: Checks | None = None,
-) -> Iterator[tuple[Tensor, SparseQ, Tensor]]:
-    """Yield (y [N], q [N, V], logits [N, V]) for draft positions 1..K, feeding each y but the last.
+    rank_depth: int | None = None,
+) -> Iterator[tuple[Tensor, SparseQ, Tensor, Tensor | None]]:
+    """Yield (y [N], q [N, V], logits [N, V], ranking [N, rank_depth] or None) for draft positions 1..K, feeding
+    each y but the last. The ranking (with `rank_depth`): the draft's best tokens there, in the cache's order
+    (engine.sparse.ranked_ids); when every row is greedy, y is its first token, so one pass over the vocabulary
+    gives both.
 
     `logits` [N, V] are the draft's logits at position 1. q is the warped draft distribution, Saguaro's
     σ_{F,C} when C < 1 (n_top = saguaro_top[i] at position i+1), kept as its support where that is narrow: when
@@ -66,8 +70,13 @@ def draft_steps(
         if i > 0 and stop_below is not None and bool((logits.softmax(-1).amax(-1) < stop_below).all()):
             state.rollback([1] * N)
             break
+        ranking = None if rank_depth is None else ranked_ids(logits, rank_depth)  # [N, M]
         if greedy:  # σ_{F,C} of a point mass is that point mass
-            top, y = logits.max(dim=-1)  # [N]; max propagates NaN, so a bad row fails the check
+            if ranking is None:
+                top, y = logits.max(dim=-1)  # [N]; max propagates NaN, so a bad row fails the check
+            else:  # the argmax, ties to the lowest id, is the ranking's first token
+                y = ranking[:, 0]
+                top = logits.gather(-1, y[:, None])[:, 0]  # NaN, ±inf at the top fail the check alike
             check(~torch.isfinite(top), _no_maximum, checks)
             q = SparseQ.point_mass(y, V)
         else:
@@ -79,7 +88,7 @@ def draft_steps(
                 index, seeds, positions = race
                 y[index] = draft_winners(dense[index], seeds, positions + i)
             q = SparseQ(V, None, dense.float())
-        yield y, q, logits
+        yield y, q, logits, ranking
         if i < K - 1:
             valid = None if active is None else active[:, None]
             logits = state.extend(y[:, None], valid, fed=fed)[:, -1].float()  # [N, V]
@@ -111,8 +120,8 @@ def draft_from(
     block is verified exactly like a block of that length chosen in advance. Draft forwards made, the one that gave
     `logits` included: K' + (K' < K)."""
     ys, qs, zs = [], [], []
-    for y, q, z in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below,
-                               checks=checks):
+    for y, q, z, _ in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below,
+                                  checks=checks):
         ys.append(y)
         qs.append(q)
         if keep_logits:

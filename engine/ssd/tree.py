@@ -67,10 +67,9 @@ def draft_compact(
     ys, qs, ranks = [], [], []
     active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
     racing = [b for b, p in enumerate(params.params) if p.invariant] if isinstance(generator, Keys) else []
-    for i, (y, q, z) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
-                                              fed=active_fed, checks=checks)):
-        ys.append(y)
-        ids = TopLogits.of(z, depth).ids  # [N, M]
+    for i, (y, q, z, ids) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
+                                                   fed=active_fed, checks=checks, rank_depth=depth)):
+        ys.append(y)  # ids [N, M]: the ranking, made with y when greedy
         if racing:  # drafter-invariant rows rank by the race at their position: the likeliest winners first
             ids[racing] = race_ranking(q.dense()[racing], generator.rows(racing).shifted(i), depth)
         ranks.append(ids)
