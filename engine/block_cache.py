@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import logging
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,10 +121,17 @@ class BlockKVCache(Cache):
 
 class BlockPool:
     """One model's KV blocks and the host's account of them: reference counts, the free blocks (lowest id first,
-    so a growing row's blocks tend to lie in order), and the budget."""
+    so a growing row's blocks tend to lie in order), the budget, and the prefix cache.
+
+    Prefix caching: a row's full blocks of committed tokens (its prompt once prefilled, and all of a request's tokens
+    when it ends) are registered under the chained hash of their tokens. A new row whose tokens begin with a
+    registered chain takes those blocks (`match`, with the tokens compared) and feeds only the rest. A block no row
+    holds stays cached until its slots are needed: allocation takes free blocks first, then the least recently
+    used cached ones. Cached blocks are never written (a row that would write into one copies it first), so the
+    KV a row reads is the KV its own tokens give."""
 
     def __init__(self, num_layers: int, bytes_per_token: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_bytes: int | None = None, device: torch.device | str = "cpu"):
+                 max_bytes: int | None = None, device: torch.device | str = "cpu", caching: bool = True):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -133,6 +141,15 @@ class BlockPool:
         self.refs = np.zeros(self.capacity, dtype=np.int64)  # [blocks] rows (and cache entries) holding each block
         self.refs[SCRATCH] = 1 << 40  # never freed, never written by a row
         self.free = list(range(1, self.capacity))  # a heap
+        # the prefix cache: full blocks known by the chained hash of their tokens (and their parent's hash)
+        self.caching = caching
+        self.block_of: dict[int, int] = {}  # hash -> block
+        self.hash_of: dict[int, int] = {}  # block -> hash
+        self.tokens_of: dict[int, tuple[int, ...]] = {}  # block -> its tokens (compared on a match)
+        self.parent_of: dict[int, int] = {}  # block -> the hash of the block before it (0: the first)
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no row holds, least recent first
+        self.queried_tokens = 0  # prompt tokens looked up
+        self.hit_tokens = 0  # of those, found cached
         self.cache = BlockKVCache(self, num_layers)
         self.binding: Binding | None = None
         self.width = 0
@@ -159,12 +176,21 @@ class BlockPool:
     # -- blocks ---------------------------------------------------------------------------------
     @property
     def used_blocks(self) -> int:
-        return self.capacity - 1 - len(self.free)
+        """Blocks some row holds (a cached block no row holds is not used: it can be taken back)."""
+        return self.capacity - 1 - len(self.free) - len(self.evictable)
+
+    @property
+    def available_blocks(self) -> int:
+        """Blocks a new row can get now without growing the pool: free ones and cached ones no row holds."""
+        return len(self.free) + len(self.evictable)
 
     def allocate(self, n: int) -> list[int]:
-        """n blocks, each held once (KVCacheFull when the budget has no room)."""
+        """n blocks, each held once (KVCacheFull when the budget has no room). Free blocks go first, then the
+        least recently used cached blocks that no row holds (their prefixes are forgotten)."""
         if n > len(self.free):
-            self._grow(n - len(self.free))
+            self._evict(n - len(self.free))  # the pool grows only when no cached block can be taken back
+            if n > len(self.free):
+                self._grow(n - len(self.free))
         taken = [heapq.heappop(self.free) for _ in range(n)]
         self.refs[taken] = 1
         return taken
@@ -173,11 +199,68 @@ class BlockPool:
         np.add.at(self.refs, blocks, 1)
 
     def release(self, blocks: np.ndarray) -> None:
-        """Give back one hold on each of `blocks` (a block may repeat); blocks no one holds become free."""
+        """Give back one hold on each of `blocks` (a block may repeat); blocks no one holds become free, or, when the
+        prefix cache knows them, wait as the most recently used cached blocks."""
         if not len(blocks):
             return
         np.subtract.at(self.refs, blocks, 1)
         for b in np.unique(blocks[self.refs[blocks] == 0]).tolist():
+            if b in self.hash_of:
+                self.evictable[b] = None
+                self.evictable.move_to_end(b)
+            else:
+                heapq.heappush(self.free, b)
+
+    # -- the prefix cache ----------------------------------------------------------------------------
+    def match(self, tokens: list[int], most: int) -> list[int]:
+        """The cached blocks that hold the KV of the longest prefix of `tokens` made of full blocks, at most `most`
+        tokens, each now held once more (chained hashes of the blocks' tokens; the tokens themselves are compared
+        on a match). Counts the query and its hit, in tokens."""
+        bs = self.block_size
+        self.queried_tokens += len(tokens)
+        if not self.caching:
+            return []
+        found, parent = [], 0
+        for i in range(min(most, len(tokens)) // bs):
+            part = tuple(tokens[i * bs : (i + 1) * bs])
+            h = hash((parent, part))
+            b = self.block_of.get(h)
+            if b is None or self.tokens_of[b] != part or self.parent_of[b] != parent:
+                break
+            found.append(b)
+            parent = h
+        if found:
+            for b in found:
+                self.evictable.pop(b, None)
+            self.retain(np.asarray(found, dtype=np.int64))
+        self.hit_tokens += len(found) * bs
+        return found
+
+    def register(self, blocks: list[int], tokens: list[int]) -> None:
+        """Make full blocks whose KV is that of `tokens` (blocks[i] holding tokens[i·bs:(i+1)·bs], from the first
+        token of a row) findable by `match`. A prefix already cached under other blocks keeps them."""
+        if not self.caching:
+            return
+        bs, parent = self.block_size, 0
+        for i, b in enumerate(blocks[: len(tokens) // bs]):
+            part = tuple(tokens[i * bs : (i + 1) * bs])
+            h = hash((parent, part))
+            known = self.block_of.get(h)
+            if known is None and b not in self.hash_of:
+                self.block_of[h], self.hash_of[b], self.tokens_of[b], self.parent_of[b] = b, h, part, parent
+            elif known is not None and known != b:
+                pass  # the same prefix, cached before in other blocks: those stay the ones found
+            parent = h
+
+    def _evict(self, n: int) -> None:
+        """Forget the n least recently used cached blocks no row holds; they become free."""
+        for _ in range(min(n, len(self.evictable))):
+            b, _ = self.evictable.popitem(last=False)
+            h = self.hash_of.pop(b)
+            if self.block_of.get(h) == b:
+                del self.block_of[h]
+            self.tokens_of.pop(b, None)
+            self.parent_of.pop(b, None)
             heapq.heappush(self.free, b)
 
     def _grow(self, short: int) -> None:
@@ -228,14 +311,14 @@ class BlockModel:
     its own go to the model (config, embeddings, dtype)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, prefix_caching: bool = True):
         from engine.kv_cache import cache_keyword
         from engine.loading.devices import model_device
 
         self.model = model
         self.device = model_device(model)  # where its weights are (a low-bit draft stays on the CPU)
         layers = model.config.get_text_config().num_hidden_layers
-        self.pool = BlockPool(layers, bytes_per_token(model), block_size, max_bytes, self.device)
+        self.pool = BlockPool(layers, bytes_per_token(model), block_size, max_bytes, self.device, prefix_caching)
         self.keyword = cache_keyword(model)
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         self.additive_mask = attention == "eager"  # eager attention adds its mask; sdpa takes booleans
@@ -432,7 +515,7 @@ class BlockState:
         if partial.any():
             b_rows = np.nonzero(partial)[0]
             blocks = rows.table[b_rows, rows.lengths[b_rows] // bs]
-            shared = pool.refs[blocks] > 1
+            shared = (pool.refs[blocks] > 1) | np.asarray([b in pool.hash_of for b in blocks.tolist()], dtype=bool)
             if shared.any():
                 b_rows, blocks = b_rows[shared], blocks[shared]
                 fresh = np.asarray(pool.allocate(len(b_rows)), dtype=np.int64)
@@ -465,6 +548,32 @@ class BlockState:
         self.pool.copy_slots(source.reshape(-1), target.reshape(-1), self.model.device)
         rows.lengths = end
         self._changed()
+
+    def reuse_prefix(self, row: int, tokens: list[int], most: int) -> int:
+        """Start an empty row with the cached KV of the longest prefix of `tokens` (full blocks, at most `most`
+        tokens: keep at least the last token to feed, whose logits are wanted); the tokens it now holds."""
+        rows = self._rows
+        if rows.lengths[row]:
+            raise ValueError("only an empty row takes a cached prefix")
+        blocks = self.pool.match(tokens, most)
+        if not blocks:
+            return 0
+        if rows.table.shape[1] < len(blocks):
+            rows.table = np.pad(rows.table, ((0, 0), (0, len(blocks) - rows.table.shape[1])))
+        rows.table[row, : len(blocks)] = blocks
+        rows.lengths = rows.lengths.copy()
+        rows.lengths[row] = len(blocks) * self.pool.block_size
+        self._changed()
+        return int(rows.lengths[row])
+
+    def register(self, row: int, tokens: list[int]) -> None:
+        """Offer the row's full blocks to the prefix cache: `tokens` are the tokens its positions hold (its first
+        `length` ones are used)."""
+        n = int(self._rows.lengths[row])
+        if n < len(tokens):
+            tokens = tokens[:n]
+        full = n // self.pool.block_size
+        self.pool.register(self._rows.table[row, :full].tolist(), tokens[: full * self.pool.block_size])
 
     def tree(self, parent: list[int], keep: list[int], steps: int) -> "BlockTree":
         """Branches over this state's rows, decoded as a tree (BlockTree): branch i continues row parent[i] after

@@ -178,12 +178,13 @@ class SlotModel:
         return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(~sees, torch.finfo(dtype).min)
 
 
-def slot_model(model: torch.nn.Module, plan: SlotPlan | None, device: torch.device, name: str
-               ) -> torch.nn.Module | SlotModel | BlockModel:
+def slot_model(model: torch.nn.Module, plan: SlotPlan | None, device: torch.device, name: str, *,
+               prefix_caching: bool = True, max_bytes: int | None = None) -> torch.nn.Module | SlotModel | BlockModel:
     """What the engine feeds: without a plan the model on a block KV cache (engine.block_cache; the model itself
-    when its attention takes no 4-D mask), else the model on a static slot cache."""
+    when its attention takes no 4-D mask), with its prefix cache and its budget of `max_bytes`, else the model on a
+    static slot cache."""
     if plan is None:
         if getattr(model.config, "_attn_implementation", "sdpa") not in MASKED_ATTENTION:
             return model
-        return BlockModel(model, device)
+        return BlockModel(model, device, max_bytes=max_bytes, prefix_caching=prefix_caching)
     return SlotModel(model, plan.settings, device, name=name, max_tokens=plan.max_tokens, rows=plan.rows)

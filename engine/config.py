@@ -243,6 +243,10 @@ class EngineConfig:
     tp             tensor-parallel ranks of the target (engine.tp): the engine starts tp - 1 more processes,
                    shards the target with transformers' tensor parallelism and feeds every rank the same
                    inputs; rank 0 (this process) samples and verifies.
+    prefix_caching reuse the KV of prompt prefixes that earlier requests computed (engine.block_cache), for the
+                   target and the draft; eager forwards only.
+    kv_cache_memory bytes the target's KV cache may take (None: it grows as needed): requests are admitted
+                   against it, and one that could never fit is refused.
     """
 
     target: str
@@ -259,6 +263,8 @@ class EngineConfig:
     draft_quant: QuantConfig | None = None
     compile: CompileConfig | None = None
     tp: int = 1
+    prefix_caching: bool = True
+    kv_cache_memory: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy(self.strategy))
@@ -271,6 +277,11 @@ class EngineConfig:
         object.__setattr__(self, "compile", CompileConfig.of(self.compile))
         if not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"tp (tensor-parallel ranks of the target) must be an integer >= 1, got {self.tp!r}")
+        if self.kv_cache_memory is not None and (not isinstance(self.kv_cache_memory, int)
+                                                 or isinstance(self.kv_cache_memory, bool)
+                                                 or self.kv_cache_memory < 1):
+            raise ValueError(f"kv_cache_memory must be a number of bytes >= 1 (or None: no limit), got "
+                             f"{self.kv_cache_memory!r}")
         if self.tp > 1 and self.compile is not None:
             raise ValueError("compile and tp > 1 do not combine yet: drop one of them")
         if self.tp > 1 and self.target_quant is not None:

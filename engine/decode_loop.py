@@ -134,7 +134,12 @@ class DecodeLoop:
                 for seq in joining:
                     seq.metrics.scheduled_s = now
                 state = new_state(self.target, len(joining), self.device)  # their own cache until they join
-                self.prefilling = Prefilling(joining, state, [0] * len(joining))
+                fed = [0] * len(joining)
+                if hasattr(state, "reuse_prefix"):  # the block cache: a prompt's cached prefix is not fed again
+                    fed = [state.reuse_prefix(i, s.prompt_ids, len(s.prompt_ids) - 1) for i, s in enumerate(joining)]
+                    for seq, n in zip(joining, fed):
+                        seq.metrics.cached_prompt_tokens = n
+                self.prefilling = Prefilling(joining, state, fed)
         joined = False
         if self.prefilling is not None:
             fed, joined = self._prefill_chunk()
@@ -147,6 +152,10 @@ class DecodeLoop:
         prefilling = len(self.prefilling.seqs) if self.prefilling is not None else 0
         self.stats.running, self.stats.waiting = len(self.running) + prefilling, len(self.scheduler.waiting)
         self.stats.cached_tokens = sum(len(s.prompt_ids) + len(s.output_ids) for s in self.running)
+        pool = getattr(self.target, "pool", None)
+        if pool is not None:  # the block cache's own account
+            self.stats.kv_blocks_used, self.stats.kv_blocks_total = pool.used_blocks, pool.max_blocks
+            self.stats.prefix_cache_queries, self.stats.prefix_cache_hits = pool.queried_tokens, pool.hit_tokens
         return chunks
 
     def _abort(self, request_ids: set[str]) -> list[Chunk]:
@@ -188,6 +197,9 @@ class DecodeLoop:
         logits = group.state.extend(tokens, valid, logits_to_keep=1, fed=[len(p) for p in slices])[:, -1]  # [J, V]
         for i, part in enumerate(slices):
             group.fed[i] += len(part)
+        if hasattr(group.state, "register"):  # complete prompts' full blocks go to the prefix cache
+            for i in complete:
+                group.state.register(i, group.seqs[i].prompt_ids)
         self.stats.prompt_tokens += sum(len(part) for part in slices)
         chunks, first = self._first_tokens(done, logits[complete]) if complete else ([], None)
         verify_ms = t0.ms()
@@ -356,6 +368,10 @@ class DecodeLoop:
         if len(keep) == len(self.running):
             return
         self._count_finished([s for s in self.running if s.finished])
+        if hasattr(self.state, "register"):  # a request's tokens, its answer too, for the next turn of its chat
+            for i, seq in enumerate(self.running):
+                if seq.finished:
+                    self.state.register(i, seq.prompt_ids + seq.output_ids)
         self.state.select(keep)
         self.pending = self.pending[host.tensor(keep, torch.long, self.device)]
         self.running = [self.running[i] for i in keep]

@@ -83,6 +83,22 @@ def right_aligned(rows: list[list[int]], pad_id: int, device: torch.device) -> t
     return host.upload(tokens, device), host.upload(valid, device)
 
 
+def prefill(state: CacheState, prompts: list[list[int]], pad_id: int, device: torch.device) -> CacheState:
+    """Feed each empty row of `state` its prompt (logits not kept): on the block cache, only what the prefix cache
+    does not hold, and the prompts' full blocks are offered to it after."""
+    cached = [0] * len(prompts)
+    if hasattr(state, "reuse_prefix"):
+        cached = [state.reuse_prefix(i, p, len(p)) for i, p in enumerate(prompts)]
+    rest = [p[n:] for p, n in zip(prompts, cached)]
+    if any(rest):
+        tokens, valid = right_aligned(rest, pad_id, device)
+        state.extend(tokens, valid, logits_to_keep=1, fed=[len(r) for r in rest])
+    if hasattr(state, "register"):
+        for i, p in enumerate(prompts):
+            state.register(i, p)
+    return state
+
+
 class KVState:
     """KV cache, attention mask and position counters of one model over a batch."""
 

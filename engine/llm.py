@@ -30,7 +30,7 @@ from engine.outputs import Chunk, Generation
 from engine.prompt_input import check_prompts, encode_chat, encode_ids, encode_text, eos_ids, is_single_prompt, pad_id
 from engine.reproducibility import unreproducible_reason
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerConfig
+from engine.scheduler import MemoryLimit, SchedulerConfig
 from engine.sequence import Sequence
 from engine.strategies.ar import NoDraft
 from engine.strategies.base import Proposer
@@ -76,6 +76,9 @@ class LLM:
     once per shape with torch.compile (CUDA graphs on CUDA; engine.compiled): the tokens of the eager engine.
     tp: the target runs on this many tensor-parallel ranks (engine.tp): this process is rank 0 and samples;
     the engine starts the other ranks itself and stops them at close.
+    prefix_caching: reuse the KV of prompt prefixes earlier requests computed (engine.block_cache; on by default).
+    kv_cache_memory: bytes the target's KV cache may take (None: no limit); requests are admitted against it, and
+    one that could never fit is refused with a ValueError when it is made.
     Removed arguments (draft_int8, quant_group_size, target_head_quant, draft_head_quant) still work until
     0.3.0 with a DeprecationWarning naming their replacement (engine.config.REMOVED_QUANT_ARGUMENTS).
     """
@@ -101,6 +104,8 @@ class LLM:
         max_waiting: int | None = None,
         compile: CompileConfig | bool = False,
         tp: int = 1,
+        prefix_caching: bool = True,
+        kv_cache_memory: int | None = None,
         **removed,
     ):
         if removed:  # arguments removed from the API, still taken until engine.config.REMOVED_IN
@@ -126,6 +131,8 @@ class LLM:
             draft_quant=draft_quant,
             compile=compile,
             tp=tp,
+            prefix_caching=prefix_caching,
+            kv_cache_memory=kv_cache_memory,
         )
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
         if self.config.strategy is Strategy.SSD:
@@ -167,14 +174,28 @@ class LLM:
         target_plan, draft_plan = slot_plans(config.compile, K, branches, max_num_seqs)
         # what the loop and the proposers feed: the models, on the static slot cache when compiled, the target
         # through its ranks when tensor-parallel (engine.kv_cache.new_state makes their states)
-        self._fed_target = self._tp if self._tp is not None else slot_model(self.target, target_plan, self.device,
-                                                                            "target")
-        self._fed_draft = None if self.draft is None else slot_model(self.draft, draft_plan, self.device, "draft")
+        self._fed_target = self._tp if self._tp is not None else slot_model(
+            self.target, target_plan, self.device, "target", prefix_caching=config.prefix_caching,
+            max_bytes=config.kv_cache_memory)
+        self._fed_draft = None if self.draft is None else slot_model(self.draft, draft_plan, self.device, "draft",
+                                                                     prefix_caching=config.prefix_caching)
         self.loop = DecodeLoop(self._fed_target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,
                                device=self.device, scheduler=scheduler)
         if max_num_seqs is not None and self.max_context is not None:  # what a KV-cache usage is a share of
             self.loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
+        self._kv_limit = None
+        pool = getattr(self._fed_target, "pool", None)
+        if config.kv_cache_memory is not None and pool is not None:
+            self._kv_limit = MemoryLimit((pool.max_blocks - 1) * pool.bytes_per_block, self._kv_bytes,  # - scratch
+                                         "the target's KV cache")
+            self.loop.scheduler.limit_by_memory(self._kv_limit)
         self._start_proposer()
+
+    def _kv_bytes(self, seq: Sequence) -> int:
+        """The target's KV a request may take at its full length (prompt, max_new_tokens, a speculation)."""
+        pool = self._fed_target.pool
+        tokens = len(seq.prompt_ids) + seq.params.max_new_tokens + self.lookahead
+        return -(-tokens // pool.block_size) * pool.bytes_per_block
 
     # -- construction -------------------------------------------------------------------------
     def _check_vocab(self) -> None:
@@ -283,6 +304,15 @@ class LLM:
                 f"(+{lookahead} speculated) it exceeds the model's context of {max_pos}: "
                 "shorten the prompt or lower max_new_tokens"
             )
+        limit = self._kv_limit
+        if limit is not None:
+            tokens = len(prompt_ids) + params.max_new_tokens + lookahead
+            need = -(-tokens // self._fed_target.pool.block_size) * self._fed_target.pool.bytes_per_block
+            if need > limit.available_bytes:
+                raise ValueError(
+                    f"prompt {index} with max_new_tokens={params.max_new_tokens} may need {need / 2**20:.1f} MiB of "
+                    f"the target's KV cache, more than its budget of {limit.available_bytes / 2**20:.1f} MiB: raise "
+                    "kv_cache_memory, or shorten the prompt or lower max_new_tokens")
         seq_id = next(self._seq_ids)
         if seed is None:
             seed = params.seed if params.seed is not None else secrets.randbits(63)

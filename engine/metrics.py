@@ -94,6 +94,7 @@ class RequestMetrics:
     accepted_hist: Counter = field(default_factory=Counter)  # k -> rounds
     chunk_times_s: list[float] = field(default_factory=list)  # when each streamed chunk was emitted
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each chunk
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
 
     def add_chunk(self, now_s: float, tokens: int) -> None:
         self.new_tokens += tokens
@@ -127,6 +128,7 @@ class RequestMetrics:
         lat = self.latency
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "new_tokens": self.new_tokens,
             "tokens_per_s": self.tokens_per_s,
             "ttft_s": lat.ttft_s if lat else None,
@@ -243,6 +245,11 @@ class ServingStats:
     fallbacks: int = 0  # SSD worker faults (each switches to the fallback for good)
     cached_tokens: int = 0  # tokens of the running sequences (prompt + output): what the target's KV cache holds
     cache_capacity_tokens: int | None = None  # max_num_seqs × the model's context (None: no limit known)
+    # the target's block KV cache (engine.block_cache): blocks rows hold, and the budget's blocks (None: no budget)
+    kv_blocks_used: int = 0
+    kv_blocks_total: int | None = None
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)
+    prefix_cache_hits: int = 0  # of those, found cached (vLLM's prefix_cache_hits)
 
     @property
     def tokens_per_round(self) -> float:

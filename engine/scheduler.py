@@ -6,9 +6,10 @@ prefilled in one step; a prompt longer than the budget is admitted alone and pre
 many tokens, one chunk a step between the rounds of the running sequences (engine.decode_loop), so a long
 prompt delays each round by at most one chunk, however long it is.
 
-A strategy whose memory grows with the batch (SSD's draft worker keeps a speculation cache per sequence)
-adds a third limit, `MemoryLimit`: a request joins only if the memory it would take (at its full length,
-prompt + max_new_tokens) still fits beside the sequences in flight; one sequence always may run, alone.
+Memory adds limits, `MemoryLimit`s: SSD's draft worker (a speculation cache per sequence) and a budget for the
+target's KV cache (engine.llm's kv_cache_memory). A request joins only if the memory it would take under each (at
+its full length, prompt + max_new_tokens) still fits beside the sequences in flight; one sequence always may run,
+alone.
 """
 
 from __future__ import annotations
@@ -53,45 +54,53 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig):
         self.config = config
         self.waiting: deque[Sequence] = deque()
-        self.memory: MemoryLimit | None = None
-        self.held: list[Sequence] = []  # admitted under `memory`, counted until they finish
+        self.limits: list[MemoryLimit] = []
+        self.held: list[Sequence] = []  # admitted under the memory limits, counted until they finish
         self.held_back = False  # memory has kept a request waiting (said once in the log)
 
+    @property
+    def memory(self) -> MemoryLimit | None:
+        """The first memory limit (None: none)."""
+        return self.limits[0] if self.limits else None
+
     def limit_by_memory(self, limit: MemoryLimit) -> None:
-        self.memory = limit
+        """One more limit a request must fit beside the sequences in flight (SSD's worker, the target's KV cache)."""
+        self.limits.append(limit)
 
     def admit(self, running: int) -> list[Sequence]:
         """Pop the requests that join now, given `running` sequences in flight."""
-        c, m = self.config, self.memory
+        c = self.config
         joined: list[Sequence] = []
         tokens = 0
-        if m is not None:
+        if self.limits:
             self.held = [s for s in self.held if not s.finished]
-            used = sum(m.bytes_per_sequence(s) for s in self.held)
+            used = [sum(m.bytes_per_sequence(s) for s in self.held) for m in self.limits]
         while self.waiting:
             if c.max_num_seqs is not None and running + len(joined) >= c.max_num_seqs:
                 break
-            if m is not None:
-                need = m.bytes_per_sequence(self.waiting[0])
-                if running + len(joined) > 0 and used + need > m.available_bytes:  # alone, it may run
-                    self._say_held_back(running + len(joined), used + need)
+            if self.limits:
+                need = [m.bytes_per_sequence(self.waiting[0]) for m in self.limits]
+                over = [i for i, m in enumerate(self.limits) if used[i] + need[i] > m.available_bytes]
+                if running + len(joined) > 0 and over:  # alone, it may run
+                    i = over[0]
+                    self._say_held_back(self.limits[i], running + len(joined), used[i] + need[i])
                     break
-                used += need
+                used = [u + n for u, n in zip(used, need)]
             size = len(self.waiting[0].prompt_ids)
             if joined and c.max_prefill_tokens is not None and tokens + size > c.max_prefill_tokens:
                 break
             joined.append(self.waiting.popleft())
             tokens += size
-        if m is not None:
+        if self.limits:
             self.held += joined
         return joined
 
-    def _say_held_back(self, in_flight: int, need: int) -> None:
+    def _say_held_back(self, limit: MemoryLimit, in_flight: int, need: int) -> None:
         if self.held_back:
             return
         self.held_back = True
         wanted = self.config.max_num_seqs
         log.warning("memory holds admission at %d sequences in flight (max_num_seqs: %s): one more would need "
-                    "about %.1f GiB for %s, over the %.1f GiB it may take; the rest wait their turn", in_flight,
-                    "unlimited" if wanted is None else wanted, need / 2**30, self.memory.what,
-                    self.memory.available_bytes / 2**30)
+                    "about %.2f GiB for %s, over the %.2f GiB it may take; the rest wait their turn", in_flight,
+                    "unlimited" if wanted is None else wanted, need / 2**30, limit.what,
+                    limit.available_bytes / 2**30)

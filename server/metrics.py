@@ -94,6 +94,14 @@ class EngineCollector(Collector):
         yield family(gauge, "kv_cache_usage_perc", "Tokens the target's KV cache holds over max_num_seqs x "
                      "the context (1 = full; NaN without a known capacity)",
                      ratio(z.cached_tokens, z.cache_capacity_tokens))
+        yield family(gauge, "kv_cache_blocks_used", "Blocks of the target's KV cache that requests hold",
+                     z.kv_blocks_used)
+        if z.kv_blocks_total is not None:
+            yield family(gauge, "kv_cache_blocks_total", "Blocks the target's KV cache budget holds", z.kv_blocks_total)
+        yield family(counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                     z.prefix_cache_queries)
+        yield family(counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache (their prefill skipped)",
+                     z.prefix_cache_hits)
         yield family(counter, "prompt_tokens", "Prompt tokens prefilled", z.prompt_tokens)
         yield family(counter, "generation_tokens", "Tokens generated", z.generation_tokens)
         yield family(counter, "decode_rounds", "Decode rounds of the batch (one target forward each)", z.rounds)

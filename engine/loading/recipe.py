@@ -35,6 +35,7 @@ class DraftRecipe:
     state: dict | None = None
     quant: QuantConfig | None = None
     slots: SlotPlan | None = None
+    prefix_caching: bool = True  # reuse cached prompt prefixes on the eager path (engine.block_cache)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, quant: QuantConfig | None = None) -> DraftRecipe:
@@ -54,7 +55,7 @@ class DraftRecipe:
         """The draft (on the static slot cache when the recipe says so: what the worker feeds)."""
         from engine.compiled import slot_model
 
-        return slot_model(self._model(device), self.slots, device, "draft")
+        return slot_model(self._model(device), self.slots, device, "draft", prefix_caching=self.prefix_caching)
 
     def _model(self, device: torch.device) -> torch.nn.Module:
         from engine.loading.devices import TORCH_DTYPES
@@ -92,7 +93,7 @@ def draft_recipe(given: torch.nn.Module | None, config: EngineConfig) -> DraftRe
     _, slots = slot_plans(config.compile, K, sum(spec.fanouts) if config.strategy is Strategy.SSD else 0, None)
     if given is not None:
         recipe = DraftRecipe.from_model(given, config.draft_quant)
-        recipe.slots = slots
+        recipe.slots, recipe.prefix_caching = slots, config.prefix_caching
         return recipe
     return DraftRecipe(path=config.draft, dtype=config.draft_float_dtype, cache_dir=config.cache_dir,
-                       quant=config.draft_quant, slots=slots)
+                       quant=config.draft_quant, slots=slots, prefix_caching=config.prefix_caching)

@@ -34,7 +34,7 @@ from engine import host
 from engine.checks import Checks
 from engine.config import SpeculativeConfig
 from engine.invariant import race_ranking
-from engine.kv_cache import KVState, new_state, right_aligned
+from engine.kv_cache import KVState, new_state, prefill, right_aligned
 from engine.sampling import RowSampling, warp_rows
 from engine.sampling_params import SamplingMode, SamplingParams
 from engine.sparse import RANK_DEPTH, SparseQ, TopLogits, host_ranks, support_width
@@ -182,10 +182,7 @@ class DraftWorker:
         return self._prefill_prompts([j.prompt for j in joins])
 
     def _prefill_prompts(self, prompts: list[list[int]]) -> KVState:
-        state = new_state(self.model, len(prompts), self.device)
-        tokens, valid = right_aligned(prompts, self.pad_id, self.device)
-        state.extend(tokens, valid, logits_to_keep=1, fed=[len(p) for p in prompts])
-        return state
+        return prefill(new_state(self.model, len(prompts), self.device), prompts, self.pad_id, self.device)
 
     def _join_rows(self, joins: list[Join]) -> Rows:
         params = [SamplingParams(temperature=j.temperature, top_k=j.top_k or None,

@@ -27,7 +27,7 @@ from engine import host
 from engine.config import SpeculativeConfig
 from engine.checks import Checks
 from engine.drafting import bonus_rank_tensor, draft_from
-from engine.kv_cache import KVState, new_state, right_aligned
+from engine.kv_cache import KVState, new_state, prefill, right_aligned
 from engine.loading.devices import model_device
 from engine.sampling import Keys, RowSampling
 from engine.sequence import Sequence
@@ -70,8 +70,7 @@ class InProcessDraft:
     def admit(self, seqs: list[Sequence]) -> None:
         state = new_state(self.draft, len(seqs), self.draft_device)
         prompts = [s.prompt_ids + s.output_ids[:-1] for s in seqs]
-        tokens, valid = right_aligned(prompts, self.pad_id, self.draft_device)
-        state.extend(tokens, valid, logits_to_keep=1, fed=[len(p) for p in prompts])
+        state = prefill(state, prompts, self.pad_id, self.draft_device)
         self.state = KVState.concat([self.state, state])
         self.tails += [[s.output_ids[-1]] for s in seqs]
         self.late += [None] * len(seqs)

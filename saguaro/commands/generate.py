@@ -158,16 +158,40 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
                    help="with --compile: tokens per row of the static cache, prompt + output + speculation "
                         "(default 2048)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the target (started by the engine)")
+    p.add_argument("--no-prefix-caching", action="store_false", dest="prefix_caching",
+                   help="do not reuse the KV of prompt prefixes earlier requests computed (default: reuse)")
+    p.add_argument("--kv-cache-memory", type=memory_size, metavar="SIZE",
+                   help="the most memory the target's KV cache may take, e.g. 4GiB or 512MiB (default: no limit); "
+                        "requests wait for room, and one that could never fit is refused")
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def memory_size(text: str) -> int:
+    """Bytes from a size such as 4GiB, 512MiB, 1.5GB or 1048576."""
+    raw = text.strip().lower()
+    number = raw.rstrip("kmgib")
+    unit = raw[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in SIZE_UNITS or not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write e.g. 4GiB, 512MiB, 2GB or a number of bytes")
+    return int(value * SIZE_UNITS[unit])
 
 
 def runtime_kwargs(args) -> dict:
-    """LLM's compile and tp from the flags of add_runtime_flags."""
+    """LLM's compile, tp, prefix caching and KV cache budget from the flags of add_runtime_flags."""
     from engine.compile_config import CompileConfig
 
     if args.max_len is not None and not args.compile:
         raise ValueError("--max-len sizes the static KV cache of --compile: add --compile, or drop --max-len")
     settings = CompileConfig(**({} if args.max_len is None else {"max_len": args.max_len}))
-    return {"compile": settings if args.compile else None, "tp": args.tp}
+    return {"compile": settings if args.compile else None, "tp": args.tp,
+            "prefix_caching": getattr(args, "prefix_caching", True),
+            "kv_cache_memory": getattr(args, "kv_cache_memory", None)}
 
 
 def add_speculation_flags(p: argparse.ArgumentParser) -> None:

@@ -195,3 +195,112 @@ def test_a_tree_reads_each_rows_prefix_once_per_step():
         tree.extend(torch.tensor([[3]] * 5))
     # 2 rows of 3 queries; each row's columns: its 30 (20) prefix tokens, then 3 (2) branches' tokens, + scratch
     assert widths == [((2, 3), (2, 30 + 3 * s + 1)) for s in (1, 2, 3)]
+
+
+# -- the prefix cache -------------------------------------------------------------------------------------------
+def test_a_row_takes_the_cached_blocks_of_a_shared_prefix_and_gets_the_logits_it_would_alone():
+    model = block_model(block_size=4)
+    first = model.new_kv_state(1, torch.device("cpu"))
+    prompt = list(range(1, 15))  # 14 tokens: 3 full blocks
+    feed(first, [prompt])
+    first.register(0, prompt)
+    second = model.new_kv_state(1, torch.device("cpu"))
+    other = prompt[:10] + [30, 31, 32]  # shares 10 tokens: 2 full blocks
+    held = second.reuse_prefix(0, other, len(other) - 1)
+    assert held == 8 and model.pool.hit_tokens == 8
+    logits = feed(second, [other[held:]])
+    assert torch.allclose(logits[0], alone(MODEL, other), atol=ATOL)
+    logits = feed(first, [[40]])  # the first row is as it was
+    assert torch.allclose(logits[0], alone(MODEL, prompt + [40]), atol=ATOL)
+
+
+def test_a_prefix_is_matched_by_its_tokens_and_never_past_the_last_one():
+    model = block_model(block_size=4)
+    row = model.new_kv_state(1, torch.device("cpu"))
+    prompt = list(range(1, 9))  # 2 full blocks
+    feed(row, [prompt])
+    row.register(0, prompt)
+    probe = model.new_kv_state(3, torch.device("cpu"))
+    assert probe.reuse_prefix(0, prompt, len(prompt) - 1) == 4  # the last token is always fed
+    assert probe.reuse_prefix(1, [9] + prompt[1:], 7) == 0  # another first block: nothing
+    assert probe.reuse_prefix(2, prompt[:4] + [0, 6, 7, 8, 9], 8) == 4  # the chain breaks at the second block
+
+
+def test_cached_blocks_no_row_holds_are_kept_until_their_slots_are_needed():
+    model = block_model(block_size=4, max_bytes=None)
+    row = model.new_kv_state(1, torch.device("cpu"))
+    prompt = list(range(1, 13))
+    feed(row, [prompt])
+    row.register(0, prompt)
+    del row
+    assert model.pool.used_blocks == 0 and len(model.pool.evictable) == 3  # cached, held by no one
+    again = model.new_kv_state(1, torch.device("cpu"))
+    assert again.reuse_prefix(0, prompt + [5], 12) == 12
+    assert len(model.pool.evictable) == 0
+    del again
+    capacity = model.pool.capacity
+    hungry = model.new_kv_state(1, torch.device("cpu"))
+    feed(hungry, [[7] * (4 * (capacity - 1))])  # every block: the cached ones are taken back before the pool grows
+    assert model.pool.capacity == capacity and not model.pool.block_of
+
+
+def test_a_row_never_writes_into_a_cached_block():
+    model = block_model(block_size=4)
+    row = model.new_kv_state(1, torch.device("cpu"))
+    prompt = list(range(1, 9))
+    feed(row, [prompt])
+    row.register(0, prompt)
+    row.rollback([2])  # back into the second (cached) block
+    logits = feed(row, [[20, 21]])  # copies the block before writing
+    assert torch.allclose(logits[0], alone(MODEL, prompt[:6] + [20, 21]), atol=ATOL)
+    other = model.new_kv_state(1, torch.device("cpu"))
+    assert other.reuse_prefix(0, prompt + [1], 8) == 8
+    logits = feed(other, [[1]])
+    assert torch.allclose(logits[0], alone(MODEL, prompt + [1]), atol=ATOL)  # the cached block still holds prompt's
+
+
+# -- through the engine -----------------------------------------------------------------------------------------
+def test_greedy_output_is_the_same_with_the_prefix_cache_on_and_off():
+    from engine import LLM, SamplingParams, SpeculativeConfig
+    from engine.config import DraftPlacement
+    from tests.engine.tiny import noisy_copy
+
+    target = tiny_lm(3, scale=3.0)
+    draft = noisy_copy(target, 0.5)
+    system = list(range(1, 40))  # a shared 39-token system prompt
+    prompts = [system + [40 + i, 41 + i] for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, stop_on_eos=False)
+    outs = {}
+    for strategy in ("ar", "sd", "ssd"):
+        for caching in (True, False):
+            spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
+            with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec,
+                     prefix_caching=caching, max_num_seqs=2) as llm:
+                first = llm.generate(prompts, params)  # the later prompts join after the first ones finish
+                again = llm.generate(prompts, params)
+                outs[strategy, caching] = [o.token_ids for o in first], [o.token_ids for o in again]
+                stats = llm.loop.stats
+                cached = [o.metrics.cached_prompt_tokens for o in again]
+                if caching:
+                    assert min(cached) >= 32 and stats.prefix_cache_hits > 0  # the shared blocks were reused
+                else:
+                    assert max(cached) == 0 and stats.prefix_cache_hits == 0
+    reference = outs["ar", False][0]
+    for key, (first, again) in outs.items():
+        assert first == reference and again == reference, key
+
+
+def test_a_kv_cache_budget_refuses_a_request_that_could_never_fit_and_admits_the_rest_in_turn():
+    from engine import LLM, SamplingParams
+
+    target = tiny_lm(4)
+    probe = LLM(target, strategy="ar")
+    per_block = probe._fed_target.pool.bytes_per_block
+    probe.close()
+    with LLM(target, strategy="ar", kv_cache_memory=10 * per_block) as llm:  # 9 usable blocks of 16 tokens
+        with pytest.raises(ValueError, match="kv_cache_memory"):
+            llm.make_sequence(list(range(1, 100)), SamplingParams(max_new_tokens=100))
+        params = SamplingParams(temperature=0.0, max_new_tokens=40, stop_on_eos=False)
+        out = llm.generate([list(range(1, 30 + i)) for i in range(4)], params)  # ~5 blocks each: two at a time
+        assert [len(o.token_ids) for o in out] == [40] * 4
+        assert llm.loop.stats.kv_blocks_total == 10
