@@ -41,7 +41,12 @@ def lookup_continuation(context: list[int], K: int, max_ngram: int = 3) -> list[
     return [context[-1]] * K
 
 
+def lookup_tokens(contexts: list[list[int]], K: int, max_ngram: int = 3) -> Tensor:
+    """The n-gram / prompt-lookup draft's tokens for each context [n, K] (its q: a point mass at each)."""
+    return torch.tensor([lookup_continuation(c, K, max_ngram) for c in contexts], dtype=torch.long).reshape(-1, K)
+
+
 def lookup_backup(contexts: list[list[int]], K: int, V: int, max_ngram: int = 3) -> tuple[Tensor, Tensor]:
     """The n-gram / prompt-lookup draft for each context: tokens [n, K], q [n, K, V] point masses."""
-    tokens = torch.tensor([lookup_continuation(c, K, max_ngram) for c in contexts], dtype=torch.long).reshape(-1, K)
+    tokens = lookup_tokens(contexts, K, max_ngram)
     return tokens, point_mass(tokens, V)

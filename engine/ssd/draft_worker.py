@@ -38,7 +38,7 @@ from engine.kv_cache import KVState, new_state, prefill, right_aligned
 from engine.sampling import RowSampling, warp_rows
 from engine.sampling_params import SamplingMode, SamplingParams
 from engine.sparse import RANK_DEPTH, SparseQ, TopLogits, host_ranks, support_width
-from engine.ssd.backups import lookup_backup, random_backup
+from engine.ssd.backups import lookup_tokens, random_backup
 from engine.ssd.messages import Join, Prefill, Round, Source, Speculation
 from engine.ssd.policy import DraftPolicy
 from engine.ssd.speculation_cache import SpeculationCache, guess_plan
@@ -102,7 +102,7 @@ class DraftWorker:
         ranks = self._outcome_ranks(msg) if n_old else []
         for b, (seq_id, kb, tb) in enumerate(zip(self.rows.seq_ids, msg.accepted, msg.bonus)):
             found.append(self.cache.lookup(seq_id, kb, tb) if same_length else None)
-            self.rows.contexts[b] = self.rows.contexts[b] + x[b][:kb] + [tb]
+            self.rows.contexts[b].extend(x[b][:kb] + [tb])  # in place: a round adds its tokens, copies nothing
             if msg.alive[b]:
                 self.policy.observe_round(self.current.sources[b], kb, self.row_fanout[b][kb], found[b] is not None,
                                           K, rank=ranks[b])
@@ -226,10 +226,12 @@ class DraftWorker:
             else:
                 if backup is Backup.RANDOM:
                     y, qy = random_backup(self.rows.keys(miss), K, V)
-                else:
-                    y, qy = lookup_backup([self.rows.contexts[b] for b in miss], K, V)
-                tokens.append(host.upload(y, on))
-                qs.append(SparseQ.of(host.upload(qy, on), 1 if backup is Backup.LOOKUP else V))  # a point mass; uniform
+                    tokens.append(host.upload(y, on))
+                    qs.append(SparseQ(V, None, host.upload(qy, on)))  # uniform: dense (its support is everything)
+                else:  # a point mass at each token, kept as its support: nothing over the vocabulary
+                    y = host.upload(lookup_tokens([self.rows.contexts[b] for b in miss], K), on)
+                    tokens.append(y)
+                    qs.append(SparseQ.point_mass(y, V))
                 # The fast backup's rows have no ranking yet: the glue decode makes it.
                 rankings.append(TopLogits(torch.zeros(len(miss), K, depth, dtype=torch.long, device=on), V))
         order = host.tensor(sorted(range(n), key=(hits + miss).__getitem__), torch.long, on)  # back to row order

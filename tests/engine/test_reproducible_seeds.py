@@ -136,11 +136,13 @@ def test_a_killed_worker_leaves_the_text_as_it_was(pair):
     ("sd", dict(K=3), params(), True),
     ("sd", dict(K="auto"), params(), False),
     ("sd", dict(K="auto"), params(0.0), True),
+    ("sd", dict(K=3, confidence_stop=0.6), params(), False),
     ("ssd", dict(K=3, backup="neural"), params(), True),
     ("ssd", dict(K=3, backup="random"), params(), False),
     ("ssd", dict(K=3, backup="neural", C=0.5), params(), False),
     ("ssd", dict(K="auto", backup="auto"), params(mode="invariant"), True),
-], ids=["ar", "sd", "sd-adaptive", "sd-adaptive-greedy", "ssd-neural", "ssd-random", "ssd-saguaro",
+], ids=["ar", "sd", "sd-adaptive", "sd-adaptive-greedy", "sd-confidence-stop", "ssd-neural", "ssd-random",
+        "ssd-saguaro",
         "ssd-invariant"])
 def test_each_output_says_whether_its_seed_reproduces_it(pair, strategy, spec, sampling, reproducible):
     with engine(pair, strategy, **spec) as llm:

@@ -173,3 +173,31 @@ def test_a_link_made_by_another_backend_carries_the_messages():
         back = target.recv(TIMEOUT_S)
         assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg)))
     assert all(q.empty() for q in fake.inbox.values())  # every transfer sent was received
+
+
+def test_a_greedy_rounds_bytes_on_the_link_do_not_grow_with_the_vocabulary():
+    """At temperature 0 a round sends the outcome and the next speculation with its point masses: a few ids a
+    row, whatever V is (engine.ssd.messages.encode of both directions, the worker in process)."""
+    from engine import LLM, SamplingParams, SpeculativeConfig
+    from engine.config import DraftPlacement
+    from engine.ssd.messages import encode
+    from tests.engine.tiny import noisy_copy, tiny_lm
+
+    per_round = {}
+    for V in (64, 8192):
+        target = tiny_lm(0, vocab_size=V, scale=3.0)
+        sizes: list[int] = []
+        spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
+        with LLM(target, noisy_copy(target, 0.5), strategy="ssd", speculative=spec) as llm:
+            channel = llm.loop.proposer.channel
+            exchange = channel.exchange
+
+            def counted(msg, exchange=exchange):
+                answer = exchange(msg)
+                sizes.append(sum(t.numel() * t.element_size() for t in encode(msg) + encode(answer)))
+                return answer
+
+            channel.exchange = counted
+            llm.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_new_tokens=24, stop_on_eos=False))
+        per_round[V] = max(sizes[1:])  # the first exchange also carries the prompts
+    assert per_round[8192] == per_round[64] < 1024
