@@ -19,6 +19,7 @@ from server.errors import APIError, RaisedAPIError, install_error_handlers
 from server.generation import ClientDisconnected, Job, respond
 from server.metrics import ServerMetrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
+from server.reproducibility import reproducibility
 from server.responses import ChatFormat, CompletionFormat, Head
 from server.token_bytes import TokenStrings
 from server.translate import chat_request, completion_request, max_model_len
@@ -179,7 +180,7 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
         prompt_ids, params = await translated(completion_request, body)
-        head = Head(f"cmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name)
+        head = Head(f"cmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name, reproducibility(model.config, params))
         fmt = CompletionFormat(head, tokens, body.include_usage)
         return await run(request, Job(head.id, prompt_ids, params, fmt, body.stream, body.include_usage))
 
@@ -187,7 +188,8 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         prompt_ids, params = await translated(chat_request, body)
-        head = Head(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name)
+        head = Head(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name,
+                    reproducibility(model.config, params))
         fmt = ChatFormat(head, tokens, body.include_usage)
         return await run(request, Job(head.id, prompt_ids, params, fmt, body.stream, body.include_usage))
 

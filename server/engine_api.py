@@ -61,6 +61,7 @@ class ServedModel(Protocol):
     max_context: int | None
     strategy_in_use: str
     fault: str | None  # why the SSD worker was replaced, once it was
+    config: Any  # engine.EngineConfig: the settings that decide a seeded text (server.reproducibility)
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         """Token ids of a text prompt; token ids as given, once checked against the vocabulary (ValueError)."""

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from engine.sampling_params import MAX_LOGPROBS, MAX_SEED, LogprobsMode
+from engine.sampling_params import MAX_LOGPROBS, MAX_SEED, LogprobsMode, SamplingMode
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -64,6 +64,8 @@ class SamplingRequest(_Request):
     min_tokens: int = Field(0, ge=0)  # an extension (vLLM's): EOS and stop tokens held back until then
     stop_token_ids: list[int] | None = None  # an extension (vLLM's)
     logprobs_mode: LogprobsMode = LogprobsMode.RAW  # an extension: "processed_logprobs" for the sampled distribution
+    # An extension: "invariant" for drafter-invariant sampling (the same text for a seed with AR, SD or SSD)
+    sampling_mode: SamplingMode = SamplingMode.STANDARD
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -91,13 +93,15 @@ class SamplingRequest(_Request):
             return value
         raise ValueError(why)
 
-    @field_validator("logprobs_mode", mode="before")
+    @field_validator("logprobs_mode", "sampling_mode", mode="before")
     @classmethod
-    def _logprobs_mode(cls, mode: Any) -> LogprobsMode:
+    def _mode(cls, mode: Any, info: ValidationInfo) -> LogprobsMode | SamplingMode:
+        """One of the field's enum's values (strict mode takes no string for an enum by itself)."""
+        kind = cls.model_fields[info.field_name].annotation
         try:
-            return LogprobsMode(mode)
+            return kind(mode)
         except ValueError:
-            raise ValueError(f"must be one of {', '.join(m.value for m in LogprobsMode)}") from None
+            raise ValueError(f"must be one of {', '.join(m.value for m in kind)}") from None
 
     @field_validator("seed")
     @classmethod

@@ -2,6 +2,9 @@
 
 Each choice also carries `token_ids` (vLLM's extension): in a streamed chunk the tokens of that
 chunk, so a client can count tokens per chunk without a tokenizer; in a whole response all of them.
+Every body carries OpenAI's `system_fingerprint`; the final one (the whole response, or a stream's finishing
+chunk and its usage chunk) also says whether the seed gives this text again: `reproducible` and
+`unreproducible_reason` (server.reproducibility).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from server.engine_api import Chunk, TokenLogprob
+from server.reproducibility import Reproducibility
 from server.token_bytes import TokenStrings
 
 NEG_INF_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM send this for an impossible token
@@ -31,11 +35,18 @@ def json_logprob(value: float) -> float:
 
 @dataclass(frozen=True)
 class Head:
-    """What every body of one response repeats."""
+    """What the bodies of one response repeat: every body the id, time, model and fingerprint; the final body
+    also `reproducibility.fields()`."""
 
     id: str
     created: int  # unix seconds
     model: str
+    reproducibility: Reproducibility
+
+    def body(self, kind: str, choices: list[dict], final: bool) -> dict:
+        body = {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": self.reproducibility.system_fingerprint, "choices": choices}
+        return {**body, **self.reproducibility.fields()} if final else body
 
 
 class ResponseFormat(Protocol):
@@ -77,26 +88,23 @@ class CompletionFormat:
             "text_offset": offsets,
         }
 
-    def _body(self, choices: list[dict]) -> dict:
-        h = self.head
-        return {"id": h.id, "object": "text_completion", "created": h.created, "model": h.model, "choices": choices}
-
     def chunk(self, chunk: Chunk, first: bool, text_offset: int) -> dict:
-        body = self._body([{
+        body = self.head.body("text_completion", [{
             "index": 0, "text": chunk.text, "logprobs": self._logprobs(chunk.logprobs, text_offset),
             "finish_reason": chunk.finish_reason if chunk.finished else None, "token_ids": list(chunk.token_ids),
-        }])
+        }], final=chunk.finished)
         if self.include_usage:
             body["usage"] = None  # OpenAI's shape: only the last, choice-less chunk carries usage
         return body
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return {**self._body([]), "usage": usage(prompt_tokens, completion_tokens)}
+        return {**self.head.body("text_completion", [], final=True), "usage": usage(prompt_tokens, completion_tokens)}
 
     def response(self, text, token_ids, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
         choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason,
                   "token_ids": token_ids}
-        return {**self._body([choice]), "usage": usage(prompt_tokens, completion_tokens)}
+        return {**self.head.body("text_completion", [choice], final=True),
+                "usage": usage(prompt_tokens, completion_tokens)}
 
 
 @dataclass(frozen=True)
@@ -120,27 +128,25 @@ class ChatFormat:
             for lp in logprobs
         ]}
 
-    def _body(self, kind: str, choices: list[dict]) -> dict:
-        h = self.head
-        return {"id": h.id, "object": kind, "created": h.created, "model": h.model, "choices": choices}
-
     def chunk(self, chunk: Chunk, first: bool, text_offset: int) -> dict:
         # The role rides on the first chunk with content, so that every chunk carries tokens.
         delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
-        body = self._body("chat.completion.chunk", [{
+        body = self.head.body("chat.completion.chunk", [{
             "index": 0, "delta": delta, "logprobs": self._logprobs(chunk.logprobs),
             "finish_reason": chunk.finish_reason if chunk.finished else None, "token_ids": list(chunk.token_ids),
-        }])
+        }], final=chunk.finished)
         if self.include_usage:
             body["usage"] = None
         return body
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return {**self._body("chat.completion.chunk", []), "usage": usage(prompt_tokens, completion_tokens)}
+        return {**self.head.body("chat.completion.chunk", [], final=True),
+                "usage": usage(prompt_tokens, completion_tokens)}
 
     def response(self, text, token_ids, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
         choice = {
             "index": 0, "message": {"role": "assistant", "content": text},
             "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason, "token_ids": token_ids,
         }
-        return {**self._body("chat.completion", [choice]), "usage": usage(prompt_tokens, completion_tokens)}
+        return {**self.head.body("chat.completion", [choice], final=True),
+                "usage": usage(prompt_tokens, completion_tokens)}

@@ -121,6 +121,7 @@ def sampling_params(request: SamplingRequest, max_new_tokens: int, logprobs: int
         stop_token_ids=tuple(request.stop_token_ids or ()),
         logprobs=logprobs,
         logprobs_mode=request.logprobs_mode,
+        sampling_mode=request.sampling_mode,
         stop_on_eos=not request.ignore_eos,
         min_tokens=request.min_tokens,
     )

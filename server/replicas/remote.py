@@ -74,6 +74,7 @@ class RemoteModel:
         self.tokenizer = facts.tokenizer
         self.model_name = facts.model_name
         self.max_context = facts.max_context
+        self.config = facts.config
         self._board = board
 
     @property

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import LLM, AsyncLLM, Chunk, SamplingParams, ServingStats
+from engine.config import EngineConfig
 from server.replicas.loopback import keep_serve_on_loopback
 
 log = logging.getLogger("server")
@@ -33,6 +34,7 @@ class ModelFacts:
     max_context: int | None
     lookahead: int  # context positions a request needs beyond prompt + max_tokens (SD/SSD: K + 1)
     strategy: str
+    config: EngineConfig  # the settings that decide a seeded text (server.reproducibility)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class EngineReplica:
     def facts(self) -> ModelFacts:
         llm = self.llm
         return ModelFacts(model_name=llm.model_name, tokenizer=llm.tokenizer, vocab_size=llm.vocab_size,
-                          max_context=llm.max_context, lookahead=llm.lookahead, strategy=llm.strategy_in_use)
+                          max_context=llm.max_context, lookahead=llm.lookahead, strategy=llm.strategy_in_use,
+                          config=llm.config)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Chunk]:
         """The request's chunks as the engine emits them. Ray cancels this generator when the caller goes away:

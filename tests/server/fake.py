@@ -10,7 +10,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from engine import EngineStopped, QueueFull
+from engine import EngineStopped, QueueFull, SpeculativeConfig
+from engine.config import EngineConfig
 from engine.metrics import ServingStats
 from engine.outputs import Chunk, TokenLogprob
 
@@ -29,14 +30,22 @@ class FakeTokenizer:
         return "".join(word(t) for t in ids)
 
 
+def fake_config(**speculative) -> EngineConfig:
+    """The settings the fake model says it runs with: SSD with K = 4, or `speculative`'s (SpeculativeConfig's)."""
+    return EngineConfig(target="fake-model", draft="fake-draft", strategy="ssd", dtype="float32",
+                        speculative=SpeculativeConfig(**{"K": 4, **speculative}))
+
+
 class FakeModel:
     model_name = "fake-model"
     max_context = 64
     strategy_in_use = "ssd"
     fault = None
 
-    def __init__(self, tokenizer: FakeTokenizer | None = None, encode_s: float = 0.0):
+    def __init__(self, tokenizer: FakeTokenizer | None = None, encode_s: float = 0.0,
+                 config: EngineConfig | None = None):
         self.tokenizer = tokenizer if tokenizer is not None else FakeTokenizer()
+        self.config = config if config is not None else fake_config()
         self.chats: list[list[dict]] = []
         self.encoded_chars: list[int] = []  # the length of every text encoded
         self.encode_s = encode_s  # how long encoding takes (a stand-in for a slow tokenizer)

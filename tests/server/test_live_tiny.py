@@ -1,6 +1,7 @@
 """The server over the real engine on tiny in-memory models (token-id prompts): AR, SD and SSD.
 
-Greedy SD and SSD emit the AR tokens, so every answer is checked against `LLM.generate` on AR.
+Greedy SD and SSD emit the AR tokens, so every answer is checked against `LLM.generate` on AR; so do sampled
+requests under drafter-invariant sampling, checked against an AR server beside them.
 One server per strategy for the module (SSD's worker takes ~5 s to start).
 """
 
@@ -28,6 +29,8 @@ NAME = "tiny"
 PROMPTS = [[1, 2, 3], [5, 9, 4, 7, 2], [11], [30, 31, 32, 33]]
 SHORT, LONG = 16, 300  # new tokens; a long request keeps the batch busy while others join
 WAIT_S = 10.0
+TEMPERATURE = 0.8
+SEEDS = (11, 12, 13, 14)
 
 
 def greedy(n: int) -> SamplingParams:
@@ -74,6 +77,13 @@ def live(request, pair):
         yield server, aengine
 
 
+@pytest.fixture(scope="module")
+def ar_server(pair):
+    """An AR server beside `live`: the text drafter-invariant sampling must give on every strategy."""
+    with serving(engine(pair, "ar")) as (server, _):
+        yield server
+
+
 def openai_client(server) -> OpenAI:
     return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
@@ -97,6 +107,46 @@ def test_streamed_equals_whole_equals_the_ar_engines_greedy_tokens(live, expecte
     assert whole.choices[0].model_extra["token_ids"] == streamed == expected["short"][1]
     assert whole.usage.completion_tokens == SHORT and whole.choices[0].finish_reason == "length"
     assert parts[-1].choices[0].finish_reason == "length"
+
+
+def sampled(server, seed: int, mode: str = "standard"):
+    """A seeded completion at TEMPERATURE through the openai client."""
+    return openai_client(server).completions.create(
+        model=NAME, prompt=PROMPTS[1], max_tokens=SHORT, temperature=TEMPERATURE, seed=seed,
+        extra_body={"ignore_eos": True, "sampling_mode": mode})
+
+
+def token_ids(completion) -> list[int]:
+    return completion.choices[0].model_extra["token_ids"]
+
+
+def test_a_seed_gives_the_same_text_twice_and_says_so(live):
+    server, _ = live
+    first, again, other = sampled(server, SEEDS[0]), sampled(server, SEEDS[0]), sampled(server, SEEDS[1])
+    assert token_ids(first) == token_ids(again) and len(token_ids(first)) == SHORT
+    assert token_ids(other) != token_ids(first)  # the seed decides the text
+    assert first.system_fingerprint == again.system_fingerprint
+    assert first.model_extra["reproducible"] is True and first.model_extra["unreproducible_reason"] is None
+
+
+def test_invariant_sampling_gives_the_ar_servers_text_and_fingerprint(live, ar_server):
+    server, _ = live
+    for seed in SEEDS:
+        served, reference = sampled(server, seed, "invariant"), sampled(ar_server, seed, "invariant")
+        assert token_ids(served) == token_ids(reference), seed
+        assert served.system_fingerprint == reference.system_fingerprint
+        assert served.model_extra["reproducible"] is True
+
+
+def test_standard_sampling_on_sd_and_ssd_is_not_the_ar_servers_text(live, ar_server):
+    # The negative control of the test above: rejection sampling draws SD's and SSD's tokens from the draft.
+    server, _ = live
+    if server.ctx.model.config.strategy.value == "ar":
+        pytest.skip("the AR server's standard text is the reference's")
+    served = [token_ids(sampled(server, seed)) for seed in SEEDS]
+    reference = [token_ids(sampled(ar_server, seed)) for seed in SEEDS]
+    assert served != reference
+    assert sampled(server, SEEDS[0]).system_fingerprint != sampled(ar_server, SEEDS[0]).system_fingerprint
 
 
 def test_requests_joining_a_running_batch_get_their_solo_outputs(live, expected):

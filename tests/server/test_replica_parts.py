@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("ray")  # the cluster extra
 
 from engine import ServingStats  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
 from saguaro.cli import main  # noqa: E402
 from server.metrics import ServerMetrics  # noqa: E402
 from server.replicas.options import ReplicaOptions  # noqa: E402
@@ -135,7 +136,8 @@ def test_a_replica_not_heard_from_is_dropped():
 
 
 def test_the_ingress_checks_prompts_against_the_models_facts():
-    facts = ModelFacts(model_name="m", tokenizer=None, vocab_size=64, max_context=100, lookahead=4, strategy="sd")
+    facts = ModelFacts(model_name="m", tokenizer=None, vocab_size=64, max_context=100, lookahead=4, strategy="sd",
+                       config=EngineConfig(target="m", draft="d", strategy="sd"))
     model = RemoteModel(facts, ReplicaBoard())
     assert model.room([1, 2, 3]) == 100 - 3 - 4 and model.encode([1, 63]) == [1, 63]
     with pytest.raises(ValueError, match=r"\[0, 64\)"):

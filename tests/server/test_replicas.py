@@ -1,8 +1,8 @@
 """`saguaro serve --replicas 2` on a tiny model: one local Ray for the module, started as the command line does.
 
-The same greedy text as the plain server through the official openai client, concurrent streams spread over both
-replicas, every listener on loopback, a replica killed mid-stream survived with nothing lost or hung, and SIGTERM
-ending it all with status 0. The tests run in this file's order: the last one stops the server. Marker `ray`
+The same greedy text as the plain server through the official openai client, and the same seeded sampled text
+and fingerprint in either sampling mode, concurrent streams spread over both replicas, every listener on loopback,
+a replica killed mid-stream survived with nothing lost or hung, and SIGTERM ending it all with status 0. The tests run in this file's order: the last one stops the server. Marker `ray`
 (`-m 'not ray'` leaves them out): the module takes about a minute on 2 cores, most of it Ray starting.
 """
 
@@ -36,6 +36,7 @@ PROMPTS = [(1, 2, 3), (5, 9, 4, 7, 2), (11,), (30, 31)]  # token ids: the saved 
 MAX_NEW = 12
 VOCAB, CONTEXT, LONG = 64, 8192, 8000  # a LONG stream lasts seconds on this model
 NO_EOS = {"ignore_eos": True}  # the tiny model ends most answers at once otherwise
+SEEDS = (5, 6, 7)
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 20.0  # SIGTERM to exit, as docs/serving.md promises
 REPLACE_TIMEOUT_S = 90.0
@@ -123,11 +124,17 @@ def served(folder):
 
 
 @pytest.fixture(scope="module")
-def plain(folder):
-    """What the plain server answers, by prompt: the greedy (text, token ids) through the openai client."""
+def plain_server(folder):
+    """The plain server of the same model."""
     llm = LLM(str(folder), max_num_seqs=4, threads=1)
     with running(llm, AsyncLLM(llm, max_waiting=8), ServerSettings(served_model_name=NAME)) as server:
-        yield {prompt: answer(client_of(server.url), prompt) for prompt in PROMPTS}
+        yield server
+
+
+@pytest.fixture(scope="module")
+def plain(plain_server):
+    """What the plain server answers, by prompt: the greedy (text, token ids) through the openai client."""
+    return {prompt: answer(client_of(plain_server.url), prompt) for prompt in PROMPTS}
 
 
 def client_of(url: str) -> OpenAI:
@@ -138,6 +145,15 @@ def answer(client: OpenAI, prompt: tuple[int, ...]) -> tuple[str, list[int]]:
     choice = client.completions.create(model=NAME, prompt=list(prompt), max_tokens=MAX_NEW, temperature=0,
                                        extra_body=NO_EOS).choices[0]
     return choice.text, choice.model_extra["token_ids"]
+
+
+def sampled(url: str, seed: int, mode: str) -> tuple[list[int], str, bool]:
+    """A seeded completion at temperature 0.8: its token ids, system_fingerprint and `reproducible`."""
+    completion = client_of(url).completions.create(model=NAME, prompt=list(PROMPTS[1]), max_tokens=MAX_NEW,
+                                                   temperature=0.8, seed=seed,
+                                                   extra_body={**NO_EOS, "sampling_mode": mode})
+    extra = completion.choices[0].model_extra
+    return extra["token_ids"], completion.system_fingerprint, completion.model_extra["reproducible"]
 
 
 def replica_tokens(url: str) -> dict[str, float]:
@@ -173,6 +189,14 @@ def test_the_openai_client_gets_the_plain_servers_greedy_text(served, plain):
             if part.choices]
         assert "".join(p.text for p in parts) == text
         assert [t for p in parts for t in p.model_extra["token_ids"]] == token_ids
+
+
+def test_a_seeded_sampled_answer_and_its_fingerprint_are_the_plain_servers_in_either_mode(served, plain_server):
+    answers = {mode: [sampled(served.url, seed, mode) for seed in SEEDS] for mode in ("standard", "invariant")}
+    for mode, replies in answers.items():
+        assert replies == [sampled(plain_server.url, seed, mode) for seed in SEEDS], mode
+        assert all(reproducible for _, _, reproducible in replies)
+    assert [ids for ids, _, _ in answers["standard"]] != [ids for ids, _, _ in answers["invariant"]]  # mode arrived
 
 
 def test_concurrent_streams_are_spread_over_both_replicas(served):
