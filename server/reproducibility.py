@@ -28,9 +28,6 @@ from theory.glossary import Strategy
 
 MODEL_HASH_CHARS = 10  # hex digits of the models' hash: collisions among one user's servers are out of reach
 NO_SEED = "the request has no seed, so the engine drew a random one: send `seed` to get the same text again"
-CONFIDENCE_STOP = ("SD's confidence stop ends a round's draft where every row of the batch is unsure, so the round "
-                   "lengths depend on the other requests; serve without --confidence-stop, or use "
-                   "sampling_mode='invariant'")
 
 
 @dataclass(frozen=True)
@@ -52,18 +49,9 @@ class Reproducibility:
 def reproducibility(config: EngineConfig, params: SamplingParams) -> Reproducibility:
     """What the responses to a request with `params` say about its seed, on an engine built with `config`."""
     reason = unreproducible_reason(config.strategy, config.speculative, params)
-    if reason is None and _batch_decides_round_lengths(config, params):
-        reason = CONFIDENCE_STOP
     if params.seed is None and not params.greedy:
         reason = NO_SEED
     return Reproducibility(system_fingerprint(config, params.sampling_mode), reason)
-
-
-def _batch_decides_round_lengths(config: EngineConfig, params: SamplingParams) -> bool:
-    """SD's confidence stop under standard sampling at T > 0: where a round ends moves the keyed draws (the
-    residual's at a rejection against p's at the bonus), and the stop looks at every row of the batch."""
-    return (config.strategy is Strategy.SD and config.speculative.confidence_stop is not None
-            and not params.greedy and not params.invariant)
 
 
 def system_fingerprint(config: EngineConfig, mode: SamplingMode) -> str:
