@@ -20,7 +20,8 @@ from engine.invariant import draft_winners
 from engine.keyed_random import Purpose
 from engine.kv_cache import KVState
 from engine.sampling import Generators, Keys, RowSampling, saguaro, sample, warp_rows
-from engine.sparse import SparseQ, ranked_ids
+from engine.ranking import rank_of, ranked_ids
+from engine.sparse import SparseQ
 
 
 def draft_steps(
@@ -39,7 +40,7 @@ def draft_steps(
 ) -> Iterator[tuple[Tensor, SparseQ, Tensor, Tensor | None]]:
     """Yield (y [N], q [N, V], logits [N, V], ranking [N, rank_depth] or None) for draft positions 1..K, feeding
     each y but the last. The ranking (with `rank_depth`): the draft's best tokens there, in the cache's order
-    (engine.sparse.ranked_ids); when every row is greedy, y is its first token, so one pass over the vocabulary
+    (engine.ranking.ranked_ids); when every row is greedy, y is its first token, so one pass over the vocabulary
     gives both.
 
     `logits` [N, V] are the draft's logits at position 1. q is the warped draft distribution, Saguaro's
@@ -147,23 +148,7 @@ def draft_tokens(
 
 
 def bonus_ranks(logits: Tensor, bonus: Tensor, excluded: Tensor) -> list[int]:
-    """Rank of each row's bonus token t* in the draft's ranking: logits [N, V] at the outcome's position (k+1),
-    excluded [N] the rejected draft token x_{k+1} (−1 when all K were accepted).
-
-    rank = tokens other than the excluded one that rank above t* (higher logit, or equal and a lower id), so
-    SSD's guesses with fan-out F (engine.ssd.speculation_cache.guesses) hold t* iff rank < F. An excluded t*
-    (impossible after a rejection) has rank V, never guessed.
-    """
-    return bonus_rank_tensor(logits, bonus, excluded).tolist()
-
-
-def bonus_rank_tensor(logits: Tensor, bonus: Tensor, excluded: Tensor) -> Tensor:
-    """`bonus_ranks` as a LongTensor [N] on the logits' device (read it on the host when it is needed)."""
-    logits = logits.float()
-    ids = torch.arange(logits.shape[-1], device=logits.device)  # [V]
-    mine = logits.gather(-1, bonus[:, None])  # [N, 1]
-    above = (logits > mine) | ((logits == mine) & (ids < bonus[:, None]))  # [N, V]
-    rank = above.sum(-1)  # [N]
-    excluded_above = above.gather(-1, excluded.clamp(min=0)[:, None])[:, 0] & (excluded >= 0)  # [N]
-    rank = rank - excluded_above.long()
-    return torch.where(bonus == excluded, logits.shape[-1], rank)
+    """Rank of each row's bonus token t* in the draft's ranking (engine.ranking.rank_of), read on the host: logits
+    [N, V] at the outcome's position (k+1), excluded [N] the rejected draft token x_{k+1} (−1 when all K were
+    accepted). SSD's guesses with fan-out F (engine.ssd.speculation_cache.guesses) hold t* iff rank < F."""
+    return rank_of(logits, bonus, excluded).tolist()

@@ -23,7 +23,7 @@ from torch import Tensor
 
 def reads_are_free(device: torch.device) -> bool:
     """Whether reading a tensor on `device` from the host costs no wait: True on the CPU, where a routine may
-    read values to take a shortcut that a device's path must do without (engine.sparse.ranked_ids). Both
+    read values to take a shortcut that a device's path must do without (engine.ranking.ranked_ids). Both
     paths give the same result; tests run the device's path on the CPU by making this False."""
     return torch.device(device).type == "cpu"
 

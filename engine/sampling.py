@@ -17,6 +17,7 @@ from torch import Tensor
 from engine import host
 from engine.checks import Checks, check
 from engine.keyed_random import Purpose, host_uniforms
+from engine.ranking import descending_order, top_mask
 from engine.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
@@ -67,11 +68,6 @@ def _check_last_dim(x: Tensor, name: str) -> None:
         raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
 
 
-def _descending_order(x: Tensor) -> Tensor:
-    """Indices that sort the last dim by decreasing value, ties by lowest token id (stable sort)."""
-    return torch.sort(x, dim=-1, descending=True, stable=True).indices
-
-
 def warp(logits: Tensor, params: SamplingParams, checks: Checks | None = None) -> Tensor:
     """The probability distribution actually sampled from, `[..., V] -> [..., V]`.
 
@@ -105,10 +101,10 @@ def warp(logits: Tensor, params: SamplingParams, checks: Checks | None = None) -
     if top_p is None:
         # No nucleus: no sort needed (a full sort of a 150k vocabulary costs ~15 ms a row on a CPU).
         if top_k is not None:
-            z = z.masked_fill(~_top_k_mask(z, top_k), -torch.inf)
+            z = z.masked_fill(~top_mask(z, top_k), -torch.inf)
         return torch.softmax(z, dim=-1)  # [..., V]
 
-    order = _descending_order(z)  # [..., V]
+    order = descending_order(z)  # [..., V]
     z_sorted = z.gather(-1, order)  # [..., V], most probable first
     if top_k is not None:
         # Mask by rank, not by value, so ties at the k-th value cannot let more than k through.
@@ -152,16 +148,6 @@ def _over_temperature(z: Tensor, temperature: float) -> Tensor:
     return (shifted / temperature).masked_fill_(shifted == 0, 0.0)  # [..., V]
 
 
-def _top_k_mask(z: Tensor, k: int) -> Tensor:
-    """The k largest entries of each row, ties at the k-th value going to the lowest token ids
-    (the same set the stable descending sort keeps), without sorting the whole row."""
-    kth = torch.topk(z, k, dim=-1).values[..., -1:]  # [..., 1]
-    above = z > kth  # [..., V]
-    tied = z == kth
-    room = k - above.sum(dim=-1, keepdim=True)  # tied tokens that still fit, lowest ids first
-    return above | (tied & (tied.cumsum(dim=-1) <= room))
-
-
 def saguaro(q: Tensor, n_top: int | Tensor, C: float) -> Tensor:
     """Saguaro sampling σ_{F,C} (Def. 14) applied to an already-warped draft distribution q, `[..., V]`.
 
@@ -191,40 +177,9 @@ def saguaro(q: Tensor, n_top: int | Tensor, C: float) -> Tensor:
 
     dtype = _compute_dtype(q.dtype)
     q = q.to(dtype)
-    in_top = _top_set(q, n_top)  # [..., V]
+    in_top = top_mask(q, n_top)  # [..., V]
     weights = torch.where(in_top, q * C, q)  # [..., V]
     return weights / weights.sum(dim=-1, keepdim=True)
-
-
-def _top_set(q: Tensor, n_top: int | Tensor) -> Tensor:
-    """Mask [..., V] of the n_top most probable tokens of each row, ties at the boundary to the lowest ids.
-
-    The same set as the first n_top of a stable descending sort, without sorting the vocabulary: a top-k
-    of the largest n_top + 1 values gives the set directly unless the n_top-th and the next value tie;
-    then every token above that value is in and the tokens equal to it fill the places left in id order.
-    """
-    vocab_size = q.shape[-1]
-    if isinstance(n_top, Tensor):
-        n = n_top.clamp(max=vocab_size).expand(*q.shape[:-1], 1)  # [..., 1]
-        most = int(n.max()) if n.numel() else 0
-    else:  # known on the host: no read of the device
-        n = torch.full((*q.shape[:-1], 1), min(n_top, vocab_size), dtype=torch.long, device=q.device)  # [..., 1]
-        most = min(n_top, vocab_size) if n.numel() else 0
-    if most == 0:
-        return torch.zeros_like(q, dtype=torch.bool)
-    values, indices = torch.topk(q, min(most + 1, vocab_size), dim=-1)  # [..., most (+1)], descending
-    ranks = torch.arange(values.shape[-1], device=q.device)
-    chosen = ranks < n  # [..., most (+1)] the first n of the top-k
-    t = values.gather(-1, (n - 1).clamp(min=0))  # [..., 1] the n-th largest value
-    after = values.gather(-1, n.clamp(max=values.shape[-1] - 1))  # [..., 1] the next one
-    boundary_tie = (n > 0) & (n < vocab_size) & (after == t)  # [..., 1]
-    in_top = torch.zeros_like(q, dtype=torch.bool).scatter(-1, indices, chosen)
-    if bool(boundary_tie.any()):  # which of the tied tokens topk returned is arbitrary: pick by id
-        above = q > t
-        tied = q == t
-        by_id = above | (tied & (tied.cumsum(-1) <= n - above.sum(-1, keepdim=True)))
-        in_top = torch.where(boundary_tie, by_id, in_top)
-    return in_top
 
 
 def row_generator(seed: int) -> torch.Generator:

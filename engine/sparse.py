@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from engine import host
+from engine.ranking import ranked_ids
 from engine.sampling_params import SamplingParams
 
 ENTRY_BYTES = 12  # a kept support entry: int64 id + float32 value, against 4 bytes per dense entry
@@ -122,63 +123,6 @@ def support_width(params: list[SamplingParams]) -> int | None:
     if any(p.top_k is None for p in sampled):
         return None
     return max([1] + [p.top_k for p in sampled])
-
-
-def ranked_ids(logits: Tensor, n: int) -> Tensor:
-    """The n best tokens of each row of logits [..., V], best first, equal logits in increasing id: [..., n].
-
-    torch.topk leaves the order of equal values (and which of them make the cut) unspecified. On the CPU
-    (engine.host.reads_are_free) topk's answer stands for every row whose n + 1 best values are all distinct, its
-    order being the only one, and the rows with a tie (rare with float logits) are settled one by one; on a device
-    every row is settled without reading anything back (`_ranked_on_device`, the same answer).
-    """
-    V = logits.shape[-1]
-    n = min(n, V)
-    flat = logits.reshape(-1, V)  # [R, V]
-    if n == 0:
-        return torch.zeros(*logits.shape[:-1], 0, dtype=torch.long, device=logits.device)
-    if host.reads_are_free(logits.device):
-        ids = _ranked_on_host(flat, n)
-    else:
-        ids = _ranked_on_device(flat, n)
-    return ids.reshape(*logits.shape[:-1], n)
-
-
-def _ranked_on_host(flat: Tensor, n: int) -> Tensor:
-    V = flat.shape[-1]
-    top = torch.topk(flat, min(n + 1, V), dim=-1)  # one more, to see a tie at the cut
-    ids = top.indices[:, :n].clone()  # [R, n]
-    cut = top.values[:, n - 1]  # [R] the n-th best value
-    unique = (top.values[:, 1:] != top.values[:, :-1]).all(-1)  # [R]
-    for r in (~unique).nonzero()[:, 0].tolist():
-        z = flat[r]
-        above = (z > cut[r]).nonzero()[:, 0]  # increasing id
-        above = above[torch.sort(z[above], descending=True, stable=True).indices]  # by value; ties keep id order
-        tied = (z == cut[r]).nonzero()[: n - above.numel(), 0]
-        ids[r] = torch.cat([above, tied])
-    return ids
-
-
-def _ranked_on_device(flat: Tensor, n: int) -> Tensor:
-    """`ranked_ids` for every row at once: the tokens above the n-th best value (all among topk's n), in value
-    then id order, then the lowest ids of the tokens equal to it, as many as fit."""
-    R, V = flat.shape
-    top = torch.topk(flat, n, dim=-1)
-    values, ids = top.values, top.indices  # [R, n]
-    cut = values[:, n - 1 :]  # [R, 1] the n-th best value
-    above = values > cut  # [R, n]
-    n_above = above.sum(-1, keepdim=True)  # [R, 1]
-    # the tokens above the cut, by increasing id, then (stably) by decreasing value
-    by_id = torch.sort(torch.where(above, ids, V), dim=-1, stable=True).indices  # [R, n]
-    ids, values = ids.gather(1, by_id), torch.where(above, values, -torch.inf).gather(1, by_id)
-    ids = ids.gather(1, torch.sort(values, dim=-1, descending=True, stable=True).indices)  # [R, n]
-    # the tied tokens, lowest ids first, into the places after them (the rest into a spare column)
-    tied = flat == cut  # [R, V]
-    place = tied.long().cumsum(-1) - 1 + n_above  # [R, V]
-    place = torch.where(tied & (place < n), place, n)
-    filled = torch.zeros(R, n + 1, dtype=torch.long, device=flat.device)
-    filled.scatter_(1, place, torch.arange(V, device=flat.device).expand(R, V))
-    return torch.where(torch.arange(n, device=flat.device) < n_above, ids, filled[:, :n])
 
 
 @dataclass

@@ -34,6 +34,7 @@ import numpy as np
 
 from engine.config import FanoutSchedule, SpeculativeConfig
 from engine.sparse import RANK_DEPTH
+from theory.adaptive import acceptance_estimate
 from theory.backup import BackupOption, best_backup
 from theory.fanout import (optimal_fanout, outcome_probabilities, round_largest_remainder, separable_fanout,
                            uniform_fanout)
@@ -69,8 +70,9 @@ class Acceptance:
         self.tokens += k + 1
 
     def alpha(self, prior: float = 0.7) -> float:
-        n = self.accepted + self.rejections
-        return (self.accepted + 2 * prior) / (n + 2)  # a little prior keeps α off 0 and 1 early on
+        """The posterior mean of α (theory.adaptive.acceptance_estimate, the one estimator SD's adaptive K uses
+        too), with a prior worth two observations at `prior`: it keeps α off 0 and 1 early on."""
+        return float(acceptance_estimate(self.accepted, self.rejections, 2 * prior, 2 * (1 - prior)))
 
     def mean_tokens(self, default: float) -> float:
         return self.tokens / self.rounds if self.rounds else default

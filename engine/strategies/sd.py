@@ -26,7 +26,8 @@ from torch import Tensor
 from engine import host
 from engine.config import SpeculativeConfig
 from engine.checks import Checks
-from engine.drafting import bonus_rank_tensor, draft_from
+from engine.drafting import draft_from
+from engine.ranking import rank_of
 from engine.kv_cache import KVState, new_state, prefill, right_aligned
 from engine.loading.devices import model_device
 from engine.sampling import Keys, RowSampling
@@ -114,7 +115,7 @@ class InProcessDraft:
             rows = host.tensor([b for b, _ in waiting], torch.long, fed.device)
             bonus = host.tensor([self.tails[b][-1] for b, _ in waiting], torch.long, fed.device)
             places += [i for _, i in waiting]
-            parts.append(bonus_rank_tensor(fed[rows, -2], bonus, torch.full_like(bonus, -1)))
+            parts.append(rank_of(fed[rows, -2], bonus, torch.full_like(bonus, -1)))
         if parts:
             for i, rank in zip(places, torch.cat(parts).tolist()):  # one read
                 self.ranks[i] = rank
@@ -143,7 +144,7 @@ class InProcessDraft:
         if rejected:
             on = self.z[0].device
             z = torch.stack([self.z[accepted[b]][b] for b in rejected])  # [R, V] the logits where each was rejected
-            ranks = bonus_rank_tensor(z, host.tensor([bonus[b] for b in rejected], torch.long, on),
+            ranks = rank_of(z, host.tensor([bonus[b] for b in rejected], torch.long, on),
                                       host.tensor([x[b][accepted[b]] for b in rejected], torch.long, on))
             self.rejected = (rejected, ranks)
         self.late = [b if kb == K else None for b, kb in enumerate(accepted)]

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.proposals import point_mass, random_tokens, uniform
-from engine.sampling import _top_set, sample, saguaro, warp
+from engine.ranking import top_mask
+from engine.sampling import sample, saguaro, warp
 from engine.sampling_params import SamplingParams
 
 F64 = torch.float64
@@ -200,7 +201,7 @@ def test_saguaro_top_set_is_the_head_of_a_stable_descending_sort(data):
     expected = torch.zeros_like(q, dtype=torch.bool)
     for r in range(rows):
         expected[r, order[r, : n[r]]] = True
-    assert torch.equal(_top_set(q, n[:, None]), expected)
+    assert torch.equal(top_mask(q, n[:, None]), expected)
     top_mass = (q * expected).sum(-1, keepdim=True)
     sigma = torch.where(expected, 0.5 * q, q) / (1 - 0.5 * top_mass)
     assert torch.allclose(saguaro(q, n, 0.5), sigma, atol=1e-6)

@@ -10,7 +10,8 @@ from engine.kv_cache import KVState
 from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
 from engine.ssd.messages import MalformedMessage, Source, Speculation, decode, encode, payload_shapes
-from engine.sparse import SparseQ, TopLogits, _ranked_on_device, _ranked_on_host, ranked_ids
+from engine.ranking import _ranked_on_device, _ranked_on_host, ranked_ids
+from engine.sparse import SparseQ, TopLogits
 from engine.ssd.tree import draft_compact
 from tests.engine.tiny import tiny_lm
 
