@@ -37,7 +37,23 @@ class Branches:
     t: Tensor  # [N] guessed bonus token
     tokens: Tensor  # [N, K] y_1..y_K
     q: SparseQ  # [N, K, V] float32, the (Saguaro) distribution each y_i was drawn from
-    ranking: TopLogits  # [N, K, M] the draft's best tokens at y_1..y_K (to rank the next guesses)
+    ranking: "TopLogits | LaterRanking"  # [N, K, M] the draft's best tokens at y_1..y_K (the next round's guesses)
+
+
+LATER_RANKING_BYTES = 64 * 2**20  # the most logits a cache build keeps to rank the branches that hit, not them all
+
+
+@dataclass
+class LaterRanking:
+    """The branches' ranking, made only for the branches that are taken: the logits of each step [N, V] kept until
+    then. SSD uses the ranking of a branch only when it hits (its tokens become the speculation whose outcomes the
+    next cache guesses), so ranking all N branches at every step would do N/hits times the work."""
+
+    logits: list[Tensor]  # K tensors [N, V]
+    depth: int
+
+    def rows(self, index: Tensor) -> TopLogits:
+        return TopLogits.of(torch.stack([z[index] for z in self.logits], 1), self.depth)  # [n, K, M]
 
 
 def draft_compact(
@@ -55,26 +71,36 @@ def draft_compact(
     fed: list[int] | None = None,
     active_host: list[bool] | None = None,
     checks: Checks | None = None,
-) -> tuple[Tensor, SparseQ, TopLogits]:
+    later: bool = False,
+) -> tuple[Tensor, SparseQ, TopLogits | LaterRanking]:
     """Feed `first` [N, T] (holes where not valid) then draft K tokens (engine.drafting.draft_tokens, the same
     draws), keeping q as its support and the logits as their best `depth` tokens step by step, so no [N, K, V]
     tensor is built unless q itself is dense (T > 0 without top-k). Rows where `active` [N] is False only get
     holes after `first`. `width`: a bound on q's support known from the rows' settings (engine.sparse.
     support_width; None: read from q at each step). `fed` (real tokens of `first` per row) and `active_host`
     (`active` as a list) are the same facts on the host, so the cache's bookkeeping reads nothing back. Returns
-    tokens [N, K], q [N, K, V] and the ranking [N, K, depth], all on the draft's device."""
+    tokens [N, K], q [N, K, V] and the ranking [N, K, depth], all on the draft's device; with `later`, the ranking is
+    a LaterRanking (made when rows of it are taken) unless the logits it keeps would pass LATER_RANKING_BYTES or a
+    row samples in the drafter-invariant mode (its ranking follows its race, made at each step)."""
     logits = state.extend(first, first_valid, fed=fed)[:, -1].float()  # [N, V]
-    ys, qs, ranks = [], [], []
+    N, V = logits.shape
+    ys, qs, ranks, zs = [], [], [], []
     active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
     racing = [b for b, p in enumerate(params.params) if p.invariant] if isinstance(generator, Keys) else []
+    later = later and not racing and N * K * V * logits.element_size() <= LATER_RANKING_BYTES
     for i, (y, q, z, ids) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
-                                                   fed=active_fed, checks=checks, rank_depth=depth)):
+                                                   fed=active_fed, checks=checks,
+                                                   rank_depth=None if later else depth)):
         ys.append(y)  # ids [N, M]: the ranking, made with y when greedy
-        if racing:  # drafter-invariant rows rank by the race at their position: the likeliest winners first
-            ids[racing] = race_ranking(q.dense()[racing], generator.rows(racing).shifted(i), depth)
-        ranks.append(ids)
+        if later:
+            zs.append(z)
+        else:
+            if racing:  # drafter-invariant rows rank by the race at their position: the likeliest winners first
+                ids[racing] = race_ranking(q.dense()[racing], generator.rows(racing).shifted(i), depth)
+            ranks.append(ids)
         qs.append(q if q.ids is not None else SparseQ.of(q.values, width))
-    return torch.stack(ys, 1), SparseQ.stack(qs), TopLogits(torch.stack(ranks, 1), logits.shape[-1])
+    ranking = LaterRanking(zs, min(depth, V)) if later else TopLogits(torch.stack(ranks, 1), V)
+    return torch.stack(ys, 1), SparseQ.stack(qs), ranking
 
 
 def decode_branches(
@@ -105,6 +131,6 @@ def decode_branches(
         branch_state = state.fork(rows)
         branch_state.rollback([K - kb for kb in ks])  # exactly the state after x_1..x_k
     tokens, q, ranking = draft_compact(branch_state, t[:, None], None, length, saguaro_top, C, params, generator,
-                                       depth, width=width, checks=checks)
+                                       depth, width=width, checks=checks, later=True)
     on = t.device
     return Branches(branch_state, host.index(row, on), host.index(k, on), t, tokens, q, ranking)
