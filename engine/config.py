@@ -355,7 +355,7 @@ def replace_removed_quant_arguments(
         if group not in QUANT_GROUP_SIZES:
             raise ValueError(f"quant_group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
                              f"got {group!r}")
-        for model, given, quant in (("target", target_quant, target), ("draft", draft_quant, draft)):
+        for model, given in (("target", target_quant), ("draft", draft_quant)):
             if isinstance(given, QuantConfig) and given.group_size != group:
                 raise ValueError(f"quant_group_size={group} conflicts with {model}_quant={given!r}: give only "
                                  f"{model}_quant's group_size")

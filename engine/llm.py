@@ -307,7 +307,7 @@ class LLM:
         base = params[0].seed if params[0].seed is not None else secrets.randbits(63)
         arrival = time.perf_counter()
         seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             seed = row_seed(base, i) if shared else p.seed
             seqs.append(self.make_sequence(self.encode(prompt), p, index=i, seed=seed, arrival_s=arrival))
         return seqs
@@ -330,7 +330,7 @@ class LLM:
         start = time.perf_counter()
         records = self.loop.recorder.records = []
         try:
-            for chunk in self._drive(seqs):
+            for _ in self._drive(seqs):
                 pass
         finally:
             self.loop.recorder.records = None
@@ -377,7 +377,7 @@ class LLM:
         self.target = None
         self.draft = None
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -19,6 +19,7 @@ from engine.checks import Checks, check
 from engine.keyed_random import Purpose, host_uniforms
 from engine.sampling_params import SamplingParams
 
+
 @dataclass(frozen=True)
 class Keys:
     """Where a batch's random numbers come from when they are keyed (engine.keyed_random): each row's request seed
@@ -308,9 +309,10 @@ def sample(probs: Tensor, generator: Generators | None, checks: Checks | None = 
     u·total. The cumulative sum is taken in float64, so the interval of every token has its width
     to about 1e-16 (torch.multinomial is ~10 ms a row for a 150k vocabulary on a CPU; this is ~0.5).
     `generator` is one generator, or one per row of the flattened leading dims. Rows need not be normalised,
-    but a row with no positive finite mass raises RuntimeError instead of yielding the last id. A zero-probability token has an empty interval and is never drawn,
-    so a one-hot row always yields its token (the draw still advances the generator, which keeps the
-    random stream position independent of the values). `checks`: where the mass check goes (default: now).
+    but a row with no positive finite mass raises RuntimeError instead of yielding the last id. A zero-probability token
+    has an empty interval and is never drawn, so a one-hot row always yields its token (the draw still advances the
+    generator, which keeps the random stream position independent of the values). `checks`: where the mass check goes
+    (default: now).
     `u`: the uniforms to use instead of drawing from `generator`, float64 [N] (keyed random numbers).
     """
     _check_last_dim(probs, "probs")

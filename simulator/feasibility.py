@@ -22,13 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from theory.glossary import Strategy
-
 from simulator.hardware import Deployment, Hardware, ModelSpec
 from simulator.metrics import SimResult
 from simulator.run import SimConfig, simulate
 from simulator.timing import RooflineTiming
 from simulator.workload import ClosedLoop, Lengths, OpenLoop
+from theory.glossary import Strategy
 
 CAPACITY_ROUNDS = 3000  # most rounds of the closed loop that measures an open loop's capacity
 LATENCY_FIELDS = ("ttft_ms", "itl_ms", "tpot_ms", "e2el_ms")

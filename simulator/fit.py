@@ -132,9 +132,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import nnls
 
-from theory.glossary import Backup, Strategy
-
 from simulator.records import RoundRecord
+from theory.glossary import Backup, Strategy
 
 Coef = tuple[float, float, float]
 FOOTPRINT_SCALE = 1e6  # the build's crowding term is per (K+1)·(branches·context)² / 1e6 (a well-scaled column)
@@ -149,7 +148,7 @@ def _fit_linear(rows: list[list[float]], y: list[float]) -> tuple[tuple[float, .
     an AR step at 4 × 64 at 383, 824 and 374 ms: the mean moved the step's fit by up to 4% and its error from
     6% to 16%). The error is over the shapes, the same way: what the model misses, not the repeats' spread."""
     groups: dict[tuple[float, ...], list[float]] = {}
-    for row, value in zip(rows, y):
+    for row, value in zip(rows, y, strict=True):
         groups.setdefault(tuple(float(v) for v in row), []).append(float(value))
     A = np.asarray(list(groups), dtype=float)
     b = np.asarray([np.median(v) for v in groups.values()])
@@ -191,12 +190,12 @@ class FittedTiming:
     build_level: tuple[tuple[int, float], ...] = ()  # (batch, the engine's builds over the line's): measured
     build_scale: tuple[tuple[int, float], ...] = ()  # the build level as applied (`with_build_level`): () = none
 
-    def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> "FittedTiming":
+    def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> FittedTiming:
         """This fit at the level of an SD run's rounds: the target's forwards scaled by the run's total verify
         time over this fit's, the draft's by its total draft time over this fit's, each unless within
         `dead_band` of 1 (module docstring). `levels` holds the scales applied and the ratios measured.
         ValueError without three SD decode rounds or without a fitted draft."""
-        pairs = [(r, w) for r, w in zip(records, sd_first_widths(records))
+        pairs = [(r, w) for r, w in zip(records, sd_first_widths(records), strict=True)
                  if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
         rounds = [r for r, _ in pairs]
         if len(rounds) < 3:
@@ -232,7 +231,7 @@ class FittedTiming:
                 f"×{measured['target']:.3f}, ×{measured['draft']:.3f} over {applied['rounds']} SD rounds; within "
                 f"{LEVEL_DEAD_BAND:.0%} of 1 left at 1)")
 
-    def with_build_level(self) -> "FittedTiming":
+    def with_build_level(self) -> FittedTiming:
         """This fit with its cache builds scaled to the engine's build rounds (`build_level`, module docstring).
         ValueError without them."""
         if not self.build_level:
@@ -267,7 +266,7 @@ class FittedTiming:
             return step
         return self._target(batch * tokens, batch * context)
 
-    def for_strategy(self, strategy: Strategy) -> "FittedTiming":
+    def for_strategy(self, strategy: Strategy) -> FittedTiming:
         """The timing as that strategy sees it: SSD's verify carries the worker's interference."""
         if Strategy(strategy) is not Strategy.SSD or self.ssd_verify_factor == 1.0:
             return self
@@ -290,14 +289,14 @@ class FittedTiming:
         if self.build is None:
             return steps
         s, *extra = self.build
-        return s * steps + sum(c * x for c, x in zip(extra, _build_terms(K, branches, context)))
+        return s * steps + sum(c * x for c, x in zip(extra, _build_terms(K, branches, context), strict=True))
 
     def build_level_at(self, batch: int) -> float:
         """The applied build level at `batch`: linear between the batch sizes measured, held beyond them, 1 when
         none is applied (module docstring)."""
         if not self.build_scale:
             return 1.0
-        batches, ratios = zip(*self.build_scale)
+        batches, ratios = zip(*self.build_scale, strict=True)
         return float(np.interp(batch, batches, ratios))
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
@@ -400,7 +399,7 @@ def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[flo
     records; the calls column is dropped (all zero) unless the SD drafts span two lengths K or more, where a
     call's own cost can be told from its steps' (module docstring)."""
     X, y, lengths = [], [], set()
-    for r, width in zip(records, sd_first_widths(records)):
+    for r, width in zip(records, sd_first_widths(records), strict=True):
         b, K, kv = r.batch_size, r.K, r.batch_size * r.context_len
         if r.strategy is Strategy.SD and r.draft_ms > 0:
             X.append([1.0, K, (K - 1 + width) * b, K * kv])
@@ -552,7 +551,7 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         rows = [r for r in decode if r.strategy is strategy]
         if rows:
             waited = [(r.wait_ms or 0.0) if strategy is Strategy.SSD else r.draft_ms for r in rows]
-            residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited)]
+            residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited, strict=True)]
             overhead[strategy.value] = max(0.0, float(np.median(residual)))
     waits = link_waits(decode)
     link_ms = float(np.median(waits)) / 2 if waits else 0.0

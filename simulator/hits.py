@@ -22,11 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator.records import RoundRecord
 from theory import fit_r
 from theory.fanout import outcome_probabilities, separable_fanout
 from theory.glossary import Backup
-
-from simulator.records import RoundRecord
 
 KEPT = 256  # ranks counted one by one; beyond, the fitted power law
 MIN_PER_POSITION = 30  # fewer rejections at a position than this: use all positions' rejections
@@ -44,11 +43,11 @@ class RankCounts:
             raise ValueError(f"rank counts must be at most {KEPT} non-negative numbers and a non-negative rest")
 
     @staticmethod
-    def of(ranks: list[int]) -> "RankCounts":
+    def of(ranks: list[int]) -> RankCounts:
         counts = np.bincount([r for r in ranks if r < KEPT], minlength=KEPT).astype(int)
         return RankCounts(tuple(int(c) for c in counts), sum(r >= KEPT for r in ranks))
 
-    def __add__(self, other: "RankCounts") -> "RankCounts":
+    def __add__(self, other: RankCounts) -> RankCounts:
         a, b = np.zeros(KEPT, dtype=int), np.zeros(KEPT, dtype=int)
         a[: len(self.counts)] = self.counts
         b[: len(other.counts)] = other.counts
@@ -170,7 +169,7 @@ class EmpiricalHit:
                 "tail_r": self.tail_r, "source": self.source, **self.meta}
 
     @staticmethod
-    def from_dict(obj: dict, source: str | None = None) -> "EmpiricalHit":
+    def from_dict(obj: dict, source: str | None = None) -> EmpiricalHit:
         try:
             unpack = lambda d: RankCounts(tuple(int(c) for c in d["counts"]), int(d["beyond"]))  # noqa: E731
             rejected = tuple(unpack(d) for d in obj["rejected"])
@@ -201,7 +200,7 @@ def outcome_ranks(records: list[RoundRecord]) -> tuple[int, dict[int, list[int]]
     for r in records:
         if not r.is_decode or r.outcome_rank is None:
             continue
-        for row, (k, rank) in enumerate(zip(r.accepted, r.outcome_rank)):
+        for row, (k, rank) in enumerate(zip(r.accepted, r.outcome_rank, strict=True)):
             if rank is None or not is_draft_sourced(r, row):
                 continue
             (accepted_all if k == K else rejected[k]).append(rank)

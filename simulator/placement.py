@@ -13,8 +13,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from theory.glossary import Backup, Strategy
-
 from simulator.feasibility import problems, tp_problems
 from simulator.hardware import Deployment
 from simulator.metrics import SimResult
@@ -22,6 +20,7 @@ from simulator.plan import LatencyTarget, missed
 from simulator.run import simulate
 from simulator.scenario import AUTO, Scenario
 from simulator.timing import RooflineTiming
+from theory.glossary import Backup, Strategy
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,8 @@ def preset_options(base: Scenario, devices: int) -> list[Option]:
         target = replace(timing.target, tp=tp)
         spare = share - tp
         where = f"target on {tp} × {name}" + (f" ({spare} idle: TP {share} does not divide the heads)" if spare else "")
-        where += ", draft on its own" if strategy is Strategy.SSD else ", draft beside it" if strategy is Strategy.SD else ""
+        where += (", draft on its own" if strategy is Strategy.SSD
+                  else ", draft beside it" if strategy is Strategy.SD else "")
         out.append(Option(strategy, where, replace(base, timing=replace(timing, target=target), target_devices=tp)))
     return out
 

@@ -19,12 +19,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from theory.latency import METRICS
-
 from simulator.feasibility import problems, requests_per_s
 from simulator.metrics import PERCENTILES, SimResult
 from simulator.run import simulate
 from simulator.scenario import Grid, Scenario
+from theory.latency import METRICS
 
 OBJECTIVES = ("accelerators", "latency")
 EXTRA_REPLICAS = 8  # an open-loop check adds up to this many replicas before it gives up

@@ -137,7 +137,7 @@ def parse_record(obj: object, where: str = "record") -> RoundRecord:
     emitted = _int_list(obj, "emitted", batch, where)
     if any(k > K for k in accepted):
         raise ValueError(f"{where}: accepted counts {list(accepted)} exceed K = {K}")
-    if any(e > k + 1 for e, k in zip(emitted, accepted)):
+    if any(e > k + 1 for e, k in zip(emitted, accepted, strict=True)):
         raise ValueError(f"{where}: emitted {list(emitted)} exceeds accepted + 1 {[k + 1 for k in accepted]}")
     fields = dict(
         strategy=strategy,

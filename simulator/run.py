@@ -8,8 +8,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import simpy
 
-from theory.glossary import Backup, MissPolicy, Strategy
-
 from simulator.acceptance import AcceptanceModel, HitModel, Replay, Source
 from simulator.batch import Batch
 from simulator.draws import ReplayDraws, TableDraws
@@ -18,6 +16,7 @@ from simulator.metrics import Recorder, SimResult, summarize
 from simulator.processes import Testbed, ar_decoder, arrivals, sd_draft_worker, ssd_draft_worker, verifier
 from simulator.timing import TimingModel
 from simulator.workload import ClosedLoop, Replayed, RequestSource, Workload
+from theory.glossary import Backup, MissPolicy, Strategy
 
 TOKEN_ID_BYTES = 4
 OUTCOME_BYTES = 8  # (k, t*) per sequence

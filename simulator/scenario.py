@@ -26,9 +26,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from theory import Backup, MissPolicy, Strategy, integer_fanout
-from theory import uniform_fanout as theory_uniform_fanout
-
 from simulator.acceptance import (
     AcceptanceModel,
     HitModel,
@@ -45,6 +42,8 @@ from simulator.metrics import SimResult
 from simulator.run import Policy, SimConfig, simulate
 from simulator.timing import TimingModel
 from simulator.workload import ClosedLoop, Lengths, OpenLoop
+from theory import Backup, MissPolicy, Strategy, integer_fanout
+from theory import uniform_fanout as theory_uniform_fanout
 
 FANOUT_RULES = ("geometric", "uniform")
 AUTO = "auto"  # K or budget chosen as the engine's K="auto" / budget="auto" would (module docstring)
@@ -205,7 +204,7 @@ class Scenario:
         speeds = [simulate(closed.config(**c)).decode_tokens_per_s for c in candidates]
         best = int(np.argmax(speeds))
         chosen = candidates[best]
-        tried = ", ".join(f"{c['K']}: {v:.3g}" for c, v in zip(candidates, speeds))
+        tried = ", ".join(f"{c['K']}: {v:.3g}" for c, v in zip(candidates, speeds, strict=True))
         budget_note = f", budget auto -> {chosen['budget']}" if budget == AUTO and strategy is Strategy.SSD else ""
         return chosen, (f"{strategy.value} batch {point['batch']}: K auto -> {chosen['K']}{budget_note} "
                         f"(decode tokens/s by K: {tried})")

@@ -58,7 +58,7 @@ class MissPolicy(str, Enum):
     WHOLE_BATCH = "whole-batch"
 
     @classmethod
-    def _missing_(cls, value: object) -> "MissPolicy":
+    def _missing_(cls, value: object) -> MissPolicy:
         """Accept the Python spelling ("per_row"); refuse anything else with the choices."""
         if isinstance(value, str) and value.replace("_", "-") in cls._value2member_map_:
             return cls._value2member_map_[value.replace("_", "-")]

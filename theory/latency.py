@@ -77,7 +77,8 @@ def statistics(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_
     return out
 
 
-def summarize(latencies: Sequence[RequestLatency], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+def summarize(latencies: Sequence[RequestLatency],
+              percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
     """mean / median / std / p-th percentiles of TTFT, TPOT, ITL and E2EL over requests, in ms.
 
     A metric with no sample (no request, or only one-token requests for TPOT, or no second chunk for ITL)

@@ -18,8 +18,8 @@ from torch import Tensor
 from engine import host
 from engine.checks import Checks
 from engine.drafting import draft_steps
-from engine.kv_cache import KVState
 from engine.invariant import race_ranking
+from engine.kv_cache import KVState
 from engine.sampling import Generators, Keys, RowSampling
 from engine.sparse import SparseQ, TopLogits
 
@@ -67,7 +67,7 @@ def draft_compact(
     ys, qs, ranks = [], [], []
     active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
     racing = [b for b, p in enumerate(params.params) if p.invariant] if isinstance(generator, Keys) else []
-    for i, (y, q, z, ids) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
+    for i, (y, q, _, ids) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
                                                    fed=active_fed, checks=checks, rank_depth=depth)):
         ys.append(y)  # ids [N, M]: the ranking, made with y when greedy
         if racing:  # drafter-invariant rows rank by the race at their position: the likeliest winners first

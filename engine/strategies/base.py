@@ -15,8 +15,8 @@ from torch import Tensor
 
 from engine.checks import Checks
 from engine.sampling import RowSampling
-from engine.sparse import SparseQ
 from engine.sequence import Sequence
+from engine.sparse import SparseQ
 from engine.verifier import Verification
 
 

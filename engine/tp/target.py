@@ -68,7 +68,7 @@ class TPTarget:
         self._reaper = weakref.finalize(self, _reap, processes, folder)
 
     # -- what the engine feeds ----------------------------------------------------------------
-    def new_kv_state(self, batch_size: int, device: torch.device) -> "TPState":
+    def new_kv_state(self, batch_size: int, device: torch.device) -> TPState:
         sid = next(self._ids)
         self.run(NewState(sid, batch_size))
         return TPState(self, sid)
@@ -185,13 +185,13 @@ class TPState:
     def select(self, rows: Tensor | list[int]) -> None:
         self.target.run(Select(self.sid, host.index(rows, self.lengths.device)))
 
-    def fork(self, rows: Tensor | list[int]) -> "TPState":
+    def fork(self, rows: Tensor | list[int]) -> TPState:
         new = next(self.target._ids)
         self.target.run(Fork(self.sid, new, host.index(rows, self.lengths.device)))
         return TPState(self.target, new)
 
     @staticmethod
-    def concat(states: list["TPState"]) -> "TPState":
+    def concat(states: list[TPState]) -> TPState:
         target = states[0].target
         new = next(target._ids)
         target.run(Concat([s.sid for s in states], new))
