@@ -180,7 +180,7 @@ def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Gene
     U(seed, position of x_i, ACCEPT) and the bonus U(seed, position of t*, TARGET), whatever came before. p and q
     are used as given (they should be normalised distributions).
 
-    `checks` (engine.sampling.Checks): where the input checks go, to be read later together with others; the
+    `checks` (engine.checks.Checks): where the input checks go, to be read later together with others; the
     tokens are then clamped into the vocabulary for the gathers, so a bad one cannot index out of range on a
     device before its check is read. Default: every check at once.
     """
