@@ -151,6 +151,8 @@ class AsyncLLM:
                 self._deliver(request_id, err)
 
     def _write_round(self, record) -> None:
+        if self._rounds_file is None:  # closed: the engine is shutting down
+            return
         self._rounds_file.write(record.to_json() + "\n")
         self._rounds_file.flush()
 

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -47,8 +48,24 @@ def row_seed(seed: int, index: int) -> int:
 
 
 def _vocab_size(model: PreTrainedModel) -> int:
-    # The input embedding, which low-bit quantisation of Linear layers leaves alone.
-    return model.get_input_embeddings().num_embeddings
+    """Rows of the input embedding, which low-bit quantisation of Linear layers leaves alone."""
+    embeddings: Any = model.get_input_embeddings()  # torch types a module's attributes as Tensor | Module
+    return int(embeddings.num_embeddings)
+
+
+def _logit_width(model: PreTrainedModel) -> int:
+    """Logits per position: the output head's out_features (nn.Linear and its low-bit replacements alike)."""
+    head: Any = model.get_output_embeddings()  # torch types a module's attributes as Tensor | Module
+    return int(head.out_features)
+
+
+def _check_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+    vt, vd = _vocab_size(target), _vocab_size(draft)
+    if vt != vd:
+        raise ValueError(
+            f"target and draft have different vocabularies ({vt} vs {vd} logits): speculative "
+            "decoding needs a draft that shares the target's tokenizer"
+        )
 
 
 class LLM:
@@ -114,7 +131,7 @@ class LLM:
         self.config = EngineConfig(
             target=str(getattr(target, "name_or_path", target)),
             draft=None if draft is None else str(getattr(draft, "name_or_path", draft)),
-            strategy=strategy,
+            strategy=Strategy(strategy),
             speculative=speculative or SpeculativeConfig(),
             dtype=dtype,
             draft_dtype=draft_dtype,
@@ -122,9 +139,9 @@ class LLM:
             threads=threads,
             chat_template=chat_template,
             cache_dir=None if cache_dir is None else str(cache_dir),
-            target_quant=target_quant,
-            draft_quant=draft_quant,
-            compile=compile,
+            target_quant=QuantConfig.of(target_quant),
+            draft_quant=QuantConfig.of(draft_quant),
+            compile=CompileConfig.of(compile),
             tp=tp,
         )
         scheduler = SchedulerConfig(max_num_seqs, max_prefill_tokens, max_waiting)
@@ -138,27 +155,30 @@ class LLM:
         self.loop: DecodeLoop | None = None
         config = self.config
         self._tp = None  # the tensor-parallel target's other ranks (engine.tp), when tp > 1
+        target_model: PreTrainedModel
         if config.tp > 1:
             from engine.tp import start_target
 
             self._tp, loaded_tokenizer = start_target(target, config, self.device)
-            self.target = self._tp.model
+            target_model = self._tp.model
         else:
-            self.target, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
-                                                         device=self.device, cache_dir=cache_dir)
+            target_model, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
+                                                          device=self.device, cache_dir=cache_dir)
+        self.target: PreTrainedModel | None = target_model
         self.tokenizer = tokenizer or loaded_tokenizer
-        self.draft = self._draft_given = None
+        self.draft: PreTrainedModel | None = None
+        self._draft_given = None
         if draft is not None and config.strategy is not Strategy.AR:
             self.draft, _ = engine_model(draft, config.draft_quant, dtype=TORCH_DTYPES[config.draft_float_dtype],
                                          device=self.device, cache_dir=cache_dir)
-            self._check_vocab()
+            _check_vocab(target_model, self.draft)
             # SSD's worker process rebuilds a draft given as a model from its weights (the exact
             # model passed, before quantisation, which the worker applies), and one given by alias /
             # path by loading it the same way.
             self._draft_given = draft if isinstance(draft, PreTrainedModel) else None
-        self.eos_ids = eos_ids(self.target, self.tokenizer)
-        self.pad_id = pad_id(self.tokenizer, self.eos_ids, self.target.get_input_embeddings().num_embeddings)
-        self.vocab_size = self.target.get_output_embeddings().out_features  # also for quantised heads
+        self.eos_ids = eos_ids(target_model, self.tokenizer)
+        self.pad_id = pad_id(self.tokenizer, self.eos_ids, _vocab_size(target_model))
+        self.vocab_size = _logit_width(target_model)  # also for quantised heads
         self._seq_ids = itertools.count()
         self.serving = False  # True while an AsyncLLM drives the loop
         spec = config.speculative
@@ -167,30 +187,36 @@ class LLM:
         target_plan, draft_plan = slot_plans(config.compile, K, branches, max_num_seqs)
         # what the loop and the proposers feed: the models, on the static slot cache when compiled, the target
         # through its ranks when tensor-parallel (engine.kv_cache.new_state makes their states)
-        self._fed_target = self._tp if self._tp is not None else slot_model(self.target, target_plan, self.device,
+        self._fed_target = self._tp if self._tp is not None else slot_model(target_model, target_plan, self.device,
                                                                             "target")
         self._fed_draft = None if self.draft is None else slot_model(self.draft, draft_plan, self.device, "draft")
-        self.loop = DecodeLoop(self._fed_target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,
-                               device=self.device, scheduler=scheduler)
+        self.loop = loop = DecodeLoop(
+            self._fed_target,  # type: ignore[arg-type]  # typed nn.Module there; it takes any model
+            # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel, TPTarget)
+            NoDraft(self.vocab_size, self.device), pad_id=self.pad_id, device=self.device, scheduler=scheduler)
         if max_num_seqs is not None and self.max_context is not None:  # what a KV-cache usage is a share of
-            self.loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
+            loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
         self._start_proposer()
 
     # -- construction -------------------------------------------------------------------------
-    def _check_vocab(self) -> None:
-        vt, vd = _vocab_size(self.target), _vocab_size(self.draft)
-        if vt != vd:
-            raise ValueError(
-                f"target and draft have different vocabularies ({vt} vs {vd} logits): speculative "
-                "decoding needs a draft that shares the target's tokenizer"
-            )
+    @property
+    def _open_loop(self) -> DecodeLoop:
+        """The decode loop; ValueError once the LLM is closed."""
+        if self.loop is None:
+            raise ValueError("this LLM is closed: build a new one")
+        return self.loop
 
     def _start_proposer(self) -> None:
-        strategy, spec = self.config.strategy, self.config.speculative
+        strategy, spec, loop = self.config.strategy, self.config.speculative, self._open_loop
         if strategy is Strategy.AR:
             return  # the loop starts with NoDraft
         if strategy is Strategy.SD:
-            self.loop.proposer = InProcessDraft(self._fed_draft, spec, self.pad_id, self.device)
+            if self._fed_draft is None:
+                raise ValueError("strategy sd needs a draft model: pass draft=...")
+            loop.proposer = InProcessDraft(
+                self._fed_draft,  # type: ignore[arg-type]  # typed nn.Module there; it takes any model
+                # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel)
+                spec, self.pad_id, self.device)
         elif strategy is Strategy.SSD:
             from engine.ssd.channel import open_channel
             from engine.ssd.memory import check_budget, memory_limit
@@ -204,18 +230,21 @@ class LLM:
                 draft_device = (self.device if spec.placement.in_process
                                 else draft_device_for(self.device, spec.placement.draft_device))
                 check_budget(self.draft, spec.K, branches, draft_device)
-                self.loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
-            opener = open_channel(self._fed_draft, self._draft_given, self.config, self.pad_id, self.device)
+                loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
+            # open_channel and DraftWorkerProposer type the draft they feed as nn.Module; they take any model
+            # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel)
+            opener = open_channel(self._fed_draft,  # type: ignore[arg-type]  # (above)
+                                  self._draft_given, self.config, self.pad_id, self.device)
             proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device,
-                                           draft=self._fed_draft)
-            self.loop.proposer = proposer
+                                           draft=self._fed_draft)  # type: ignore[arg-type]  # (above)
+            loop.proposer = proposer
             try:  # start the worker now, so that loading its model is not charged to the first request
                 proposer.start()
             except proposer.faults as err:
-                self.loop.fall_back(err, "did not start")
+                loop.fall_back(err, "did not start")
         else:
             raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
-        self.loop.stats.strategy = self.loop.proposer.name
+        loop.stats.strategy = loop.proposer.name
 
     # -- what a server needs to know ----------------------------------------------------------
     @property
@@ -224,6 +253,8 @@ class LLM:
 
     @property
     def max_context(self) -> int | None:
+        if self.target is None:
+            raise ValueError("this LLM is closed: build a new one")
         limit = getattr(self.target.config, "max_position_embeddings", None)
         if self.config.compile is not None:
             # a row of the static cache holds max_len tokens; an SSD branch row drafts K past the speculation
@@ -246,16 +277,16 @@ class LLM:
     @property
     def strategy_in_use(self) -> str:
         """"ar", "sd" or "ssd"; after an SSD worker fault, the fallback's name."""
-        return self.loop.proposer.name
+        return self._open_loop.proposer.name
 
     @property
     def fault(self) -> str | None:
         """Why SSD's draft worker was replaced by its fallback (None if it never was)."""
-        return self.loop.fault
+        return self._open_loop.fault
 
     @property
     def proposer(self) -> Proposer:
-        return self.loop.proposer
+        return self._open_loop.proposer
 
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | Seq[int], chat: bool | None = None) -> list[int]:
@@ -328,12 +359,14 @@ class LLM:
         self._check_idle()
         seqs = self._sequences(prompts, params)
         start = time.perf_counter()
-        records = self.loop.recorder.records = []
+        recorder = self._open_loop.recorder
+        records: list = []
+        recorder.records = records
         try:
             for _ in self._drive(seqs):
                 pass
         finally:
-            self.loop.recorder.records = None
+            recorder.records = None
         metrics = RunMetrics(strategy=self.config.strategy.value,
                              K=0 if self.config.strategy is Strategy.AR else self.config.speculative.K,
                              wall_s=time.perf_counter() - start, requests=[s.metrics for s in seqs], rounds=records)
@@ -350,20 +383,20 @@ class LLM:
         yield from self._drive(self._sequences(prompts, params))
 
     def _drive(self, seqs: list[Sequence]) -> Iterator[Chunk]:
-        ids = {s.request_id for s in seqs}
+        ids, loop = {s.request_id for s in seqs}, self._open_loop
         for seq in seqs:
-            self.loop.submit(seq)
+            loop.submit(seq)
         try:
             while not all(s.finished for s in seqs):
-                for chunk in self.loop.step():
+                for chunk in loop.step():
                     if chunk.request_id in ids:
                         yield chunk
         finally:
             left = [s for s in seqs if not s.finished]
             for seq in left:
-                self.loop.abort(seq.request_id)
+                loop.abort(seq.request_id)
             if left:
-                self.loop.step()  # retires them
+                loop.step()  # retires them
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -242,7 +242,7 @@ def fit_tables(tables: dict, source: str, resamples: int = RESAMPLES, seed: int 
     counts = np.array([p.counts for p in points], dtype=float)
     best = _maximize(points, counts, np.array([0.0, 0.3, 0.0, 0.5]))
     rng = np.random.default_rng(seed)
-    resampled = []
+    resampled: list[HitParams] = []
     while len(resampled) < resamples:
         chosen = rng.integers(0, len(points), len(points))
         if len({round(points[i].alpha, 2) for i in chosen}) < 2:

@@ -106,6 +106,7 @@ class Batch:
             request = seq.request
             request.done_ms = now
             rec.completed += 1
+            assert request.first_token_ms is not None, "a finished request has emitted its first token"
             ttft_ms, e2el_ms = request.first_token_ms - request.arrival_ms, now - request.arrival_ms
             rec.e2el_ms.append(e2el_ms)
             tpot_ms = time_per_output_token(ttft_ms, e2el_ms, seq.tokens)

@@ -55,6 +55,8 @@ def _lookups(records: list[RoundRecord]) -> dict[int, list[int]]:
         both_ssd = before.strategy is after.strategy is Strategy.SSD and before.is_decode and after.is_decode
         if not (same_run and both_ssd):
             continue
+        if after.fanout is None or after.hit is None:  # no cache was looked up (a record without them)
+            continue
         if len(after.fanout) != before.K + 1:  # adaptive K: not a cache built for `before`'s outcomes
             continue
         for k, hit in zip(before.accepted, after.hit, strict=True):
@@ -69,7 +71,7 @@ def calibrate(records: list[RoundRecord]) -> Calibration:
     alpha, rounds = _alpha(records)
     counts = _lookups(records)
     lookups = sum(n for n, _ in counts.values())
-    hits = None
+    hits: PowerLawHit | ConstantHit | None = None
     usable = {F: (n, m) for F, (n, m) in counts.items() if F >= 1 and m > 0}
     if len(usable) >= 3:
         fit = fit_r(list(usable), [m / n for n, m in usable.values()])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -288,7 +289,17 @@ def measured(workload: str = "spec_bench", temperature: float = 0.0, C: float = 
     return EmpiricalHit.from_dict(best["model"], source=where)
 
 
-def _tail_split(model: EmpiricalHit, weights: np.ndarray, B: int) -> tuple[int, ...]:
+class RankedMisses(Protocol):
+    """What `best_schedule` reads of a hit model: the miss curve of outcome k's F guesses and the power-law tail
+    beyond the measured ranks (EmpiricalHit here, and simulator.alpha_hits.AlphaHit)."""
+
+    @property
+    def tail_r(self) -> float: ...
+
+    def miss(self, k: int, K: int, F: np.ndarray) -> np.ndarray: ...
+
+
+def _tail_split(model: RankedMisses, weights: np.ndarray, B: int) -> tuple[int, ...]:
     """More budget than KEPT guesses per outcome: every outcome is in its concave tail; split ∝ P(k)^(1/(1+r))."""
     share = weights ** (1.0 / (1.0 + model.tail_r))
     real = B * share / share.sum()
@@ -297,7 +308,7 @@ def _tail_split(model: EmpiricalHit, weights: np.ndarray, B: int) -> tuple[int, 
     return tuple(int(x) for x in out)
 
 
-def best_schedule(model: EmpiricalHit, alpha: float, K: int, B: int) -> tuple[int, ...]:
+def best_schedule(model: RankedMisses, alpha: float, K: int, B: int) -> tuple[int, ...]:
     """The integer schedule F_0..F_K (Σ = B) with the highest `model.hit_rate(alpha, F)`: an exact dynamic
     programme over outcomes and budget (the measured gains need not be concave, so no greedy).
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from simulator.feasibility import problems, tp_problems
 from simulator.hardware import Deployment
@@ -89,7 +90,7 @@ def compare(options: Sequence[Option], batch: int, targets: Sequence[LatencyTarg
     out = []
     for option in options:
         closed = replace(option.scenario, rate_per_s=None, requests=None)
-        point = {"strategy": option.strategy, "K": 0 if option.strategy is Strategy.AR else AUTO,
+        point: dict[str, Any] = {"strategy": option.strategy, "K": 0 if option.strategy is Strategy.AR else AUTO,
                  "budget": AUTO if option.strategy is Strategy.SSD else 0, "backup": Backup.NEURAL, "batch": batch,
                  "C": 1.0}
         point = closed.resolve(point)[0]

@@ -123,7 +123,7 @@ class SimConfig:
         p = self.policy
         out = {"strategy": p.strategy.value, "K": p.K, "batch": self.workload.max_batch}
         if p.strategy is Strategy.SSD:
-            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout)), backup=p.backup.value,
+            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout or ())), backup=p.backup.value,
                        miss_policy=p.miss_policy.value)
         return out
 
@@ -161,7 +161,7 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
         max_requests=config.requests or (wl.requests if isinstance(wl, Replayed) else None),
         prefill_ahead=config.prefill_overlap and p.strategy is Strategy.SSD,
     )
-    if closed:
+    if isinstance(wl, ClosedLoop):
         for _ in range(wl.concurrency):
             batch.queue.put(source.next_request(0.0))
     else:
@@ -175,7 +175,7 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
     env.run(until=bed.done)
     links = {"to_draft": to_draft.busy_ms, "to_target": to_target.busy_ms}
     result = summarize(rec, p.strategy.value, config.settings(), env.now, config.accelerators, links)
-    return replace(result, timeline=tuple(rec.spans)) if trace else result
+    return replace(result, timeline=tuple(rec.spans or ())) if trace else result
 
 
 def rounds_per_second(config: SimConfig) -> tuple[float, float]:

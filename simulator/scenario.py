@@ -77,7 +77,8 @@ class SaguaroTable:
         if not self.C[0] <= C <= self.C[-1]:
             raise ValueError(f"C = {C} lies outside the Saguaro table's range {self.C[0]}..{self.C[-1]}: "
                              f"measure that C or sweep inside the range")
-        return tuple(float(np.interp(C, self.C, values)) for values in (self.alpha, self.r, self.scale))
+        alpha, r, scale = (float(np.interp(C, self.C, values)) for values in (self.alpha, self.r, self.scale))
+        return alpha, r, scale
 
 
 def default_hits(acceptance: AcceptanceModel | Replay) -> HitModel | None:
@@ -121,7 +122,7 @@ class Scenario:
         if self.rate_per_s is not None and self.output_len is None:
             raise ValueError("an open loop (rate_per_s) needs finite output lengths")
 
-    def models_at(self, C: float) -> tuple[AcceptanceModel | Replay, HitModel]:
+    def models_at(self, C: float) -> tuple[AcceptanceModel | Replay, HitModel | None]:
         """Acceptance and hit models at Saguaro constant C (C = 1 without a table: the scenario's own)."""
         if self.saguaro is None:
             if C != 1.0:
@@ -217,10 +218,13 @@ class Scenario:
         policy = Policy(strategy, K=K if strategy is not Strategy.AR else 0, fanout=fanout,
                         backup=backup if strategy is Strategy.SSD else Backup.NEURAL,
                         miss_policy=self.miss_policy)
+        workload: ClosedLoop | OpenLoop
         if self.rate_per_s is None:
             workload = ClosedLoop(batch, self.prompt_len, self.output_len)
-        else:
+        elif self.output_len is not None:
             workload = OpenLoop(self.rate_per_s, batch, self.prompt_len, self.output_len)
+        else:
+            raise ValueError("an open loop (rate_per_s) needs finite output lengths")
         return SimConfig(
             policy=policy, timing=self.timing, acceptance=acceptance,
             hits=hits if strategy is Strategy.SSD else None, workload=workload, link=self.link,

@@ -165,8 +165,9 @@ class RooflineTiming:
         if overhead is None:
             return self.draft
         hw = self.draft.hardware
-        field_name = "single_device_layer_overhead_us" if self.draft.tp == 1 else "layer_overhead_us"
-        return replace(self.draft, hardware=replace(hw, **{field_name: overhead}))
+        if self.draft.tp == 1:
+            return replace(self.draft, hardware=replace(hw, single_device_layer_overhead_us=overhead))
+        return replace(self.draft, hardware=replace(hw, layer_overhead_us=overhead))
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         rows = batch * tokens

@@ -155,4 +155,6 @@ class RequestSource:
         if isinstance(wl, Replayed):
             i = self._next_id
             return None if i >= wl.requests else max(0.0, wl.arrivals_ms[i] - now_ms)
+        if isinstance(wl, ClosedLoop):
+            raise ValueError("a closed loop has no arrival gaps: a sequence starts when another finishes")
         return float(self._rng.exponential(1e3 / wl.rate_per_s))
