@@ -254,7 +254,7 @@ def measure(vocab: int, args) -> dict:
     runs = {s: EngineRun(s) for s in args.strategies}
     llms = {s: engine(target, draft, s, K, threads=1) for s in args.strategies}
     try:
-        for s, llm in llms.items():  # warm up every path once (the worker's start, the first shapes)
+        for llm in llms.values():  # warm up every path once (the worker's start, the first shapes)
             run_engine(llm, prompt, 16, temperature, seed=0)
         for rep in range(args.repeats):
             t = {k: min(v, t.get(k, v)) for k, v in forwards().items()}  # each repeat's, the fastest kept
@@ -292,7 +292,8 @@ def print_row(row: dict, out=sys.stdout) -> None:
     bare = min(row["bare_ms"])
     print(f"vocabulary {row['vocab']}: bare loop {bare:.3f} ms a token, transformers generate "
           f"{min(row['hf_generate_ms']) / bare:.2f}x bare (fastest of {len(row['bare_ms'])} repeats)", file=out)
-    print("  strategy  ms/token  x bare  ideal ms  x ideal  tokens/round  hit rate  syncs/round  link B/round", file=out)
+    print("  strategy  ms/token  x bare  ideal ms  x ideal  tokens/round  hit rate  syncs/round  link B/round",
+          file=out)
     for s, r in row["engine"].items():
         ms = r["best_tpot_ms"]
         hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
@@ -326,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"cpu": _cpu(), "torch": torch.__version__, "argv": sys.argv[1:], "args": vars(args) | {"out": str(args.out)}}
+        meta = {"cpu": _cpu(), "torch": torch.__version__, "argv": sys.argv[1:],
+                "args": vars(args) | {"out": str(args.out)}}
         (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     return 0
 

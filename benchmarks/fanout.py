@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 
 from theory import integer_fanout
 from theory.fanout import integer_fanout_dp
@@ -36,10 +37,10 @@ def main() -> None:
     print(f"{'K':>2} {'B':>8} {'new_s':>9} {'dp_s':>9} {'same':>5}  schedule")
     for K in KS:
         for B in BUDGETS:
-            new_s, F = seconds(lambda: integer_fanout(ALPHA, R, K, B, SCALE))
+            new_s, F = seconds(partial(integer_fanout, ALPHA, R, K, B, SCALE))
             dp_s, same = "-", "-"
             if B <= args.dp_up_to:
-                dp_time, reference = seconds(lambda: integer_fanout_dp(ALPHA, R, K, B, SCALE))
+                dp_time, reference = seconds(partial(integer_fanout_dp, ALPHA, R, K, B, SCALE))
                 dp_s, same = f"{dp_time:.3f}", str(F.tolist() == reference.tolist())
             print(f"{K:>2} {B:>8} {new_s:>9.4f} {dp_s:>9} {same:>5}  {F.tolist()}")
 

@@ -2,10 +2,10 @@
 
     python -m benchmarks.gpu_check STEP --out DIR [--device cuda|cpu] [--quick] [--budget-s S]
 
-STEP is one of env, canary, greedy, tests, syncs, timings, compiled, launch, e2e-agree, e2e-random. Each step appends its lines to DIR/summary.md
-as it goes (so a killed run still returns what it learned) and its figures to DIR/results.json under its name.
-Nothing here downloads anything or needs more than torch, transformers and the engine: the models are random
-weights of real shapes (benchmarks.random_models), built on the device.
+STEP is one of env, canary, greedy, tests, syncs, timings, compiled, launch, e2e-agree, e2e-random. Each step appends
+its lines to DIR/summary.md as it goes (so a killed run still returns what it learned) and its figures to
+DIR/results.json under its name. Nothing here downloads anything or needs more than torch, transformers and the engine:
+the models are random weights of real shapes (benchmarks.random_models), built on the device.
 
 On CPU (`--device cpu`) the same code runs on tiny shapes: a dry run of the check itself, not a measurement.
 """
@@ -373,7 +373,7 @@ def step_timings(report: Report, device: torch.device, args) -> bool:
                         backups: list[bool] = []  # per answer: did a backup draft some rows
                         original = respond.original
 
-                        def answer(msg, original=original, backups=backups):
+                        def answer(msg, original=original, backups=backups, worker=worker):
                             reply = original(msg)
                             backups.append(worker.last_backup is not None)
                             return reply
@@ -385,7 +385,7 @@ def step_timings(report: Report, device: torch.device, args) -> bool:
                         row[f"cache build budget {budget} ms"] = round(statistics.median(builds), 3)
                         if budget == budgets[0]:
                             answered = respond.ms[1:]  # the first answer also prefills
-                            with_backup = [ms for ms, b in zip(answered, backups[1:]) if b]
+                            with_backup = [ms for ms, b in zip(answered, backups[1:], strict=True) if b]
                             if with_backup:
                                 row["backup round (neural, K 4) ms"] = round(statistics.median(with_backup), 3)
                 except (RuntimeError, ValueError) as err:
@@ -500,7 +500,8 @@ def step_launch(report: Report, device: torch.device, args) -> bool:
 
 
 RUN = {"env": step_env, "canary": step_canary, "greedy": step_greedy, "tests": step_tests, "syncs": step_syncs,
-       "timings": step_timings, "compiled": step_compiled, "launch": step_launch, "e2e-agree": lambda r, d, a: step_e2e(r, d, a, agree=True),
+       "timings": step_timings, "compiled": step_compiled, "launch": step_launch,
+       "e2e-agree": lambda r, d, a: step_e2e(r, d, a, agree=True),
        "e2e-random": lambda r, d, a: step_e2e(r, d, a, agree=False)}
 
 
@@ -522,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(args.out, args.step)
     try:
         return 0 if RUN[args.step](report, device, args) else 1
-    except Exception as err:  # noqa: BLE001  one line in the summary; the traceback goes to the step's log
+    except Exception as err:
         report.line(f"- {args.step}: CRASHED: {type(err).__name__}: {str(err)[:500]}")
         raise
 

@@ -4,9 +4,9 @@ On a GPU every read of a device tensor on the host (`.item()`, `.tolist()`, `boo
 `.cpu()`, `.numpy()`, `.nonzero()`, a boolean-mask index, which needs the mask's count) waits until the device
 has run everything queued before it, and so do the engine's own sync points: a device `Stopwatch` read
 (engine.timing) and a `download` (engine.host). On the CPU those calls cost nothing but are still made, so
-counting them counts what a GPU run would wait for. `count_host_syncs()` counts them while it is open; with it the routines that take a
-shortcut through reads only on the CPU take their device path (engine.host.reads_are_free is False), so the count
-is the device's. On a real GPU, `torch.cuda.set_sync_debug_mode("warn")` reports the same waits.
+counting them counts what a GPU run would wait for. `count_host_syncs()` counts them while it is open; with it the
+routines that take a shortcut through reads only on the CPU take their device path (engine.host.reads_are_free is
+False), so the count is the device's. On a real GPU, `torch.cuda.set_sync_debug_mode("warn")` reports the same waits.
 """
 
 from __future__ import annotations

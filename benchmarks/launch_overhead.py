@@ -1,5 +1,6 @@
 """What a decode step of a Llama-3.2-1B-shaped model costs on this GPU, eager against replayed from a CUDA graph,
-and how it splits into per-layer and per-forward costs (`python -m benchmarks.launch_overhead OUT.json` on a CUDA machine).
+and how it splits into per-layer and per-forward costs (`python -m benchmarks.launch_overhead OUT.json` on a CUDA
+machine).
 
 Random bf16 weights, batch 1, one new token a step over a fixed 512-position KV cache (attention reads all of
 it: a timing study, not a model). Two implementations:
@@ -130,7 +131,7 @@ def main(path: str) -> None:
 
         out["transformers"] = {"version": transformers.__version__, **{str(n): r for n, r in hf.items()},
                                "eager_split": split(hf[16]["eager_ms"], hf[1]["eager_ms"])}
-    except Exception as err:  # the lean figures stand on their own
+    except Exception as err:  # noqa: BLE001  the lean figures stand on their own
         out["transformers"] = {"error": repr(err)}
     text = json.dumps(out, indent=1)
     print(text)

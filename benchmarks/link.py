@@ -42,8 +42,8 @@ def _answer(B: int, K: int, V: int, S: int):
     """A Speculation of B rows whose q has S support entries per position (0: dense)."""
     import torch
 
-    from engine.ssd.messages import Source, Speculation
     from engine.sparse import SparseQ
+    from engine.ssd.messages import Source, Speculation
 
     g = torch.Generator().manual_seed(0)
     if S:
@@ -90,7 +90,7 @@ def wire(B: int, K: int, V: int, repeats: int) -> None:
             decode(tensors, K, V)
             t3 = time.perf_counter()
             if i:
-                for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+                for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
                     times[key] += dt * 1e3 / repeats
         size = sum(t.numel() for t in sent)
         print(f"| {name} | {size} | {len(sent)} | {times['encode']:.3f} | {times['link']:.3f} | "

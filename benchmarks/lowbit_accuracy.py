@@ -42,7 +42,6 @@ from torch import nn
 
 from engine.kv_cache import cache_keyword
 
-
 SETS = ("spec_bench", "humaneval")
 DEFAULT_VARIANTS = ("int8", "int4-g32", "cache-int8", "cache-int4-g32")
 
@@ -98,7 +97,7 @@ def reference_pass(reference: nn.Module, prompt_sets: Mapping[str, Sequence[Sequ
     plan = {}
     for set_name, prompts in prompt_sets.items():
         conts = [greedy_continuation(reference, prompt, new_tokens, eos_ids) for prompt in prompts]
-        ref_lp = [continuation_logprobs(reference, prompt, c) for prompt, c in zip(prompts, conts)]
+        ref_lp = [continuation_logprobs(reference, prompt, c) for prompt, c in zip(prompts, conts, strict=True)]
         plan[set_name] = (list(prompts), conts, ref_lp)
         log(f"{set_name}: {len(prompts)} prompts, {sum(map(len, conts))} reference tokens")
     return plan
@@ -120,7 +119,7 @@ def score_variants(plan: dict, variants: Mapping[str, Callable[[], nn.Module | N
             continue
         log(f"{variant}: built in {time.perf_counter() - start:.1f} s")
         for set_name, (prompts, conts, ref_lp) in plan.items():
-            lq = [continuation_logprobs(model, prompt, c) for prompt, c in zip(prompts, conts)]
+            lq = [continuation_logprobs(model, prompt, c) for prompt, c in zip(prompts, conts, strict=True)]
             row = result["sets"][set_name]["variants"][variant] = compare(ref_lp, lq)
             log(f"{variant} on {set_name}: {json.dumps(row)}")  # a partial result survives a timeout
         del model

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=480.0, help="seconds of load (at most 600)")
     parser.add_argument("--kill-at", type=float, default=None, help="seconds into the load (default: a third)")
     parser.add_argument("--warmup", type=float, default=None,
-                        help="seconds of load before the memory counts (default: a quarter of the time before the kill)")
+                        help="seconds of load before the memory counts "
+                             "(default: a quarter of the time before the kill)")
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--batch", type=int, default=4, help="the server's batch rows")
     parser.add_argument("--max-tokens", type=int, default=32)

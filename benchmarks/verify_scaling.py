@@ -134,7 +134,8 @@ def bound_rows(results: dict[str, dict[int, float]], baseline: str) -> list[dict
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen-coder-1.5b")
-    parser.add_argument("--systems", nargs="+", default=["llamacpp", "int4", "bf16"], choices=["llamacpp", "int4", "bf16"])
+    parser.add_argument("--systems", nargs="+", default=["llamacpp", "int4", "bf16"],
+                        choices=["llamacpp", "int4", "bf16"])
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     parser.add_argument("--context", type=int, default=300, help="cached tokens before the timed forwards")
     parser.add_argument("--reps", type=int, default=7)

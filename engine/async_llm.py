@@ -42,13 +42,13 @@ class EngineFailed(EngineStopped):
 class RequestStream:
     """The chunks of one request, as an async iterator; closing it early aborts the request."""
 
-    def __init__(self, engine: "AsyncLLM", request_id: str, queue: asyncio.Queue):
+    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue):
         self.engine = engine
         self.request_id = request_id
         self.queue = queue
         self.done = False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> Chunk:
@@ -151,6 +151,8 @@ class AsyncLLM:
                 self._deliver(request_id, err)
 
     def _write_round(self, record) -> None:
+        if self._rounds_file is None:  # closed: the engine is shutting down
+            return
         self._rounds_file.write(record.to_json() + "\n")
         self._rounds_file.flush()
 

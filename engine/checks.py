@@ -43,7 +43,7 @@ class Checks:
     def raise_from(self, failed: list[int]) -> None:
         """Raise the first failed check's error, given the values of `flags()` as read on the host."""
         pending, self._pending = self._pending, []
-        for flag, (bad, error) in zip(failed, pending):
+        for flag, (bad, error) in zip(failed, pending, strict=True):
             if flag:
                 raise error(bad)
 

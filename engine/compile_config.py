@@ -59,7 +59,7 @@ class CompileConfig:
         return self.mode or ("reduce-overhead" if device_type == "cuda" else "default")
 
     @classmethod
-    def of(cls, value: "CompileConfig | bool | None") -> "CompileConfig | None":
+    def of(cls, value: CompileConfig | bool | None) -> CompileConfig | None:
         """`value` as a CompileConfig: True takes the defaults, False or None turns the path off."""
         if value is None or value is False:
             return None

@@ -137,7 +137,7 @@ class SpeculativeConfig:
     confidence_stop: float | None = None
 
     def __post_init__(self) -> None:
-        if self.K == "auto":
+        if isinstance(self.K, str) and self.K == "auto":  # taken at construction; the field then holds an int
             object.__setattr__(self, "K", AUTO_K_MAX)
             object.__setattr__(self, "adaptive", True)
         if not isinstance(self.K, int) or self.K < 1:
@@ -305,8 +305,8 @@ class EngineConfig:
                 f"or drop target_quant (got device={self.device!r})"
             )
         placement = self.speculative.placement
-        own_process = self.strategy is Strategy.SSD and not placement.in_process and placement.draft_device
-        draft_device = placement.draft_device if own_process else self.device
+        own_device = placement.draft_device if self.strategy is Strategy.SSD and not placement.in_process else None
+        draft_device = own_device or self.device
         if self.draft_quant is not None and self.strategy is not Strategy.AR and not draft_device.startswith("cpu"):
             raise ValueError(
                 f"draft_quant {self.draft_quant.scheme} runs on CPU kernels only: put the draft on the CPU "
@@ -366,7 +366,7 @@ def replace_removed_quant_arguments(
         if group not in QUANT_GROUP_SIZES:
             raise ValueError(f"quant_group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
                              f"got {group!r}")
-        for model, given, quant in (("target", target_quant, target), ("draft", draft_quant, draft)):
+        for model, given in (("target", target_quant), ("draft", draft_quant)):
             if isinstance(given, QuantConfig) and given.group_size != group:
                 raise ValueError(f"quant_group_size={group} conflicts with {model}_quant={given!r}: give only "
                                  f"{model}_quant's group_size")
@@ -376,6 +376,8 @@ def replace_removed_quant_arguments(
     for model, quant in (("target", target), ("draft", draft)):
         head = removed.get(f"{model}_head_quant")
         if head is not None:
+            if not isinstance(head, str):
+                raise ValueError(f"{model}_head_quant must be 'int8' or 'int4', got {head!r}")
             if quant is None:
                 raise ValueError(f"{model}_head_quant={head!r} needs {model}_quant 'int8' or 'int4' (got None): set "
                                  f"{model}_quant=QuantConfig(scheme, head={head!r})")

@@ -19,8 +19,8 @@ from engine.checks import Checks, check
 from engine.invariant import draft_winners
 from engine.keyed_random import Purpose
 from engine.kv_cache import KVState
-from engine.sampling import Generators, Keys, RowSampling, saguaro, sample, warp_rows
 from engine.ranking import rank_of, ranked_ids
+from engine.sampling import Generators, Keys, RowSampling, saguaro, sample, warp_rows
 from engine.sparse import SparseQ
 
 
@@ -117,9 +117,9 @@ def draft_from(
 ) -> tuple[Tensor, SparseQ, list[Tensor]]:
     """`draft_steps` collected: tokens [N, K'], q [N, K', V] (as its support where narrow) and, with
     `keep_logits`, the draft's logits at each position (K' tensors [N, V], as the steps made them; none without),
-    with K' = K unless `stop_below` ended the block early (1 <= K' <= K). A stop looks only at the draft's own logits, never at the target, so the shorter
-    block is verified exactly like a block of that length chosen in advance. Draft forwards made, the one that gave
-    `logits` included: K' + (K' < K)."""
+    with K' = K unless `stop_below` ended the block early (1 <= K' <= K). A stop looks only at the draft's own logits,
+    never at the target, so the shorter block is verified exactly like a block of that length chosen in advance. Draft
+    forwards made, the one that gave `logits` included: K' + (K' < K)."""
     ys, qs, zs = [], [], []
     for y, q, z, _ in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below,
                                   checks=checks):

@@ -131,16 +131,17 @@ class KVState:
         if 0 < logits_to_keep < T:
             # Positions as a tensor, not an int: transformers then gathers a contiguous [B, k, H] for the head.
             # The int form slices a strided view, and for B > 1 torch's matmul then runs the head as a bmm over
-            # B expanded copies of its weight (~2.5 s per row for a 151,936 x 1536 head on one CPU thread).
+            # B expanded copies of its weight: a copy of the whole head per row, on a large vocabulary the dearest
+            # part of the forward.
             logits_to_keep = torch.arange(T - logits_to_keep, T, device=tokens.device)
         attention = mask
         sdpa = getattr(self.model.config, "_attn_implementation", None) == "sdpa"
         if T == 1 and sdpa and tokens.device.type == "cpu":
             # transformers drops an all-ones mask for a one-token forward (every batch-1 step, any batch without
-            # holes) and runs torch's SDPA with enable_gqa, which on CPU in bf16 is ~6x slower than the pack_gqa
-            # path it takes for a masked batch (0.76 vs 0.12 ms per layer at 300 cached tokens). A 4-D mask is
-            # passed on as it is, so every one-token step takes the same fast path, with or without holes. On
-            # CUDA the unmasked call can use the flash kernel, so it is left as it is there.
+            # holes) and runs torch's SDPA with enable_gqa, which on CPU in bf16 is many times slower than the
+            # pack_gqa path it takes for a masked batch (tests/engine/test_kv_cache.py keeps the engine on the
+            # masked path). A 4-D mask is passed on as it is, so every one-token step takes the same fast path,
+            # with or without holes. On CUDA the unmasked call can use the flash kernel, so it is left as it is there.
             attention = mask[:, None, None, :].bool()  # [B, 1, 1, L + 1]: attend to every real slot
         out = self.model(
             input_ids=tokens,

@@ -15,10 +15,12 @@ import warnings
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from engine.block_cache import BlockModel
 from engine.compile_config import CompileConfig, slot_plans
 from engine.compiled import slot_model
 from engine.config import EngineConfig, QuantConfig, SpeculativeConfig, replace_removed_quant_arguments
@@ -47,8 +49,24 @@ def row_seed(seed: int, index: int) -> int:
 
 
 def _vocab_size(model: PreTrainedModel) -> int:
-    # The input embedding, which low-bit quantisation of Linear layers leaves alone.
-    return model.get_input_embeddings().num_embeddings
+    """Rows of the input embedding, which low-bit quantisation of Linear layers leaves alone."""
+    embeddings: Any = model.get_input_embeddings()  # torch types a module's attributes as Tensor | Module
+    return int(embeddings.num_embeddings)
+
+
+def _logit_width(model: PreTrainedModel) -> int:
+    """Logits per position: the output head's out_features (nn.Linear and its low-bit replacements alike)."""
+    head: Any = model.get_output_embeddings()  # torch types a module's attributes as Tensor | Module
+    return int(head.out_features)
+
+
+def _check_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+    vt, vd = _vocab_size(target), _vocab_size(draft)
+    if vt != vd:
+        raise ValueError(
+            f"target and draft have different vocabularies ({vt} vs {vd} logits): speculative "
+            "decoding needs a draft that shares the target's tokenizer"
+        )
 
 
 class LLM:
@@ -119,7 +137,7 @@ class LLM:
         self.config = EngineConfig(
             target=str(getattr(target, "name_or_path", target)),
             draft=None if draft is None else str(getattr(draft, "name_or_path", draft)),
-            strategy=strategy,
+            strategy=Strategy(strategy),
             speculative=speculative or SpeculativeConfig(),
             dtype=dtype,
             draft_dtype=draft_dtype,
@@ -127,9 +145,9 @@ class LLM:
             threads=threads,
             chat_template=chat_template,
             cache_dir=None if cache_dir is None else str(cache_dir),
-            target_quant=target_quant,
-            draft_quant=draft_quant,
-            compile=compile,
+            target_quant=QuantConfig.of(target_quant),
+            draft_quant=QuantConfig.of(draft_quant),
+            compile=CompileConfig.of(compile),
             tp=tp,
             prefix_caching=prefix_caching,
             kv_cache_memory=kv_cache_memory,
@@ -145,27 +163,30 @@ class LLM:
         self.loop: DecodeLoop | None = None
         config = self.config
         self._tp = None  # the tensor-parallel target's other ranks (engine.tp), when tp > 1
+        target_model: PreTrainedModel
         if config.tp > 1:
             from engine.tp import start_target
 
             self._tp, loaded_tokenizer = start_target(target, config, self.device)
-            self.target = self._tp.model
+            target_model = self._tp.model
         else:
-            self.target, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
-                                                         device=self.device, cache_dir=cache_dir)
+            target_model, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
+                                                          device=self.device, cache_dir=cache_dir)
+        self.target: PreTrainedModel | None = target_model
         self.tokenizer = tokenizer or loaded_tokenizer
-        self.draft = self._draft_given = None
+        self.draft: PreTrainedModel | None = None
+        self._draft_given = None
         if draft is not None and config.strategy is not Strategy.AR:
             self.draft, _ = engine_model(draft, config.draft_quant, dtype=TORCH_DTYPES[config.draft_float_dtype],
                                          device=self.device, cache_dir=cache_dir)
-            self._check_vocab()
+            _check_vocab(target_model, self.draft)
             # SSD's worker process rebuilds a draft given as a model from its weights (the exact
             # model passed, before quantisation, which the worker applies), and one given by alias /
             # path by loading it the same way.
             self._draft_given = draft if isinstance(draft, PreTrainedModel) else None
-        self.eos_ids = eos_ids(self.target, self.tokenizer)
-        self.pad_id = pad_id(self.tokenizer, self.eos_ids, self.target.get_input_embeddings().num_embeddings)
-        self.vocab_size = self.target.get_output_embeddings().out_features  # also for quantised heads
+        self.eos_ids = eos_ids(target_model, self.tokenizer)
+        self.pad_id = pad_id(self.tokenizer, self.eos_ids, _vocab_size(target_model))
+        self.vocab_size = _logit_width(target_model)  # also for quantised heads
         self._seq_ids = itertools.count()
         self.serving = False  # True while an AsyncLLM drives the loop
         spec = config.speculative
@@ -175,43 +196,52 @@ class LLM:
         # what the loop and the proposers feed: the models, on the static slot cache when compiled, the target
         # through its ranks when tensor-parallel (engine.kv_cache.new_state makes their states)
         self._fed_target = self._tp if self._tp is not None else slot_model(
-            self.target, target_plan, self.device, "target", prefix_caching=config.prefix_caching,
+            target_model, target_plan, self.device, "target", prefix_caching=config.prefix_caching,
             max_bytes=config.kv_cache_memory)
         self._fed_draft = None if self.draft is None else slot_model(self.draft, draft_plan, self.device, "draft",
                                                                      prefix_caching=config.prefix_caching)
-        self.loop = DecodeLoop(self._fed_target, NoDraft(self.vocab_size, self.device), pad_id=self.pad_id,
-                               device=self.device, scheduler=scheduler)
+        self.loop = loop = DecodeLoop(
+            self._fed_target,  # type: ignore[arg-type]  # typed nn.Module there; it takes any model
+            # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel, TPTarget)
+            NoDraft(self.vocab_size, self.device), pad_id=self.pad_id, device=self.device, scheduler=scheduler)
         if max_num_seqs is not None and self.max_context is not None:  # what a KV-cache usage is a share of
-            self.loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
-        self._kv_limit = None
-        pool = getattr(self._fed_target, "pool", None)
-        if config.kv_cache_memory is not None and pool is not None:
+            loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
+        self._kv_limit: MemoryLimit | None = None
+        self._kv_pool = pool = self._fed_target.pool if isinstance(self._fed_target, BlockModel) else None
+        if config.kv_cache_memory is not None and pool is not None and pool.max_blocks is not None:
             self._kv_limit = MemoryLimit((pool.max_blocks - 1) * pool.bytes_per_block, self._kv_bytes,  # - scratch
                                          "the target's KV cache")
-            self.loop.scheduler.limit_by_memory(self._kv_limit)
+            loop.scheduler.limit_by_memory(self._kv_limit)
         self._start_proposer()
 
     def _kv_bytes(self, seq: Sequence) -> int:
         """The target's KV a request may take at its full length (prompt, max_new_tokens, a speculation)."""
-        pool = self._fed_target.pool
-        tokens = len(seq.prompt_ids) + seq.params.max_new_tokens + self.lookahead
+        return self._kv_need(len(seq.prompt_ids) + seq.params.max_new_tokens + self.lookahead)
+
+    def _kv_need(self, tokens: int) -> int:
+        pool = self._kv_pool
+        assert pool is not None  # only asked for under a budget, which the block pool has
         return -(-tokens // pool.block_size) * pool.bytes_per_block
 
     # -- construction -------------------------------------------------------------------------
-    def _check_vocab(self) -> None:
-        vt, vd = _vocab_size(self.target), _vocab_size(self.draft)
-        if vt != vd:
-            raise ValueError(
-                f"target and draft have different vocabularies ({vt} vs {vd} logits): speculative "
-                "decoding needs a draft that shares the target's tokenizer"
-            )
+    @property
+    def _open_loop(self) -> DecodeLoop:
+        """The decode loop; ValueError once the LLM is closed."""
+        if self.loop is None:
+            raise ValueError("this LLM is closed: build a new one")
+        return self.loop
 
     def _start_proposer(self) -> None:
-        strategy, spec = self.config.strategy, self.config.speculative
+        strategy, spec, loop = self.config.strategy, self.config.speculative, self._open_loop
         if strategy is Strategy.AR:
             return  # the loop starts with NoDraft
         if strategy is Strategy.SD:
-            self.loop.proposer = InProcessDraft(self._fed_draft, spec, self.pad_id, self.device)
+            if self._fed_draft is None:
+                raise ValueError("strategy sd needs a draft model: pass draft=...")
+            loop.proposer = InProcessDraft(
+                self._fed_draft,  # type: ignore[arg-type]  # typed nn.Module there; it takes any model
+                # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel)
+                spec, self.pad_id, self.device)
         elif strategy is Strategy.SSD:
             from engine.ssd.channel import open_channel
             from engine.ssd.memory import check_budget, memory_limit
@@ -225,18 +255,21 @@ class LLM:
                 draft_device = (self.device if spec.placement.in_process
                                 else draft_device_for(self.device, spec.placement.draft_device))
                 check_budget(self.draft, spec.K, branches, draft_device)
-                self.loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
-            opener = open_channel(self._fed_draft, self._draft_given, self.config, self.pad_id, self.device)
+                loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
+            # open_channel and DraftWorkerProposer type the draft they feed as nn.Module; they take any model
+            # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel)
+            opener = open_channel(self._fed_draft,  # type: ignore[arg-type]  # (above)
+                                  self._draft_given, self.config, self.pad_id, self.device)
             proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device,
-                                           draft=self._fed_draft)
-            self.loop.proposer = proposer
+                                           draft=self._fed_draft)  # type: ignore[arg-type]  # (above)
+            loop.proposer = proposer
             try:  # start the worker now, so that loading its model is not charged to the first request
                 proposer.start()
             except proposer.faults as err:
-                self.loop.fall_back(err, "did not start")
+                loop.fall_back(err, "did not start")
         else:
             raise ValueError(f"strategy {strategy.value} is not available; use ar, sd or ssd")
-        self.loop.stats.strategy = self.loop.proposer.name
+        loop.stats.strategy = loop.proposer.name
 
     # -- what a server needs to know ----------------------------------------------------------
     @property
@@ -245,6 +278,8 @@ class LLM:
 
     @property
     def max_context(self) -> int | None:
+        if self.target is None:
+            raise ValueError("this LLM is closed: build a new one")
         limit = getattr(self.target.config, "max_position_embeddings", None)
         if self.config.compile is not None:
             # a row of the static cache holds max_len tokens; an SSD branch row drafts K past the speculation
@@ -267,16 +302,16 @@ class LLM:
     @property
     def strategy_in_use(self) -> str:
         """"ar", "sd" or "ssd"; after an SSD worker fault, the fallback's name."""
-        return self.loop.proposer.name
+        return self._open_loop.proposer.name
 
     @property
     def fault(self) -> str | None:
         """Why SSD's draft worker was replaced by its fallback (None if it never was)."""
-        return self.loop.fault
+        return self._open_loop.fault
 
     @property
     def proposer(self) -> Proposer:
-        return self.loop.proposer
+        return self._open_loop.proposer
 
     # -- prompts ------------------------------------------------------------------------------
     def encode(self, prompt: str | Seq[int], chat: bool | None = None) -> list[int]:
@@ -306,8 +341,7 @@ class LLM:
             )
         limit = self._kv_limit
         if limit is not None:
-            tokens = len(prompt_ids) + params.max_new_tokens + lookahead
-            need = -(-tokens // self._fed_target.pool.block_size) * self._fed_target.pool.bytes_per_block
+            need = self._kv_need(len(prompt_ids) + params.max_new_tokens + lookahead)
             if need > limit.available_bytes:
                 raise ValueError(
                     f"prompt {index} with max_new_tokens={params.max_new_tokens} may need {need / 2**20:.1f} MiB of "
@@ -337,7 +371,7 @@ class LLM:
         base = params[0].seed if params[0].seed is not None else secrets.randbits(63)
         arrival = time.perf_counter()
         seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             seed = row_seed(base, i) if shared else p.seed
             seqs.append(self.make_sequence(self.encode(prompt), p, index=i, seed=seed, arrival_s=arrival))
         return seqs
@@ -358,12 +392,14 @@ class LLM:
         self._check_idle()
         seqs = self._sequences(prompts, params)
         start = time.perf_counter()
-        records = self.loop.recorder.records = []
+        recorder = self._open_loop.recorder
+        records: list = []
+        recorder.records = records
         try:
-            for chunk in self._drive(seqs):
+            for _ in self._drive(seqs):
                 pass
         finally:
-            self.loop.recorder.records = None
+            recorder.records = None
         metrics = RunMetrics(strategy=self.config.strategy.value,
                              K=0 if self.config.strategy is Strategy.AR else self.config.speculative.K,
                              wall_s=time.perf_counter() - start, requests=[s.metrics for s in seqs], rounds=records)
@@ -380,20 +416,20 @@ class LLM:
         yield from self._drive(self._sequences(prompts, params))
 
     def _drive(self, seqs: list[Sequence]) -> Iterator[Chunk]:
-        ids = {s.request_id for s in seqs}
+        ids, loop = {s.request_id for s in seqs}, self._open_loop
         for seq in seqs:
-            self.loop.submit(seq)
+            loop.submit(seq)
         try:
             while not all(s.finished for s in seqs):
-                for chunk in self.loop.step():
+                for chunk in loop.step():
                     if chunk.request_id in ids:
                         yield chunk
         finally:
             left = [s for s in seqs if not s.finished]
             for seq in left:
-                self.loop.abort(seq.request_id)
+                loop.abort(seq.request_id)
             if left:
-                self.loop.step()  # retires them
+                loop.step()  # retires them
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -407,7 +443,7 @@ class LLM:
         self.target = None
         self.draft = None
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:

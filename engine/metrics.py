@@ -55,7 +55,7 @@ def ssd_summary(decode: list[RoundRecord]) -> dict:
     lookups: Counter = Counter()
     hits: Counter = Counter()
     for r in ssd:
-        for k, hit in zip(r.accepted, r.outcome_hit or []):
+        for k, hit in zip(r.accepted, r.outcome_hit or [None] * len(r.accepted), strict=True):
             if hit is not None:
                 lookups[k] += 1
                 hits[k] += hit

@@ -33,7 +33,7 @@ def logprobs(logits: Tensor, p: Tensor, tokens: list[list[int]], seqs: list[Sequ
     that asked (None for the others): under the model's own log-softmax of logits [B, T, V] (RAW), or under
     the distribution sampled, p [B, T, V] (PROCESSED)."""
     out: list[list[TokenLogprob] | None] = []
-    for b, (toks, seq) in enumerate(zip(tokens, seqs)):
+    for b, (toks, seq) in enumerate(zip(tokens, seqs, strict=True)):
         n = seq.params.logprobs
         if n is None:
             out.append(None)
@@ -45,8 +45,8 @@ def logprobs(logits: Tensor, p: Tensor, tokens: list[list[int]], seqs: list[Sequ
         chosen = rows.gather(-1, torch.tensor(toks, device=rows.device)[:, None])[:, 0].tolist()
         tops = torch.topk(rows, n, dim=-1) if n else None
         lps = []
-        for i, (token, lp) in enumerate(zip(toks, chosen)):
-            top = tuple(zip(tops.indices[i].tolist(), tops.values[i].tolist())) if tops is not None else ()
+        for i, (token, lp) in enumerate(zip(toks, chosen, strict=True)):
+            top = tuple(zip(tops.indices[i].tolist(), tops.values[i].tolist(), strict=True)) if tops is not None else ()
             lps.append(TokenLogprob(token, lp, top))
         out.append(lps)
     return out

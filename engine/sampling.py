@@ -20,6 +20,7 @@ from engine.keyed_random import Purpose, host_uniforms
 from engine.ranking import descending_order, top_mask
 from engine.sampling_params import SamplingParams
 
+
 @dataclass(frozen=True)
 class Keys:
     """Where a batch's random numbers come from when they are keyed (engine.keyed_random): each row's request seed
@@ -99,7 +100,7 @@ def warp(logits: Tensor, params: SamplingParams, checks: Checks | None = None) -
     top_k = params.top_k if params.top_k is not None and params.top_k < vocab_size else None
     top_p = params.top_p if params.top_p is not None and params.top_p < 1 else None
     if top_p is None:
-        # No nucleus: no sort needed (a full sort of a 150k vocabulary costs ~15 ms a row on a CPU).
+        # No nucleus: no sort needed (on a CPU a sort of the whole vocabulary costs many times the rest of the warp).
         if top_k is not None:
             z = z.masked_fill(~top_mask(z, top_k), -torch.inf)
         return torch.softmax(z, dim=-1)  # [..., V]
@@ -261,11 +262,12 @@ def sample(probs: Tensor, generator: Generators | None, checks: Checks | None = 
 
     Inverse-CDF sampling: one uniform u per row, and the token whose cumulative-mass interval holds
     u·total. The cumulative sum is taken in float64, so the interval of every token has its width
-    to about 1e-16 (torch.multinomial is ~10 ms a row for a 150k vocabulary on a CPU; this is ~0.5).
+    to about 1e-16 (and over a large vocabulary on a CPU it is several times faster than torch.multinomial).
     `generator` is one generator, or one per row of the flattened leading dims. Rows need not be normalised,
-    but a row with no positive finite mass raises RuntimeError instead of yielding the last id. A zero-probability token has an empty interval and is never drawn,
-    so a one-hot row always yields its token (the draw still advances the generator, which keeps the
-    random stream position independent of the values). `checks`: where the mass check goes (default: now).
+    but a row with no positive finite mass raises RuntimeError instead of yielding the last id. A zero-probability token
+    has an empty interval and is never drawn, so a one-hot row always yields its token (the draw still advances the
+    generator, which keeps the random stream position independent of the values). `checks`: where the mass check goes
+    (default: now).
     `u`: the uniforms to use instead of drawing from `generator`, float64 [N] (keyed random numbers).
     """
     _check_last_dim(probs, "probs")

@@ -85,7 +85,7 @@ class Scheduler:
                     i = over[0]
                     self._say_held_back(self.limits[i], running + len(joined), used[i] + need[i])
                     break
-                used = [u + n for u, n in zip(used, need)]
+                used = [u + n for u, n in zip(used, need, strict=True)]
             size = len(self.waiting[0].prompt_ids)
             if joined and c.max_prefill_tokens is not None and tokens + size > c.max_prefill_tokens:
                 break

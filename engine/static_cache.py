@@ -217,7 +217,8 @@ class SlotState:
         elif fed is None:
             fed = valid.to(torch.long).sum(-1).tolist()  # a read of the device unless it is the CPU
         after = [n + f for n, f in zip(self.host_lengths, fed)]
-        logits = self.runner.run(self.rows(), tokens, valid, self.lengths, logits_to_keep, need=1 + max(after, default=0))
+        logits = self.runner.run(self.rows(), tokens, valid, self.lengths, logits_to_keep,
+                                 need=1 + max(after, default=0))
         self._set_lengths(after)
         return logits
 

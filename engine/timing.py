@@ -61,7 +61,7 @@ class Interval:
         event.record(torch.cuda.current_stream(self._device))
         return event
 
-    def stop(self) -> "Interval":
+    def stop(self) -> Interval:
         self._end = self._now()
         return self
 

@@ -177,9 +177,10 @@ def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Gene
     reproduces the same outcome. With one generator per row, each row draws its own K uniforms and then
     its bonus from its own stream, so a row's outcome does not depend on its batch-mates. With `Keys`
     (engine.sampling) each number is keyed by its row's seed and its token's position: the test of x_i uses
-    U(seed, position of x_i, ACCEPT) and the bonus U(seed, position of t*, TARGET), whatever came before. p and q are used as given (they should be normalised distributions).
+    U(seed, position of x_i, ACCEPT) and the bonus U(seed, position of t*, TARGET), whatever came before. p and q
+    are used as given (they should be normalised distributions).
 
-    `checks` (engine.sampling.Checks): where the input checks go, to be read later together with others; the
+    `checks` (engine.checks.Checks): where the input checks go, to be read later together with others; the
     tokens are then clamped into the vocabulary for the gathers, so a bad one cannot index out of range on a
     device before its check is read. Default: every check at once.
     """
@@ -195,7 +196,6 @@ def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Gene
 
     p_x = p[:, :K].gather(-1, x).squeeze(-1)  # [B, K]
     q_x = q.gather(-1, x).squeeze(-1)  # [B, K]
-    u_bonus = None
     if isinstance(generator, Keys):  # keyed: the test at x_i's position, the target's draw at t*'s (one copy up)
         drawn = np.concatenate([generator.uniforms(Purpose.ACCEPT, K), generator.uniforms(Purpose.TARGET, K + 1)], 1)
         drawn = host.upload(torch.from_numpy(drawn), p.device)  # [B, 2K + 1] float64

@@ -15,8 +15,8 @@ import sys
 
 from saguaro import version
 
-COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve", "calibrate",
-                             "validate")
+COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve",
+                             "calibrate", "validate")
 
 
 class CliError(Exception):

@@ -28,8 +28,8 @@ def format_table(rows: list[dict], columns: list[str], markdown: bool = False) -
         lines += ["| " + " | ".join(row) + " |" for row in cells]
         return "\n".join(lines)
     widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
 
 

@@ -136,7 +136,8 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
 
     def check_model(name: str) -> None:
         if name != ctx.model_name:
-            raise APIError(HTTPStatus.NOT_FOUND, f"the model '{name}' does not exist: this server has '{ctx.model_name}'",
+            raise APIError(HTTPStatus.NOT_FOUND,
+                           f"the model '{name}' does not exist: this server has '{ctx.model_name}'",
                            param="model", code="model_not_found")
 
     def model_card() -> dict:

@@ -6,10 +6,9 @@ A user's mistake is logged as one line (no traceback); only an engine failure lo
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from enum import Enum
 from http import HTTPStatus
-
-from collections.abc import Mapping
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError

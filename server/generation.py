@@ -185,7 +185,7 @@ async def _events(ctx: ServingContext, job: Job, first: Chunk, chunks: ChunkStre
                     yield _sse(job.format.usage_chunk(chunk.prompt_tokens, chunk.output_tokens))
                 break
             chunk = await anext(chunks)
-    except Exception as err:  # the engine failed mid-stream: the status is sent, so say it in the stream
+    except Exception as err:  # noqa: BLE001  the engine failed mid-stream: the status is sent, so say it in the stream
         yield _sse(engine_error(err).body())
     finally:
         await chunks.aclose()

@@ -119,7 +119,7 @@ class EngineCollector(Collector):
                          "count k", extra=("k",))
         hits = family(counter, "ssd_cache_hits", "SSD speculation-cache hits, by the outcome's accepted count k",
                       extra=("k",))
-        for k, (n, hit) in enumerate(zip(z.ssd_lookups_by_k, z.ssd_hits_by_k)):
+        for k, (n, hit) in enumerate(zip(z.ssd_lookups_by_k, z.ssd_hits_by_k, strict=True)):
             add(lookups, (str(k),), n)
             add(hits, (str(k),), hit)
         yield lookups

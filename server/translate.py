@@ -2,9 +2,9 @@
 
 Completions take raw text (no chat template) or token ids; chat completions go through the
 tokenizer's chat template, system prompt included. Bad values raise ValueError, or an APIError naming the field
-(a 400); a request that does not fit the context raises the APIError `context_length_exceeded`. A text prompt is measured before it is
-tokenized whole: prefixes of growing size are tokenized until one holds more tokens than the context, so a
-huge prompt costs about a context's worth of tokenizing, not its own size. These run off the event loop
+(a 400); a request that does not fit the context raises the APIError `context_length_exceeded`. A text prompt is
+measured before it is tokenized whole: prefixes of growing size are tokenized until one holds more tokens than the
+context, so a huge prompt costs about a context's worth of tokenizing, not its own size. These run off the event loop
 (server.context.ServingContext.off_loop): tokenizing is the CPU-heavy part of a request's arrival.
 """
 

@@ -1,9 +1,9 @@
 """SimPy simulator of AR, SD and SSD timing, and capacity planning (depends on theory and simpy, never engine).
 
-Parts (one concept per file): `timing` (constant and roofline models) and `fit` (fitted from engine
-records) with `hardware`/`presets`; `acceptance` and `draws` (i.i.d., per-position, power-law hits,
-replay); `workload` (closed and open loops, replayed request logs); `link`; `processes` (the actors); `run` (config -> result);
-`scenario` (sweeps); `plan` (capacity); `validate` (against the engine); `trace` (Chrome trace).
+Parts (one concept per file): `timing` (constant and roofline models) and `fit` (fitted from engine records) with
+`hardware`/`presets`; `acceptance` and `draws` (i.i.d., per-position, power-law hits, replay); `workload` (closed and
+open loops, replayed request logs); `link`; `processes` (the actors); `run` (config -> result); `scenario` (sweeps);
+`plan` (capacity); `validate` (against the engine); `trace` (Chrome trace).
 """
 
 from simulator.acceptance import ConstantHit, IidAcceptance, PerPositionAcceptance, PowerLawHit, Replay
@@ -23,7 +23,8 @@ from simulator.workload import ClosedLoop, Lengths, OpenLoop, Replayed
 __all__ = [
     "ClosedLoop", "ConstantHit", "ConstantTiming", "Deployment", "FittedTiming", "Grid", "Hardware",
     "IidAcceptance", "LatencyTarget", "Lengths", "LinkSpec", "ModelSpec", "OpenLoop", "PerPositionAcceptance",
-    "PlanResult", "Policy", "PowerLawHit", "Replay", "Replayed", "RooflineTiming", "RoundRecord", "SaguaroTable", "Scenario",
+    "PlanResult", "Policy", "PowerLawHit", "Replay", "Replayed", "RooflineTiming", "RoundRecord", "SaguaroTable",
+    "Scenario",
     "SimConfig", "SimResult", "fit_timing", "plan", "read_records", "rounds_per_second", "simulate", "sweep",
     "uniform_fanout", "validate", "write_chrome_trace",
 ]

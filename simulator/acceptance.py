@@ -26,7 +26,7 @@ class Source(str, Enum):
     LOOKUP = "lookup"
 
     @staticmethod
-    def of_backup(backup: Backup) -> "Source":
+    def of_backup(backup: Backup) -> Source:
         if backup is Backup.AUTO:
             raise ValueError("backup 'auto' must be resolved to neural, random or lookup before simulating")
         return {Backup.NEURAL: Source.DRAFT, Backup.RANDOM: Source.RANDOM, Backup.LOOKUP: Source.LOOKUP}[backup]

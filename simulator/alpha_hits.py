@@ -26,9 +26,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 
-from theory.fanout import outcome_probabilities
-
 from simulator.hits import EmpiricalHit
+from theory.fanout import outcome_probabilities
 
 FIT_FILE = Path(__file__).with_name("data") / "alpha_hits.json"
 RANK_BINS = 16  # ranks 0..15 one by one, then "16 or further"
@@ -89,7 +88,7 @@ class AlphaHitFit:
                 "source": self.source, "model": "ln scale = a + b ln(1 - alpha) + c T; miss = scale F^-r"}
 
     @staticmethod
-    def from_dict(obj: dict) -> "AlphaHitFit":
+    def from_dict(obj: dict) -> AlphaHitFit:
         try:
             points = tuple(TablePoint(p["workload"], float(p["temperature"]), float(p["alpha"]),
                                       tuple(int(c) for c in p["counts"])) for p in obj["points"])
@@ -219,7 +218,7 @@ def _negative_log_likelihood(theta: np.ndarray, points: list[TablePoint], counts
         return np.inf
     F = np.arange(1, RANK_BINS + 1)
     total = 0.0
-    for point, n in zip(points, counts):
+    for point, n in zip(points, counts, strict=True):
         at_least = np.concatenate([[1.0], params.miss_rejected(point.alpha, point.temperature, F)])  # P(rank ≥ i)
         probs = np.append(at_least[:-1] - at_least[1:], at_least[-1])  # rank i < RANK_BINS, then the rest
         total -= float(np.dot(n, np.log(np.clip(probs, 1e-12, 1.0))))
@@ -243,7 +242,7 @@ def fit_tables(tables: dict, source: str, resamples: int = RESAMPLES, seed: int 
     counts = np.array([p.counts for p in points], dtype=float)
     best = _maximize(points, counts, np.array([0.0, 0.3, 0.0, 0.5]))
     rng = np.random.default_rng(seed)
-    resampled = []
+    resampled: list[HitParams] = []
     while len(resampled) < resamples:
         chosen = rng.integers(0, len(points), len(points))
         if len({round(points[i].alpha, 2) for i in chosen}) < 2:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import simpy
 
-from theory.latency import time_per_output_token
-
 from simulator.metrics import Recorder
 from simulator.workload import Request, RequestSource
+from theory.latency import time_per_output_token
 
 
 class Sequence:
@@ -74,7 +73,7 @@ class Batch:
         """End of a verify: sequence i gets accepted[i] + 1 tokens (fewer if it reaches its output length)."""
         hist, seqs = self._rec.accepted_hist, self.seqs
         emitted = []
-        for seq, k in zip(seqs, accepted):
+        for seq, k in zip(seqs, accepted, strict=True):
             seq.accepted = k
             hist[k] += 1
             emitted.append(k + 1)
@@ -83,7 +82,7 @@ class Batch:
     def _emitted(self, seqs: list[Sequence], counts: list[int]) -> None:
         now, rec = self.env.now, self._rec
         finished = False
-        for seq, n in zip(seqs, counts):
+        for seq, n in zip(seqs, counts, strict=True):
             if seq.remaining is not None:
                 n = min(n, seq.remaining)
                 seq.remaining -= n
@@ -107,6 +106,7 @@ class Batch:
             request = seq.request
             request.done_ms = now
             rec.completed += 1
+            assert request.first_token_ms is not None, "a finished request has emitted its first token"
             ttft_ms, e2el_ms = request.first_token_ms - request.arrival_ms, now - request.arrival_ms
             rec.e2el_ms.append(e2el_ms)
             tpot_ms = time_per_output_token(ttft_ms, e2el_ms, seq.tokens)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-
-from theory import fit_r
-from theory.glossary import Backup, Strategy
+from itertools import pairwise
 
 from simulator.acceptance import ConstantHit, IidAcceptance, PowerLawHit
 from simulator.records import RoundRecord
+from theory import fit_r
+from theory.glossary import Backup, Strategy
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,17 @@ def _alpha(records: list[RoundRecord]) -> tuple[float, int]:
 def _lookups(records: list[RoundRecord]) -> dict[int, list[int]]:
     """F -> [lookups, misses], pairing round T's k with round T+1's hit for the same batch position."""
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for before, after in zip(records, records[1:]):
+    for before, after in pairwise(records):
         same_run = (before.batch_size == after.batch_size and after.context_len >= before.context_len
                     and before.fanout == after.fanout)
         both_ssd = before.strategy is after.strategy is Strategy.SSD and before.is_decode and after.is_decode
         if not (same_run and both_ssd):
             continue
+        if after.fanout is None or after.hit is None:  # no cache was looked up (a record without them)
+            continue
         if len(after.fanout) != before.K + 1:  # adaptive K: not a cache built for `before`'s outcomes
             continue
-        for k, hit in zip(before.accepted, after.hit):
+        for k, hit in zip(before.accepted, after.hit, strict=True):
             F = after.fanout[k]  # the schedule `before`'s outcome was looked up with (simulator.records)
             counts[F][0] += 1
             counts[F][1] += not hit
@@ -69,7 +71,7 @@ def calibrate(records: list[RoundRecord]) -> Calibration:
     alpha, rounds = _alpha(records)
     counts = _lookups(records)
     lookups = sum(n for n, _ in counts.values())
-    hits = None
+    hits: PowerLawHit | ConstantHit | None = None
     usable = {F: (n, m) for F, (n, m) in counts.items() if F >= 1 and m > 0}
     if len(usable) >= 3:
         fit = fit_r(list(usable), [m / n for n, m in usable.values()])

@@ -89,7 +89,7 @@ class TableDraws:
         i = self._h_next
         self._h_next = i + n
         u, prob = self._u_hit, self._hit_prob
-        return [u[i + j] < prob[c][k] for j, (c, k) in enumerate(zip(from_cache, accepted))]
+        return [u[i + j] < prob[c][k] for j, (c, k) in enumerate(zip(from_cache, accepted, strict=True))]
 
 
 class ReplayDraws:

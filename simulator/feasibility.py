@@ -22,16 +22,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from theory.glossary import Strategy
-
 from simulator.hardware import Deployment, Hardware, ModelSpec
 from simulator.metrics import SimResult
 from simulator.run import SimConfig, simulate
 from simulator.timing import RooflineTiming
-from simulator.workload import ClosedLoop, Lengths, OpenLoop
+from simulator.workload import ClosedLoop, Lengths, OpenLoop, Replayed
+from theory.glossary import Strategy
 
 CAPACITY_ROUNDS = 3000  # most rounds of the closed loop that measures an open loop's capacity
-LATENCY_FIELDS = ("ttft_ms", "itl_ms", "tpot_ms", "e2el_ms")
 
 
 def longest_sequence(prompt_len: Lengths, output_len: Lengths | None) -> int:
@@ -108,7 +106,11 @@ def problems(config: SimConfig) -> list[str]:
     if not isinstance(timing, RooflineTiming):
         return []  # constant or fitted timing: no model or hardware to check against
     p, wl = config.policy, config.workload
-    batch, tokens = wl.max_batch, longest_sequence(wl.prompt_len, wl.output_len)
+    batch = wl.max_batch
+    if isinstance(wl, Replayed):
+        tokens = max(n + m for n, m in zip(wl.prompt_lens, wl.output_lens, strict=True))
+    else:
+        tokens = longest_sequence(wl.prompt_len, wl.output_len)
     target, draft = timing.target, timing.draft
     deployments = [target] if p.strategy is Strategy.AR else [target, draft]
     out = [problem for d in deployments for problem in tp_problems(d.model, d.tp)]
@@ -156,6 +158,8 @@ def requests_per_s(result: SimResult, output_len: Lengths) -> float:
 def capacity_per_s(config: SimConfig) -> float:
     """Requests per second `config` serves at full load: the same configuration as a closed loop at its batch."""
     wl = config.workload
+    if isinstance(wl, Replayed):
+        raise ValueError("capacity in requests per second is measured on generated lengths, not a replayed run")
     if wl.output_len is None:
         raise ValueError("capacity in requests per second needs finite output lengths (requests must finish)")
     closed = replace(config, workload=ClosedLoop(wl.max_batch, wl.prompt_len, wl.output_len), requests=None,
@@ -179,9 +183,14 @@ class Overload:
 
     def withhold(self, result: SimResult) -> SimResult:
         """The result with its latencies NaN (null in JSON) and the overload in its settings."""
-        blank = {field: {stat: math.nan for stat in getattr(result, field)} for field in LATENCY_FIELDS}
         settings = {**result.settings, "overloaded": True, "capacity_rps": float(f"{self.capacity_per_s:.4g}")}
-        return replace(result, settings=settings, **blank)
+        return replace(result, settings=settings, ttft_ms=_blank(result.ttft_ms), itl_ms=_blank(result.itl_ms),
+                       tpot_ms=_blank(result.tpot_ms), e2el_ms=_blank(result.e2el_ms))
+
+
+def _blank(stats: dict) -> dict:
+    """The same statistics, each NaN (null in JSON)."""
+    return dict.fromkeys(stats, math.nan)
 
 
 def overload(config: SimConfig) -> Overload | None:

@@ -127,18 +127,38 @@ miss policy finishes the build before the backup).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar, cast
 
 import numpy as np
 from scipy.optimize import nnls
 
-from theory.glossary import Backup, Strategy
-
 from simulator.records import RoundRecord
+from theory.glossary import Backup, Strategy
 
 Coef = tuple[float, float, float]
 FOOTPRINT_SCALE = 1e6  # the build's crowding term is per (K+1)·(branches·context)² / 1e6 (a well-scaled column)
 LEVEL_DEAD_BAND = 0.05  # `leveled` leaves a ratio this close to 1 unapplied
+
+
+_Coefs = TypeVar("_Coefs", Coef, tuple[float, float])
+
+
+def _coef(values: Sequence[float]) -> Coef:
+    """Three fitted coefficients as a `Coef` (ValueError for another count)."""
+    a, b, c = values
+    return float(a), float(b), float(c)
+
+
+def _pair(values: Sequence[float]) -> tuple[float, float]:
+    a, b = values
+    return float(a), float(b)
+
+
+def _scaled(coef: _Coefs | None, s: float) -> _Coefs | None:
+    """Every coefficient times s; None stays None."""
+    return None if coef is None else cast(_Coefs, tuple(c * s for c in coef))
 
 
 def _fit_linear(rows: list[list[float]], y: list[float]) -> tuple[tuple[float, ...], float]:
@@ -149,7 +169,7 @@ def _fit_linear(rows: list[list[float]], y: list[float]) -> tuple[tuple[float, .
     an AR step at 4 × 64 at 383, 824 and 374 ms: the mean moved the step's fit by up to 4% and its error from
     6% to 16%). The error is over the shapes, the same way: what the model misses, not the repeats' spread."""
     groups: dict[tuple[float, ...], list[float]] = {}
-    for row, value in zip(rows, y):
+    for row, value in zip(rows, y, strict=True):
         groups.setdefault(tuple(float(v) for v in row), []).append(float(value))
     A = np.asarray(list(groups), dtype=float)
     b = np.asarray([np.median(v) for v in groups.values()])
@@ -191,12 +211,12 @@ class FittedTiming:
     build_level: tuple[tuple[int, float], ...] = ()  # (batch, the engine's builds over the line's): measured
     build_scale: tuple[tuple[int, float], ...] = ()  # the build level as applied (`with_build_level`): () = none
 
-    def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> "FittedTiming":
+    def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> FittedTiming:
         """This fit at the level of an SD run's rounds: the target's forwards scaled by the run's total verify
         time over this fit's, the draft's by its total draft time over this fit's, each unless within
         `dead_band` of 1 (module docstring). `levels` holds the scales applied and the ratios measured.
         ValueError without three SD decode rounds or without a fitted draft."""
-        pairs = [(r, w) for r, w in zip(records, sd_first_widths(records))
+        pairs = [(r, w) for r, w in zip(records, sd_first_widths(records), strict=True)
                  if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
         rounds = [r for r, _ in pairs]
         if len(rounds) < 3:
@@ -210,16 +230,15 @@ class FittedTiming:
                  / sum(self.draft_ms(r.batch_size, r.K, r.context_len, w) for r, w in pairs))
         measured = {"target": target, "draft": draft}
         target, draft = (1.0 if abs(x - 1.0) <= dead_band else x for x in (target, draft))
-        scaled = lambda coef, s: None if coef is None else tuple(c * s for c in coef)  # noqa: E731
         build = None if self.build is None else (self.build[0], *(c * draft for c in self.build[1:]))
         knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * target)
         step_knee = None if self.decode_knee is None else (self.decode_knee[0], self.decode_knee[1] * target)
         return replace(
-            self, verify=scaled(self.verify, target), verify_knee=knee, decode=scaled(self.decode, target),
-            decode_knee=step_knee,
-            decode_one_row=scaled(self.decode_one_row, target), prefill_target=scaled(self.prefill_target, target),
-            draft=scaled(self.draft, draft), backup=scaled(self.backup, draft), build=build,
-            prefill_draft=scaled(self.prefill_draft, draft), draft_call=self.draft_call * draft,
+            self, verify=_coef([c * target for c in self.verify]), verify_knee=knee,
+            decode=_scaled(self.decode, target), decode_knee=step_knee,
+            decode_one_row=_scaled(self.decode_one_row, target), prefill_target=_scaled(self.prefill_target, target),
+            draft=_scaled(self.draft, draft), backup=_scaled(self.backup, draft), build=build,
+            prefill_draft=_scaled(self.prefill_draft, draft), draft_call=self.draft_call * draft,
             prefill_attention=(self.prefill_attention[0] * target, self.prefill_attention[1] * draft),
             levels={"target": target, "draft": draft, "measured": measured, "rounds": len(rounds)})
 
@@ -232,7 +251,7 @@ class FittedTiming:
                 f"×{measured['target']:.3f}, ×{measured['draft']:.3f} over {applied['rounds']} SD rounds; within "
                 f"{LEVEL_DEAD_BAND:.0%} of 1 left at 1)")
 
-    def with_build_level(self) -> "FittedTiming":
+    def with_build_level(self) -> FittedTiming:
         """This fit with its cache builds scaled to the engine's build rounds (`build_level`, module docstring).
         ValueError without them."""
         if not self.build_level:
@@ -267,13 +286,13 @@ class FittedTiming:
             return step
         return self._target(batch * tokens, batch * context)
 
-    def for_strategy(self, strategy: Strategy) -> "FittedTiming":
+    def for_strategy(self, strategy: Strategy) -> FittedTiming:
         """The timing as that strategy sees it: SSD's verify carries the worker's interference."""
         if Strategy(strategy) is not Strategy.SSD or self.ssd_verify_factor == 1.0:
             return self
         f = self.ssd_verify_factor
         knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * f)
-        return replace(self, verify=tuple(c * f for c in self.verify), verify_knee=knee, ssd_verify_factor=1.0)
+        return replace(self, verify=_coef([c * f for c in self.verify]), verify_knee=knee, ssd_verify_factor=1.0)
 
     def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
         if not K:
@@ -290,14 +309,14 @@ class FittedTiming:
         if self.build is None:
             return steps
         s, *extra = self.build
-        return s * steps + sum(c * x for c, x in zip(extra, _build_terms(K, branches, context)))
+        return s * steps + sum(c * x for c, x in zip(extra, _build_terms(K, branches, context), strict=True))
 
     def build_level_at(self, batch: int) -> float:
         """The applied build level at `batch`: linear between the batch sizes measured, held beyond them, 1 when
         none is applied (module docstring)."""
         if not self.build_scale:
             return 1.0
-        batches, ratios = zip(*self.build_scale)
+        batches, ratios = zip(*self.build_scale, strict=True)
         return float(np.interp(batch, batches, ratios))
 
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float:
@@ -352,7 +371,7 @@ def _fit_verify(records: list[RoundRecord]) -> tuple[Coef, tuple[float, float] |
     X = [[1.0, float(r.batch_size * (r.K + 1)), float(r.batch_size * r.context_len)] for r in records]
     y = [r.verify_ms for r in records]
     line, error = _fit_linear(X, y)
-    best: tuple[Coef, tuple[float, float] | None, float] = (line, None, error)
+    best: tuple[Coef, tuple[float, float] | None, float] = (_coef(line), None, error)
     counts = sorted({x[1] for x in X})
     if len(counts) < 4:
         return best
@@ -373,6 +392,13 @@ def link_waits(records: list[RoundRecord]) -> list[float]:
 
 def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
     return [r for r in records if r.strategy is Strategy.SSD and r.cache_build_ms and r.cache_build_ms > 0]
+
+
+def _build_shape(r: RoundRecord) -> tuple[int, int, int, int, float]:
+    """(batch, K, branches, context, cache_build_ms) of one of `_builds`."""
+    if r.branches is None or r.cache_build_ms is None:
+        raise ValueError(f"an SSD round with a cache build records its branches and cache_build_ms; got {r}")
+    return r.batch_size, r.K, r.branches, r.context_len, r.cache_build_ms
 
 
 def sd_first_widths(records: list[RoundRecord]) -> list[int]:
@@ -400,14 +426,14 @@ def _draft_rows(records: list[RoundRecord]) -> tuple[list[list[float]], list[flo
     records; the calls column is dropped (all zero) unless the SD drafts span two lengths K or more, where a
     call's own cost can be told from its steps' (module docstring)."""
     X, y, lengths = [], [], set()
-    for r, width in zip(records, sd_first_widths(records)):
+    for r, width in zip(records, sd_first_widths(records), strict=True):
         b, K, kv = r.batch_size, r.K, r.batch_size * r.context_len
         if r.strategy is Strategy.SD and r.draft_ms > 0:
             X.append([1.0, K, (K - 1 + width) * b, K * kv])
             y.append(r.draft_ms)
             lengths.add(K)
         elif r.strategy is Strategy.SSD:
-            missed = r.hit.count(False)
+            missed = (r.hit or ()).count(False)
             backup_ms = r.backup_time_ms
             if r.backup is Backup.NEURAL and missed and backup_ms:  # it drafts every row (hits masked)
                 X.append([1.0, K, K * b, K * kv])
@@ -464,9 +490,9 @@ def _fit_prefill(prefills: list[RoundRecord], ms: list[float]) -> tuple[tuple[fl
     rows = [[1.0, r.batch_size * r.tokens, r.batch_size * r.tokens**2] for r in prefills]
     if len(rows) >= 3 and np.linalg.matrix_rank(np.asarray(rows) / np.abs(rows).max(axis=0)) == 3:
         coef, error = _fit_linear(rows, ms)
-        return coef[:2], coef[2], error
+        return _pair(coef[:2]), coef[2], error
     coef, error = _fit_linear([row[:2] for row in rows], ms)
-    return coef, 0.0, error
+    return _pair(coef), 0.0, error
 
 
 def fit_timing(records: list[RoundRecord]) -> FittedTiming:
@@ -503,37 +529,36 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     X, y = _draft_rows(decode)
     builds = _builds(decode)
     if len(y) < 3 and len(builds) >= 3:  # SSD records without backups: the builds alone inform the draft
-        X = [[0.0, K + 1, b * (K + 1) + K * N, (K + 1) * b * c] for b, K, N, c in
-             ((r.batch_size, r.K, r.branches, r.context_len) for r in builds)]
-        y = [r.cache_build_ms for r in builds]
+        X = [[0.0, K + 1, b * (K + 1) + K * N, (K + 1) * b * c] for b, K, N, c, _ in map(_build_shape, builds)]
+        y = [ms for *_, ms in map(_build_shape, builds)]
     draft_call = 0.0
     if len(y) >= 3:
         (draft_call, *coef), errors["draft"] = _fit_linear(X, y)
-        draft = tuple(coef)
+        draft = _coef(coef)
         counts["draft"] = len(y)
-    backups = [r for r in decode if r.strategy is Strategy.SSD and r.backup is Backup.NEURAL
-               and r.hit.count(False) and r.backup_time_ms]
-    if (len(backups) >= 3 and len({r.batch_size for r in backups}) >= 2
-            and len({r.context_len for r in backups}) >= 2):
-        backup_fit, errors["backup"] = _fit_linear(
-            [[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r in backups],
-            [r.backup_time_ms for r in backups])
+    backups = [(r, ms) for r in decode if r.strategy is Strategy.SSD and r.backup is Backup.NEURAL
+               and (r.hit or ()).count(False) and (ms := r.backup_time_ms)]
+    backup_fit = None
+    if (len(backups) >= 3 and len({r.batch_size for r, _ in backups}) >= 2
+            and len({r.context_len for r, _ in backups}) >= 2):
+        backup_coef, errors["backup"] = _fit_linear(
+            [[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r, _ in backups],
+            [ms for _, ms in backups])
+        backup_fit = _coef(backup_coef)
         counts["backup"] = len(backups)
-    else:
-        backup_fit = None
     build_beside = 1.0
     line_from = lone if len(lone) >= 3 else builds
     if draft is not None and len(line_from) >= 3:
         partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=draft, draft_call=draft_call)
+        shapes = [_build_shape(r) for r in line_from]
         build, errors["build"] = _fit_linear(
-            [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len),
-              *_build_terms(r.K, r.branches, r.context_len)] for r in line_from],
-            [r.cache_build_ms for r in line_from])
+            [[partial.cache_build_ms(b, K, N, c), *_build_terms(K, N, c)] for b, K, N, c, _ in shapes],
+            [ms for *_, ms in shapes])
         counts["build"] = len(line_from)
         if line_from is lone and builds:
             line = replace(partial, build=build)
-            build_beside = float(np.median([r.cache_build_ms / line.cache_build_ms(r.batch_size, r.K, r.branches,
-                                                                                    r.context_len) for r in builds]))
+            build_beside = float(np.median([ms / line.cache_build_ms(b, K, N, c)
+                                            for b, K, N, c, ms in map(_build_shape, builds)]))
             counts["build_beside"] = len(builds)
     build_level, leveled_rounds = _build_level(FittedTiming(verify=verify, draft=draft, draft_call=draft_call,
                                                             build=build, build_beside=build_beside), leveling)
@@ -552,29 +577,32 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         rows = [r for r in decode if r.strategy is strategy]
         if rows:
             waited = [(r.wait_ms or 0.0) if strategy is Strategy.SSD else r.draft_ms for r in rows]
-            residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited)]
+            residual = [r.round_ms - r.verify_ms - w for r, w in zip(rows, waited, strict=True)]
             overhead[strategy.value] = max(0.0, float(np.median(residual)))
     waits = link_waits(decode)
     link_ms = float(np.median(waits)) / 2 if waits else 0.0
     fast = {}
     ssd_overhead = overhead.get(Strategy.SSD.value, 0.0)
 
-    def fast_backup_ms(r: RoundRecord) -> float:
+    def fast_backup_ms(r: RoundRecord) -> float | None:
         if r.backup_time_ms is not None:
             return r.backup_time_ms
+        if r.wait_ms is None:  # neither the backup's time nor the target's wait: nothing to read it from
+            return None
         # The wait also covers the link both ways and, per-row, the rest of the looked-up build
         # (cache_build_ms in such records) where it outlasted the verify.
         overrun = (r.cache_build_ms or 0.0) - r.verify_ms - ssd_overhead
         return max(0.0, r.wait_ms - max(2 * link_ms, overrun))
 
     for backup in (Backup.RANDOM, Backup.LOOKUP):
-        times = [fast_backup_ms(r) for r in decode if r.backup is backup and not all(r.hit)]
+        times = [ms for r in decode if r.backup is backup and not all(r.hit or ())
+                 if (ms := fast_backup_ms(r)) is not None]
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
         verify=verify, verify_knee=knee, decode=decode_fit, decode_one_row=one_row, decode_knee=step_knee,
         backup=backup_fit, draft=draft,
-        prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=tuple(attention),
+        prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=_pair(attention),
         overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
         build=build, build_beside=build_beside, errors=errors, counts=counts, draft_call=draft_call,
         build_level=build_level,
@@ -603,7 +631,8 @@ def _build_level(fitted: FittedTiming, rounds: list[RoundRecord]) -> tuple[tuple
     levels, used = [], 0
     for b, at in own_batch_builds(rounds).items():
         if len(at) >= BUILD_LEVEL_ROUNDS:
-            predicted = sum(fitted.cache_build_ms(b, r.K, r.branches, r.context_len) for r in at)
-            levels.append((b, sum(r.cache_build_ms for r in at) / predicted))
+            shapes = [_build_shape(r) for r in at]
+            predicted = sum(fitted.cache_build_ms(b, K, N, c) for _, K, N, c, _ in shapes)
+            levels.append((b, sum(ms for *_, ms in shapes) / predicted))
             used += len(at)
     return tuple(levels), used

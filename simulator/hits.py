@@ -19,14 +19,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
+from simulator.records import RoundRecord
 from theory import fit_r
 from theory.fanout import outcome_probabilities, separable_fanout
 from theory.glossary import Backup
-
-from simulator.records import RoundRecord
 
 KEPT = 256  # ranks counted one by one; beyond, the fitted power law
 MIN_PER_POSITION = 30  # fewer rejections at a position than this: use all positions' rejections
@@ -44,11 +44,11 @@ class RankCounts:
             raise ValueError(f"rank counts must be at most {KEPT} non-negative numbers and a non-negative rest")
 
     @staticmethod
-    def of(ranks: list[int]) -> "RankCounts":
+    def of(ranks: list[int]) -> RankCounts:
         counts = np.bincount([r for r in ranks if r < KEPT], minlength=KEPT).astype(int)
         return RankCounts(tuple(int(c) for c in counts), sum(r >= KEPT for r in ranks))
 
-    def __add__(self, other: "RankCounts") -> "RankCounts":
+    def __add__(self, other: RankCounts) -> RankCounts:
         a, b = np.zeros(KEPT, dtype=int), np.zeros(KEPT, dtype=int)
         a[: len(self.counts)] = self.counts
         b[: len(other.counts)] = other.counts
@@ -170,7 +170,7 @@ class EmpiricalHit:
                 "tail_r": self.tail_r, "source": self.source, **self.meta}
 
     @staticmethod
-    def from_dict(obj: dict, source: str | None = None) -> "EmpiricalHit":
+    def from_dict(obj: dict, source: str | None = None) -> EmpiricalHit:
         try:
             unpack = lambda d: RankCounts(tuple(int(c) for c in d["counts"]), int(d["beyond"]))  # noqa: E731
             rejected = tuple(unpack(d) for d in obj["rejected"])
@@ -201,7 +201,7 @@ def outcome_ranks(records: list[RoundRecord]) -> tuple[int, dict[int, list[int]]
     for r in records:
         if not r.is_decode or r.outcome_rank is None:
             continue
-        for row, (k, rank) in enumerate(zip(r.accepted, r.outcome_rank)):
+        for row, (k, rank) in enumerate(zip(r.accepted, r.outcome_rank, strict=True)):
             if rank is None or not is_draft_sourced(r, row):
                 continue
             (accepted_all if k == K else rejected[k]).append(rank)
@@ -289,7 +289,17 @@ def measured(workload: str = "spec_bench", temperature: float = 0.0, C: float = 
     return EmpiricalHit.from_dict(best["model"], source=where)
 
 
-def _tail_split(model: EmpiricalHit, weights: np.ndarray, B: int) -> tuple[int, ...]:
+class RankedMisses(Protocol):
+    """What `best_schedule` reads of a hit model: the miss curve of outcome k's F guesses and the power-law tail
+    beyond the measured ranks (EmpiricalHit here, and simulator.alpha_hits.AlphaHit)."""
+
+    @property
+    def tail_r(self) -> float: ...
+
+    def miss(self, k: int, K: int, F: np.ndarray) -> np.ndarray: ...
+
+
+def _tail_split(model: RankedMisses, weights: np.ndarray, B: int) -> tuple[int, ...]:
     """More budget than KEPT guesses per outcome: every outcome is in its concave tail; split ∝ P(k)^(1/(1+r))."""
     share = weights ** (1.0 / (1.0 + model.tail_r))
     real = B * share / share.sum()
@@ -298,7 +308,7 @@ def _tail_split(model: EmpiricalHit, weights: np.ndarray, B: int) -> tuple[int, 
     return tuple(int(x) for x in out)
 
 
-def best_schedule(model: EmpiricalHit, alpha: float, K: int, B: int) -> tuple[int, ...]:
+def best_schedule(model: RankedMisses, alpha: float, K: int, B: int) -> tuple[int, ...]:
     """The integer schedule F_0..F_K (Σ = B) with the highest `model.hit_rate(alpha, F)`: an exact dynamic
     programme over outcomes and budget (the measured gains need not be concave, so no greedy).
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import simpy
 
@@ -93,7 +93,7 @@ class Link:
         env.timeout(arrive_ms - env.now, (message, start_ms)).callbacks.append(self._deliver)
 
     def _deliver(self, carried: simpy.events.Timeout) -> None:
-        message, start_ms = carried.value
+        message, start_ms = cast(tuple[Any, float], carried.value)  # what `send` scheduled
         now = self.env.now
         self.busy_ms += now - start_ms
         if self._spans is not None:

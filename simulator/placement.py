@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-from theory.glossary import Backup, Strategy
+from typing import Any
 
 from simulator.feasibility import problems, tp_problems
 from simulator.hardware import Deployment
@@ -22,6 +21,7 @@ from simulator.plan import LatencyTarget, missed
 from simulator.run import simulate
 from simulator.scenario import AUTO, Scenario
 from simulator.timing import RooflineTiming
+from theory.glossary import Backup, Strategy
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ def preset_options(base: Scenario, devices: int) -> list[Option]:
         target = replace(timing.target, tp=tp)
         spare = share - tp
         where = f"target on {tp} × {name}" + (f" ({spare} idle: TP {share} does not divide the heads)" if spare else "")
-        where += ", draft on its own" if strategy is Strategy.SSD else ", draft beside it" if strategy is Strategy.SD else ""
+        where += (", draft on its own" if strategy is Strategy.SSD
+                  else ", draft beside it" if strategy is Strategy.SD else "")
         out.append(Option(strategy, where, replace(base, timing=replace(timing, target=target), target_devices=tp)))
     return out
 
@@ -89,7 +90,7 @@ def compare(options: Sequence[Option], batch: int, targets: Sequence[LatencyTarg
     out = []
     for option in options:
         closed = replace(option.scenario, rate_per_s=None, requests=None)
-        point = {"strategy": option.strategy, "K": 0 if option.strategy is Strategy.AR else AUTO,
+        point: dict[str, Any] = {"strategy": option.strategy, "K": 0 if option.strategy is Strategy.AR else AUTO,
                  "budget": AUTO if option.strategy is Strategy.SSD else 0, "backup": Backup.NEURAL, "batch": batch,
                  "C": 1.0}
         point = closed.resolve(point)[0]

@@ -19,12 +19,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from theory.latency import METRICS
-
 from simulator.feasibility import problems, requests_per_s
 from simulator.metrics import PERCENTILES, SimResult
 from simulator.run import simulate
 from simulator.scenario import Grid, Scenario
+from theory.latency import METRICS
 
 OBJECTIVES = ("accelerators", "latency")
 EXTRA_REPLICAS = 8  # an open-loop check adds up to this many replicas before it gives up
@@ -122,9 +121,9 @@ class PlanResult:
         else by its full-load figures."""
         if self.best is not None:
             return None
-        checked = [c for c in self.candidates if c.checked is not None]
+        checked = [(c, c.checked) for c in self.candidates if c.checked is not None]
         if checked:
-            return min(checked, key=lambda c: (shortfall(self.targets, c.checked), c.accelerators))
+            return min(checked, key=lambda pair: (shortfall(self.targets, pair[1]), pair[0].accelerators))[0]
         return min(self.rejected, key=lambda c: (shortfall(self.targets, c.screened), c.accelerators), default=None)
 
 
@@ -160,7 +159,9 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
     if scenario.output_len is None:
         raise ValueError("planning needs finite output lengths (requests must finish)")
     closed = replace(scenario, rate_per_s=None, requests=None)
-    feasible, rejected, infeasible = [], [], []
+    feasible: list[Candidate] = []
+    rejected: list[Candidate] = []
+    infeasible: list[Infeasible] = []
     points = grid.points()
     steps = len(points) + check_top
 
@@ -205,7 +206,9 @@ def _check(closed: Scenario, candidate: Candidate, rate_per_s: float, targets: t
     """Open-loop check at rate / replicas per replica; add replicas until every target holds, or give up after
     `max_extra` more (the candidate then carries its last check, at its sized replica count, with passed False)."""
     per_replica_devices = candidate.accelerators // candidate.replicas
-    last = None
+    if max_extra < 0:
+        raise ValueError(f"max_extra is how many replicas the check may add, >= 0; got {max_extra}")
+    last: tuple[int, SimResult] | None = None
     for replicas in range(candidate.replicas, candidate.replicas + max_extra + 1):
         open_loop = replace(closed, rate_per_s=rate_per_s / replicas, requests=requests, rounds=10**9)
         result = simulate(open_loop.config(**candidate.point))
@@ -213,6 +216,7 @@ def _check(closed: Scenario, candidate: Candidate, rate_per_s: float, targets: t
             return replace(candidate, replicas=replicas, accelerators=replicas * per_replica_devices,
                            checked=result, checked_latency_ms=targets[0].of(result), passed=True)
         last = replicas, result
+    assert last is not None  # the loop ran at least once (max_extra >= 0)
     replicas, result = last
     return replace(candidate, replicas=replicas, accelerators=replicas * per_replica_devices, checked=result,
                    checked_latency_ms=targets[0].of(result))

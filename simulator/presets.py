@@ -48,7 +48,8 @@ _GPU_NOTE = (
     f"'Look Ma, No Bubbles!' (https://hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles), assumed to carry "
     f"to the other GPUs; launch_overhead_us {_GPU_LAUNCH_OVERHEAD_US:.0f} per layer of an eager forward: calibrated on "
     f"the reference engine's eager ablation (its draft's cycle, 91.19 ms eager against 22.21 ms with CUDA graphs, "
-    f"Llama-3.2-1B, K 6, F 3, batch 1; {REFERENCE_LOG}), assumed to carry to the other GPUs; interconnect_latency_us {_NCCL_ALLREDUCE_US:g} per small NCCL all-reduce: assumed; "
+    f"Llama-3.2-1B, K 6, F 3, batch 1; {REFERENCE_LOG}), assumed to carry to the other GPUs; "
+    f"interconnect_latency_us {_NCCL_ALLREDUCE_US:g} per small NCCL all-reduce: assumed; "
     f"usable memory {_USABLE_MEMORY_FRACTION}: vLLM's default gpu_memory_utilization"
 )
 

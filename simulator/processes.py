@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import simpy
 
-from theory.glossary import Backup, MissPolicy, Strategy
-
 from simulator.batch import Batch
 from simulator.draws import Draws
 from simulator.link import Link
 from simulator.metrics import Recorder
 from simulator.timing import TimingModel
 from simulator.workload import Request, RequestSource
+from theory.glossary import Backup, MissPolicy, Strategy
 
 PROMPT_TOKEN_BYTES = 8  # the engine sends a Prefill's prompts as int64 ids (engine/ssd/messages.py)
 
@@ -166,7 +165,7 @@ def cache_lookup(seqs: list, draws: Draws, rec: Recorder) -> int:
         return 0 if hit else 1
     looked_up = [s for s in seqs if s.accepted is not None]
     hits = draws.hits([s.from_cache for s in looked_up], [s.accepted for s in looked_up]) if looked_up else []
-    for seq, hit in zip(looked_up, hits):
+    for seq, hit in zip(looked_up, hits, strict=True):
         (rec.hits_by_k if hit else rec.misses_by_k)[seq.accepted] += 1
         seq.from_cache = hit
     for seq in seqs:

@@ -96,7 +96,7 @@ def _get(obj: dict, key: str, kind: type | tuple[type, ...], where: str, minimum
         raise ValueError(f"{where}: field {key!r} must be a number, got {value!r}")
     if not isinstance(value, kind):
         raise ValueError(f"{where}: field {key!r} must be {_kind_name(kind)}, got {value!r}")
-    if minimum is not None and value < minimum:
+    if minimum is not None and isinstance(value, (int, float)) and value < minimum:
         raise ValueError(f"{where}: field {key!r} must be >= {minimum}, got {value!r}")
     return value
 
@@ -137,7 +137,7 @@ def parse_record(obj: object, where: str = "record") -> RoundRecord:
     emitted = _int_list(obj, "emitted", batch, where)
     if any(k > K for k in accepted):
         raise ValueError(f"{where}: accepted counts {list(accepted)} exceed K = {K}")
-    if any(e > k + 1 for e, k in zip(emitted, accepted)):
+    if any(e > k + 1 for e, k in zip(emitted, accepted, strict=True)):
         raise ValueError(f"{where}: emitted {list(emitted)} exceeds accepted + 1 {[k + 1 for k in accepted]}")
     fields = dict(
         strategy=strategy,
@@ -180,7 +180,8 @@ def _optional_list(obj: dict, key: str, n: int, kinds: tuple[type, ...], where: 
         return None
     ok = isinstance(values, list) and len(values) == n and all(
         (v is None and nullable) or (isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
-                                     and (isinstance(v, bool) or v >= 0)) for v in values)
+                                     and (isinstance(v, bool) or (isinstance(v, (int, float)) and v >= 0)))
+        for v in values)
     if not ok:
         kind = " or ".join(k.__name__ for k in kinds) + (" or null" if nullable else "")
         raise ValueError(f"{where}: '{key}' must be a list of {n} values ({kind}, non-negative), got {values!r}")

@@ -8,8 +8,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import simpy
 
-from theory.glossary import Backup, MissPolicy, Strategy
-
 from simulator.acceptance import AcceptanceModel, HitModel, Replay, Source
 from simulator.batch import Batch
 from simulator.draws import ReplayDraws, TableDraws
@@ -18,6 +16,7 @@ from simulator.metrics import Recorder, SimResult, summarize
 from simulator.processes import Testbed, ar_decoder, arrivals, sd_draft_worker, ssd_draft_worker, verifier
 from simulator.timing import TimingModel
 from simulator.workload import ClosedLoop, Replayed, RequestSource, Workload
+from theory.glossary import Backup, MissPolicy, Strategy
 
 TOKEN_ID_BYTES = 4
 OUTCOME_BYTES = 8  # (k, t*) per sequence
@@ -124,7 +123,7 @@ class SimConfig:
         p = self.policy
         out = {"strategy": p.strategy.value, "K": p.K, "batch": self.workload.max_batch}
         if p.strategy is Strategy.SSD:
-            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout)), backup=p.backup.value,
+            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout or ())), backup=p.backup.value,
                        miss_policy=p.miss_policy.value)
         return out
 
@@ -162,7 +161,7 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
         max_requests=config.requests or (wl.requests if isinstance(wl, Replayed) else None),
         prefill_ahead=config.prefill_overlap and p.strategy is Strategy.SSD,
     )
-    if closed:
+    if isinstance(wl, ClosedLoop):
         for _ in range(wl.concurrency):
             batch.queue.put(source.next_request(0.0))
     else:
@@ -176,7 +175,7 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
     env.run(until=bed.done)
     links = {"to_draft": to_draft.busy_ms, "to_target": to_target.busy_ms}
     result = summarize(rec, p.strategy.value, config.settings(), env.now, config.accelerators, links)
-    return replace(result, timeline=tuple(rec.spans)) if trace else result
+    return replace(result, timeline=tuple(rec.spans or ())) if trace else result
 
 
 def rounds_per_second(config: SimConfig) -> tuple[float, float]:

@@ -26,9 +26,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from theory import Backup, MissPolicy, Strategy, integer_fanout
-from theory import uniform_fanout as theory_uniform_fanout
-
 from simulator.acceptance import (
     AcceptanceModel,
     HitModel,
@@ -45,6 +42,8 @@ from simulator.metrics import SimResult
 from simulator.run import Policy, SimConfig, simulate
 from simulator.timing import TimingModel
 from simulator.workload import ClosedLoop, Lengths, OpenLoop
+from theory import Backup, MissPolicy, Strategy, integer_fanout
+from theory import uniform_fanout as theory_uniform_fanout
 
 FANOUT_RULES = ("geometric", "uniform")
 AUTO = "auto"  # K or budget chosen as the engine's K="auto" / budget="auto" would (module docstring)
@@ -78,7 +77,8 @@ class SaguaroTable:
         if not self.C[0] <= C <= self.C[-1]:
             raise ValueError(f"C = {C} lies outside the Saguaro table's range {self.C[0]}..{self.C[-1]}: "
                              f"measure that C or sweep inside the range")
-        return tuple(float(np.interp(C, self.C, values)) for values in (self.alpha, self.r, self.scale))
+        alpha, r, scale = (float(np.interp(C, self.C, values)) for values in (self.alpha, self.r, self.scale))
+        return alpha, r, scale
 
 
 def default_hits(acceptance: AcceptanceModel | Replay) -> HitModel | None:
@@ -122,7 +122,7 @@ class Scenario:
         if self.rate_per_s is not None and self.output_len is None:
             raise ValueError("an open loop (rate_per_s) needs finite output lengths")
 
-    def models_at(self, C: float) -> tuple[AcceptanceModel | Replay, HitModel]:
+    def models_at(self, C: float) -> tuple[AcceptanceModel | Replay, HitModel | None]:
         """Acceptance and hit models at Saguaro constant C (C = 1 without a table: the scenario's own)."""
         if self.saguaro is None:
             if C != 1.0:
@@ -205,7 +205,7 @@ class Scenario:
         speeds = [simulate(closed.config(**c)).decode_tokens_per_s for c in candidates]
         best = int(np.argmax(speeds))
         chosen = candidates[best]
-        tried = ", ".join(f"{c['K']}: {v:.3g}" for c, v in zip(candidates, speeds))
+        tried = ", ".join(f"{c['K']}: {v:.3g}" for c, v in zip(candidates, speeds, strict=True))
         budget_note = f", budget auto -> {chosen['budget']}" if budget == AUTO and strategy is Strategy.SSD else ""
         return chosen, (f"{strategy.value} batch {point['batch']}: K auto -> {chosen['K']}{budget_note} "
                         f"(decode tokens/s by K: {tried})")
@@ -218,10 +218,13 @@ class Scenario:
         policy = Policy(strategy, K=K if strategy is not Strategy.AR else 0, fanout=fanout,
                         backup=backup if strategy is Strategy.SSD else Backup.NEURAL,
                         miss_policy=self.miss_policy)
+        workload: ClosedLoop | OpenLoop
         if self.rate_per_s is None:
             workload = ClosedLoop(batch, self.prompt_len, self.output_len)
-        else:
+        elif self.output_len is not None:
             workload = OpenLoop(self.rate_per_s, batch, self.prompt_len, self.output_len)
+        else:
+            raise ValueError("an open loop (rate_per_s) needs finite output lengths")
         return SimConfig(
             policy=policy, timing=self.timing, acceptance=acceptance,
             hits=hits if strategy is Strategy.SSD else None, workload=workload, link=self.link,

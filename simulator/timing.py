@@ -9,7 +9,8 @@ Every model answers the same questions, in milliseconds:
   (engine/strategies/sd.py);
 - `cache_build_ms(batch, K, branches, context)`: SSD's cache build: one "glue" draft forward over the K+1
   verified positions, then K tree-decode steps over all `branches` at once (docs/ssd.md §2);
-- `backup_ms(backup, rows, K, context)`: SSD's backup on a cache miss; the neural one drafts `rows` = the whole batch (hit rows masked, as the engine does), a fast one the missed rows;
+- `backup_ms(backup, rows, K, context)`: SSD's backup on a cache miss; the neural one drafts `rows` = the whole
+  batch (hit rows masked, as the engine does), a fast one the missed rows;
 - `prefill_ms(strategy, batch, tokens)`: joining prompts on the target's critical path (the draft's prefill
   runs in series with the target's in SD, colocated; in SSD the target prefills alone);
 - `draft_prefill_ms(batch, tokens)`: the joiners' prompts through the draft. SSD's worker runs it while the
@@ -25,9 +26,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Protocol
 
-from theory.glossary import Backup, Strategy
-
 from simulator.hardware import Deployment
+from theory.glossary import Backup, Strategy
 
 
 class TimingModel(Protocol):
@@ -165,8 +165,9 @@ class RooflineTiming:
         if overhead is None:
             return self.draft
         hw = self.draft.hardware
-        field_name = "single_device_layer_overhead_us" if self.draft.tp == 1 else "layer_overhead_us"
-        return replace(self.draft, hardware=replace(hw, **{field_name: overhead}))
+        if self.draft.tp == 1:
+            return replace(self.draft, hardware=replace(hw, single_device_layer_overhead_us=overhead))
+        return replace(self.draft, hardware=replace(hw, layer_overhead_us=overhead))
 
     def verify_ms(self, batch: int, tokens: int, context: int) -> float:
         rows = batch * tokens

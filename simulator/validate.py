@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from theory.glossary import Backup
-
 from simulator.acceptance import Replay
 from simulator.fit import FittedTiming
 from simulator.link import LinkSpec
 from simulator.records import RoundRecord
 from simulator.run import Policy, SimConfig, simulate
 from simulator.workload import ClosedLoop, Lengths
+from theory.glossary import Backup
 
 TOLERANCE = 0.10
 

@@ -9,6 +9,7 @@ Prompt and output lengths come from `Lengths`; all randomness from one seeded nu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class Lengths:
         return rng.integers(self.low, self.upper + 1, size=n)
 
     @staticmethod
-    def parse(text: str) -> "Lengths":
+    def parse(text: str) -> Lengths:
         """'256' (fixed) or '128:512' (uniform range)."""
         try:
             parts = [int(p) for p in text.split(":")]
@@ -100,7 +101,7 @@ class Replayed:
         if n == 0 or len(self.prompt_lens) != n or len(self.output_lens) != n:
             raise ValueError("a replayed workload needs one arrival time, prompt length and output length per "
                              f"request; got {n}, {len(self.prompt_lens)} and {len(self.output_lens)}")
-        if any(b < a for a, b in zip(self.arrivals_ms, self.arrivals_ms[1:])) or self.arrivals_ms[0] < 0:
+        if any(b < a for a, b in pairwise(self.arrivals_ms)) or self.arrivals_ms[0] < 0:
             raise ValueError("replayed arrival times must be >= 0 and in order (sort the requests by arrival)")
         if min(self.prompt_lens) < 1 or min(self.output_lens) < 1:
             raise ValueError("replayed prompt and output lengths must be >= 1 token")
@@ -154,4 +155,6 @@ class RequestSource:
         if isinstance(wl, Replayed):
             i = self._next_id
             return None if i >= wl.requests else max(0.0, wl.arrivals_ms[i] - now_ms)
+        if isinstance(wl, ClosedLoop):
+            raise ValueError("a closed loop has no arrival gaps: a sequence starts when another finishes")
         return float(self._rng.exponential(1e3 / wl.rate_per_s))

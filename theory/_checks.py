@@ -6,15 +6,13 @@ turns a 0-d result back into a plain float.
 
 from __future__ import annotations
 
-from typing import Union
-
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 # What the public functions return: np.float64 (a float) for scalar inputs, an array otherwise.
-FloatOrArray = Union[float, FloatArray]
+FloatOrArray = float | FloatArray
 
 # A distribution may be off by float rounding (softmax in float32 sums to 1 ± 1e-7); more is a caller bug.
 DISTRIBUTION_ATOL = 1e-6

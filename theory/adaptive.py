@@ -76,8 +76,9 @@ def with_observations(
     """The counts after `new_accepted` acceptances and `new_rejected` rejections more, the old counts forgotten by
     `decay` per new observation (per row, or pooled over rows: engine.strategies.lookahead)."""
     decay = float(as_probability(decay, "decay", " (weight the past counts keep per observation)"))
-    kept = decay ** (np.asarray(new_accepted, dtype=np.float64) + new_rejected)
-    return kept * np.asarray(accepted) + new_accepted, kept * np.asarray(rejected) + new_rejected
+    new_a, new_r = np.asarray(new_accepted, dtype=np.float64), np.asarray(new_rejected, dtype=np.float64)
+    kept = decay ** (new_a + new_r)
+    return kept * np.asarray(accepted) + new_a, kept * np.asarray(rejected) + new_r
 
 
 def round_rate(

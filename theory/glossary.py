@@ -58,10 +58,10 @@ class MissPolicy(str, Enum):
     WHOLE_BATCH = "whole-batch"
 
     @classmethod
-    def _missing_(cls, value: object) -> "MissPolicy":
+    def _missing_(cls, value: object) -> MissPolicy:
         """Accept the Python spelling ("per_row"); refuse anything else with the choices."""
         if isinstance(value, str) and value.replace("_", "-") in cls._value2member_map_:
-            return cls._value2member_map_[value.replace("_", "-")]
+            return cls(value.replace("_", "-"))
         choices = ", ".join(repr(m.value) for m in cls)
         raise ValueError(f"miss_policy must be one of {choices} (what a batch does when some rows miss); "
                          f"got {value!r}")

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILES = (50, 90, 99)
@@ -65,7 +66,7 @@ def time_per_output_token(ttft: float, e2el: float, output_tokens: int) -> float
     return (e2el - ttft) / (output_tokens - 1) if output_tokens > 1 else None
 
 
-def statistics(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+def statistics(samples: npt.ArrayLike, percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
     """`mean`, `median`, `std` and `p<N>` of one metric's samples (numpy's linear percentiles), in their unit;
     all NaN when there is no sample."""
     values = np.asarray(samples, dtype=float)
@@ -77,7 +78,8 @@ def statistics(samples: Sequence[float], percentiles: Sequence[float] = DEFAULT_
     return out
 
 
-def summarize(latencies: Sequence[RequestLatency], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+def summarize(latencies: Sequence[RequestLatency],
+              percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
     """mean / median / std / p-th percentiles of TTFT, TPOT, ITL and E2EL over requests, in ms.
 
     A metric with no sample (no request, or only one-token requests for TPOT, or no second chunk for ITL)

@@ -133,7 +133,7 @@ def read_manifest(folder: Path) -> Manifest:
             name=str(raw["name"]), source=raw["source"], files=files, created=str(raw["created"])
         )
     except FileNotFoundError:
-        raise CorruptCacheError(f"{folder} has no {MANIFEST_NAME}: it is not a complete cache folder")
+        raise CorruptCacheError(f"{folder} has no {MANIFEST_NAME}: it is not a complete cache folder") from None
     except (ValueError, KeyError, TypeError) as err:
         raise CorruptCacheError(f"{path} is unreadable ({err})") from err
 
@@ -302,7 +302,7 @@ def publish(
         name=name,
         source=dict(source),
         files=hash_files(temp, name, progress),
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
     write_manifest(temp, manifest)
     if final.exists():

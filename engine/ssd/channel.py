@@ -37,8 +37,17 @@ from engine.ssd.lifetime import explain_exit, spawn_with_sigint_blocked
 from engine.ssd.messages import MalformedMessage, Prefill, Round, Speculation, Stop
 from engine.ssd.placement import draft_device_for, worker_cores
 from engine.ssd.process import JOINED_KEY, READY_KEY, SECRET_VARIABLE, SPEC_KEY, WorkerSpec, serve
-from engine.ssd.transport import (TARGET_RANK, Backend, DraftUnavailable, Transport, check_answer, connect, host_store,
-                                  new_secret, process_group)
+from engine.ssd.transport import (
+    TARGET_RANK,
+    Backend,
+    DraftUnavailable,
+    Transport,
+    check_answer,
+    connect,
+    host_store,
+    new_secret,
+    process_group,
+)
 
 log = logging.getLogger(__name__)
 FAULTS = (DraftUnavailable, MalformedMessage)  # what an exchange may raise: the worker is lost

@@ -36,8 +36,13 @@ from engine.config import FanoutSchedule, SpeculativeConfig
 from engine.sparse import RANK_DEPTH
 from theory.adaptive import acceptance_estimate
 from theory.backup import BackupOption, best_backup
-from theory.fanout import (optimal_fanout, outcome_probabilities, round_largest_remainder, separable_fanout,
-                           uniform_fanout)
+from theory.fanout import (
+    optimal_fanout,
+    outcome_probabilities,
+    round_largest_remainder,
+    separable_fanout,
+    uniform_fanout,
+)
 from theory.glossary import Backup
 from theory.powerlaw import fit_r, miss_rate
 from theory.speedup import expected_tokens
@@ -239,7 +244,9 @@ class DraftPolicy:
         lookup_E = self.acceptance[Backup.LOOKUP.value].mean_tokens(1.0)
         T_p = self.build_ms / self.verify_ms
         options = [
-            BackupOption(Backup.NEURAL, max(neural_E, 1.0), self.backup_ms.get(Backup.NEURAL.value, self.build_ms) / self.verify_ms),
-            BackupOption(Backup.LOOKUP, max(lookup_E, 1.0), self.backup_ms.get(Backup.LOOKUP.value, 0.0) / self.verify_ms),
+            BackupOption(Backup.NEURAL, max(neural_E, 1.0),
+                         self.backup_ms.get(Backup.NEURAL.value, self.build_ms) / self.verify_ms),
+            BackupOption(Backup.LOOKUP, max(lookup_E, 1.0),
+                         self.backup_ms.get(Backup.LOOKUP.value, 0.0) / self.verify_ms),
         ]
         return options[int(best_backup(self.p_hit, max(E_hit, 1.0), T_p, options, batch_size))].kind

@@ -26,8 +26,15 @@ from engine.loading.recipe import DraftRecipe
 from engine.ssd.heartbeat import beat
 from engine.ssd.lifetime import WorkerExit, die_with_parent, ignore_sigint, silence_stderr
 from engine.ssd.messages import MalformedMessage, Prefill, Round, Stop
-from engine.ssd.transport import (DRAFT_RANK, Backend, DraftUnavailable, answer_challenge, connect, join_store,
-                                  process_group)
+from engine.ssd.transport import (
+    DRAFT_RANK,
+    Backend,
+    DraftUnavailable,
+    answer_challenge,
+    connect,
+    join_store,
+    process_group,
+)
 
 log = logging.getLogger(__name__)
 SPEC_KEY = "saguaro/worker_spec"

@@ -18,8 +18,8 @@ from torch import Tensor
 from engine import host
 from engine.checks import Checks
 from engine.drafting import draft_steps
-from engine.kv_cache import KVState
 from engine.invariant import race_ranking
+from engine.kv_cache import KVState
 from engine.sampling import Generators, Keys, RowSampling
 from engine.sparse import SparseQ, TopLogits
 

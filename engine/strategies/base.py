@@ -15,8 +15,8 @@ from torch import Tensor
 
 from engine.checks import Checks
 from engine.sampling import RowSampling
-from engine.sparse import SparseQ
 from engine.sequence import Sequence
+from engine.sparse import SparseQ
 from engine.verifier import Verification
 
 
@@ -53,7 +53,8 @@ class Proposer(Protocol):
     last_round: RoundTelemetry  # the telemetry of the last `propose`
     # What `propose` raises when the proposer is lost; () when it cannot be. A proposer that can be lost also
     # has `fallback(err, what) -> Proposer`: it stops, and returns the proposer that takes its rows over.
-    faults: tuple[type[Exception], ...]
+    @property
+    def faults(self) -> tuple[type[Exception], ...]: ...
 
     def admit(self, seqs: list[Sequence]) -> None:
         """Rows joining at the end of the batch; each one's newest output token is not yet verified-fed."""

@@ -24,18 +24,19 @@ import torch
 from torch import Tensor
 
 from engine import host
-from engine.config import SpeculativeConfig
 from engine.checks import Checks
+from engine.config import SpeculativeConfig
 from engine.drafting import draft_from
-from engine.ranking import rank_of
 from engine.kv_cache import KVState, new_state, prefill, right_aligned
 from engine.loading.devices import model_device
+from engine.ranking import rank_of
 from engine.sampling import Keys, RowSampling
 from engine.sequence import Sequence
 from engine.strategies.base import Proposal, RoundTelemetry
 from engine.strategies.lookahead import Lookahead
 from engine.timing import Interval
 from engine.verifier import Verification
+
 
 class InProcessDraft:
     """SD's proposer. The draft runs on its own device (`draft_device`: the target's, or the CPU for a low-bit

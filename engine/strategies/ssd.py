@@ -30,8 +30,8 @@ from collections.abc import Callable
 import torch
 
 from engine import host
-from engine.config import SpeculativeConfig
 from engine.checks import Checks
+from engine.config import SpeculativeConfig
 from engine.sampling import RowSampling
 from engine.sequence import Sequence
 from engine.ssd.channel import FAULTS, Channel

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 log = logging.getLogger(__name__)
 ATTENTION_MODULES = ("self_attn", "attention", "attn")  # a plan rule naming one of these shards attention
@@ -49,7 +49,7 @@ def shard_plan(config, ranks: int, speak: bool = True) -> dict[str, str] | None:
     return attention
 
 
-def load_shard(folder: str | Path, ranks: int, dtype: torch.dtype, speak: bool) -> torch.nn.Module:
+def load_shard(folder: str | Path, ranks: int, dtype: torch.dtype, speak: bool) -> PreTrainedModel:
     """This rank's shard of the model in `folder` (torch.distributed's default group: one process per rank)."""
     from transformers.distributed import DistributedConfig
 

@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,9 @@ from engine.loading.devices import TORCH_DTYPES
 from engine.ssd.lifetime import explain_exit, refuse_unguarded_main, spawn_with_sigint_blocked
 from engine.tp.ops import Concat, Envelope, Extend, Fork, NewState, Op, Rollback, Select, Stop, apply, on_cpu
 from engine.tp.rank import JOINED_KEY, RankSpec, join_group, serve
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 SEND = datetime.timedelta(minutes=10)  # rank 0's longest wait for the other ranks to take a message
@@ -53,7 +57,7 @@ class TPRankDied(RuntimeError):
 class TPTarget:
     """Rank 0's handle on the target's ranks: its shard (`model`), the other ranks' processes, and the states."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, processes: list, ctrl: dist.ProcessGroup,
+    def __init__(self, model: PreTrainedModel, device: torch.device, processes: list, ctrl: dist.ProcessGroup,
                  store: dist.Store, folder: Path | None):
         self.model = model
         self.device = device
@@ -68,7 +72,7 @@ class TPTarget:
         self._reaper = weakref.finalize(self, _reap, processes, folder)
 
     # -- what the engine feeds ----------------------------------------------------------------
-    def new_kv_state(self, batch_size: int, device: torch.device) -> "TPState":
+    def new_kv_state(self, batch_size: int, device: torch.device) -> TPState:
         sid = next(self._ids)
         self.run(NewState(sid, batch_size))
         return TPState(self, sid)
@@ -185,13 +189,13 @@ class TPState:
     def select(self, rows: Tensor | list[int]) -> None:
         self.target.run(Select(self.sid, host.index(rows, self.lengths.device)))
 
-    def fork(self, rows: Tensor | list[int]) -> "TPState":
+    def fork(self, rows: Tensor | list[int]) -> TPState:
         new = next(self.target._ids)
         self.target.run(Fork(self.sid, new, host.index(rows, self.lengths.device)))
         return TPState(self.target, new)
 
     @staticmethod
-    def concat(states: list["TPState"]) -> "TPState":
+    def concat(states: list[TPState]) -> TPState:
         target = states[0].target
         new = next(target._ids)
         target.run(Concat([s.sid for s in states], new))

@@ -104,5 +104,5 @@ class ClientConfig:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ClientConfig":
+    def from_dict(cls, data: dict) -> ClientConfig:
         return cls(**{**known_fields(cls, data), "rates": tuple(float(r) for r in data.get("rates", ()))})

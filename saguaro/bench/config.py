@@ -1,9 +1,9 @@
 """What one `saguaro bench` invocation runs: the configuration and the sweep grid it expands to.
 
 A *variant* is one system with one setting of every swept axis (K, fan-out budget and schedule, C,
-backup, temperature, batch size, and for this engine's systems eager or compiled forwards). Axes that do not apply to a system are left out of its variant
-(AR has no K; only SSD has a fan-out and a backup), and C collapses to 1 at temperature 0, where
-Saguaro sampling changes nothing, so the grid holds no duplicate runs.
+backup, temperature, batch size, and for this engine's systems eager or compiled forwards). Axes that do not apply to a
+system are left out of its variant (AR has no K; only SSD has a fan-out and a backup), and C collapses to 1 at
+temperature 0, where Saguaro sampling changes nothing, so the grid holds no duplicate runs.
 """
 
 from __future__ import annotations
@@ -249,7 +249,8 @@ class BenchConfig:
             raise ValueError(f"--only takes variant keys or parts of them (e.g. 'ssd K=3 B=8 uniform'), got "
                              f"{list(self.only)}")
         if self.fanout is not None:
-            if len(self.Ks) != 1 or self.Ks[0] == AUTO or len(self.fanout) != self.Ks[0] + 1 or min(self.fanout) < 0 or sum(self.fanout) < 1:
+            if (len(self.Ks) != 1 or self.Ks[0] == AUTO or len(self.fanout) != self.Ks[0] + 1
+                    or min(self.fanout) < 0 or sum(self.fanout) < 1):
                 raise ValueError(f"an explicit --fanout needs one K and K+1 non-negative guesses F_0..F_K, "
                                  f"got K={list(self.Ks)} and fanout {list(self.fanout)}")
         if self.only:
@@ -259,7 +260,7 @@ class BenchConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "BenchConfig":
+    def from_dict(cls, data: dict) -> BenchConfig:
         return cls(**known_fields(cls, data))
 
     def schedules_for(self, K: int) -> list[tuple[int, str, tuple[int, ...]]]:

@@ -48,7 +48,7 @@ class OtherLoad:
     start_s: float
 
     @classmethod
-    def now(cls) -> "OtherLoad":
+    def now(cls) -> OtherLoad:
         return cls(others_cpu(), time.perf_counter())
 
     def share(self) -> float:

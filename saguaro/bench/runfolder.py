@@ -85,7 +85,7 @@ class RunDir:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, parent: str | Path, name: str, config: dict, environment: dict) -> "RunDir":
+    def create(cls, parent: str | Path, name: str, config: dict, environment: dict) -> RunDir:
         """A new folder `<parent>/<timestamp>-<name>` with config.json and environment.json."""
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         parent = Path(parent)
@@ -102,7 +102,7 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: str | Path) -> "RunDir":
+    def open(cls, path: str | Path) -> RunDir:
         run = cls(Path(path))
         if not (run.path / CONFIG).is_file():
             raise ValueError(f"{path} is not a bench run folder (no {CONFIG}): pass a folder `saguaro bench` made")

@@ -200,7 +200,7 @@ class Bench:
                 try:
                     systems.run(v, prompts, self.params(v.settings.temperature, 0, warmup=True,
                                                         mode=v.settings.sampling_mode))
-                except Exception as err:  # recorded when the real call fails the same way
+                except Exception as err:  # noqa: BLE001  recorded when the real call fails the same way
                     log.warning("warm-up of %s failed: %s", v.key, err)
 
     def _run_unit(self, systems: Systems, v: Variant, index: int, prompts: list[Prompt]) -> int:
@@ -210,7 +210,7 @@ class Bench:
         load = OtherLoad.now()
         try:
             out = systems.run(v, prompts, self.params(v.settings.temperature, index, mode=v.settings.sampling_mode))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  one failed batch is a row of the results, not the run's end
             log.warning("%s, batch %d (%s) failed: %s", v.key, index, ", ".join(p.id for p in prompts), err)
             self.run_dir.append_unit([{**d, **_error_summary(err)} for d in described], [])
             return len(prompts)
@@ -219,7 +219,7 @@ class Bench:
         if reason := disturbed_reason(share):
             log.warning("%s, batch %d: %s; marked disturbed", v.key, index, reason)
             call["disturbed"] = reason
-        results = [{**d, **call, **r} for d, r in zip(described, out.requests)]
+        results = [{**d, **call, **r} for d, r in zip(described, out.requests, strict=True)]
         prompt_ids = [p.id for p in prompts]
         rounds = [{"key": v.key, "batch_index": index, "prompt_ids": prompt_ids, **r} for r in out.rounds]
         self.run_dir.append_unit(results, rounds)

@@ -52,7 +52,7 @@ class Models:
     draft_quant: QuantConfig | None = None  # low-bit: SSD's worker quantises the draft it loads by this recipe
 
     @classmethod
-    def load(cls, config: BenchConfig) -> "Models":
+    def load(cls, config: BenchConfig) -> Models:
         from engine.loading.devices import TORCH_DTYPES
         from engine.loading.models import load_model, load_quantized
 
@@ -217,7 +217,7 @@ class Systems:
             {"prompt_tokens": len(i), "new_tokens": len(o.token_ids), "e2el_s": seconds,
              "tokens_per_s": len(o.token_ids) / seconds if seconds > 0 else 0.0,
              "token_ids": o.token_ids, "finish_reason": o.finish_reason}
-            for i, o in zip(ids, outs)
+            for i, o in zip(ids, outs, strict=True)
         ]
         return CallOutput(requests, seconds, [], self.base_threads)
 

@@ -121,7 +121,7 @@ def measured_hit_rate(model: dict, fanout: tuple[int, ...]) -> tuple[float, int]
         raise ValueError(f"the reference schedule needs K + 1 = {K + 1} fan-outs, got {len(fanout)}")
     parts = list(m.rejected) + [m.all_accepted]
     n = sum(c.total for c in parts)
-    hits = sum(c.total * (1.0 - float(c.miss(np.array(F)))) for c, F in zip(parts, fanout) if c.total)
+    hits = sum(c.total * (1.0 - float(c.miss(np.array(F)))) for c, F in zip(parts, fanout, strict=True) if c.total)
     return hits / n, n
 
 
@@ -144,7 +144,8 @@ def markdown(table: dict, budget: int = 8) -> str:
                      f"{e.get('rounds', '-')} | {m['outcomes']} | {alpha:.2f} | {rate:.3f} "
                      f"[{centre - half:.3f}, {centre + half:.3f}] | {r} | {fit.get('scale', '-')} |")
     head = (f"| workload | T | C | prompts | rounds | outcomes | mean α | hit rate, K 4 B {budget} uniform "
-            f"{[int(f) for f in uniform_fanout(4, budget)]} [95%] | r [95%] | scale |\n|---|---|---|---|---|---|---|---|---|---|")
+            f"{[int(f) for f in uniform_fanout(4, budget)]} [95%] | r [95%] | scale |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
     return head + "\n" + "\n".join(lines) + "\n"
 
 

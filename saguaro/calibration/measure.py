@@ -158,9 +158,9 @@ def measure(args, target, ids: list[int], worker: DraftWorker, say) -> tuple[lis
             two = _ms([timed(2) for _ in range(2 * reps)])  # their verifies (2 tokens a row), for the records
             backup = _ms(worker.ask("backup", b, max(1, reps - 1)))
             records += [_record("ar", K, b, c, t) for t in ar]
-            records += [_record("sd", K, b, c, v, d, first_width=1) for v, d in zip(alone, sd)]
-            records += [_record("sd", 1, b, c, v, d, first_width=1) for v, d in zip(two, one)]
-            records += [_record("sd", 1, b, c, v, d, first_width=2) for v, d in zip(two[reps:], wide)]
+            records += [_record("sd", K, b, c, v, d, first_width=1) for v, d in zip(alone, sd, strict=True)]
+            records += [_record("sd", 1, b, c, v, d, first_width=1) for v, d in zip(two[:reps], one, strict=True)]
+            records += [_record("sd", 1, b, c, v, d, first_width=2) for v, d in zip(two[reps:], wide, strict=True)]
             if b == 1:  # the verify at other widths: at batch 1 it is not a line in the rows (simulator.fit)
                 for w in verify_widths(K):
                     if w not in (2, K + 1):  # width 2 is timed above, with the one-step proposal

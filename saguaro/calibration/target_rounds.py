@@ -17,8 +17,8 @@ def ragged(state, b: int):
     real batch's rows differ in length (prompts of different lengths, rows that accepted different counts), so
     the timed forwards have the shapes and masks of the engine's. (Equal rows would take a slower attention
     kernel if transformers dropped an all-ones mask for a one-token forward and asked SDPA for enable_gqa, which
-    on CPU in bfloat16 is many times slower; engine.kv_cache passes a mask on CPU, so that does not differ.) A batch of one has no holes in the engine either (its roll-backs are trimmed), so it stays as it
-    is."""
+    on CPU in bfloat16 is many times slower; engine.kv_cache passes a mask on CPU, so that does not differ.) A
+    batch of one has no holes in the engine either (its roll-backs are trimmed), so it stays as it is."""
     import torch
 
     rows = state.fork(torch.zeros(b, dtype=torch.long))

@@ -40,8 +40,8 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
         add("pair", f"{args.pair}: target {t.model.name} at TP {t.tp}, draft {d.model.name}",
             ", ".join(given) + " given" if given else PAIR_SOURCES.get(args.pair, "given"))
         add("hardware", f"target {t.tp}× {t.hardware.name}, draft 1× {d.hardware.name} (SSD: its own device)"
-            + ("; eager forwards" if t.eager else "; forwards replayed from CUDA graphs" if t.hardware.launch_overhead_us
-               is not None else ""),
+            + ("; eager forwards" if t.eager
+               else "; forwards replayed from CUDA graphs" if t.hardware.launch_overhead_us is not None else ""),
             "simulator/presets.py: datasheet peaks; efficiencies assumed; per-layer and launch overheads calibrated")
         add("timing", f"roofline of the presets, engine {args.engine}", ENGINE_SOURCES[args.engine])
     else:
@@ -85,8 +85,9 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
             f"{args.fanout_rule}", why)
     elif isinstance(hits, AlphaHit):
         rate, low, high = hits.interval((3,) * 5)
-        add("cache hits", f"α-model at α {hits.alpha:.3f}, T {hits.temperature:g} (e.g. {rate:.2f}, {low:.2f}-{high:.2f} "
-            f"of outcomes at K 4, F 3); fan-out rule {args.fanout_rule}", hits.source)
+        add("cache hits", f"α-model at α {hits.alpha:.3f}, T {hits.temperature:g} "
+            f"(e.g. {rate:.2f}, {low:.2f}-{high:.2f} of outcomes at K 4, F 3); fan-out rule {args.fanout_rule}",
+            hits.source)
     if scenario.saguaro is not None:
         add("Saguaro table", f"C in {scenario.saguaro.C[0]:g}..{scenario.saguaro.C[-1]:g}", args.saguaro_table)
     if getattr(args, "miss_policy", None):
@@ -114,4 +115,4 @@ def left_aligned(rows: list[dict]) -> str:
     columns = list(rows[0])
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
     lines = [[c for c in columns], *([str(r[c]) for c in columns] for r in rows)]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in lines)
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in lines)

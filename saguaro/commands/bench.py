@@ -1,10 +1,10 @@
 """`saguaro bench`: this engine's AR, SD and SSD next to transformers' `generate` and assisted generation.
 
-Every axis flag takes several values and the command runs the whole grid (axes a system does not have
-are skipped for it): -K, --budget x --schedule (SSD fan-out), --C (temperature > 0 only), --backup,
---temperature, --batch. Values are space-separated: -K 2 4 auto --batch 1 4 --temperature 0 0.7. Results go to a new run folder, runs/<timestamp>-<name>/ (see --out);
-`--resume RUN_DIR` continues an interrupted run with its saved configuration, skipping what is done.
-Then `saguaro report RUN_DIR ...` turns run folders into a Markdown report with figures.
+Every axis flag takes several values and the command runs the whole grid (axes a system does not have are skipped for
+it): -K, --budget x --schedule (SSD fan-out), --C (temperature > 0 only), --backup, --temperature, --batch. Values are
+space-separated: -K 2 4 auto --batch 1 4 --temperature 0 0.7. Results go to a new run folder, runs/<timestamp>-<name>/
+(see --out); `--resume RUN_DIR` continues an interrupted run with its saved configuration, skipping what is done. Then
+`saguaro report RUN_DIR ...` turns run folders into a Markdown report with figures.
 
 Client mode: `--url http://HOST:PORT/v1` load-tests any OpenAI-compatible server (`saguaro serve`, vLLM, ...)
 with streamed requests instead of running the engine here: open-loop Poisson arrivals at each `--rate`
@@ -47,7 +47,8 @@ ENGINE_FLAGS = {"systems": "--systems", "Ks": "-K", "budget": "--budget", "sched
                 "fanout": "--fanout", "fanout_alpha": "--fanout-alpha", "fanout_r": "--fanout-r", "C": "--C",
                 "backup": "--backup", "batch_size": "--batch", "target": "--target", "draft": "--draft",
                 "dtype": "--dtype", "draft_dtype": "--draft-dtype", "draft_int8": "--draft-int8",
-                "target_quant": "--target-quant", "draft_quant": "--draft-quant", "quant_group_size": "--quant-group-size",
+                "target_quant": "--target-quant", "draft_quant": "--draft-quant",
+                "quant_group_size": "--quant-group-size",
                 "target_head_quant": "--target-head-quant", "draft_head_quant": "--draft-head-quant",
                 "threads": "--threads", "warmup": "--warmup", "order": "--order", "resume": "--resume",
                 "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop",
@@ -172,7 +173,8 @@ def config_from(args):
     return BenchConfig(
         target=args.target, draft=args.draft, prompts=args.prompts, n_prompts=args.num_prompts,
         categories=tuple(args.categories),
-        prompt_order="file" if args.first else "round-robin", max_new_tokens=args.max_new_tokens, stop_on_eos=not args.ignore_eos,
+        prompt_order="file" if args.first else "round-robin", max_new_tokens=args.max_new_tokens,
+        stop_on_eos=not args.ignore_eos,
         systems=tuple(args.systems), Ks=tuple(Ks), budgets=tuple(budgets), schedules=tuple(schedules),
         fanout=tuple(flat(args.fanout)) if args.fanout else None,
         fanout_alpha=args.fanout_alpha, fanout_r=args.fanout_r, Cs=tuple(args.C),

@@ -46,8 +46,8 @@ on the same prompt (a batch's rows a token shorter each), and its rounds are wri
 "build": the fit measures their builds against its build line, per batch size (`simulator.fit`: the build
 level; `saguaro validate engine --build-level` applies it). An experiment, off by default: the harness's builds
 ran 12-37% dearer than the engine's within minutes on a 2-core VM, but on the held-out runs of 2026-12-02 10:50
-(reports/2026-12-cpu-prediction-accuracy) the level made the predictions worse. Should the engine's SSD fail in either run, the timed points are written all the
-same, without a link or a build level.
+(reports/2026-12-cpu-prediction-accuracy) the level made the predictions worse. Should the engine's SSD fail in
+either run, the timed points are written all the same, without a link or a build level.
 
 The records go to --out (JSONL, the engine's round-record schema, one record per timed forward or pair):
 pass them to `saguaro simulate --fit` (alone, or with an SD run's records). Their accepted counts are not
@@ -66,10 +66,24 @@ from pathlib import Path
 
 from saguaro.bench.environment import cpu_model, machine
 from saguaro.calibration.draft_worker import start_worker
-from saguaro.calibration.measure import (build_rounds, fast_backup_ms, fit_summary, level_budget, link_rounds,
-                                         long_prompt, measure)
-from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, DTYPE_HELP, DTYPES, add_quant_flags,
-                                       quant_kwargs, resolve_dtypes)
+from saguaro.calibration.measure import (
+    build_rounds,
+    fast_backup_ms,
+    fit_summary,
+    level_budget,
+    link_rounds,
+    long_prompt,
+    measure,
+)
+from saguaro.commands.generate import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    DTYPE_HELP,
+    DTYPES,
+    add_quant_flags,
+    quant_kwargs,
+    resolve_dtypes,
+)
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
           "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "

@@ -25,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text with AR, SD or SSD", description=__doc__,
                        formatter_class=HelpFormatter)
     p.add_argument("prompt", nargs="*", help="prompt text(s); read from --prompts-file or stdin if none")
-    p.add_argument("--prompts-file", type=Path, help="JSONL file: a 'prompt' (or 'turns') text or an 'ids' token list per line")
+    p.add_argument("--prompts-file", type=Path,
+                   help="JSONL file: a 'prompt' (or 'turns') text or an 'ids' token list per line")
     p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file")
@@ -137,7 +138,8 @@ def add_precision_flags(p) -> None:
     """dtype, int8 draft and quantisation (generate, serve and bench share them)."""
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     p.add_argument("--draft-dtype", choices=DTYPES, help="default: --dtype (float32 with --draft-int8)")
-    p.add_argument("--draft-int8", action="store_true", help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
+    p.add_argument("--draft-int8", action="store_true",
+                   help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
     add_quant_flags(p)
 
 
@@ -257,7 +259,8 @@ def speculative_config(args, placement):
     from engine import SpeculativeConfig
 
     chosen = speculation_defaults(args)
-    budget = None if chosen["budget"] is None else whole_or_auto(chosen["budget"], "--budget must be an integer or 'auto'")
+    budget = (None if chosen["budget"] is None
+              else whole_or_auto(chosen["budget"], "--budget must be an integer or 'auto'"))
     K = parse_K(chosen["K"])
     if K == "auto" and not 1 <= args.K_min <= AUTO_K_MAX:
         raise ValueError(f"--K-min must be in 1..{AUTO_K_MAX} (the largest K that -K auto chooses), got {args.K_min}")
@@ -390,7 +393,7 @@ def run(args) -> int:
                      {"token_id": t.token_id, "logprob": t.logprob, "top": [list(x) for x in t.top]}
                      for t in o.logprobs],
                  "metrics": o.metrics.summary()}
-                for p, o in zip(prompts, result)
+                for p, o in zip(prompts, result, strict=True)
             ],
             "metrics": result.metrics.summary(),
         }, indent=2))

@@ -62,7 +62,8 @@ def hit_choice(args: argparse.Namespace, alpha: float):
     Cs = getattr(args, "C", None) or [1.0]
     if kind == "measured" or (kind == "auto" and measured_pair(args)):
         table = measured(args.hit_table, args.temperature, Cs[0] if len(Cs) == 1 else 1.0)
-        why = "measured on this pair" if measured_pair(args) else "--hit-model measured: applied to this pair on purpose"
+        why = ("measured on this pair" if measured_pair(args)
+               else "--hit-model measured: applied to this pair on purpose")
         return table, f"{table.source} ({why})"
     model = AlphaHit(min(alpha, 0.999), args.temperature)
     return model, f"{model.source} (no rank table was measured on this pair)"

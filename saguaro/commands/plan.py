@@ -131,7 +131,8 @@ def slo_table(candidate, targets, percentile: int) -> tuple[list[dict], list[str
     unit, factor, decimals = latency_unit([v for row in raw for v in row[1:] if v is not None])
     columns = ["metric", f"limit_{unit}", f"full_load_{unit}", f"checked_{unit}"]
     rows = [dict(zip(columns, (f"{m} p{percentile}", number(limit, decimals, factor),
-                               number(full, decimals, factor, limit), number(checked, decimals, factor, limit))))
+                               number(full, decimals, factor, limit), number(checked, decimals, factor, limit)),
+                     strict=True))
             for m, limit, full, checked in raw]
     return rows, columns
 

@@ -16,8 +16,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from saguaro.commands import serve_replicas
-from saguaro.commands.generate import (DEFAULT_DRAFT, DEFAULT_TARGET, add_batch_flag, add_model_flags,
-                                      add_speculation_flags, load_llm, speculative_config)
+from saguaro.commands.generate import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    add_batch_flag,
+    add_model_flags,
+    add_speculation_flags,
+    load_llm,
+    speculative_config,
+)
 
 API_KEY_VARIABLE = "SAGUARO_API_KEY"
 log = logging.getLogger(__name__)

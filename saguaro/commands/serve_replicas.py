@@ -14,7 +14,6 @@ import functools
 
 from saguaro.commands.generate import load_llm
 
-
 ROUTINGS = ("pow2", "prefix")  # server.replicas.options.Routing (not imported here: --help needs no server)
 
 

@@ -184,7 +184,7 @@ def fitted_from_args(args: argparse.Namespace):
 
 def timing_from_args(args: argparse.Namespace):
     """(timing model, target devices, draft hardware or None, fitted model or None)."""
-    from simulator import ConstantTiming, Deployment, RooflineTiming, read_records
+    from simulator import ConstantTiming, Deployment, RooflineTiming
     from simulator.presets import PAIRS, engine_preset, hardware_preset, model_preset
 
     if args.fit or args.level:
@@ -215,12 +215,17 @@ def hit_model_from_args(args: argparse.Namespace, alpha: float | None = None):
 
 
 def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
-    from simulator import (ConstantHit, IidAcceptance, LinkSpec, PerPositionAcceptance, PowerLawHit, Replay,
-                           Scenario, read_records)
+    from saguaro.commands.hit_choice import alpha_choice
+    from simulator import (
+        IidAcceptance,
+        LinkSpec,
+        PerPositionAcceptance,
+        Replay,
+        Scenario,
+        read_records,
+    )
     from simulator.calibrate import calibrate
     from simulator.hits import from_records
-
-    from saguaro.commands.hit_choice import alpha_choice
 
     timing, tp, draft_hw, fitted = timing_from_args(args)
     alpha = alpha_choice(args)[0]
@@ -271,8 +276,15 @@ def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
     """The inputs a run used, resolved (presets to model and hardware names, the hit model to its source) and
     as given (`flags`): what JSON output echoes so that a result file says what it is a result of."""
     from saguaro.commands.hit_choice import alpha_choice, hit_choice
-    from simulator import ConstantHit, FittedTiming, IidAcceptance, PerPositionAcceptance, PowerLawHit, Replay
-    from simulator import RooflineTiming
+    from simulator import (
+        ConstantHit,
+        FittedTiming,
+        IidAcceptance,
+        PerPositionAcceptance,
+        PowerLawHit,
+        Replay,
+        RooflineTiming,
+    )
     from simulator.alpha_hits import AlphaHit
     from simulator.hits import EmpiricalHit
 
@@ -409,8 +421,7 @@ def _overload_warning(results, rate: float | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator import Policy, rounds_per_second, simulate, sweep, write_chrome_trace
-    from simulator import feasibility
+    from simulator import Policy, feasibility, rounds_per_second, simulate, sweep, write_chrome_trace
 
     if args.validate:
         return _validate(args)
@@ -444,7 +455,8 @@ def run(args: argparse.Namespace) -> int:
         if len(points) != 1 or points[0]["strategy"].value != "ssd":
             raise ValueError("--fanout gives one explicit schedule: use it with one SSD configuration")
         if any(f != int(f) for f in fanout):
-            raise ValueError(f"--fanout takes whole numbers of guesses F_0 ... F_K; got {' '.join(f'{f:g}' for f in fanout)}")
+            raise ValueError("--fanout takes whole numbers of guesses F_0 ... F_K; "
+                             f"got {' '.join(f'{f:g}' for f in fanout)}")
     if args.trace and len(points) != 1:
         raise ValueError("--trace writes the timeline of one configuration: give one value per axis")
     if len(points) == 1:
@@ -470,7 +482,7 @@ def run(args: argparse.Namespace) -> int:
             swept = sweep(scenario, grid, progress=progress, points=points)  # in the order of points
         finally:
             progress.close()
-        results = [feasibility.honest(scenario.config(**p), r)[0] for p, (_, r) in zip(points, swept)]
+        results = [feasibility.honest(scenario.config(**p), r)[0] for p, (_, r) in zip(points, swept, strict=True)]
         if args.json != "-":
             print(table([r.row() for r in results], TABLE_COLUMNS, markdown=args.markdown))
         warning = _overload_warning(results, args.rate)

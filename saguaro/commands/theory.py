@@ -155,8 +155,7 @@ def _speedup(args: argparse.Namespace) -> tuple[dict, list[str]]:
 
 
 def _fanout(args: argparse.Namespace) -> tuple[dict, list[str]]:
-    from theory import expected_hit_probability, integer_fanout, optimal_fanout, outcome_probabilities
-    from theory import uniform_fanout
+    from theory import expected_hit_probability, integer_fanout, optimal_fanout, outcome_probabilities, uniform_fanout
     from theory.fanout import round_largest_remainder
 
     if args.r is None:  # the α-model or a measured table: as simulate and plan take them, so all three agree
@@ -201,7 +200,7 @@ def _fit_r(args: argparse.Namespace) -> tuple[dict, list[str]]:
 
     fit = fit_r(args.fanout, args.miss, confidence=args.confidence, fix_scale=args.fix_scale)
     points = [{"F": F, "measured_miss": m, "fitted_miss": miss_rate(F, fit.r, fit.scale)}
-              for F, m in zip(args.fanout, args.miss)]
+              for F, m in zip(args.fanout, args.miss, strict=True)]
     summary = {"r": fit.r, "r_stderr": fit.r_stderr, f"r_ci_{args.confidence:g}": f"[{fit.r_ci[0]:.4g}, "
                f"{fit.r_ci[1]:.4g}]", "scale_a": fit.scale, "points": fit.n_points, "dof": fit.dof,
                "method": fit.method}
@@ -252,7 +251,7 @@ def _saguaro(args: argparse.Namespace) -> tuple[dict, list[str]]:
     tables = [_fixed(rows, columns),
               f"saguaro set: top {args.F + 1} tokens of q (F + 1; ties to the lower id); "
               f"hit if all accepted (bonus from p, guesses top {args.F} of q): {all_accepted:.4g}"]
-    json_rows = [{**row, "sigma": sigma} for row, sigma in zip(rows, sigmas)]
+    json_rows = [{**row, "sigma": sigma} for row, sigma in zip(rows, sigmas, strict=True)]
     return {"inputs": _inputs(args), "by_C": json_rows, "hit_if_all_accepted": all_accepted}, tables
 
 

@@ -169,7 +169,8 @@ def _paper(args: argparse.Namespace) -> int:
     sections = [("published against predicted", paper.table(results)),
                 ("the SSD draft's cycle a round", paper.cycle_table(results)),
                 ("inputs: engine, α and the hit model of every SSD prediction", paper.inputs_text(results)),
-                ("predicted rows more than 10% off: what they miss and what would settle it", paper.blocked_text(results)),
+                ("predicted rows more than 10% off: what they miss and what would settle it",
+                 paper.blocked_text(results)),
                 ("variants: one choice moved at a time, α refitted", paper.variant_table(spread) if spread else "")]
     print(f"{within} of {predicted} predicted figures within 10%")
     for title, text in sections:

@@ -100,6 +100,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         interval = "-" if r.get("low") is None else f"{r['low']:.3f}-{r['high']:.3f}"
         lines.append(f"| {r['run']} | {r['prompts']} | {r['temperature']:g} | {r['system'].upper()} | "
-                     f"{r['default_tokens_per_s']:.2f} | {r['best']} | {r['best_tokens_per_s']:.2f} | {r['ratio']:.3f} | "
+                     f"{r['default_tokens_per_s']:.2f} | {r['best']} | {r['best_tokens_per_s']:.2f} | "
+                     f"{r['ratio']:.3f} | "
                      f"{interval} | {'yes' if r['within'] else 'NO'} |")
     return "\n".join(lines) + "\n"

@@ -41,8 +41,15 @@ from pathlib import Path
 import numpy as np
 
 from saguaro.calibration.files import check_same_precision, fit_all
-from saguaro.validation.measured import (full_batch_tokens_per_s, label, lookup_alpha, lookup_alphas,
-                                         measured_hit_rate, measured_tokens_per_s, variants)
+from saguaro.validation.measured import (
+    full_batch_tokens_per_s,
+    label,
+    lookup_alpha,
+    lookup_alphas,
+    measured_hit_rate,
+    measured_tokens_per_s,
+    variants,
+)
 from simulator import ClosedLoop, PerPositionAcceptance, Policy, PowerLawHit, Scenario, SimConfig, fit_timing, simulate
 from simulator.fit import sd_first_widths
 from simulator.hits import from_records
@@ -160,7 +167,7 @@ def terms(timing, rows: list) -> dict:
     tokens/s is off, this says which forward the fit has wrong."""
     pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     seen_by = {s: timing.for_strategy(s) for s in {r.strategy for r in rows}}  # SSD's verify with interference
-    for r, width in zip(rows, sd_first_widths(rows)):
+    for r, width in zip(rows, sd_first_widths(rows), strict=True):
         b, K, c = r.batch_size, r.K, r.context_len
         pairs["verify"].append((r.verify_ms, seen_by[r.strategy].verify_ms(b, K + 1, c)))
         if r.strategy is Strategy.SD and r.draft_ms > 0:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from scipy.optimize import brentq
 
-from saguaro.validation.published import FIT_KEYS, FITS, SOURCES, Fit, Row, Run
+from saguaro.validation.published import FIT_KEYS, FITS, SOURCES, Fit, Run
 from simulator import Deployment, IidAcceptance, Lengths, LinkSpec, RooflineTiming, Scenario, SimResult, simulate
 from simulator.alpha_hits import AlphaHit
 from simulator.feasibility import check
@@ -130,7 +130,8 @@ def run_fit(fit: Fit, rounds: int, seed: int, hits: Callable[[float], object] | 
         res = result(row.run)
         error = _error(value, row.published)
         rows.append({"figure": row.figure, "run": row.run.label(), "over": row.over.label() if row.over else None,
-                     "batch": row.run.batch, "published": row.published, "predicted": value, "error": error, "role": row.role,
+                     "batch": row.run.batch, "published": row.published, "predicted": value, "error": error,
+                     "role": row.role,
                      "hit_rate": res.hit_rate, "tokens_per_round": res.tokens_per_round,
                      "cycle_ms": row.cycle_ms,
                      "simulated_cycle_ms": draft_cycle_ms(res) if row.run.strategy is Strategy.SSD else None,
@@ -138,7 +139,8 @@ def run_fit(fit: Fit, rounds: int, seed: int, hits: Callable[[float], object] | 
     by_fanout: dict[tuple[int, int], list[str]] = {}
     for run in dict.fromkeys(r.run for r in fit.rows if r.run.strategy is Strategy.SSD):
         by_fanout.setdefault((run.K, run.F), []).append(run.label())
-    schedules = {", ".join(labels): hit_line(hit_model, Run(Strategy.SSD, K, F)) for (K, F), labels in by_fanout.items()}
+    schedules = {", ".join(labels): hit_line(hit_model, Run(Strategy.SSD, K, F))
+                 for (K, F), labels in by_fanout.items()}
     return {"fit": fit.key, "source": fit.source, "pair": fit.pair, "engine": setup.engine,
             "engine_source": ENGINE_SOURCES[setup.engine], "sd": fit.sd.label(), "sd_target_tps": sd_tps,
             "alpha": alpha, "hit_model": schedules, "rows": rows, "rounds": rounds, "seed": seed}
@@ -195,8 +197,10 @@ def variants(rounds: int, seed: int, keys: tuple[str, ...] = ("paper-llama", "pa
     out = []
     for fit in (f for f in FITS if f.key in keys):
         fanout = (SSD_RUN_F,) * (max(r.run.K for r in fit.rows) + 1)
-        moves = [("α-model, low end of its 90% interval", fit, {"hits": lambda a: _interval_end(a, fanout, 0.05)}),
-                 ("α-model, high end of its 90% interval", fit, {"hits": lambda a: _interval_end(a, fanout, 0.95)}),
+        moves = [("α-model, low end of its 90% interval", fit,
+                  {"hits": lambda a, F=fanout: _interval_end(a, F, 0.05)}),
+                 ("α-model, high end of its 90% interval", fit,
+                  {"hits": lambda a, F=fanout: _interval_end(a, F, 0.95)}),
                  ("the default pair's measured table (Spec-Bench, T 0), applied on purpose", fit,
                   {"hits": lambda a: measured()}),
                  ("every outcome cached (Cor. 9's ceiling)", fit, {"hits": lambda a: ConstantHit(1.0)}),

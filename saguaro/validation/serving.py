@@ -150,7 +150,7 @@ def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_
     for seed in range(seeds):
         if concurrency == 1:  # one request at a time: each alone in the server, with its own lengths
             alone = [run(Replayed((0.0,), (p,), (o,), max_num_seqs), seed * len(requests) + i)
-                     for i, (p, o) in enumerate(zip(prompts, outputs))]
+                     for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
             got = {}
             for metric in METRICS:
                 values = [v for a in alone if np.isfinite(v := getattr(a, f"{metric}_ms")["p50"])]

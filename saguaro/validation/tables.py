@@ -31,7 +31,8 @@ def engine_text(result: EngineValidation, with_terms: bool = False) -> str:
                      f"{hits_text} |")
     lines.append("")
     for name, held_out in (("the α sources", [r for r in table if not r["reference"]]),
-                           ("the α and level sources", [r for r in table if not (r["reference"] or r["level_source"])])):
+                           ("the α and level sources",
+                            [r for r in table if not (r["reference"] or r["level_source"])])):
         if held_out:
             within = sum(abs(r["error"]) <= TOLERANCE for r in held_out)
             lines.append(f"{within} of {len(held_out)} configurations ({name} left out) within {TOLERANCE:.0%}; "

@@ -18,10 +18,10 @@ from ray import serve
 from engine import LLM
 from server.app import create_app
 from server.context import ServerSettings
-from server.replicas.remote import ReplicaBoard, RemoteEngine, RemoteModel
-from server.replicas.replica import EngineReplica, ReplicaReport
 from server.replicas.loopback import keep_serve_on_loopback
 from server.replicas.options import ReplicaOptions
+from server.replicas.remote import RemoteEngine, RemoteModel, ReplicaBoard
+from server.replicas.replica import EngineReplica, ReplicaReport
 from server.replicas.routing import router_config
 
 APP_NAME = "saguaro"

@@ -165,7 +165,7 @@ def _why_not_started(err: RuntimeError) -> str:
 
     try:
         deployments = serve.status().applications[APP_NAME].deployments.values()
-    except Exception:  # the controller is gone too: Ray's own words will do
+    except Exception:  # noqa: BLE001  the controller is gone too: Ray's own words will do
         return str(err)
     for deployment in deployments:
         lines = [line.strip() for line in (deployment.message or "").splitlines() if line.strip()]
@@ -184,7 +184,7 @@ def _drain(timeout_s: float) -> None:
             timeout_s=timeout_s + 10)
         if left:
             log.warning("%d requests still in flight after %.0f s: they are cut", left, timeout_s)
-    except Exception as err:  # the ingress is gone already: nothing to drain
+    except Exception as err:  # noqa: BLE001  the ingress is gone already: nothing to drain
         log.warning("could not drain the ingress: %s", err)
 
 

@@ -143,7 +143,7 @@ class RemoteStream:
             except StopAsyncIteration:
                 self._end()
                 raise
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001  Ray wraps the replica's error: unwrapped and raised below
                 cause = _unwrapped(err)
                 if _dead_replica(cause):
                     if self._chunks == 0 and self._calls < SEND_ATTEMPTS:

@@ -96,7 +96,7 @@ class EngineReplica:
         while True:
             try:
                 await ingress.note_replica.remote(self.report())
-            except Exception as err:  # the ingress is restarting or shutting down: try again next period
+            except Exception as err:  # noqa: BLE001  the ingress is restarting or shutting down: try next period
                 log.debug("replica %s could not report: %s", self.replica, err)
             await asyncio.sleep(STATS_PERIOD_S)
 

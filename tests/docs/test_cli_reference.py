@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.docs.cli_reference import (CLI_MD, bad_examples, documented_flags, missing_sections, undocumented_flags,
-                                      unknown_flags)
+from tests.docs.cli_reference import (
+    CLI_MD,
+    bad_examples,
+    documented_flags,
+    missing_sections,
+    undocumented_flags,
+    unknown_flags,
+)
 
 TEXT = CLI_MD.read_text(encoding="utf-8")
 

@@ -8,7 +8,7 @@ def staggered(llm: LLM, prompts, params, join_at: list[int]):
     seqs = [llm.make_sequence(list(p), params, index=i, seed=i) for i, p in enumerate(prompts)]
     step, sizes = 0, []
     while not all(s.finished for s in seqs):
-        for seq, at in zip(seqs, join_at):
+        for seq, at in zip(seqs, join_at, strict=True):
             if at == step:
                 llm.loop.submit(seq)
         llm.loop.step()

@@ -29,7 +29,7 @@ class FakeLink:
         self.waits_s: list[float] = []
         self.group_timeout_s: float | None = None
 
-    def backend(self, store, rank: int, timeout: datetime.timedelta) -> "FakeGroup":
+    def backend(self, store, rank: int, timeout: datetime.timedelta) -> FakeGroup:
         self.group_timeout_s = timeout.total_seconds()
         return FakeGroup(self, rank, timeout.total_seconds())
 

@@ -12,7 +12,14 @@ import numpy as np
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from tests.engine.tiny import (
-    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    V,
+    argmax_verifier,
+    chi_square_p,
+    exact_distribution,
+    sequence_counts,
 )
 
 ROWS, CALLS = 20, 300  # 6,000 sequences

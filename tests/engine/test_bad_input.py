@@ -72,7 +72,8 @@ def test_prompt_plus_new_tokens_beyond_context_is_refused(target):
 
 
 def test_one_batch_may_mix_sampling_settings(target):
-    params = [SamplingParams(temperature=0, max_new_tokens=2), SamplingParams(temperature=1.0, top_k=3, max_new_tokens=3)]
+    params = [SamplingParams(temperature=0, max_new_tokens=2),
+              SamplingParams(temperature=1.0, top_k=3, max_new_tokens=3)]
     assert [len(o.token_ids) for o in LLM(target).generate([[1, 2], [3, 4]], params)] == [2, 3]
 
 

@@ -116,14 +116,14 @@ def test_any_sequence_of_operations_gives_each_row_its_logits_alone(prompt_lengt
             if not any(new):
                 continue
             logits = feed(state, new)
-            rows = [r + n for r, n in zip(rows, new)]
+            rows = [r + n for r, n in zip(rows, new, strict=True)]
             for b in range(B):
                 if new[b]:
                     assert torch.allclose(logits[b], alone(MODEL, rows[b]), atol=ATOL)
         elif kind == "rollback":
             drop = [min(arg[b % len(arg)], len(rows[b]) - 1) for b in range(B)]
             state.rollback(drop)
-            rows = [r[: len(r) - d] for r, d in zip(rows, drop)]
+            rows = [r[: len(r) - d] for r, d in zip(rows, drop, strict=True)]
         elif kind == "select":
             keep = sorted(arg.sample(range(B), arg.randint(1, B)))
             arg.shuffle(keep)
@@ -163,7 +163,7 @@ def test_tree_branches_get_the_logits_of_each_branch_run_alone(prompt_lengths, s
     for _ in range(steps):
         tokens = gen.integers(1, 40, len(parent)).tolist()
         logits = tree.extend(torch.tensor(tokens)[:, None])[:, -1]
-        for i, (p, k, t) in enumerate(zip(parent, keep, tokens)):
+        for i, (p, k, t) in enumerate(zip(parent, keep, tokens, strict=True)):
             fed[i].append(t)
             assert torch.allclose(logits[i], alone(MODEL, rows[p][:k] + fed[i]), atol=ATOL)
     taken = tree.take(list(range(len(parent)))[::-1])  # rows of their own, any order

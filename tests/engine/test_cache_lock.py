@@ -135,7 +135,8 @@ def test_cli_gives_up_with_one_line_and_exit_2(hold_elsewhere, tmp_path, monkeyp
     lines = err.strip().splitlines()
     waiting = [x for x in lines if x.startswith("warning: waiting for the model cache lock")]
     assert len(waiting) <= 1 and len(lines) == 1 + len(waiting)
-    assert_one_line_error(status, lines[-1] + "\n", "gave up after 0.2 s", str(lock_path(root, key)), f"pid {child.pid}")
+    assert_one_line_error(status, lines[-1] + "\n", "gave up after 0.2 s", str(lock_path(root, key)),
+                          f"pid {child.pid}")
     assert sum(WAIT_MESSAGE in r.getMessage() for r in caplog.records) == 1
 
 

@@ -12,7 +12,13 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.compile_config import CompileConfig
 from engine.config import DraftPlacement
 from tests.engine.tiny import (
-    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    argmax_verifier,
+    chi_square_p,
+    exact_distribution,
+    sequence_counts,
 )
 
 ROWS = 512  # a batch of the compiled bucket

@@ -1,6 +1,8 @@
 """The one decode loop under continuous batching: requests join and leave between rounds, each keeps its
 own settings and random stream, and gets the tokens it would get alone (greedy, fp32), in AR, SD and SSD."""
 
+from itertools import pairwise
+
 import pytest
 import torch
 
@@ -52,7 +54,7 @@ def test_ssd_worker_process_serves_joining_and_leaving_sequences(target, draft, 
     with LLM(target, draft, strategy="ssd", speculative=spec) as llm:
         lengths = [6, 14, 3, 14]  # rows leave at different rounds while others join
         params = [SamplingParams(temperature=0, max_new_tokens=n, stop_on_eos=False) for n in lengths]
-        seqs = [llm.make_sequence(list(p), q, index=i) for i, (p, q) in enumerate(zip(PROMPTS, params))]
+        seqs = [llm.make_sequence(list(p), q, index=i) for i, (p, q) in enumerate(zip(PROMPTS, params, strict=True))]
         for step in range(200):
             if step in (0, 1):
                 llm.loop.submit(seqs[step])
@@ -64,7 +66,7 @@ def test_ssd_worker_process_serves_joining_and_leaving_sequences(target, draft, 
                 break
         assert llm.strategy_in_use == "ssd"
         stats = llm.loop.stats
-    assert [s.output_ids for s in seqs] == [t[:n] for t, n in zip(solo, lengths)]
+    assert [s.output_ids for s in seqs] == [t[:n] for t, n in zip(solo, lengths, strict=True)]
     assert stats.ssd_lookups > 0 and stats.ssd_hits > 0 and stats.fallbacks == 0
 
 
@@ -97,7 +99,7 @@ def test_streamed_chunks_add_up_to_the_output_one_chunk_per_round(target, draft,
         assert [t for c in mine for t in c.token_ids] == whole[i].token_ids
         assert [c.finished for c in mine] == [False] * (len(mine) - 1) + [True]
         assert mine[-1].finish_reason == "length" and mine[-1].output_tokens == 14
-        assert all(a.time_s <= b.time_s for a, b in zip(mine, mine[1:]))
+        assert all(a.time_s <= b.time_s for a, b in pairwise(mine))
     if strategy != "ar":  # a speculative round emits several tokens in one chunk
         assert max(len(c.token_ids) for c in chunks) > 1
     m = whole[0].metrics

@@ -39,7 +39,7 @@ def prefixes(vocab_size: int, max_len: int) -> list[Prefix]:
 
 
 def table(rows: torch.Tensor, keys: list[Prefix]) -> Table:
-    return dict(zip(keys, rows.tolist()))
+    return dict(zip(keys, rows.tolist(), strict=True))
 
 
 def standard_accept(p: list[float], q: list[float], x: int) -> float:
@@ -49,7 +49,7 @@ def standard_accept(p: list[float], q: list[float], x: int) -> float:
 
 
 def standard_bonus(p: list[float], q: list[float]) -> list[float]:
-    residual = [max(0.0, pt - qt) for pt, qt in zip(p, q)]
+    residual = [max(0.0, pt - qt) for pt, qt in zip(p, q, strict=True)]
     mass = sum(residual)
     return [r / mass for r in residual] if mass > 0 else p  # mass 0: rejection has probability 0
 

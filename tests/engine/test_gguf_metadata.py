@@ -50,7 +50,7 @@ def test_read_once_shares_one_parse_and_puts_everything_back(parses):
         assert len(parses) == 1
         plain = before[0](path)
         assert [t.name for t in reader.tensors] == [t.name for t in plain.tensors]
-        assert all(np.array_equal(a.data, b.data) for a, b in zip(reader.tensors[:3], plain.tensors[:3]))
+        assert all(np.array_equal(a.data, b.data) for a, b in zip(reader.tensors[:3], plain.tensors[:3], strict=True))
         assert list(reader.fields) == list(plain.fields)
     assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == before
 
@@ -67,7 +67,7 @@ def test_plain_reader_parses_every_field_part_for_part_as_gguf_does():
         mine = ours.fields[key]
         assert (mine.offset, mine.name, mine.data, mine.types) == (field.offset, field.name, field.data, field.types)
         assert len(mine.parts) == len(field.parts), key
-        for a, b in zip(field.parts, mine.parts):
+        for a, b in zip(field.parts, mine.parts, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), key
         assert mine.contents() == field.contents(), key
         if field.types[0] == GGUFValueType.ARRAY:

@@ -39,7 +39,7 @@ def test_saguaro_sampling_leaves_greedy_output_unchanged(target, ar_tokens):
 
 
 def test_batched_output_equals_each_prompt_alone(target, ar_tokens):
-    for prompt, expected in zip(PROMPTS, ar_tokens):
+    for prompt, expected in zip(PROMPTS, ar_tokens, strict=True):
         assert LLM(target).generate([prompt], GREEDY)[0].token_ids == expected
 
 
@@ -64,5 +64,6 @@ def test_eos_and_length_limits_truncate_the_output(target, ar_tokens):
             assert out.finish_reason == "stop"
     finally:
         target.generation_config.eos_token_id = None
-    out = LLM(target, target, strategy="sd").generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=7, stop_on_eos=False))
+    out = LLM(target, target, strategy="sd").generate(
+        PROMPTS, SamplingParams(temperature=0, max_new_tokens=7, stop_on_eos=False))
     assert all(len(o.token_ids) == 7 and o.finish_reason == "length" for o in out)

@@ -13,9 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.host_syncs import count_host_syncs
-from engine.keyed_random import (MASK64, POSITION_LIMIT, SEED_LIMIT, Purpose, check_keys, gumbel_from_bits,
-                                 keyed_bits, keyed_gumbel, keyed_uniforms, reference_absorb, reference_bits,
-                                 reference_gumbel, reference_uniform, uniforms_from_bits)
+from engine.keyed_random import (
+    MASK64,
+    POSITION_LIMIT,
+    SEED_LIMIT,
+    Purpose,
+    check_keys,
+    gumbel_from_bits,
+    keyed_bits,
+    keyed_gumbel,
+    keyed_uniforms,
+    reference_absorb,
+    reference_bits,
+    reference_gumbel,
+    reference_uniform,
+    uniforms_from_bits,
+)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -241,5 +254,5 @@ def test_unchecked_calls_trace_into_one_graph():
                 keyed_gumbel(seeds, positions, 8, check=False))
 
     compiled = torch.compile(draws, fullgraph=True, backend="eager")
-    for got, expected in zip(compiled(seeds, positions), draws(seeds, positions)):
+    for got, expected in zip(compiled(seeds, positions), draws(seeds, positions), strict=True):
         assert torch.equal(got, expected)

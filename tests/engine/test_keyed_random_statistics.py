@@ -13,8 +13,16 @@ import pytest
 import torch
 from scipy import stats
 
-from engine.keyed_random import (GAMMA, MASK64, Purpose, _signed, keyed_bits, keyed_gumbel, keyed_uniforms,
-                                 uniforms_from_bits)
+from engine.keyed_random import (
+    GAMMA,
+    MASK64,
+    Purpose,
+    _signed,
+    keyed_bits,
+    keyed_gumbel,
+    keyed_uniforms,
+    uniforms_from_bits,
+)
 
 FALSE_ALARM = 1e-4
 ROWS, COLUMNS = 20, 1000  # 20 seeds x 1000 positions: 20,000 draws or pairs per test

@@ -27,7 +27,14 @@ from engine.loading.recipe import draft_recipe
 from engine.loading.tiny import tiny_pair
 from engine.loading.weight_only import WeightOnlyLinear
 from tests.engine.tiny import (
-    FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    V,
+    argmax_verifier,
+    chi_square_p,
+    exact_distribution,
+    sequence_counts,
 )
 
 # tiny_pair's layers are [16|32|64, 32] and [32, 64]: int8 needs in_features % 16, int4 g32 also

@@ -13,7 +13,13 @@ import pytest
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
 from tests.engine.tiny import (
-    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    argmax_verifier,
+    chi_square_p,
+    exact_distribution,
+    sequence_counts,
 )
 
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=5)]
@@ -41,7 +47,7 @@ def test_mixed_settings_under_continuous_batching_match_each_target_distribution
     counts, rounds = mixed_counts(target8, draft8, strategy)
     assert max(r.batch_size for r in rounds) == 256
     assert sum(r.phase == "prefill" for r in rounds) > 10  # rows really joined a running batch
-    for setting, c in zip(SETTINGS, counts):
+    for setting, c in zip(SETTINGS, counts, strict=True):
         params = SamplingParams(max_new_tokens=STEPS, **setting)
         assert chi_square_p(c, exact_distribution(target8, params)) > FALSE_ALARM
 

@@ -29,7 +29,7 @@ def test_a_guess_is_made_exactly_for_the_tokens_ranked_below_the_fanout(data):
     x = torch.tensor(data.draw(st.lists(st.integers(0, V - 1), min_size=B * K, max_size=B * K))).reshape(B, K)
     fanouts = [tuple(data.draw(st.lists(st.integers(0, V), min_size=K + 1, max_size=K + 1))) for _ in range(B)]
     row, k, t = guesses(logits, x, fanouts)
-    made = set(zip(row.tolist(), k.tolist(), t.tolist()))
+    made = set(zip(row.tolist(), k.tolist(), t.tolist(), strict=True))
     for b in range(B):
         for kk in range(K + 1):
             excluded = int(x[b, kk]) if kk < K else -1
@@ -63,7 +63,7 @@ def test_every_ssd_hit_is_exactly_a_rank_below_the_fanout():
     assert decode[-1].outcome_rank is None  # no round came after the last one to tell
     for r in decode[:-1]:
         assert r.outcome_rank is not None and len(r.outcome_rank) == r.batch_size
-        for k, hit, rank in zip(r.accepted, r.outcome_hit or [None] * r.batch_size, r.outcome_rank):
+        for k, hit, rank in zip(r.accepted, r.outcome_hit or [None] * r.batch_size, r.outcome_rank, strict=True):
             if hit is None:
                 continue
             assert hit == (rank < FANOUT[k])
@@ -78,8 +78,10 @@ def test_an_sd_run_records_the_ranks_an_ssd_run_sees():
     greedy = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
     sd, ssd = records(target, draft, "sd", greedy), records(target, draft, "ssd", greedy)
     assert [r.accepted for r in sd] == [r.accepted for r in ssd]  # same speculations, same outcomes
-    pairs = [(a, b) for r, s in zip(sd[:-1], ssd[:-1]) for a, b in zip(r.outcome_rank, s.outcome_rank)]
+    pairs = [(a, b) for r, s in zip(sd[:-1], ssd[:-1], strict=True)
+             for a, b in zip(r.outcome_rank, s.outcome_rank, strict=True)]
     # SD learns an all-accepted outcome's rank one round late, so not for a row that finished then
     assert all(a == b for a, b in pairs if a is not None) and sum(a is None for a, _ in pairs) <= len(PROMPTS)
     assert len({a for a, _ in pairs}) > 2
-    assert any(k == 3 for r in sd for k, x in zip(r.accepted, r.outcome_rank) if x is not None)  # late ranks too
+    # late ranks too
+    assert any(k == 3 for r in sd for k, x in zip(r.accepted, r.outcome_rank, strict=True) if x is not None)

@@ -33,7 +33,7 @@ def params(T: float = 0.8, mode: str = "standard", n: int = 30, seed: int | None
 def alone(llm: LLM, sampling: SamplingParams) -> list[list[int]]:
     """Each request run on its own."""
     out = []
-    for prompt, seed in zip(PROMPTS, SEEDS):
+    for prompt, seed in zip(PROMPTS, SEEDS, strict=True):
         seq = llm.make_sequence(prompt, sampling, seed=seed)
         out.append(run(llm, [(seq, 0)])[0])
     return out
@@ -42,7 +42,7 @@ def alone(llm: LLM, sampling: SamplingParams) -> list[list[int]]:
 def with_joins(llm: LLM, sampling: SamplingParams) -> list[list[int]]:
     """All requests in one ragged batch, joining at different steps (the last first)."""
     seqs = [(llm.make_sequence(p, sampling, seed=s, index=i), 3 * (len(PROMPTS) - 1 - i))
-            for i, (p, s) in enumerate(zip(PROMPTS, SEEDS))]
+            for i, (p, s) in enumerate(zip(PROMPTS, SEEDS, strict=True))]
     return run(llm, seqs)
 
 

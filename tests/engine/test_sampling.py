@@ -1,5 +1,7 @@
 """warp, saguaro, sample and the backups' proposals: exact expectations on small hand-checkable rows."""
 
+from itertools import pairwise
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -7,7 +9,7 @@ from hypothesis import strategies as st
 
 from engine.proposals import point_mass, random_tokens, uniform
 from engine.ranking import top_mask
-from engine.sampling import sample, saguaro, warp
+from engine.sampling import saguaro, sample, warp
 from engine.sampling_params import SamplingParams
 
 F64 = torch.float64
@@ -176,7 +178,7 @@ def test_saguaro_top_set_mass_does_not_increase_as_C_decreases():
     q = warp(random_logits(5, 8, seed=3), SamplingParams())
     top = torch.zeros_like(q, dtype=torch.bool).scatter(-1, q.topk(3).indices, True)  # [5, 8]
     masses = [(saguaro(q, 3, C) * top).sum(-1) for C in (1.0, 0.8, 0.5, 0.2, 0.05)]
-    for higher_C, lower_C in zip(masses, masses[1:]):
+    for higher_C, lower_C in pairwise(masses):
         assert (lower_C <= higher_C + 1e-15).all()
 
 

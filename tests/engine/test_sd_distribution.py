@@ -13,10 +13,17 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from tests.engine.tiny import (
-    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    argmax_verifier,
+    chi_square_p,
+    exact_distribution,
+    sequence_counts,
 )
 
-# The 8-token target8 and its draft8: fixtures in conftest.py; V, STEPS, PROMPT and the enumeration and chi-square functions: tiny.py.
+# The 8-token target8 and its draft8: fixtures in conftest.py; V, STEPS, PROMPT and the enumeration and chi-square
+# functions: tiny.py.
 N = 20_000
 
 

@@ -7,11 +7,11 @@ from hypothesis import strategies as st
 
 from engine.drafting import bonus_ranks, draft_tokens
 from engine.kv_cache import KVState
+from engine.ranking import _ranked_on_device, _ranked_on_host, ranked_ids
 from engine.sampling import RowSampling
 from engine.sampling_params import SamplingParams
-from engine.ssd.messages import MalformedMessage, Source, Speculation, decode, encode, payload_shapes
-from engine.ranking import _ranked_on_device, _ranked_on_host, ranked_ids
 from engine.sparse import SparseQ, TopLogits
+from engine.ssd.messages import MalformedMessage, Source, Speculation, decode, encode, payload_shapes
 from engine.ssd.tree import draft_compact
 from tests.engine.tiny import tiny_lm
 
@@ -98,7 +98,7 @@ def test_the_ranking_gives_the_dense_ranks_below_its_depth():
     dense = bonus_ranks(logits, bonus, excluded)
     assert TopLogits.of(logits, 30).ranks(bonus, excluded) == dense
     shallow = TopLogits.of(logits, 8).ranks(bonus, excluded)
-    for d, s in zip(dense, shallow):
+    for d, s in zip(dense, shallow, strict=True):
         assert s == d if d < 7 else s >= 7  # beyond the kept depth: reported at least as deep
 
 

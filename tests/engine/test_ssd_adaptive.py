@@ -12,8 +12,8 @@ from engine.config import DraftPlacement, EngineConfig
 from engine.ssd.messages import Join, MalformedMessage, Round, decode, encode
 from engine.ssd.policy import DraftPolicy
 from engine.strategies.ssd_lookahead import SSDLookahead
-from theory.adaptive import miss_share
 from tests.engine.tiny import noisy_copy, tiny_lm
+from theory.adaptive import miss_share
 
 # Fixtures target and ar_tokens (conftest.py): the tiny target, and greedy AR's tokens for PROMPTS under GREEDY.
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]

@@ -10,8 +10,8 @@ from engine.config import DraftPlacement
 from engine.ssd.draft_worker import DraftWorker
 from engine.ssd.messages import Join, Round, Source
 from engine.ssd.policy import DraftPolicy
-from theory.glossary import Backup
 from tests.engine.tiny import noisy_copy, tiny_lm
+from theory.glossary import Backup
 
 V = 50
 

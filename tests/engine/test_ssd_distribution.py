@@ -13,7 +13,13 @@ import pytest
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
 from tests.engine.tiny import (
-    FALSE_ALARM, PROMPT, STEPS, argmax_verifier, chi_square_p, exact_distribution, sequence_counts,
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    argmax_verifier,
+    chi_square_p,
+    exact_distribution,
+    sequence_counts,
 )
 
 N = 3_000

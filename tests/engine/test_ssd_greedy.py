@@ -69,6 +69,6 @@ def test_eos_truncates_and_finished_rows_leave_the_batch(target, partly_agreeing
         out = ssd(target, partly_agreeing, K=3).generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=14))
     finally:
         target.generation_config.eos_token_id = None
-    for o, expected in zip(out, ar_tokens):
+    for o, expected in zip(out, ar_tokens, strict=True):
         want = expected[: expected.index(eos) + 1] if eos in expected else expected
         assert o.token_ids == want

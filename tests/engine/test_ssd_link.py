@@ -37,7 +37,7 @@ def link():
 
 
 def same(a, b) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(encode(a), encode(b)))
+    return all(torch.equal(x, y) for x, y in zip(encode(a), encode(b), strict=True))
 
 
 def test_a_receive_that_gets_nothing_fails_at_its_timeout_and_breaks_the_link(link):

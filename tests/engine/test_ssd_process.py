@@ -159,7 +159,8 @@ def test_a_draft_object_travels_as_its_weights_even_when_its_name_is_loadable(ta
 def test_smollm2_as_its_own_draft_in_a_worker_process_equals_greedy():
     params = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
     prompt = "def fibonacci(n):"
-    expected = LLM("smollm2-135m", dtype="float32", chat_template=False).generate([prompt, "The capital of France"], params)
+    expected = LLM("smollm2-135m", dtype="float32", chat_template=False).generate(
+        [prompt, "The capital of France"], params)
     spec = SpeculativeConfig(K=3)
     with LLM("smollm2-135m", "smollm2-135m", strategy="ssd", speculative=spec, dtype="float32",
              chat_template=False) as llm:

@@ -7,9 +7,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.ssd.messages import (Join, KeepAlive, MalformedMessage, Prefill, Round, Source, Speculation, Stop,
-                                 decode, encode)
 from engine.sparse import SparseQ
+from engine.ssd.messages import (
+    Join,
+    KeepAlive,
+    MalformedMessage,
+    Prefill,
+    Round,
+    Source,
+    Speculation,
+    Stop,
+    decode,
+    encode,
+)
 from engine.ssd.transport import DRAFT_RANK, TARGET_RANK, connect, host_store, join_store
 from engine.ssd.wire import FRAME_BYTES, from_frame, rest_bytes, to_wire, unpack
 from tests.engine.fake_link import FakeLink
@@ -60,7 +70,7 @@ def test_every_message_crosses_in_at_most_two_transfers_bit_for_bit(msg):
     sent = encode(msg)
     got, transfers = _through_wire(sent)
     assert [(t.dtype, t.shape) for t in got] == [(t.dtype, t.shape) for t in sent]
-    assert all(torch.equal(a, b) for a, b in zip(got, sent))
+    assert all(torch.equal(a, b) for a, b in zip(got, sent, strict=True))
     back = decode(got)
     if isinstance(msg, Speculation):
         assert torch.equal(back.q.dense(), msg.q.dense()) and torch.equal(back.tokens, msg.tokens)
@@ -156,7 +166,7 @@ def test_messages_cross_a_real_gloo_link_and_back():
         for msg in sent:
             target.send(msg, TIMEOUT_S)
             back = target.recv(TIMEOUT_S)
-            assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg)))
+            assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg), strict=True))
     finally:
         child.join(TIMEOUT_S)
         target.close()
@@ -171,7 +181,7 @@ def test_a_link_made_by_another_backend_carries_the_messages():
         target.send(msg, TIMEOUT_S)
         draft.send(draft.recv(TIMEOUT_S), TIMEOUT_S)
         back = target.recv(TIMEOUT_S)
-        assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg)))
+        assert all(torch.equal(a, b) for a, b in zip(encode(back), encode(msg), strict=True))
     assert all(q.empty() for q in fake.inbox.values())  # every transfer sent was received
 
 
@@ -192,7 +202,7 @@ def test_a_greedy_rounds_bytes_on_the_link_do_not_grow_with_the_vocabulary():
             channel = llm.loop.proposer.channel
             exchange = channel.exchange
 
-            def counted(msg, exchange=exchange):
+            def counted(msg, exchange=exchange, sizes=sizes):
                 answer = exchange(msg)
                 sizes.append(sum(t.numel() * t.element_size() for t in encode(msg) + encode(answer)))
                 return answer

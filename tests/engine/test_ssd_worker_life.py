@@ -161,7 +161,8 @@ def test_the_worker_and_its_resource_tracker_die_with_a_killed_parent(tmp_path, 
 
 # -- Ctrl-C inside generate() --------------------------------------------------------------------------
 def _interrupt_in_exchange(llm, monkeypatch, at_call: int) -> None:
-    """SIGINT lands just after a round was sent, before its answer is read (unguarded, the stream would fall out of step)."""
+    """SIGINT lands just after a round was sent, before its answer is read (unguarded, the stream would fall out of
+    step)."""
     endpoint = llm.proposer.channel.endpoint
     real_recv, calls = endpoint.recv, []
 

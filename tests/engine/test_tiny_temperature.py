@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from engine.sampling import RowSampling, sample, saguaro, warp, warp_rows
+from engine.sampling import RowSampling, saguaro, sample, warp, warp_rows
 from engine.verifier import Verification, verify
 from tests.engine.test_exactness import (
     argmax_accept,

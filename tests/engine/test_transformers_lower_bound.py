@@ -15,8 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SIDE = Path(sys.prefix) / "transformers-lower"
 PINS = ROOT / "requirements" / "transformers-lower.txt"
-TESTS = ["tests/engine/test_kv_cache.py", "tests/engine/test_static_cache.py", "tests/engine/test_greedy_equivalence.py",
-         "tests/engine/test_ssd_greedy.py"]
+TESTS = ["tests/engine/test_kv_cache.py", "tests/engine/test_static_cache.py",
+         "tests/engine/test_greedy_equivalence.py", "tests/engine/test_ssd_greedy.py"]
 
 
 def _pinned_version() -> str:

@@ -25,7 +25,7 @@ import torch
 from scipy.stats import chisquare
 
 from engine.proposals import point_mass, uniform
-from engine.sampling import sample, saguaro, warp
+from engine.sampling import saguaro, sample, warp
 from engine.sampling_params import SamplingParams
 from engine.verifier import Verification, verify
 

@@ -9,8 +9,8 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
 from engine.scheduler import MemoryLimit, Scheduler, SchedulerConfig
 from engine.sequence import Sequence
-from engine.ssd.memory import PEAK_OVER_KEPT, SHARE, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
 from engine.sparse import RANK_DEPTH
+from engine.ssd.memory import PEAK_OVER_KEPT, SHARE, check_budget, kv_bytes_per_token, worker_bytes_per_sequence
 from tests.engine.tiny import tiny_lm
 
 

@@ -10,8 +10,17 @@ from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.compile_config import CompileConfig
 from engine.config import DraftPlacement
 from tests.engine.batching import staggered
-from tests.engine.tiny import (FALSE_ALARM, PROMPT, STEPS, V, chi_square_p, exact_distribution, noisy_copy,
-                               sequence_counts, tiny_lm)
+from tests.engine.tiny import (
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    V,
+    chi_square_p,
+    exact_distribution,
+    noisy_copy,
+    sequence_counts,
+    tiny_lm,
+)
 from tests.gpu.devices import target_device, worker_device
 
 pytestmark = pytest.mark.cuda

@@ -14,8 +14,17 @@ import pytest
 
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.config import DraftPlacement
-from tests.engine.tiny import (FALSE_ALARM, PROMPT, STEPS, V, argmax_verifier, chi_square_p, exact_distribution,
-                               noisy_copy, tiny_lm)
+from tests.engine.tiny import (
+    FALSE_ALARM,
+    PROMPT,
+    STEPS,
+    V,
+    argmax_verifier,
+    chi_square_p,
+    exact_distribution,
+    noisy_copy,
+    tiny_lm,
+)
 from tests.gpu.devices import target_device
 
 N = 20_000  # SD rows

@@ -6,8 +6,8 @@ host memory."""
 import torch
 import torch.multiprocessing as mp
 
-from engine.ssd.messages import Join, Round, Source, Speculation, encode
 from engine.sparse import SparseQ
+from engine.ssd.messages import Join, Round, Source, Speculation, encode
 from engine.ssd.transport import TARGET_RANK, connect, host_store
 from tests.gpu.devices import peer_device, target_device
 from tests.gpu.link_peer import TIMEOUT_S, echo
@@ -43,7 +43,7 @@ def test_messages_cross_to_another_process_and_back(device):
             child.kill()
             child.join()
     assert child.exitcode == 0
-    for got, msg in zip(back, sent):
-        assert all(torch.equal(a, b) for a, b in zip(encode(got), encode(msg)))
+    for got, msg in zip(back, sent, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(encode(got), encode(msg), strict=True))
     assert back[0].joins[0].prompt == [1, 2, 3] and back[0].joins[0].seed == 9
     assert back[1].tokens.device.type == "cpu"  # what arrives is in host memory, for engine.host.upload

@@ -10,7 +10,6 @@ import io
 import json
 import logging
 import re
-import sys
 
 import pytest
 
@@ -63,8 +62,8 @@ def api_defaults() -> dict[str, tuple[str, object]]:
 
 # CLI dest of an API setting, where the names differ; "not:" = the flag says the opposite of the setting
 RENAMED = {"stop_on_eos": "not:ignore_eos", "chat_template": "not:no_chat_template", "cache_dir": "cache",
-           "external": "external_draft", "stop_token_ids": "stop_token_id", "K": "Ks", "C": "C", "backup": "backup", "schedule": "schedule",
-           "budget": "budget", "batch": "batch_size", "group_size": "quant_group_size"}
+           "external": "external_draft", "stop_token_ids": "stop_token_id", "K": "Ks", "C": "C", "backup": "backup",
+           "schedule": "schedule", "budget": "budget", "batch": "batch_size", "group_size": "quant_group_size"}
 # API settings a command has no flag for, or sets on purpose to something else: the reason
 NOT_FLAGS = {
     "strategy": "LLM picks SD when a draft is given; the CLI always has a draft, and says sd",
@@ -149,7 +148,8 @@ def test_a_given_flag_keeps_its_value_and_the_rest_their_defaults():
     from engine.config import DraftPlacement, FanoutSchedule
     from saguaro.commands.generate import speculative_config
 
-    spec = speculative_config(subparser("generate").parse_args(["--strategy", "ssd", "-K", "3", "hi"]), DraftPlacement())
+    spec = speculative_config(subparser("generate").parse_args(["--strategy", "ssd", "-K", "3", "hi"]),
+                              DraftPlacement())
     assert (spec.K, spec.adaptive, spec.budget, spec.schedule) == (3, False, "auto", FanoutSchedule.GEOMETRIC)
     given = speculative_config(subparser("generate").parse_args(["hi", "--strategy", "ssd", "-K", "2", "--fanout", "2",
                                                                   "1", "1"]), DraftPlacement())

@@ -1,4 +1,5 @@
-"""`saguaro models provision --lowbit` builds the low-bit entries straight from the GGUFs (engine.loading.lowbit_cache)."""
+"""`saguaro models provision --lowbit` builds the low-bit entries straight from the GGUFs
+(engine.loading.lowbit_cache)."""
 
 from engine.loading import lowbit_cache, provision
 from saguaro.cli import main
@@ -14,7 +15,8 @@ def test_lowbit_provisioning_builds_each_model_of_the_group(tmp_path, monkeypatc
     monkeypatch.setattr(lowbit_cache, "provision_lowbit", fake)
     monkeypatch.setattr(provision, "locate_parts", lambda packaged: [])
     assert main(["models", "provision", "--which", "default", "--lowbit", "int4", "--cache", str(tmp_path)]) == 0
-    assert [(m, l, g, r) for m, _, l, g, r in calls] == [(a, "int4", 32, False) for a in provision.GROUPS["default"]]
+    assert ([(m, lowbit, g, r) for m, _, lowbit, g, r in calls]
+            == [(a, "int4", 32, False) for a in provision.GROUPS["default"]])
     out = capsys.readouterr().out
     assert all(f"{a}: int4 (group 32)" in out for a in provision.GROUPS["default"])
 

@@ -108,7 +108,8 @@ class FakeEngine:
                 await asyncio.sleep(self.delay_s)
                 if self.fail_after is not None and sent == self.fail_after:
                     raise RuntimeError("the fake engine broke")
-                ids = [(next_id + 1 + i) % VOCAB for i in range(min(TOKENS_PER_CHUNK, params.max_new_tokens - len(tokens)))]
+                ids = [(next_id + 1 + i) % VOCAB
+                       for i in range(min(TOKENS_PER_CHUNK, params.max_new_tokens - len(tokens)))]
                 next_id = ids[-1]
                 tokens += ids
                 delta = "".join(word(t) for t in ids)
@@ -121,7 +122,8 @@ class FakeEngine:
                 text += delta
                 done = reason is not None
                 logprobs = None if params.logprobs is None else [
-                    TokenLogprob(t, float("-inf") if t % 2 else -0.5, tuple((t + j, -1.0 - j) for j in range(params.logprobs)))
+                    TokenLogprob(t, float("-inf") if t % 2 else -0.5,
+                                 tuple((t + j, -1.0 - j) for j in range(params.logprobs)))
                     for t in ids
                 ]
                 sent += 1

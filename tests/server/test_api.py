@@ -151,5 +151,6 @@ def test_the_openai_client_reads_streamed_and_whole_completions(server):
     whole = client.completions.create(model="fake-model", prompt="aa bbb", max_tokens=5, temperature=0)
     parts = client.completions.create(model="fake-model", prompt="aa bbb", max_tokens=5, temperature=0, stream=True)
     assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text == expected_text(3, 5)
-    chat = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    chat = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=2)
     assert chat.choices[0].message.content and chat.usage.completion_tokens == 2

@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from tests.server.fake import FakeEngine, FakeModel
 from tests.server.conftest import running
+from tests.server.fake import FakeEngine, FakeModel
 
 WAIT_S = 5.0
 BODY = {"model": "fake-model", "prompt": "aa bbb", "max_tokens": 40}

@@ -62,7 +62,8 @@ def test_a_bad_completion_parameter_is_a_400_naming_it(client, change, param):
 @pytest.mark.parametrize(("change", "param"), [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 9}, "top_logprobs"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
@@ -85,7 +86,8 @@ def test_a_seed_beyond_int64_says_to_take_it_modulo(client):
 
 
 def test_n_above_one_says_it_is_not_supported(client):
-    assert "n=2 is not supported" in error_of(client.post("/v1/completions", json={**COMPLETION, "n": 2}), 400)["message"]
+    reply = client.post("/v1/completions", json={**COMPLETION, "n": 2})
+    assert "n=2 is not supported" in error_of(reply, 400)["message"]
 
 
 def test_several_prompts_are_refused_saying_so(client):
@@ -107,7 +109,8 @@ def test_a_body_that_is_not_a_json_object_says_how_to_send_one(client):
 
 def test_the_engines_value_error_is_passed_through_as_a_400(client, fake):
     fake.refuse = ValueError("prompt token ids must be in [0, 64)")
-    assert error_of(client.post("/v1/completions", json=COMPLETION), 400)["message"] == "prompt token ids must be in [0, 64)"
+    reply = client.post("/v1/completions", json=COMPLETION)
+    assert error_of(reply, 400)["message"] == "prompt token ids must be in [0, 64)"
 
 
 def test_a_request_over_the_context_is_openais_context_length_exceeded(client):

@@ -74,7 +74,7 @@ def test_logprobs_come_with_token_strings(served):
     logprobs = answer.choices[0].logprobs
     assert "".join(logprobs.tokens) == answer.choices[0].text
     # The model's own log-probabilities: greedy picks the most probable, which is not certain.
-    for chosen, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
+    for chosen, top in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
         assert chosen < 0 and chosen == pytest.approx(max(top.values()), abs=1e-5)
 
 

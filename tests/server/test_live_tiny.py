@@ -12,6 +12,7 @@ import math
 import threading
 import time
 from contextlib import contextmanager
+from itertools import pairwise
 
 import httpx
 import psutil
@@ -187,7 +188,7 @@ def test_logprobs_are_the_targets(live, ar):
     tokens, logprobs = choice["token_ids"], choice["logprobs"]
     # The target's warped distribution after each prefix, from the AR engine (top 5, to find the chosen token).
     params = SamplingParams(temperature=temperature, max_new_tokens=1, logprobs=5, stop_on_eos=False, seed=0)
-    for i, (token, chosen) in enumerate(zip(tokens, logprobs["token_logprobs"])):
+    for i, (token, chosen) in enumerate(zip(tokens, logprobs["token_logprobs"], strict=True)):
         top = ar.generate([PROMPTS[3] + tokens[:i]], params)[0].logprobs[0].top
         served = logprobs["top_logprobs"][i]
         assert [f"token_id:{t}" for t, _ in top[:3]] == list(served)
@@ -295,7 +296,7 @@ def test_a_stopped_ssd_worker_stalls_the_stream_about_its_deadline_then_the_ar_t
                     if len(lines) == 4:
                         worker.suspend()  # SIGSTOP: alive, silent
         assert aengine.stats().fallbacks == 1
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    gaps = [b - a for a, b in pairwise(arrivals)]
     assert tokens(parse(lines)) == expected["long"]
     assert deadline_s <= max(gaps) < deadline_s + 5.0  # the deadline, the reap (1.5 s), SD goes on (was 12.9 s)
     assert not worker.is_running()

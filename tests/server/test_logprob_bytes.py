@@ -89,12 +89,12 @@ def test_a_whole_character_token_of_a_byte_level_tokenizer_gives_its_utf8():
 def test_a_byte_fallback_token_is_one_byte():
     tokens = TokenStrings(byte_fallback_tokenizer())
     assert tokens.scheme is ByteScheme.BYTE_FALLBACK
-    assert tokens.raw(2 + 0xF0) == b"\xf0" and tokens.raw(1) == " a".encode()
+    assert tokens.raw(2 + 0xF0) == b"\xf0" and tokens.raw(1) == b" a"
 
 
 def test_a_tokenizer_without_byte_tokens_gives_the_utf8_of_the_token_text():
     tokens = TokenStrings(word_level_tokenizer())
-    assert tokens.scheme is ByteScheme.NONE and tokens.raw(1) == "héllo".encode("utf-8")
+    assert tokens.scheme is ByteScheme.NONE and tokens.raw(1) == "héllo".encode()
 
 
 def test_a_model_without_tokenizer_gives_the_bytes_of_its_token_names():

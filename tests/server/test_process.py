@@ -38,7 +38,8 @@ def serve_process(tmp_path: Path):
     log = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(
         [*SAGUARO, "serve", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--strategy", "ssd", "-K", "2",
-         "--dtype", "float32", "--threads", "1", "--port", "0", "--served-model-name", "smol", "--shutdown-timeout", "60",
+         "--dtype", "float32", "--threads", "1", "--port", "0", "--served-model-name", "smol",
+         "--shutdown-timeout", "60",
          "--rounds-out", str(tmp_path / "rounds.jsonl")],
         stdout=subprocess.PIPE, stderr=log, text=True, cwd=Path(__file__).parents[2],
     )

@@ -11,15 +11,15 @@ import pytest
 
 pytest.importorskip("ray")  # the cluster extra
 
-from engine import ServingStats  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from saguaro.cli import main  # noqa: E402
-from server.metrics import ServerMetrics  # noqa: E402
-from server.replicas.options import ReplicaOptions  # noqa: E402
-from server.replicas.remote import ReplicaBoard, RemoteModel, total  # noqa: E402
-from server.replicas.replica import ModelFacts, ReplicaReport  # noqa: E402
-from server.replicas.resources import ReplicaResources, check_fit, replicas_that_fit  # noqa: E402
-from server.replicas.routing import PrefixAffinityRouter, prefix_key, rendezvous_order  # noqa: E402
+from engine import ServingStats
+from engine.config import EngineConfig
+from saguaro.cli import main
+from server.metrics import ServerMetrics
+from server.replicas.options import ReplicaOptions
+from server.replicas.remote import RemoteModel, ReplicaBoard, total
+from server.replicas.replica import ModelFacts, ReplicaReport
+from server.replicas.resources import ReplicaResources, check_fit, replicas_that_fit
+from server.replicas.routing import PrefixAffinityRouter, prefix_key, rendezvous_order
 
 CPU_NODE = {"CPU": 2.0, "memory": 1e9}
 

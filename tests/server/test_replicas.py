@@ -2,8 +2,9 @@
 
 The same greedy text as the plain server through the official openai client, and the same seeded sampled text
 and fingerprint in either sampling mode, concurrent streams spread over both replicas, every listener on loopback,
-a replica killed mid-stream survived with nothing lost or hung, and SIGTERM ending it all with status 0. The tests run in this file's order: the last one stops the server. Marker `ray`
-(`-m 'not ray'` leaves them out): the module takes about a minute on 2 cores, most of it Ray starting.
+a replica killed mid-stream survived with nothing lost or hung, and SIGTERM ending it all with status 0. The
+tests run in this file's order: the last one stops the server. Marker `ray` (`-m 'not ray'` leaves them out): the
+module takes about a minute on 2 cores, most of it Ray starting.
 """
 
 from __future__ import annotations

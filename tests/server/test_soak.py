@@ -11,7 +11,7 @@ from saguaro.bench.soak import Kind, Outcome, Soak, SoakConfig, SoakResult, mark
 from tests.server.test_live_tiny import NAME, PROMPTS, pair, serving  # noqa: F401 (pair: a fixture)
 
 
-def test_a_short_soak_with_a_killed_draft_worker_loses_nothing(pair, tmp_path):
+def test_a_short_soak_with_a_killed_draft_worker_loses_nothing(pair, tmp_path):  # noqa: F811 (the fixture)
     target, draft = pair
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     llm = LLM(target, draft, strategy="ssd", speculative=SpeculativeConfig(K=3), max_num_seqs=4)

@@ -104,7 +104,7 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
                       round_ms=wait + verify + over)
         out.append(record)
         accepted_before = accepted
-        contexts = [c + k + 1 for c, k in zip(contexts, accepted)]
+        contexts = [c + k + 1 for c, k in zip(contexts, accepted, strict=True)]
     return out
 
 

@@ -3,8 +3,16 @@
 import numpy as np
 import pytest
 
-from simulator import (ClosedLoop, ConstantTiming, IidAcceptance, PerPositionAcceptance, Policy, PowerLawHit,
-                       SimConfig, simulate)
+from simulator import (
+    ClosedLoop,
+    ConstantTiming,
+    IidAcceptance,
+    PerPositionAcceptance,
+    Policy,
+    PowerLawHit,
+    SimConfig,
+    simulate,
+)
 from simulator.acceptance import ConstantHit, Source, position_pmf, truncated_geometric
 from simulator.draws import TableDraws
 from theory import expected_hit_probability, outcome_probabilities

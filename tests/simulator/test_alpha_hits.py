@@ -2,6 +2,7 @@
 place as the default where no pair's rank table applies."""
 
 import json
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ def test_it_weighs_tables_without_saguaro_and_without_overlap():
 
 def test_a_better_aligned_draft_hits_more():
     rates = [AlphaHit(a).hit_rate(a, UNIFORM) for a in (0.6, 0.7, 0.8, 0.9, 0.95)]
-    assert all(b > a for a, b in zip(rates, rates[1:]))
+    assert all(b > a for a, b in pairwise(rates))
 
 
 def test_it_lands_within_its_stated_scatter_of_the_tables_it_was_fitted_on():

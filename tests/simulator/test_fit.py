@@ -7,8 +7,8 @@ import pytest
 from simulator import fit_timing
 from simulator.fit import _fit_linear, sd_first_widths
 from simulator.records import parse_record
-from theory.glossary import Backup, Strategy
 from tests.simulator.synthetic import TRUE, engine_run
+from theory.glossary import Backup, Strategy
 
 
 def _records(*runs):
@@ -146,7 +146,7 @@ def _spanning(contexts, noise=0.0, seed=0, interference=1.0, build=None, beside=
     K, out = 4, []
     for c in contexts:
         for b in (1, 4):
-            verify = lambda T: (v0 + v_row * b * T + v_kv * b * c) * jitter()  # noqa: E731
+            verify = lambda T, b=b, c=c: (v0 + v_row * b * T + v_kv * b * c) * jitter()  # noqa: E731
             for _ in range(3):
                 out.append(_point("ar", b, c, verify_ms=verify(1)))
                 draft = K * (d0 + d_row * b + d_kv * b * c) * jitter()
@@ -344,7 +344,7 @@ def _draft_points():
     out = []
     for b in (1, 4):
         for c in (64, 512):
-            step = lambda coef: 4 * (coef[0] + coef[1] * b + coef[2] * b * c)  # noqa: E731
+            step = lambda coef, b=b, c=c: 4 * (coef[0] + coef[1] * b + coef[2] * b * c)  # noqa: E731
             for _ in range(3):
                 out.append(_point("sd", b, c, verify_ms=400.0, draft_ms=step(SD_DRAFT),
                                   round_ms=400.0 + step(SD_DRAFT)))

@@ -14,8 +14,18 @@ import pytest
 import simpy
 
 import simulator.run
-from simulator import (ClosedLoop, ConstantHit, ConstantTiming, IidAcceptance, LinkSpec, Policy, Replay, Replayed, SimConfig,
-                       simulate)
+from simulator import (
+    ClosedLoop,
+    ConstantHit,
+    ConstantTiming,
+    IidAcceptance,
+    LinkSpec,
+    Policy,
+    Replay,
+    Replayed,
+    SimConfig,
+    simulate,
+)
 from simulator.link import Link
 from tests.simulator.test_timeline import ScriptedDraws, _ssd_records
 

@@ -3,8 +3,6 @@ against AR and SD with everything for the target, from presets, a calibration, o
 
 import json
 
-import pytest
-
 from saguaro.cli import main
 from saguaro.commands.placement import measured_rows
 from simulator import Deployment, IidAcceptance, Lengths, RooflineTiming, Scenario

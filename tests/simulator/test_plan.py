@@ -6,8 +6,17 @@ import math
 
 import pytest
 
-from simulator import (ConstantTiming, Deployment, Grid, LatencyTarget, Lengths, RooflineTiming, Scenario, plan,
-                       write_chrome_trace)
+from simulator import (
+    ConstantTiming,
+    Deployment,
+    Grid,
+    LatencyTarget,
+    Lengths,
+    RooflineTiming,
+    Scenario,
+    plan,
+    write_chrome_trace,
+)
 from simulator.plan import missed, shortfall
 from simulator.presets import hardware_preset, model_preset
 from simulator.trace import chrome_trace

@@ -6,8 +6,8 @@ import pytest
 
 from simulator import read_records
 from simulator.records import parse_record
-from theory.glossary import Backup, Strategy
 from tests.simulator.synthetic import engine_run, write_jsonl
+from theory.glossary import Backup, Strategy
 
 SD_ROUND = {"strategy": "sd", "round": 3, "batch_size": 2, "K": 4, "context_len": 120, "accepted": [4, 1],
             "emitted": [5, 2], "draft_ms": 12.5, "verify_ms": 30.0, "round_ms": 44.0, "draft_forwards": 4}

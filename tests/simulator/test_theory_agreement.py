@@ -13,8 +13,8 @@ simulation, are off by far more than 2%, so the comparison can fail.
 
 import pytest
 
-from theory import expected_tokens, sd_speedup, ssd_speedup
 from simulator import ClosedLoop, ConstantHit, ConstantTiming, IidAcceptance, Policy, SimConfig, simulate
+from theory import expected_tokens, sd_speedup, ssd_speedup
 from theory.glossary import Backup, MissPolicy
 
 T_V_MS = 10.0

@@ -9,8 +9,18 @@ from dataclasses import replace
 import pytest
 
 import simulator.run
-from simulator import (ClosedLoop, ConstantHit, ConstantTiming, IidAcceptance, Lengths, LinkSpec, Policy, Replay,
-                       SimConfig, simulate)
+from simulator import (
+    ClosedLoop,
+    ConstantHit,
+    ConstantTiming,
+    IidAcceptance,
+    Lengths,
+    LinkSpec,
+    Policy,
+    Replay,
+    SimConfig,
+    simulate,
+)
 from simulator.fit import FittedTiming
 from simulator.records import parse_record
 from theory.glossary import MissPolicy
@@ -29,7 +39,7 @@ def _ssd_records(accepted, hits, K=2):
         "emitted": [k + 1], "draft_ms": 0.0, "verify_ms": 10.0, "round_ms": 12.0, "draft_forwards": K,
         "hit": [h], "cache_build_ms": 12.0, "branches": 3, "backup": "neural", "wait_ms": 2.0,
         "fanout": [1] * (K + 1),
-    }) for i, (k, h) in enumerate(zip(accepted, hits)))
+    }) for i, (k, h) in enumerate(zip(accepted, hits, strict=True)))
 
 
 def test_ar_decodes_back_to_back():

@@ -4,8 +4,18 @@ does not change when only the policy does (independent random streams)."""
 import numpy as np
 import pytest
 
-from simulator import (ClosedLoop, ConstantHit, ConstantTiming, IidAcceptance, Lengths, OpenLoop, Policy,
-                       SimConfig, simulate, uniform_fanout)
+from simulator import (
+    ClosedLoop,
+    ConstantHit,
+    ConstantTiming,
+    IidAcceptance,
+    Lengths,
+    OpenLoop,
+    Policy,
+    SimConfig,
+    simulate,
+    uniform_fanout,
+)
 from simulator.workload import RequestSource
 
 TIMING = ConstantTiming(t_verify_ms=10.0, t_draft_ms=1.0, t_prefill_ms=20.0)

@@ -7,8 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from theory import (Backup, BackupOption, MissPolicy, backup_speedups, best_backup, critical_batch_size,
-                    ssd_speedup)
+from theory import Backup, BackupOption, MissPolicy, backup_speedups, best_backup, critical_batch_size, ssd_speedup
 from theory.backup import fast_beats_neural
 
 FAST = settings(deadline=None, max_examples=160)

@@ -97,7 +97,8 @@ def test_saguaro_table_and_json(capsys) -> None:
 
 
 def test_saguaro_normalises_counts_on_request(capsys) -> None:
-    data = run_json(["theory", "saguaro", "--p", "1", "1", "8", "--q", "1", "5", "4", "--F", "1", "--normalise"], capsys)
+    data = run_json(["theory", "saguaro", "--p", "1", "1", "8", "--q", "1", "5", "4", "--F", "1", "--normalise"],
+                    capsys)
     assert data["by_C"][0]["hit_given_reject"] == pytest.approx(1.0)
 
 

@@ -142,7 +142,7 @@ def exact_optimum(alpha: float, r: int, K: int, B: int, scale: float) -> list[in
     for k in range(K - 1, -1, -1):
         totals = [[P[k] * hit[f] + best_next[c - f] for f in range(c + 1)] for c in range(B + 1)]
         choice[k] = [max(range(c + 1), key=lambda f: (t[f], f)) for c, t in enumerate(totals)]
-        best_next = [t[f] for t, f in zip(totals, choice[k])]
+        best_next = [t[f] for t, f in zip(totals, choice[k], strict=True)]
     F, left = [], B
     for k in range(K + 1):
         F.append(choice[k][left])
@@ -186,7 +186,8 @@ def exact_hit(F: list[int], alpha: float, r: int, scale: float) -> Fraction:
     """Σ_k P(k)·(1 − min(1, a·F_k^(−r))) in exact arithmetic (integer r)."""
     a, s = Fraction(alpha), Fraction(scale)
     P = [a**k * (1 - a) for k in range(len(F) - 1)] + [a ** (len(F) - 1)]
-    return sum((p * max(Fraction(0), 1 - s / Fraction(f) ** r) for p, f in zip(P, F) if f > 0), Fraction(0))
+    return sum((p * max(Fraction(0), 1 - s / Fraction(f) ** r) for p, f in zip(P, F, strict=True) if f > 0),
+               Fraction(0))
 
 
 def test_exact_ties_go_to_the_earlier_outcome_even_where_float_sums_split_them() -> None:

@@ -106,7 +106,7 @@ def _waits(calls: list[list[dict]]) -> _Waits:
     B = S = W = 0.0
     missed, fits, overruns = 0, [], 0
     for rows in calls:
-        for i, (r, b) in enumerate(zip(rows, _backups_ms(rows))):
+        for i, (r, b) in enumerate(zip(rows, _backups_ms(rows), strict=True)):
             beyond = _wait_ms(r) - (b or 0.0)
             B, missed = B + (b or 0.0), missed + (b is not None)
             if i == 0:
@@ -142,9 +142,9 @@ def _verify_at_shapes(sd: list[dict], ssd: list[dict]) -> float:
             priced.append(v0 + slope * (K - k0))
         else:
             priced.append(None)
-    matched = [(p, r["verify_ms"]) for p, r in zip(priced, ssd) if p is not None]
+    matched = [(p, r["verify_ms"]) for p, r in zip(priced, ssd, strict=True) if p is not None]
     ratio = sum(p for p, _ in matched) / sum(v for _, v in matched) if matched else 1.0
-    return sum(p if p is not None else ratio * r["verify_ms"] for p, r in zip(priced, ssd)) / len(ssd)
+    return sum(p if p is not None else ratio * r["verify_ms"] for p, r in zip(priced, ssd, strict=True)) / len(ssd)
 
 
 def _share_at(p: float, p_now: float, other: float, e_miss: float, base_ms: float, backup_ms: float,

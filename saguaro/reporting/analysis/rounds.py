@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import pairwise
 
 Calls = list[list[dict]]
 
@@ -67,14 +68,14 @@ def lookups(calls: Calls) -> list[Lookup]:
     out = []
     for call in calls:
         rounds = decode(call)
-        for prev, cur in zip(rounds, rounds[1:]):
+        for prev, cur in pairwise(rounds):
             fanout = cur.get("fanout") or prev.get("fanout")
             if fanout is None:
                 continue
             if prev.get("outcome_hit") is not None:  # the engine pairs them itself (None: row finished)
-                pairs = [(k, h) for k, h in zip(prev["accepted"], prev["outcome_hit"]) if h is not None]
+                pairs = [(k, h) for k, h in zip(prev["accepted"], prev["outcome_hit"], strict=True) if h is not None]
             elif cur.get("hit") is not None and prev["batch_size"] == cur["batch_size"]:
-                pairs = list(zip(prev["accepted"], cur["hit"]))
+                pairs = list(zip(prev["accepted"], cur["hit"], strict=True))
             else:
                 continue
             out += [Lookup(int(k), int(fanout[k]), bool(h)) for k, h in pairs]

@@ -1,11 +1,12 @@
 """One row per (run, variant): throughput, latency, acceptance, hits and speedups over AR and transformers.
 
 Throughput is Σ new tokens / Σ wall time of the variant's generate calls (each batch call once);
-latency is per request, in theory.latency's terms (saguaro.reporting.analysis.latency reads old run folders too). Speedups compare with AR (and with transformers' `generate`) at the same
-temperature and batch size, from the same run when it has one, else from another run on the same
-models, dtypes and machine. Per prompt, `prompt_speedups` pairs each prompt's tokens/s (new tokens over its
-E2EL) with the reference's on the same prompt: the spread behind the ratio of totals. `disturbed` counts
-the variant's requests a run marked as disturbed (saguaro.bench.runfolder), `disturbed_reasons` says why.
+latency is per request, in theory.latency's terms (saguaro.reporting.analysis.latency reads old run folders too).
+Speedups compare with AR (and with transformers' `generate`) at the same temperature and batch size, from the same run
+when it has one, else from another run on the same models, dtypes and machine. Per prompt, `prompt_speedups` pairs each
+prompt's tokens/s (new tokens over its E2EL) with the reference's on the same prompt: the spread behind the ratio of
+totals. `disturbed` counts the variant's requests a run marked as disturbed (saguaro.bench.runfolder),
+`disturbed_reasons` says why.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ def variant_row(run: Run, key: str, results: list[dict]) -> dict:
     hist = _hist(ok)
     K = settings.get("K")
     seq_rounds = sum(hist.values())
-    hit_hist, miss_hist = R.accepted_hist(calls, hit=True), R.accepted_hist(calls, hit=False)
     reasons = [why for why in map(run.disturbed, results) if why]
     row = {
         "run": run.name, "system": first["system"], "key": key,

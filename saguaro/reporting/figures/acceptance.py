@@ -31,7 +31,7 @@ def hit_rate_by_k(ax: Axes, data: ReportData) -> list[dict]:
         label = f"T={T:g}, C={C:g} ({int(n.sum())} lookups)"
         ax.errorbar(ks, rate, yerr=np.sqrt(rate * (1 - rate) / n), fmt="-o", ms=4, capsize=3, label=label)
         plotted += [{"temperature": T, "C": C, "k": k, "lookups": int(m), "hits": by_k[k][0], "hit_rate": float(h)}
-                    for k, m, h in zip(ks, n, rate)]
+                    for k, m, h in zip(ks, n, rate, strict=True)]
     ax.set_xlabel("k (draft tokens accepted in the round whose outcome was looked up)")
     ax.set_ylabel("cache hit rate (fraction of lookups)")
     ax.set_ylim(0, 1.05)
@@ -75,7 +75,7 @@ def acceptance_histogram(ax: Axes, data: ReportData) -> list[dict]:
                hatch=HATCH if r.get("disturbed") else None)
         ax.plot(x, iid, "k_", ms=8, mew=1.5)
         plotted += [{"key": r["key"], "run": r["run"], "k": int(k), "rounds": hist.get(int(k), 0),
-                     "fraction": float(f), "iid_prediction": float(p)} for k, f, p in zip(ks, frac, iid)]
+                     "fraction": float(f), "iid_prediction": float(p)} for k, f, p in zip(ks, frac, iid, strict=True)]
     ax.plot([], [], "k_", ms=8, mew=1.5, label="i.i.d. prediction P(k) at the measured α")
     ax.set_xlabel("k (draft tokens accepted per round)")
     ax.set_ylabel("fraction of sequence-rounds")

@@ -24,12 +24,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure as MplFigure  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure as MplFigure
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-from saguaro.reporting.analysis.load import Run  # noqa: E402
+from saguaro.reporting.analysis.load import Run
 
 DPI = 110
 
@@ -233,7 +233,7 @@ def spread(values: list[float]) -> tuple[float, float, float] | None:
     return float(q[0]), float(q[1]), float(q[2])
 
 
-def markdown_section(figure: "Figure", data: "ReportData", out_dir) -> list[str]:
+def markdown_section(figure: Figure, data: ReportData, out_dir) -> list[str]:
     """A report's section for one figure: drawn (image, data file, notes) or the reason it was not."""
     md = [f"### {figure.name.replace('_', ' ')}", "", figure.caption, ""]
     try:

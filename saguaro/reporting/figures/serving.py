@@ -59,7 +59,7 @@ def _value(v) -> float:
 
 def _hollow(ax: Axes, xs: list[float], rows: list[dict], field: str, marker: str, size: float, color) -> None:
     """Over the line's own marker, a hollow one where the run marked the point's requests as disturbed."""
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         if r.get("disturbed"):
             ax.plot([x], [_value(r[field])], marker, ms=size + 1, color=color, mfc="white", zorder=3)
 

@@ -7,6 +7,8 @@ speedups' interquartile range, and the per-prompt speedups are drawn as small do
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 from matplotlib.axes import Axes
 
@@ -33,7 +35,7 @@ def _offsets(n: int, x_values: list[float], log: bool) -> list[float]:
     if n <= 1:
         return [0.0]
     xs = sorted(set(x_values))
-    step = min((b - a for a, b in zip(xs, xs[1:])), default=1.0) if not log else 0.0
+    step = min((b - a for a, b in pairwise(xs)), default=1.0) if not log else 0.0
     width = (0.1 if log else 0.12 * step) if len(xs) > 1 else 0.1
     return list(np.linspace(-width / 2, width / 2, n))
 
@@ -46,12 +48,12 @@ def _lines(ax: Axes, rows: list[dict], x: str, y: str, need: str, log_x: bool = 
         raise NoData(f"needs {need}")
     plotted, drawn = [], {}
     offsets = _offsets(len(series), [r[x] for rs in series.values() for r in rs], log_x)
-    for (label, rs), shift in zip(series.items(), offsets):
+    for (label, rs), shift in zip(series.items(), offsets, strict=True):
         xs = np.array([r[x] for r in rs], dtype=float)
         at = xs * 2 ** shift if log_x else xs + shift
         line = ax.plot(at, [r[y] for r in rs], "-", label=label, lw=1.2)[0]  # dodged a little, like its dots
         color = line.get_color()
-        for r, xi in zip(rs, at):
+        for r, xi in zip(rs, at, strict=True):
             hollow = bool(r.get("disturbed"))
             ax.plot([xi], [r[y]], "o", ms=5, color=color, mfc="white" if hollow else color, zorder=3)
             per_prompt = r.get("prompt_speedups") if y == Y else None

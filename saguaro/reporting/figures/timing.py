@@ -60,7 +60,7 @@ def phase_breakdown(ax: Axes, data: ReportData) -> list[dict]:
     for p in R.PHASES:
         values = np.array([row[f"{p}_ms_per_token"] for row in plotted])
         bars = ax.barh(y, values, left=left, label=PHASE_LABELS[p])
-        for bar, row in zip(bars, plotted):
+        for bar, row in zip(bars, plotted, strict=True):
             if row["disturbed"]:
                 bar.set_hatch(HATCH)
         left += values
@@ -103,7 +103,7 @@ def latency_throughput(ax: Axes, data: ReportData) -> list[dict]:
                             "tokens_per_s": r["tokens_per_s"], "ms_per_token": r["ms_per_token"],
                             "disturbed": r.get("disturbed", 0)})
     front = _pareto([(r["tokens_per_s"], r["ms_per_token"]) for rs in series.values() for r in rs])
-    ax.plot(*zip(*front), "k--", lw=1, label="frontier (no point is faster and lower-latency)")
+    ax.plot(*zip(*front, strict=True), "k--", lw=1, label="frontier (no point is faster and lower-latency)")
     for x, y in front:
         plotted.append({"series": "frontier", "tokens_per_s": x, "ms_per_token": y})
     ax.set_xlabel("throughput (generated tokens/s, whole batch)")
@@ -131,11 +131,11 @@ def measured_vs_predicted(ax: Axes, data: ReportData) -> list[dict]:
                                         ("closed_form", "closed form (theory)"))):
         values = np.array([np.nan if r[field] is None else r[field] for r in rows])
         bars = ax.barh(y + (i - 1) * height, values, height, label=label)
-        for bar, r in zip(bars, rows):
+        for bar, r in zip(bars, rows, strict=True):
             if r.get("disturbed"):
                 bar.set_hatch(HATCH)
         if field != "measured":
-            for bar, r in zip(bars, rows):
+            for bar, r in zip(bars, rows, strict=True):
                 if r[f"{field}_error"] is not None:
                     ax.annotate(f"{r[f'{field}_error']:+.0%}", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
                                 fontsize=5, va="center", xytext=(2, 0), textcoords="offset points")

@@ -80,7 +80,7 @@ class FakeOpenAI:
         s = self.script
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
-        for i, (tokens, delay) in enumerate(zip(s.tokens, s.delays_s)):
+        for i, (tokens, delay) in enumerate(zip(s.tokens, s.delays_s, strict=True)):
             await asyncio.sleep(delay)
             text = "".join(f" t{i}.{j}" for j in range(tokens))
             choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
@@ -111,7 +111,7 @@ class Running:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self) -> "Running":
+    def start(self) -> Running:
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:

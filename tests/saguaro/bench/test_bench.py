@@ -53,7 +53,7 @@ def test_greedy_output_is_the_same_for_every_system(greedy_run):
     # fp32 tiny models at temperature 0: AR, SD, transformers' generate and assisted generation agree exactly
     bench, _ = greedy_run
     by_prompt: dict[str, set] = {}
-    for (key, prompt), r in results(bench.run_dir).items():
+    for (_, prompt), r in results(bench.run_dir).items():
         by_prompt.setdefault(prompt, set()).add(tuple(r["token_ids"]))
     assert all(len(outputs) == 1 for outputs in by_prompt.values())
 
@@ -163,7 +163,8 @@ def test_bench_uses_the_saved_prompts_when_resuming(tiny_models, tmp_path):
     (["-K", "0"], "K (-K) must be integers >= 1"),
     (["--K", "0"], "K (-K) must be integers >= 1"),  # the old spelling still works
     (["-K", "auto", "--systems", "ar"], "implemented for sd and ssd only"),
-    (["--target-head-quant", "int8", "--systems", "ar"], "--target-head-quant takes int8 or int4 and needs --target-quant"),
+    (["--target-head-quant", "int8", "--systems", "ar"],
+     "--target-head-quant takes int8 or int4 and needs --target-quant"),
     (["-K", "4", "--K-min", "2", "--systems", "sd"], "add auto to -K"),
     (["-K", "auto", "--K-min", "9", "--systems", "sd"], "--K-min must be a whole number in 1..8"),
     (["-K", "auto", "--draft-cost", "-1", "--systems", "sd"], "--draft-cost (T_d / T_v) must be >= 0"),
@@ -190,7 +191,7 @@ def test_budget_auto_runs_ssd_sized_by_the_engine(tiny_models, tmp_path):
     outcome = bench.run(progress=False)
     assert outcome.errors == 0 and not outcome.unavailable
     by_prompt: dict[str, set] = {}
-    for (key, prompt), r in results(bench.run_dir).items():
+    for (_, prompt), r in results(bench.run_dir).items():
         by_prompt.setdefault(prompt, set()).add(tuple(r["token_ids"]))
     assert len(by_prompt) == 4 and all(len(outputs) == 1 for outputs in by_prompt.values())
     auto_rounds = [r for r in bench.run_dir.rounds() if "B=auto" in r["key"] and r.get("phase") == "decode"]

@@ -7,7 +7,7 @@ from engine.loading import devices
 
 
 def test_a_bench_run_folder_records_the_dtype_auto_chose(tiny_models, tmp_path, monkeypatch):
-    from saguaro.bench import start, resume
+    from saguaro.bench import resume, start
     from tests.saguaro.bench.test_bench import config
 
     monkeypatch.setattr(devices, "fast_bfloat16", lambda device: False)

@@ -245,7 +245,7 @@ def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, c
     # a progress line for each timed prefill (one forward each; on a slow host each can take most of a minute)
     points, lines = prefill_points([12], [1]), [line for line in err.splitlines() if "prefilled" in line]
     assert len(lines) == len(points) >= 1
-    for i, ((b, n), line) in enumerate(zip(points, lines), 1):
+    for i, ((b, n), line) in enumerate(zip(points, lines, strict=True), 1):
         assert f"prefilled {b} x {n} tokens, target and draft ({i} of {len(points)})" in line
     assert "the engine's SSD build rounds failed (RuntimeError: no port): no build level is measured" in err
     summary = json.loads(out.with_suffix(".summary.json").read_text())

@@ -40,7 +40,8 @@ def test_every_one_token_step_gives_attention_a_mask_with_or_without_holes(targe
     the masked path, and the calibration's steps cost what the engine's do."""
     calls = spy_on_sdpa(monkeypatch)
     base = prefilled(target, 10)
-    for rows in (base.fork(torch.zeros(2, dtype=torch.long)), ragged(base, 2), base.fork(torch.zeros(1, dtype=torch.long))):
+    for rows in (base.fork(torch.zeros(2, dtype=torch.long)), ragged(base, 2),
+                 base.fork(torch.zeros(1, dtype=torch.long))):
         calls.clear()
         rows.extend(torch.full((rows.batch_size, 1), 7))
         assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)

@@ -1,7 +1,7 @@
-"""`saguaro models hit-tables` (saguaro/calibration/hit_tables.py) pools SD run folders into the shipped hit table prompt by prompt (a later run
-replaces an earlier one's rounds of the same prompt and setting, so nothing is counted twice), splits the
-entries by task, keeps a previous table's unmeasured entries with --keep; and the shipped table covers the
-grid the simulator's default reads (Spec-Bench by task and HumanEval, T = 0 / 0.7 / 1, C = 1 / 0.5)."""
+"""`saguaro models hit-tables` (saguaro/calibration/hit_tables.py) pools SD run folders into the shipped hit table
+prompt by prompt (a later run replaces an earlier one's rounds of the same prompt and setting, so nothing is counted
+twice), splits the entries by task, keeps a previous table's unmeasured entries with --keep; and the shipped table
+covers the grid the simulator's default reads (Spec-Bench by task and HumanEval, T = 0 / 0.7 / 1, C = 1 / 0.5)."""
 
 import json
 from pathlib import Path
@@ -120,7 +120,8 @@ def test_the_shipped_table_covers_the_grid_for_each_prompt_set(workload):
 
 
 @pytest.mark.xfail(strict=True, reason="Spec-Bench per-task entries are missing where one prompt of the task "
-                   "had no all-accepted round (reports/2026-11-cpu-hit-tables/README.md lists them): measure more prompts")
+                   "had no all-accepted round (reports/2026-11-cpu-hit-tables/README.md lists them): "
+                   "measure more prompts")
 def test_the_shipped_table_has_every_spec_bench_task_at_every_grid_point():
     entries = by_name(load_tables(TABLES))
     missing = [(t, T, C) for t in SPEC_BENCH_TASKS for T, C in GRID if (f"spec_bench/{t}", T, C) not in entries]

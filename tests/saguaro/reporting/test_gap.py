@@ -50,7 +50,7 @@ def test_each_factor_is_what_the_records_were_built_with_and_they_multiply_to_th
     row = decompose([_ssd_call(True), _ssd_call(False)], [_sd_call(), _sd_call()])
     # SSD: 12 rounds, 8 hits of 3 tokens and 4 misses of 2; T = 12·235 + 4·120 (backup) + 2·200 (start) = 3700;
     # the start is each call's whole first wait (its link too), the waits the 10 later rounds' links
-    T, B, S, W, V, O = 3700.0, 480.0, 2 * 210.0, 10 * 10.0, 12 * 220.0, 12 * 5.0
+    T, B, S, W, V, overhead = 3700.0, 480.0, 2 * 210.0, 10 * 10.0, 12 * 220.0, 12 * 5.0
     expected = {
         "misses_tokens": (8 * 3 + 4 * 2) / 12 / 3,
         "misses_backup": (T - B) / T,
@@ -58,7 +58,7 @@ def test_each_factor_is_what_the_records_were_built_with_and_they_multiply_to_th
         "waits": (T - B - S - W) / (T - B - S),
         "shapes": (60.0 + 196.0) / (60.0 + 200.0),  # SD's verify: 196 ms at its own K mix, 200 at SSD's K = 3
         "interference": (60.0 + 200.0) / (60.0 + 220.0),
-        "overhead": V / (V + O) * 266.0 / 256.0,
+        "overhead": V / (V + overhead) * 266.0 / 256.0,
         "rest": 1.0 / (26 / 30),  # SSD's tokens all kept; SD's 30 drafted, 26 emitted
     }
     assert {f: row[f] for f in FACTORS} == pytest.approx(expected)
@@ -138,7 +138,7 @@ def test_on_the_fixture_runs_each_ceiling_row_gets_its_factors_and_the_report_pr
     ceilings = ceiling_rows(data.runs, data.rows)
     rows = gap_rows(data.runs, ceilings)
     assert len(rows) == len(ceilings) > 0
-    for c, g in zip(ceilings, rows):
+    for c, g in zip(ceilings, rows, strict=True):
         assert (g["key"], g["sd_key"]) == (c["key"], c["sd_key"])
         assert g["share"] == pytest.approx(c["share"]) and g["ceiling"] == pytest.approx(c["ceiling"])
         assert prod(g[f] for f in FACTORS) == pytest.approx(c["share"], rel=1e-9)

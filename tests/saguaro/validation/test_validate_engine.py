@@ -201,7 +201,7 @@ def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build
     plain = _run(session, tmp_path, "--terms", calibrations=with_rounds)
     leveled = _run(session, tmp_path, "--terms", "--build-level", calibrations=with_rounds)
     assert [r["configuration"] for r in plain] == [r["configuration"] for r in leveled]
-    for a, b in zip(plain, leveled):
+    for a, b in zip(plain, leveled, strict=True):
         if a["configuration"].startswith("ssd"):
             assert a["predicted"] != b["predicted"]
             assert a["terms"]["cache_build"]["predicted"] != b["terms"]["cache_build"]["predicted"]
