@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engine.block_cache import BlockModel
+from engine.blocks import BlockModel
 from engine.compile_config import CompileConfig, SlotPlan
 from engine.kv_cache import cache_keyword
 from engine.static_cache import SlotCache, SlotState, block_inputs
@@ -180,7 +180,7 @@ class SlotModel:
 
 def slot_model(model: torch.nn.Module, plan: SlotPlan | None, device: torch.device, name: str, *,
                prefix_caching: bool = True, max_bytes: int | None = None) -> torch.nn.Module | SlotModel | BlockModel:
-    """What the engine feeds: without a plan the model on a block KV cache (engine.block_cache; the model itself
+    """What the engine feeds: without a plan the model on a block KV cache (engine.blocks; the model itself
     when its attention takes no 4-D mask), with its prefix cache and its budget of `max_bytes`, else the model on a
     static slot cache."""
     if plan is None:

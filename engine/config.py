@@ -243,7 +243,7 @@ class EngineConfig:
     tp             tensor-parallel ranks of the target (engine.tp): the engine starts tp - 1 more processes,
                    shards the target with transformers' tensor parallelism and feeds every rank the same
                    inputs; rank 0 (this process) samples and verifies.
-    prefix_caching reuse the KV of prompt prefixes that earlier requests computed (engine.block_cache), for the
+    prefix_caching reuse the KV of prompt prefixes that earlier requests computed (engine.blocks), for the
                    target and the draft; eager forwards only.
     kv_cache_memory bytes the target's KV cache may take (None: it grows as needed): requests are admitted
                    against it, and one that could never fit is refused.

@@ -137,7 +137,7 @@ class DecodeLoop:
                 fed = [0] * len(joining)
                 if hasattr(state, "reuse_prefix"):  # the block cache: a prompt's cached prefix is not fed again
                     fed = [state.reuse_prefix(i, s.prompt_ids, len(s.prompt_ids) - 1) for i, s in enumerate(joining)]
-                    for seq, n in zip(joining, fed):
+                    for seq, n in zip(joining, fed, strict=False):
                         seq.metrics.cached_prompt_tokens = n
                 self.prefilling = Prefilling(joining, state, fed)
         joined = False
@@ -236,7 +236,7 @@ class DecodeLoop:
         now = time.perf_counter()
         firsts = [[t] for t in first.tolist()]
         chunks = []
-        for seq, token, lp in zip(seqs, firsts, logprobs(logits[:, None], p[:, None], firsts, seqs)):
+        for seq, token, lp in zip(seqs, firsts, logprobs(logits[:, None], p[:, None], firsts, seqs), strict=False):
             chunks.append(seq.append(token, lp, now))
             seq.metrics.target_forwards += 1
         self.stats.generation_tokens += len(seqs)
@@ -303,7 +303,7 @@ class DecodeLoop:
         chunks = []
         wants = any(s.params.logprobs is not None for s in self.running)
         lps = logprobs(logits, p, tokens, self.running) if wants else [None] * len(tokens)
-        for seq, toks, lp, k in zip(self.running, tokens, lps, accepted):
+        for seq, toks, lp, k in zip(self.running, tokens, lps, accepted, strict=False):
             chunks.append(seq.append(toks, lp, now))
             seq.metrics.rounds += 1
             seq.metrics.target_forwards += 1
@@ -333,7 +333,7 @@ class DecodeLoop:
         s.generation_tokens += sum(emitted)
         if K:
             # An accepted draft token counts once emitted: a row cut short by a stop emits fewer than k + 1.
-            kept = [min(k, n) for k, n in zip(accepted, emitted)]
+            kept = [min(k, n) for k, n in zip(accepted, emitted, strict=False)]
             s.accepted += sum(kept)
             s.rejections += sum(k < K for k in accepted)
             s.drafts += len(accepted)
@@ -347,7 +347,7 @@ class DecodeLoop:
             s.backup_s += telemetry.backup_ms / 1e3
         if telemetry.previous_outcome_hit is not None:  # per row of the last round, whose k are _last_accepted
             lookups, hits = list(s.ssd_lookups_by_k), list(s.ssd_hits_by_k)
-            for k, hit in zip(self._last_accepted, telemetry.previous_outcome_hit):
+            for k, hit in zip(self._last_accepted, telemetry.previous_outcome_hit, strict=False):
                 if hit is None:
                     continue
                 if k >= len(lookups):

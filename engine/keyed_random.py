@@ -92,7 +92,7 @@ _MULTIPLIERS_I64 = tuple(_signed(m) for m in MIX_MULTIPLIERS)
 def _mix_(z: Tensor) -> Tensor:
     """SplitMix64's finaliser, in place on an int64 tensor the caller owns."""
     shifted = torch.empty_like(z)
-    for shift, multiplier in zip(MIX_SHIFTS, _MULTIPLIERS_I64 + (None,)):
+    for shift, multiplier in zip(MIX_SHIFTS, _MULTIPLIERS_I64 + (None,), strict=False):
         torch.bitwise_right_shift(z, shift, out=shifted)
         shifted.bitwise_and_((1 << (64 - shift)) - 1)  # arithmetic shift + mask = logical shift
         z.bitwise_xor_(shifted)
@@ -134,7 +134,8 @@ def _check_keys_meta(seeds: Tensor, positions: Tensor, index: Tensor | int) -> N
         _check_int64("index", index)
         rows = seeds.shape[0]
         cols = positions.shape[1]
-        if index.dim() > 2 or any(got not in (1, want) for got, want in zip(index.shape[::-1], (cols, rows))):
+        shapes = zip(index.shape[::-1], (cols, rows), strict=False)  # a 1-D index broadcasts
+        if index.dim() > 2 or any(got not in (1, want) for got, want in shapes):
             raise ValueError(f"index must broadcast to [B, n] = [{rows}, {cols}], got {tuple(index.shape)}")
         if index.device != seeds.device:
             raise ValueError(f"index must be on the device of seeds ({seeds.device}), got {index.device}")
@@ -273,7 +274,7 @@ def token_uniforms(seeds: Tensor, positions: Tensor, V: int, ids: Tensor | None 
 def reference_mix(z: int) -> int:
     """SplitMix64's finaliser on an unsigned 64-bit integer."""
     z &= MASK64
-    for shift, multiplier in zip(MIX_SHIFTS, MIX_MULTIPLIERS + (1,)):
+    for shift, multiplier in zip(MIX_SHIFTS, MIX_MULTIPLIERS + (1,), strict=False):
         z = ((z ^ (z >> shift)) * multiplier) & MASK64
     return z
 

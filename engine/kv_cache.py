@@ -56,7 +56,7 @@ class CacheState(Protocol):
 
     def select(self, rows: Tensor | list[int]) -> None: ...
 
-    def fork(self, rows: Tensor | list[int]) -> "CacheState": ...
+    def fork(self, rows: Tensor | list[int]) -> CacheState: ...
 
 
 def new_state(model: torch.nn.Module, batch_size: int, device: torch.device) -> CacheState:
@@ -89,7 +89,7 @@ def prefill(state: CacheState, prompts: list[list[int]], pad_id: int, device: to
     cached = [0] * len(prompts)
     if hasattr(state, "reuse_prefix"):
         cached = [state.reuse_prefix(i, p, len(p)) for i, p in enumerate(prompts)]
-    rest = [p[n:] for p, n in zip(prompts, cached)]
+    rest = [p[n:] for p, n in zip(prompts, cached, strict=False)]
     if any(rest):
         tokens, valid = right_aligned(rest, pad_id, device)
         state.extend(tokens, valid, logits_to_keep=1, fed=[len(r) for r in rest])
@@ -193,11 +193,11 @@ class KVState:
         self.lengths = self.lengths[rows]
         self._trim()
 
-    def fork(self, rows: Tensor) -> "KVState":
+    def fork(self, rows: Tensor) -> KVState:
         """A new state whose row i is a copy of this state's row rows[i] (rows may repeat)."""
         rows = host.index(rows, self.mask.device)
         new = self._like(self.mask.index_select(0, rows), self.lengths.index_select(0, rows))
-        for src, dst in zip(self.cache.layers, new.cache.layers):
+        for src, dst in zip(self.cache.layers, new.cache.layers, strict=False):
             if src.is_initialized:
                 dst.lazy_initialization(src.keys, src.values)
                 dst.keys = src.keys.index_select(0, rows)  # [N, heads, L, d]
@@ -205,7 +205,7 @@ class KVState:
         return new
 
     @staticmethod
-    def concat(states: list["KVState"]) -> "KVState":
+    def concat(states: list[KVState]) -> KVState:
         """One state holding the rows of `states` in order. Narrower states get holes on the left, so every
         row's newest token stays in the last column (holes are masked: nothing else changes)."""
         kind = type(states[0]) if states else KVState
@@ -236,7 +236,7 @@ class KVState:
         new._trim()
         return new
 
-    def _like(self, mask: Tensor, lengths: Tensor) -> "KVState":
+    def _like(self, mask: Tensor, lengths: Tensor) -> KVState:
         new = KVState.__new__(KVState)
         new.model = self.model
         new.cache = DynamicCache(config=self.model.config)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from engine.block_cache import BlockModel
+from engine.blocks import BlockModel
 from engine.compile_config import CompileConfig, slot_plans
 from engine.compiled import slot_model
 from engine.config import EngineConfig, QuantConfig, SpeculativeConfig, replace_removed_quant_arguments
@@ -94,7 +94,7 @@ class LLM:
     once per shape with torch.compile (CUDA graphs on CUDA; engine.compiled): the tokens of the eager engine.
     tp: the target runs on this many tensor-parallel ranks (engine.tp): this process is rank 0 and samples;
     the engine starts the other ranks itself and stops them at close.
-    prefix_caching: reuse the KV of prompt prefixes earlier requests computed (engine.block_cache; on by default).
+    prefix_caching: reuse the KV of prompt prefixes earlier requests computed (engine.blocks; on by default).
     kv_cache_memory: bytes the target's KV cache may take (None: no limit); requests are admitted against it, and
     one that could never fit is refused with a ValueError when it is made.
     Removed arguments (draft_int8, quant_group_size, target_head_quant, draft_head_quant) still work until

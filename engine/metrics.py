@@ -245,7 +245,7 @@ class ServingStats:
     fallbacks: int = 0  # SSD worker faults (each switches to the fallback for good)
     cached_tokens: int = 0  # tokens of the running sequences (prompt + output): what the target's KV cache holds
     cache_capacity_tokens: int | None = None  # max_num_seqs × the model's context (None: no limit known)
-    # the target's block KV cache (engine.block_cache): blocks rows hold, and the budget's blocks (None: no budget)
+    # the target's block KV cache (engine.blocks): blocks rows hold, and the budget's blocks (None: no budget)
     kv_blocks_used: int = 0
     kv_blocks_total: int | None = None
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)

@@ -32,7 +32,7 @@ class Keys:
     positions: np.ndarray  # [B] int64
 
     @classmethod
-    def of(cls, seeds: Sequence[int], positions: Sequence[int]) -> "Keys":
+    def of(cls, seeds: Sequence[int], positions: Sequence[int]) -> Keys:
         return cls(np.asarray(seeds, dtype=np.int64).reshape(-1), np.asarray(positions, dtype=np.int64).reshape(-1))
 
     def __len__(self) -> int:
@@ -43,11 +43,11 @@ class Keys:
         at = (self.positions + offset)[:, None] + np.arange(n)[None, :]  # [B, n]
         return host_uniforms(self.seeds, at, purpose)
 
-    def rows(self, index: Sequence[int]) -> "Keys":
+    def rows(self, index: Sequence[int]) -> Keys:
         index = np.asarray(index, dtype=np.int64)
         return Keys(self.seeds[index], self.positions[index])
 
-    def shifted(self, by: int | np.ndarray) -> "Keys":
+    def shifted(self, by: int | np.ndarray) -> Keys:
         """The same rows' keys `by` positions later (an int, or [B] per row)."""
         return Keys(self.seeds, self.positions + by)
 
@@ -214,7 +214,7 @@ def uniforms(generator: Generators, rows: int, n: int, dtype: torch.dtype, devic
     if single:
         torch.rand((rows, n), generator=generator, dtype=dtype, out=buf)
     else:
-        for row, g in zip(buf, gens):
+        for row, g in zip(buf, gens, strict=False):
             torch.rand(n, generator=g, dtype=dtype, out=row)
     return host.upload(buf, device)
 
@@ -236,7 +236,7 @@ class RowSampling:
     def __len__(self) -> int:
         return len(self.params)
 
-    def index(self, rows: Sequence[int] | Tensor) -> "RowSampling":
+    def index(self, rows: Sequence[int] | Tensor) -> RowSampling:
         rows = rows.tolist() if isinstance(rows, Tensor) else rows
         return RowSampling([self.params[i] for i in rows])
 

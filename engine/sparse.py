@@ -36,7 +36,7 @@ class SparseQ:
     values: Tensor
 
     @classmethod
-    def of(cls, q: Tensor, width: int | None = None) -> "SparseQ":
+    def of(cls, q: Tensor, width: int | None = None) -> SparseQ:
         """The support of q [..., V] (q >= 0); S = the widest row's support, narrower rows padded with zeros.
         `width`: a bound on every row's support known beforehand (`support_width`), so S is not read from q; without
         one S is read from q where reads are free (the CPU), and elsewhere q stays dense."""
@@ -53,12 +53,12 @@ class SparseQ:
         return cls(V, ids, values)
 
     @classmethod
-    def point_mass(cls, tokens: Tensor, V: int) -> "SparseQ":
+    def point_mass(cls, tokens: Tensor, V: int) -> SparseQ:
         """q [..., V] one-hot at `tokens` [...] (a greedy draw, or a lookup draft's proposal)."""
         return cls(V, tokens[..., None], torch.ones(*tokens.shape, 1, device=tokens.device))
 
     @classmethod
-    def stack(cls, parts: list["SparseQ"], dim: int = 1) -> "SparseQ":
+    def stack(cls, parts: list[SparseQ], dim: int = 1) -> SparseQ:
         """Per-position parts [N, V] stacked along `dim` into [N, K, V] (dense if any part is)."""
         V = parts[0].V
         if any(p.ids is None for p in parts):
@@ -68,7 +68,7 @@ class SparseQ:
         return cls(V, torch.stack([pad(p.ids) for p in parts], dim), torch.stack([pad(p.values) for p in parts], dim))
 
     @classmethod
-    def cat(cls, parts: list["SparseQ"]) -> "SparseQ":
+    def cat(cls, parts: list[SparseQ]) -> SparseQ:
         """Rows of several parts, in order (dense if any part is)."""
         V = parts[0].V
         if any(p.ids is None for p in parts):
@@ -97,7 +97,7 @@ class SparseQ:
         out = torch.zeros(self.shape, dtype=self.values.dtype, device=self.values.device)
         return out.scatter_add_(-1, self.ids, self.values)
 
-    def rows(self, index: Tensor) -> "SparseQ":
+    def rows(self, index: Tensor) -> SparseQ:
         return SparseQ(self.V, None if self.ids is None else self.ids[index], self.values[index])
 
     def at(self, tokens: Tensor) -> Tensor:
@@ -106,12 +106,12 @@ class SparseQ:
             return self.values.gather(-1, tokens[..., None])[..., 0]
         return ((self.ids == tokens[..., None]) * self.values).sum(-1)
 
-    def to(self, device: torch.device | str) -> "SparseQ":
+    def to(self, device: torch.device | str) -> SparseQ:
         """On `device` (from the host through pinned memory, without waiting: engine.host.upload)."""
         return SparseQ(self.V, None if self.ids is None else host.upload(self.ids, device),
                        host.upload(self.values, device))
 
-    def __neg__(self) -> "SparseQ":  # fault injection in tests: a q that is no distribution
+    def __neg__(self) -> SparseQ:  # fault injection in tests: a q that is no distribution
         return SparseQ(self.V, self.ids, -self.values)
 
 
@@ -134,11 +134,11 @@ class TopLogits:
     V: int
 
     @classmethod
-    def of(cls, logits: Tensor, M: int) -> "TopLogits":
+    def of(cls, logits: Tensor, M: int) -> TopLogits:
         return cls(ranked_ids(logits, M), logits.shape[-1])
 
     @classmethod
-    def cat(cls, parts: list["TopLogits"]) -> "TopLogits":
+    def cat(cls, parts: list[TopLogits]) -> TopLogits:
         M = min(p.ids.shape[-1] for p in parts)
         return cls(torch.cat([p.ids[..., :M] for p in parts]), parts[0].V)
 
@@ -146,7 +146,7 @@ class TopLogits:
     def depth(self) -> int:
         return self.ids.shape[-1]
 
-    def rows(self, index: Tensor) -> "TopLogits":
+    def rows(self, index: Tensor) -> TopLogits:
         return TopLogits(self.ids[index], self.V)
 
     def ranks(self, bonus: Tensor, excluded: Tensor) -> list[int]:

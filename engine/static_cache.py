@@ -41,7 +41,7 @@ class SlotLayer(CacheLayerMixin):
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, owner: "SlotCache"):
+    def __init__(self, owner: SlotCache):
         super().__init__()
         self.owner = owner
 
@@ -184,7 +184,7 @@ class SlotState:
         weakref.finalize(self, runner.cache.release, slots)
 
     @classmethod
-    def empty(cls, runner: Runner, batch_size: int, device: torch.device) -> "SlotState":
+    def empty(cls, runner: Runner, batch_size: int, device: torch.device) -> SlotState:
         return cls(runner, runner.cache.allocate(batch_size), [0] * batch_size, device)
 
     @property
@@ -216,7 +216,7 @@ class SlotState:
             fed = [tokens.shape[1]] * tokens.shape[0] if fed is None else fed
         elif fed is None:
             fed = valid.to(torch.long).sum(-1).tolist()  # a read of the device unless it is the CPU
-        after = [n + f for n, f in zip(self.host_lengths, fed)]
+        after = [n + f for n, f in zip(self.host_lengths, fed, strict=False)]
         logits = self.runner.run(self.rows(), tokens, valid, self.lengths, logits_to_keep,
                                  need=1 + max(after, default=0))
         self._set_lengths(after)
@@ -228,10 +228,10 @@ class SlotState:
         drop = drop.tolist() if isinstance(drop, Tensor) else list(drop)
         if not drop:
             return
-        if any(d < 0 or d > n for d, n in zip(drop, self.host_lengths)):
+        if any(d < 0 or d > n for d, n in zip(drop, self.host_lengths, strict=False)):
             raise ValueError(f"roll-back of {drop} tokens from rows of {self.host_lengths}: each row "
                              f"can forget 0 up to its own length (to extend a row, feed it tokens)")
-        self._set_lengths([n - d for n, d in zip(self.host_lengths, drop)])
+        self._set_lengths([n - d for n, d in zip(self.host_lengths, drop, strict=False)])
 
     def select(self, rows: Tensor | list[int]) -> None:
         """Keep only the given rows, in the given order; the others' slots go back to the cache."""
@@ -245,7 +245,7 @@ class SlotState:
         self._set_lengths([self.host_lengths[i] for i in keep])
         self._rows = None
 
-    def fork(self, rows: Tensor | list[int]) -> "SlotState":
+    def fork(self, rows: Tensor | list[int]) -> SlotState:
         """A new state whose row i is a copy of this state's row rows[i] (rows may repeat): new slots, with the
         rows' used columns copied."""
         index = rows.tolist() if isinstance(rows, Tensor) else list(rows)
@@ -257,7 +257,7 @@ class SlotState:
         return new
 
     @staticmethod
-    def concat(states: list["SlotState"]) -> "SlotState":
+    def concat(states: list[SlotState]) -> SlotState:
         """One state holding the rows of `states` in order; they give their slots to it (and are empty after)."""
         live = [s for s in states if s.batch_size]
         if len(live) <= 1:

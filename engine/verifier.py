@@ -70,7 +70,7 @@ class Verification:
         accepted, bonus, rows = self.host()
         if draft_tokens is not None and draft_tokens is not self.draft_tokens:
             rows = draft_tokens.tolist()
-        return [row[:k] + [t] for row, k, t in zip(rows, accepted, bonus)]
+        return [row[:k] + [t] for row, k, t in zip(rows, accepted, bonus, strict=False)]
 
 
 def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor, checks: Checks | None) -> None:

@@ -35,7 +35,7 @@ class DraftRecipe:
     state: dict | None = None
     quant: QuantConfig | None = None
     slots: SlotPlan | None = None
-    prefix_caching: bool = True  # reuse cached prompt prefixes on the eager path (engine.block_cache)
+    prefix_caching: bool = True  # reuse cached prompt prefixes on the eager path (engine.blocks)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, quant: QuantConfig | None = None) -> DraftRecipe:

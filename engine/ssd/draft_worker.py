@@ -100,7 +100,7 @@ class DraftWorker:
         found: list[int | None] = []
         x = self.current.listed if n_old else []
         ranks = self._outcome_ranks(msg) if n_old else []
-        for b, (seq_id, kb, tb) in enumerate(zip(self.rows.seq_ids, msg.accepted, msg.bonus)):
+        for b, (seq_id, kb, tb) in enumerate(zip(self.rows.seq_ids, msg.accepted, msg.bonus, strict=False)):
             found.append(self.cache.lookup(seq_id, kb, tb) if same_length else None)
             self.rows.contexts[b].extend(x[b][:kb] + [tb])  # in place: a round adds its tokens, copies nothing
             if msg.alive[b]:
@@ -159,7 +159,8 @@ class DraftWorker:
         if self.glue_ranking is None or self.glue_ranking.shape[0] != len(msg.accepted):
             return [-1] * len(msg.accepted)
         n = len(msg.accepted)
-        excluded = [row[kb] if kb < len(row) else -1 for row, kb in zip(self.current.listed, msg.accepted)]  # x_{k+1}
+        listed = self.current.listed
+        excluded = [row[kb] if kb < len(row) else -1 for row, kb in zip(listed, msg.accepted, strict=True)]  # x_{k+1}
         ids = self.glue_ranking[np.arange(n), np.asarray(msg.accepted)]  # [n, M]
         return host_ranks(ids, np.asarray(msg.bonus), np.asarray(excluded), self.V)
 
@@ -175,7 +176,7 @@ class DraftWorker:
             ids, prompts, state = ahead
             at = {seq_id: i for i, seq_id in enumerate(ids)}
             rows = [at.get(j.seq_id) for j in joins]
-            if all(r is not None and prompts[r] == j.prompt for r, j in zip(rows, joins)):
+            if all(r is not None and prompts[r] == j.prompt for r, j in zip(rows, joins, strict=False)):
                 if rows != list(range(len(ids))):  # some announced prompts finished at their first token
                     state.select(rows)
                 return state
@@ -255,7 +256,7 @@ class DraftWorker:
         checks.raise_from(failed)
         known = [h or backup is Backup.NEURAL for h in hit]
         sources = ["hit" if h else backup.value for h in hit]
-        tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known, bonus)]
+        tails = [[row[-1]] if kn else [tb] + row for row, kn, tb in zip(listed, known, bonus, strict=False)]
         self.current = Current(x, listed, ranking, known, sources, tails)
         self.last_backup = backup.value if backup else None
         self.last_backup_ms = t0.ms() if miss else 0.0
@@ -332,7 +333,7 @@ class DraftWorker:
         # ranks of the next answer are worked out from it on the host)
         glue = ranking.ids.reshape(-1)
         values = np.asarray(torch.cat([t, glue]).tolist(), dtype=np.int64)
-        keys = list(zip(rows, ks, values[: len(rows)].tolist()))
+        keys = list(zip(rows, ks, values[: len(rows)].tolist(), strict=False))
         self.glue_ranking = values[len(rows) :].reshape(ranking.ids.shape)
         self.cache, self.cache_K = SpeculationCache(self.rows.seq_ids, branches, keys), length
         self.built_fanout = list(self.policy.schedule(True, K, length))

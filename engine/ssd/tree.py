@@ -1,7 +1,7 @@
 """The branch decode: pre-draft K tokens for every guessed outcome of every sequence at once.
 
 After the glue decode the draft's cache row b holds [.., t*_prev, x_1..x_K]. Branch (b, k, t) is that row's first
-tokens up to x_k followed by the guess t. On the block KV cache (engine.block_cache) the branches are decoded as
+tokens up to x_k followed by the guess t. On the block KV cache (engine.blocks) the branches are decoded as
 a tree over their rows: each forward has one row per sequence, whose queries are its branches' tokens, reading the
 row's prefix once and, through a 4-D mask, each branch's own earlier tokens; nothing of a row is copied per
 branch. (A state without blocks copies the row per branch and rolls it back.) All branches of all sequences advance
@@ -37,7 +37,7 @@ class Branches:
     t: Tensor  # [N] guessed bonus token
     tokens: Tensor  # [N, K] y_1..y_K
     q: SparseQ  # [N, K, V] float32, the (Saguaro) distribution each y_i was drawn from
-    ranking: "TopLogits | LaterRanking"  # [N, K, M] the draft's best tokens at y_1..y_K (the next round's guesses)
+    ranking: TopLogits | LaterRanking  # [N, K, M] the draft's best tokens at y_1..y_K (the next round's guesses)
 
 
 LATER_RANKING_BYTES = 64 * 2**20  # the most logits a cache build keeps to rank the branches that hit, not them all
@@ -126,7 +126,7 @@ def decode_branches(
     length = K if length is None else length
     if hasattr(state, "tree"):  # the block cache: one tree over the rows, their prefixes read once (BlockTree)
         lengths = state.host_lengths
-        branch_state = state.tree(rows, [lengths[r] - (K - kb) for r, kb in zip(rows, ks)], length)
+        branch_state = state.tree(rows, [lengths[r] - (K - kb) for r, kb in zip(rows, ks, strict=False)], length)
     else:  # a copy of the row per branch, rolled back to x_1..x_k
         branch_state = state.fork(rows)
         branch_state.rollback([K - kb for kb in ks])  # exactly the state after x_1..x_k

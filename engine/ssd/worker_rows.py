@@ -21,10 +21,10 @@ class Rows:
     params: list[SamplingParams] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)  # each request's seed (keyed random numbers)
 
-    def keep(self, rows: list[int]) -> "Rows":
+    def keep(self, rows: list[int]) -> Rows:
         return Rows(*([getattr(self, f)[i] for i in rows] for f in ("seq_ids", "contexts", "params", "seeds")))
 
-    def __add__(self, other: "Rows") -> "Rows":
+    def __add__(self, other: Rows) -> Rows:
         return Rows(self.seq_ids + other.seq_ids, self.contexts + other.contexts, self.params + other.params,
                     self.seeds + other.seeds)
 
@@ -33,7 +33,8 @@ class Rows:
         length of its committed context) plus `ahead`."""
         rows = range(len(self.seq_ids)) if rows is None else rows
         ahead = [ahead] * len(rows) if isinstance(ahead, int) else ahead
-        return Keys.of([self.seeds[b] for b in rows], [len(self.contexts[b]) + a for b, a in zip(rows, ahead)])
+        positions = [len(self.contexts[b]) + a for b, a in zip(rows, ahead, strict=True)]
+        return Keys.of([self.seeds[b] for b in rows], positions)
 
 
 @dataclass

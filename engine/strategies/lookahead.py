@@ -135,7 +135,7 @@ def read_off(table: dict[int, float], x: int) -> float:
     """A measured time at x, or read off a straight line through the measured ones."""
     if x in table:
         return table[x]
-    xs, times = zip(*sorted(table.items()))
+    xs, times = zip(*sorted(table.items()), strict=False)
     if len(xs) == 1:
         return times[0]
     slope, intercept = np.polyfit(xs, times, 1)

@@ -118,7 +118,7 @@ class InProcessDraft:
             places += [i for _, i in waiting]
             parts.append(rank_of(fed[rows, -2], bonus, torch.full_like(bonus, -1)))
         if parts:
-            for i, rank in zip(places, torch.cat(parts).tolist()):  # one read
+            for i, rank in zip(places, torch.cat(parts).tolist(), strict=False):  # one read
                 self.ranks[i] = rank
         previous, self.ranks, self.late, self.rejected = self.ranks or None, [], [None] * len(self.tails), None
         return previous
@@ -133,9 +133,9 @@ class InProcessDraft:
         if not x or len(x[0]) != K:  # a Verification made without its draft tokens
             x = self.x.tolist()
         self.lookahead.observe(accepted, K, verify_ms)
-        self.positions = [p + kb + 1 for p, kb in zip(self.positions, accepted)]
+        self.positions = [p + kb + 1 for p, kb in zip(self.positions, accepted, strict=False)]
         self.state.rollback([max(K - 1 - kb, 0) for kb in accepted])
-        self.tails = [[row[-1], t] if kb == K else [t] for row, kb, t in zip(x, accepted, bonus)]
+        self.tails = [[row[-1], t] if kb == K else [t] for row, kb, t in zip(x, accepted, bonus, strict=False)]
         rejected = [b for b, kb in enumerate(accepted) if kb < K]
         self.ranks = [None] * len(accepted)
         self.rejected = None

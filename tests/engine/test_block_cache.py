@@ -1,4 +1,4 @@
-"""The block KV cache (engine.block_cache): every row's logits are those of its tokens run alone, through ragged
+"""The block KV cache (engine.blocks): every row's logits are those of its tokens run alone, through ragged
 feeds, roll-backs, selections, forks that share blocks and concatenations, and no block is lost or leaked."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.block_cache import BlockModel, BlockState, KVCacheFull
+from engine.blocks import BlockModel, BlockState, KVCacheFull
 from tests.engine.kv_alone import alone
 from tests.engine.tiny import tiny_lm
 

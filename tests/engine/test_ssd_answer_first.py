@@ -8,7 +8,7 @@ The tokens must not change either way (greedy SSD equals AR).
 
 
 from engine import LLM, SamplingParams, SpeculativeConfig
-from engine.block_cache import BlockState
+from engine.blocks import BlockState
 from engine.config import DraftPlacement
 from engine.kv_cache import KVState
 from engine.ssd import draft_worker
