@@ -16,8 +16,9 @@ the engine warps them at the run's temperature (engine.sampling.warp):
 
 Each is averaged over positions, pooled over the prompts, per run, temperature and mode (whose texts they were).
 The measured columns come from the runs' summary.json (α as `saguaro report` estimates it, SSD's hit rate,
-tokens/s with the prefill), with a 90% interval for invariant over standard: the prompts resampled with
-replacement, in pairs. `--texts` lists, per run, temperature and mode, the prompts on which every system of the
+decode tokens/s and tokens/s with the prefill), with 90% intervals for invariant against standard: the prompts
+resampled with replacement, in pairs. Decode tokens/s is the fair speed here: variants that share an engine
+share its prompt-prefix cache, so in an interleaved run only the first of them to meet a prompt pays its prefill. `--texts` lists, per run, temperature and mode, the prompts on which every system of the
 run emitted the same tokens, and on how many SD's and SSD's agree (invariant: AR, SD and SSD all alike; standard at
 a fixed K: SD and SSD alike, AR apart); it is printed in every case, and alone (no models loaded) with `--texts`.
 
@@ -151,8 +152,10 @@ def bound(runs: list[Path], draws: int, system: str = "sd", log=print) -> list[d
     return rows
 
 
-def _per_prompt(run: Path, key: str) -> dict[str, tuple[int, int, int, float]]:
-    """prompt id -> (accepted, rejections, tokens, wall s) of one variant (batch 1: a call is a prompt)."""
+def _per_prompt(run: Path, key: str) -> dict[str, tuple[float, ...]]:
+    """prompt id -> (accepted, rejections, decode tokens, decode s, tokens, wall s) of one variant (batch 1: a call
+    is a prompt): α's counts as saguaro.reporting.analysis.rounds.alpha_rounds takes them, the decode rounds'
+    tokens and time, and the call's."""
     from saguaro.reporting.analysis.load import load_run
     from saguaro.reporting.analysis.rounds import decode
 
@@ -162,55 +165,81 @@ def _per_prompt(run: Path, key: str) -> dict[str, tuple[int, int, int, float]]:
     for (k, index), rounds in loaded.rounds_by_unit().items():
         if k != key or index not in calls:
             continue
-        accepted = rejections = 0
+        accepted = rejections = tokens = ms = 0
         for rnd in decode(rounds):
             K = rnd.get("K") or 0
-            for a in rnd["accepted"] if K else ():  # as saguaro.reporting.analysis.rounds.alpha_rounds counts
+            for a in rnd["accepted"] if K else ():
                 accepted += int(a)
                 rejections += int(a) < K
+            tokens += sum(rnd["emitted"])
+            ms += rnd["round_ms"]
         r = calls[index]
-        out[r["prompt_id"]] = (accepted, rejections, r["new_tokens"], r["wall_s"])
+        out[r["prompt_id"]] = (accepted, rejections, tokens, ms / 1e3, r["new_tokens"], r["wall_s"])
     return out
 
 
 def paired(run: Path, standard: str, invariant: str, seed: int = 0) -> dict:
-    """LEVEL intervals of α(invariant) − α(standard) and of tokens/s(invariant) / tokens/s(standard), the prompts
-    resampled with replacement in pairs."""
+    """LEVEL intervals of α(invariant) − α(standard), and of invariant's decode tokens/s and tokens/s (with the
+    prefill) over standard's, the prompts resampled with replacement in pairs."""
     s, i = _per_prompt(run, standard), _per_prompt(run, invariant)
     prompts = sorted(set(s) & set(i))
-    a, b = np.array([s[p] for p in prompts], float), np.array([i[p] for p in prompts], float)  # [n, 4]
+    a, b = np.array([s[p] for p in prompts], float), np.array([i[p] for p in prompts], float)  # [n, 6]
     picks = np.random.default_rng(seed).integers(0, len(prompts), size=(BOOTSTRAP, len(prompts)))
-    A, B = a[picks].sum(1), b[picks].sum(1)  # [draws, 4]
-    d_alpha = B[:, 0] / (B[:, 0] + B[:, 1]) - A[:, 0] / (A[:, 0] + A[:, 1])
-    ratio = (B[:, 2] / B[:, 3]) / (A[:, 2] / A[:, 3])
+    A, B = a[picks].sum(1), b[picks].sum(1)  # [draws, 6]
+    stats = {"d_alpha": B[:, 0] / (B[:, 0] + B[:, 1]) - A[:, 0] / (A[:, 0] + A[:, 1]),
+             "decode_ratio": (B[:, 2] / B[:, 3]) / (A[:, 2] / A[:, 3]),
+             "speed_ratio": (B[:, 4] / B[:, 5]) / (A[:, 4] / A[:, 5])}
     tail = (1 - LEVEL) / 2
-    (al, ah), (rl, rh) = np.quantile(d_alpha, [tail, 1 - tail]), np.quantile(ratio, [tail, 1 - tail])
-    return {"d_alpha_low": float(al), "d_alpha_high": float(ah), "speed_ratio_low": float(rl),
-            "speed_ratio_high": float(rh)}
+    out = {}
+    for name, values in stats.items():
+        out[f"{name}_low"], out[f"{name}_high"] = map(float, np.quantile(values, [tail, 1 - tail]))
+    return out
+
+
+def hit_rates_by_outcome(run: Path, key: str) -> dict:
+    """SSD's hit rate after a round that accepted all K drafts (the bonus at K + 1) and after one that rejected one
+    (the bonus where the draft was rejected), with their counts."""
+    from saguaro.reporting.analysis.load import load_run
+    from saguaro.reporting.analysis.rounds import lookups
+
+    found = load_run(run).rounds_of(key)
+    K = max((r.get("K") or 0 for call in found for r in call), default=0)
+    out = {}
+    for name, kind in (("all_accepted", lambda k: k == K), ("rejected", lambda k: k < K)):
+        hits = [x.hit for x in lookups(found) if kind(x.k)]
+        out[f"hit_rate_{name}"] = sum(hits) / len(hits) if hits else None
+        out[f"lookups_{name}"] = len(hits)
+    return out
 
 
 def measured(runs: list[Path]) -> list[dict]:
-    """One row per run, system, temperature and mode: α, hit rate, tokens/s (summary.json), and for the
-    invariant rows the paired intervals against the standard row of the same system and temperature."""
+    """One row per SD and SSD variant at T > 0 of each run: α, hit rate, decode tokens/s and tokens/s with the prefill
+    (summary.json), the decode rounds' mean times (SD's draft_ms: drafting; SSD's: the wait for the worker), and
+    for the invariant rows the paired intervals against the variant of the same settings in standard mode."""
+    from saguaro.reporting.analysis.load import load_run
+    from saguaro.reporting.analysis.rounds import timings
+
     rows = []
     for run in runs:
         variants = json.loads((run / "summary.json").read_text())["variants"]
         config = json.loads((run / "config.json").read_text())
-        by = {}
-        for v in variants:
-            if v["system"] not in ("sd", "ssd") or not v.get("temperature"):
-                continue
-            mode = "invariant" if v["key"].endswith(" invariant") else "standard"
-            by[(v["system"], v["temperature"], mode)] = v
-        for (system, T, mode), v in sorted(by.items()):
-            row = {"run": run.name, "prompts": config.get("prompts"), "system": system, "temperature": T,
-                   "mode": mode, "key": v["key"], "n": v["prompts"], "alpha": v["alpha"],
+        keys = {v["key"]: v for v in variants if v["system"] in ("sd", "ssd") and v.get("temperature")}
+        for key, v in keys.items():
+            mode = "invariant" if key.endswith(" invariant") else "standard"
+            row = {"run": run.name, "prompts": config.get("prompts"), "system": v["system"],
+                   "temperature": v["temperature"], "mode": mode, "key": key, "n": v["prompts"], "alpha": v["alpha"],
                    "hit_rate": v.get("hit_rate"), "tokens_per_round": v["tokens_per_round"],
-                   "tokens_per_s": v["tokens_per_s"], "disturbed": v.get("disturbed", 0)}
-            other = by.get((system, T, "standard"))
+                   "decode_tokens_per_s": v["decode_tokens_per_s"], "tokens_per_s": v["tokens_per_s"],
+                   "disturbed": v.get("disturbed", 0)}
+            t = timings(load_run(run).rounds_of(key))
+            row.update(verify_ms=t.verify_ms, draft_ms=t.draft_ms, round_ms=t.round_ms, rounds=t.rounds)
+            if v["system"] == "ssd":
+                row.update(hit_rates_by_outcome(run, key))
+            other = keys.get(key.removesuffix(" invariant"))  # the same settings, sampled the standard way
             if mode == "invariant" and other is not None:
+                row["decode_ratio"] = v["decode_tokens_per_s"] / other["decode_tokens_per_s"]
                 row["speed_ratio"] = v["tokens_per_s"] / other["tokens_per_s"]
-                row.update(paired(run, other["key"], v["key"]))
+                row.update(paired(run, other["key"], key))
             rows.append(row)
     return rows
 
@@ -245,23 +274,27 @@ def markdown(bound_rows: list[dict], measured_rows: list[dict]) -> str:
     for r in measured_rows:
         cells[(r["prompts"], r["temperature"], r["mode"])][r["system"]] = r
     lines = ["| prompts | T | mode | 1 − TV | (1 − TV)/(1 + TV) | race agreement | SD α | SSD α | SSD hit rate | "
-             "SD tok/s | SSD tok/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "SSD hits after K accepted / a rejection | SD decode tok/s | SSD decode tok/s | SD tok/s | SSD tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (prompts, T, mode), by in sorted(cells.items(), key=lambda c: (c[0][0], c[0][1], MODES.index(c[0][2]))):
         b, sd, ssd = floor.get((prompts, T, mode), {}), by.get("sd"), by.get("ssd")
         lines.append(f"| {prompts} | {T:g} | {mode} | {_f(b.get('mean_accept'))} | {_f(b.get('mean_floor'))} | "
                      f"{_f(b.get('mean_race'))} | {_f(sd and sd['alpha'])} | {_f(ssd and ssd['alpha'])} | "
-                     f"{_f(ssd and ssd['hit_rate'], '.2f')} | {_f(sd and sd['tokens_per_s'], '.2f')} | "
+                     f"{_f(ssd and ssd['hit_rate'], '.2f')} | {_f(ssd and ssd.get('hit_rate_all_accepted'), '.2f')} / "
+                     f"{_f(ssd and ssd.get('hit_rate_rejected'), '.2f')} | {_f(sd and sd['decode_tokens_per_s'], '.2f')} | "
+                     f"{_f(ssd and ssd['decode_tokens_per_s'], '.2f')} | {_f(sd and sd['tokens_per_s'], '.2f')} | "
                      f"{_f(ssd and ssd['tokens_per_s'], '.2f')} |")
-    lines += ["", "| prompts | T | system | α invariant − standard | 90% interval | tok/s invariant / standard | "
-              "90% interval |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| prompts | T | system | α invariant − standard (90%) | decode tok/s invariant / standard (90%) | "
+              "tok/s invariant / standard (90%) |", "|---|---|---|---|---|---|"]
     standard = {(r["prompts"], r["temperature"], r["system"]): r for r in measured_rows if r["mode"] == "standard"}
-    for r in measured_rows:
+    for r in sorted(measured_rows, key=lambda r: (r["prompts"], r["temperature"], r["system"])):
         s = standard.get((r["prompts"], r["temperature"], r["system"]))
         if r["mode"] != "invariant" or s is None or "speed_ratio" not in r:
             continue
         lines.append(f"| {r['prompts']} | {r['temperature']:g} | {r['system'].upper()} | "
-                     f"{r['alpha'] - s['alpha']:+.3f} | {r['d_alpha_low']:+.3f} to {r['d_alpha_high']:+.3f} | "
-                     f"{r['speed_ratio']:.3f} | {r['speed_ratio_low']:.3f}-{r['speed_ratio_high']:.3f} |")
+                     f"{r['alpha'] - s['alpha']:+.3f} ({r['d_alpha_low']:+.3f} to {r['d_alpha_high']:+.3f}) | "
+                     f"{r['decode_ratio']:.3f} ({r['decode_ratio_low']:.3f}-{r['decode_ratio_high']:.3f}) | "
+                     f"{r['speed_ratio']:.3f} ({r['speed_ratio_low']:.3f}-{r['speed_ratio_high']:.3f}) |")
     return "\n".join(lines) + "\n"
 
 

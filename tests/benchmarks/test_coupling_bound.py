@@ -2,6 +2,8 @@
 same-text check of bench runs."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 from benchmarks import coupling_bound as cb
 from engine.invariant import draft_winners, target_winners
 
+FIXTURES = Path(__file__).resolve().parents[1] / "saguaro" / "fixtures" / "runs"
 SIGMAS = 5  # two-sided false-alarm rate of a 5-sigma check: 5.7e-7
 
 
@@ -83,7 +86,9 @@ def test_same_texts_counts_the_prompts_on_which_every_system_agrees(tmp_path):
     rows = {r["mode"]: r for r in cb.same_texts([run])}
     assert (rows["invariant"]["systems"], rows["invariant"]["prompts"], rows["invariant"]["same_text"]) == (
         ["ar", "sd", "ssd"], 2, 1)
-    assert (rows["standard"]["prompts"], rows["standard"]["same_text"]) == (1, 1)
+    assert rows["invariant"]["sd_ssd_same_text"] == 1
+    assert (rows["standard"]["prompts"], rows["standard"]["same_text"], rows["standard"]["sd_ssd_same_text"]) == (
+        1, 1, 1)
 
 
 def test_a_folder_that_is_not_a_run_exits_2(tmp_path, capsys):
@@ -96,3 +101,42 @@ def test_draws_below_one_exit_2(tmp_path, draws, capsys):
     run = _run(tmp_path, [_result("sd", "a", [1])])
     assert cb.main([str(run), "--draws", draws]) == 2
     assert "--draws" in capsys.readouterr().err
+
+
+def _with_invariant_copy(tmp_path, slower: float):
+    """The synthetic temperature-c run with its SD K=4 T=0.7 variant copied as that variant's invariant twin,
+    whose decode rounds take `slower` times as long."""
+    from saguaro.bench.runfolder import RunDir
+    from saguaro.bench.summary import summarize
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "temperature-c", run)
+    key = "sd K=4 T=0.7 b=1"
+    for name in ("results.jsonl", "rounds.jsonl"):
+        rows = [json.loads(line) for line in (run / name).read_text().splitlines()]
+        twins = [{**r, "key": key + " invariant"} for r in rows if r["key"] == key]
+        for r in twins:
+            if name == "rounds.jsonl" and r.get("phase", "decode") == "decode":
+                r["round_ms"] *= slower
+            elif name == "results.jsonl":
+                r["settings"] = {**r["settings"], "sampling_mode": "invariant"}
+        (run / name).write_text("".join(json.dumps(r) + "\n" for r in rows + twins))
+    summarize(RunDir(run))
+    return run, key
+
+
+def test_paired_intervals_of_a_variant_against_its_twin(tmp_path):
+    run, key = _with_invariant_copy(tmp_path, slower=2.0)
+    out = cb.paired(run, key, key + " invariant")
+    assert (out["d_alpha_low"], out["d_alpha_high"]) == (0.0, 0.0)
+    assert out["decode_ratio_low"] == pytest.approx(0.5) and out["decode_ratio_high"] == pytest.approx(0.5)
+
+
+def test_measured_puts_the_invariant_row_beside_its_standard_one(tmp_path):
+    run, key = _with_invariant_copy(tmp_path, slower=2.0)
+    rows = {r["key"]: r for r in cb.measured([run])}
+    invariant, standard = rows[key + " invariant"], rows[key]
+    assert (invariant["mode"], standard["mode"]) == ("invariant", "standard")
+    assert invariant["alpha"] == standard["alpha"]
+    assert invariant["decode_ratio"] == pytest.approx(0.5)
+    assert invariant["round_ms"] == pytest.approx(2 * standard["round_ms"])
