@@ -18,9 +18,10 @@ Each is averaged over positions, pooled over the prompts, per run, temperature a
 The measured columns come from the runs' summary.json (α as `saguaro report` estimates it, SSD's hit rate,
 decode tokens/s and tokens/s with the prefill), with 90% intervals for invariant against standard: the prompts
 resampled with replacement, in pairs. Decode tokens/s is the fair speed here: variants that share an engine
-share its prompt-prefix cache, so in an interleaved run only the first of them to meet a prompt pays its prefill. `--texts` lists, per run, temperature and mode, the prompts on which every system of the
-run emitted the same tokens, and on how many SD's and SSD's agree (invariant: AR, SD and SSD all alike; standard at
-a fixed K: SD and SSD alike, AR apart); it is printed in every case, and alone (no models loaded) with `--texts`.
+share its prompt-prefix cache, so in an interleaved run only the first of them to meet a prompt pays its prefill.
+`--texts` lists, per run, temperature and mode, the prompts on which every system of the run emitted the same
+tokens, and on how many SD's and SSD's agree (invariant: AR, SD and SSD all alike; standard at a fixed K: SD and
+SSD alike, AR apart); it is printed in every case, and alone (no models loaded) with `--texts`.
 
     python -m benchmarks.coupling_bound RUN_DIR ... --json bound.json --markdown table.md
     python -m benchmarks.coupling_bound RUN_DIR --texts       # the same-text check only
@@ -281,7 +282,8 @@ def markdown(bound_rows: list[dict], measured_rows: list[dict]) -> str:
         lines.append(f"| {prompts} | {T:g} | {mode} | {_f(b.get('mean_accept'))} | {_f(b.get('mean_floor'))} | "
                      f"{_f(b.get('mean_race'))} | {_f(sd and sd['alpha'])} | {_f(ssd and ssd['alpha'])} | "
                      f"{_f(ssd and ssd['hit_rate'], '.2f')} | {_f(ssd and ssd.get('hit_rate_all_accepted'), '.2f')} / "
-                     f"{_f(ssd and ssd.get('hit_rate_rejected'), '.2f')} | {_f(sd and sd['decode_tokens_per_s'], '.2f')} | "
+                     f"{_f(ssd and ssd.get('hit_rate_rejected'), '.2f')} | "
+                     f"{_f(sd and sd['decode_tokens_per_s'], '.2f')} | "
                      f"{_f(ssd and ssd['decode_tokens_per_s'], '.2f')} | {_f(sd and sd['tokens_per_s'], '.2f')} | "
                      f"{_f(ssd and ssd['tokens_per_s'], '.2f')} |")
     lines += ["", "| prompts | T | system | α invariant − standard (90%) | decode tok/s invariant / standard (90%) | "

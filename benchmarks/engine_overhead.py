@@ -2,6 +2,8 @@
 beside what the forwards alone allow.
 
     python -m benchmarks.engine_overhead --vocab 2048 151936 --out runs/engine-overhead
+    python -m benchmarks.engine_overhead --vocab 2048 --strategies ssd --prompt-len 256 1024 2048 4096
+
 
 Where SSD pays (a GPU at small batch) a forward is cheap and the engine's own work decides the speed. The same
 regime shows on a CPU with tiny models: a width-64 Qwen2 target several layers deep and a draft a quarter of its
@@ -19,10 +21,14 @@ machine only ever slows a run down):
   the verify of K + 1 tokens; SSD, per round the longer of the verify and the worker's build (a glue forward over the
   K + 1 newest tokens, then K tree steps over its branches, each one row with a token per branch), plus the backup's K
   draft forwards on a round that missed;
+- the engine's own round records (medians over the decode rounds of the fastest repeat): a round's time, the
+  target's verify, and for SSD the worker's cache build (what it reports with each answer) and its backup;
 - host synchronisations per steady round (the worker in the target's process, counted as a GPU run would wait:
   benchmarks.host_syncs) and bytes across SSD's link per round (both directions, as engine.ssd.messages lays out).
 
 The forwards are timed in the same process on the same thread, at the context length of the middle of the run.
+Several --prompt-len values give one row per (vocabulary, prompt length): how the engine's costs grow with the
+context against the forwards' own (the verify's attention reads every cached token, and so does the build's).
 """
 
 from __future__ import annotations
@@ -116,7 +122,7 @@ def hf_generate_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int, t
 class EngineRun:
     strategy: str
     tpot_ms: list[float] = field(default_factory=list)  # one per repeat
-    rounds: int = 0  # decode rounds of the last repeat
+    rounds: int = 0  # decode rounds of the fastest repeat
     tokens_per_round: float = 0.0
     hit_rate: float | None = None
     branches_per_build: float | None = None
@@ -125,7 +131,12 @@ class EngineRun:
     syncs_per_round: float | None = None
     link_bytes_per_round: float | None = None
     fault: str | None = None
-    rounds_kept: list | None = None  # the last repeat's round records, until its ideal is worked out
+    # medians over the decode rounds of the fastest repeat (engine.metrics.RoundRecord), ms
+    round_ms: float | None = None
+    verify_ms: float | None = None
+    build_ms: float | None = None  # SSD: the worker's cache build, as it reports it
+    backup_ms: float | None = None  # SSD: the backup's drafting on the critical path
+    rounds_kept: list | None = None  # the fastest repeat's round records, until its ideal is worked out
 
     @property
     def best_tpot_ms(self) -> float:
@@ -183,6 +194,18 @@ def _branch_ms(t: dict, branches: int) -> float:
     return a + (b - a) * (branches - lo) / (hi - lo)
 
 
+def round_medians(rounds: list) -> dict:
+    """Median round, verify, build and backup times (ms) of a run's decode rounds; None where never recorded."""
+    decode = [r for r in rounds if r.phase == "decode"]
+
+    def median(values: list) -> float | None:
+        kept = [v for v in values if v is not None]
+        return statistics.median(kept) if kept else None
+
+    return {"round_ms": median([r.round_ms for r in decode]), "verify_ms": median([r.verify_ms for r in decode]),
+            "build_ms": median([r.cache_build_ms for r in decode]), "backup_ms": median([r.backup_ms for r in decode])}
+
+
 def count_syncs(target, draft, strategy: str, K: int, temperature: float, steps: int = 12) -> float:
     """Host synchronisations per steady decode round (the worker in the target's process)."""
     from benchmarks.host_syncs import count_host_syncs
@@ -228,17 +251,17 @@ def link_bytes(target, draft, K: int, temperature: float, prompt: list[int], new
 
 
 # -- one vocabulary -------------------------------------------------------------------------------------------------
-def measure(vocab: int, args) -> dict:
+def measure(vocab: int, prompt_len: int, args) -> dict:
     agree = args.mode == "agree"
     temperature = 0.0 if agree else 1.0
     t_shape, d_shape = shapes(vocab, args.target_layers, args.draft_layers)
     target = build(t_shape, "cpu", torch.float32, seed=1, agree=agree)
     draft = build(d_shape, "cpu", torch.float32, seed=2, agree=agree)
     gen = torch.Generator().manual_seed(3)
-    prompt = torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist()
+    prompt = torch.randint(0, vocab, (prompt_len,), generator=gen).tolist()
     K, N = args.K, args.new_tokens
     torch.set_num_threads(1)
-    mid = args.prompt_len + N // 2
+    mid = prompt_len + N // 2
 
     def forwards() -> dict:
         t = {}
@@ -250,7 +273,7 @@ def measure(vocab: int, args) -> dict:
         return t
 
     t: dict = {}
-    row = {"vocab": vocab, "bare_ms": [], "hf_generate_ms": []}
+    row = {"vocab": vocab, "prompt_len": prompt_len, "bare_ms": [], "hf_generate_ms": []}
     runs = {s: EngineRun(s) for s in args.strategies}
     llms = {s: engine(target, draft, s, K, threads=1) for s in args.strategies}
     try:
@@ -264,6 +287,8 @@ def measure(vocab: int, args) -> dict:
                 out = run_engine(llm, prompt, N, temperature, seed=rep + 1)
                 run = runs[s]
                 run.tpot_ms.append(out[0].metrics.tpot_s * 1e3)
+                if run.tpot_ms[-1] > min(run.tpot_ms):
+                    continue  # the round figures are the fastest repeat's
                 decode = [r for r in out.metrics.rounds if r.phase == "decode"]
                 run.rounds = len(decode)
                 run.tokens_per_round = sum(sum(r.emitted) for r in decode) / max(len(decode), 1)
@@ -273,11 +298,14 @@ def measure(vocab: int, args) -> dict:
                 builds = [r.branches for r in decode if r.branches]
                 run.branches_per_build = statistics.mean(builds) if builds else None
                 run.rounds_kept = out.metrics.rounds
+                for name, value in round_medians(out.metrics.rounds).items():
+                    setattr(run, name, value)
                 run.fault = llm.fault
     finally:
         for llm in llms.values():
             llm.close()
     row["forwards_ms"] = {k: round(v, 4) for k, v in t.items()}
+    row["K"] = K
     for s, run in runs.items():
         run.ideal_ms = ideal_ms(s, run.rounds_kept, K, t)  # from the fastest forwards of every repeat
         run.rounds_kept = None
@@ -290,7 +318,8 @@ def measure(vocab: int, args) -> dict:
 
 def print_row(row: dict, out=sys.stdout) -> None:
     bare = min(row["bare_ms"])
-    print(f"vocabulary {row['vocab']}: bare loop {bare:.3f} ms a token, transformers generate "
+    context = f", prompt {row['prompt_len']} tokens" if "prompt_len" in row else ""  # older results have one
+    print(f"vocabulary {row['vocab']}{context}: bare loop {bare:.3f} ms a token, transformers generate "
           f"{min(row['hf_generate_ms']) / bare:.2f}x bare (fastest of {len(row['bare_ms'])} repeats)", file=out)
     print("  strategy  ms/token  x bare  ideal ms  x ideal  tokens/round  hit rate  syncs/round  link B/round",
           file=out)
@@ -300,6 +329,18 @@ def print_row(row: dict, out=sys.stdout) -> None:
         link = "-" if r["link_bytes_per_round"] is None else f"{r['link_bytes_per_round']:.0f}"
         print(f"  {s:8s}  {ms:8.3f}  {ms / bare:6.2f}  {r['ideal_ms']:8.3f}  {ms / r['ideal_ms']:7.2f}  "
               f"{r['tokens_per_round']:12.2f}  {hit:>8s}  {r['syncs_per_round']:11.1f}  {link:>12s}", file=out)
+    if any(r.get("round_ms") is not None for r in row["engine"].values()):
+        width = row["K"] + 1
+        verify = row["forwards_ms"][f"target_{width}"]
+        print(f"  strategy  round ms  verify ms  build ms  backup ms  (medians; the target's forward of {width} "
+              f"tokens alone {verify:.3f} ms)", file=out)
+        for s, r in row["engine"].items():
+            cells = [_ms(r.get(name)) for name in ("round_ms", "verify_ms", "build_ms", "backup_ms")]
+            print(f"  {s:8s}  {cells[0]:>8s}  {cells[1]:>9s}  {cells[2]:>8s}  {cells[3]:>9s}", file=out)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,26 +352,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-K", type=int, default=4)
     parser.add_argument("--target-layers", type=int, default=8)
     parser.add_argument("--draft-layers", type=int, default=2)
-    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, nargs="+", default=[32],
+                        help="prompt tokens (the context decoding starts from); several: one row each")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--branch-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
                         help="branches a tree step is timed at (the build's forwards are read off them)")
     parser.add_argument("--out", type=Path, help="write results.json here")
     args = parser.parse_args(argv)
-    if args.K < 1 or args.new_tokens < 8 or args.prompt_len < 1 or args.repeats < 1:
+    if args.K < 1 or args.new_tokens < 8 or min(args.prompt_len) < 1 or args.repeats < 1:
         parser.error("-K must be >= 1, --new-tokens >= 8, --prompt-len and --repeats >= 1")
     rows = []
     for vocab in args.vocab:
-        row = measure(vocab, args)
-        print_row(row)
-        rows.append(row)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"cpu": _cpu(), "torch": torch.__version__, "argv": sys.argv[1:],
-                "args": vars(args) | {"out": str(args.out)}}
-        (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+        for prompt_len in args.prompt_len:
+            row = measure(vocab, prompt_len, args)
+            print_row(row, sys.stdout)
+            sys.stdout.flush()
+            rows.append(row)
+            if args.out is not None:  # after every row: a long sweep cut short keeps what it measured
+                write_results(args, rows)
     return 0
+
+
+def write_results(args, rows: list[dict]) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"cpu": _cpu(), "torch": torch.__version__, "argv": sys.argv[1:],
+            "args": vars(args) | {"out": str(args.out)}}
+    (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
 
 
 def _cpu() -> str:

@@ -35,6 +35,7 @@ class Call:
     temperature: float
     seed: int | None = None
     ignore_eos: bool = False
+    system: str | None = None  # a system prompt: the chat's system message, or text put before a completions prompt
 
 
 @dataclass
@@ -74,12 +75,15 @@ def payload(endpoint: str, model: str, call: Call) -> dict:
     """The JSON body of a streamed completions or chat completions request."""
     body: dict = {"model": model, "max_tokens": call.max_tokens, "temperature": call.temperature, "stream": True,
                   "stream_options": {"include_usage": True}}
+    if call.system is not None and not isinstance(call.prompt, str):
+        raise ValueError("a system prompt goes with text prompts: put it in the token ids instead")
     if endpoint == "chat":
         if not isinstance(call.prompt, str):
             raise ValueError("the chat endpoint takes text prompts: use --endpoint completions for token-id prompts")
-        body["messages"] = [{"role": "user", "content": call.prompt}]
+        system = [] if call.system is None else [{"role": "system", "content": call.system}]
+        body["messages"] = system + [{"role": "user", "content": call.prompt}]
     else:
-        body["prompt"] = call.prompt
+        body["prompt"] = call.prompt if call.system is None else f"{call.system}\n\n{call.prompt}"
     if call.seed is not None:
         body["seed"] = call.seed
     if call.ignore_eos:

@@ -2,7 +2,10 @@
 
 A *load point* is one open-loop request rate (Poisson arrivals; inf = all at once) or one closed-loop
 concurrency; every point sends `num_prompts` requests, request i carrying prompt i of the selected set (cycled
-when the set is shorter) with seed `seed + i`. Saved as config.json of the run folder (never the API key).
+when the set is shorter) with seed `seed + i`. `warmup` requests go first, one at a time and not recorded, with
+the set's first prompts; the points' requests then take the prompts after them. `system_prompt` is sent with
+every request (a chat's system message; before a completions prompt's text): a shared prefix, as a chat
+application's. Saved as config.json of the run folder (never the API key).
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class ClientConfig:
     timeout_s: float = 300.0  # per request, connection to last token
     deadline_s: float = 3600.0  # for the whole run: nothing is sent after it, and what is in flight is cut
     label: str | None = None  # the system's name in reports (e.g. ar, sd, ssd)
+    system_prompt: str | None = None  # sent with every request (a chat's system message)
+    warmup: int = 0  # requests sent one at a time before the first point, not recorded
     kind: str = CLIENT_KIND  # tells a client run folder from an engine bench's
 
     def __post_init__(self) -> None:
@@ -84,6 +89,10 @@ class ClientConfig:
             raise ValueError(f"concurrencies must be integers >= 1; got {list(self.concurrencies)}")
         if self.num_prompts < 1 or self.max_new_tokens < 1:
             raise ValueError("--num-prompts and --max-new-tokens must be >= 1")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup-requests must be >= 0; got {self.warmup}")
+        if self.system_prompt is not None and not self.system_prompt.strip():
+            raise ValueError("the system prompt is empty: give a file with text, or drop --system-prompt")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy); got {self.temperature}")
         if not self.timeout_s > 0 or not self.deadline_s > 0:

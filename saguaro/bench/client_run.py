@@ -80,10 +80,25 @@ class ClientBench:
         self.config, self.run_dir, self.prompts, self.model = config, run_dir, prompts, model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
-    def _call(self, index: int) -> Call:
+    def prompt(self, index: int) -> Prompt:
+        """The prompt of a point's request `index`: the ones after the warm-up's, cycled."""
+        return self.prompts[(self.config.warmup + index) % len(self.prompts)]
+
+    def _call(self, index: int, prompt: Prompt | None = None) -> Call:
         c = self.config
-        prompt = self.prompts[index % len(self.prompts)]
-        return Call(prompt.content, c.max_new_tokens, c.temperature, c.seed + index, c.ignore_eos)
+        prompt = self.prompt(index) if prompt is None else prompt
+        return Call(prompt.content, c.max_new_tokens, c.temperature, c.seed + index, c.ignore_eos, c.system_prompt)
+
+    async def _warmup(self, client: httpx.AsyncClient, deadline_s: float) -> None:
+        """The warm-up requests, one at a time, with the set's first prompts; nothing of them is recorded."""
+        c = self.config
+        url = c.url + ENDPOINTS[c.endpoint]
+        for i in range(c.warmup):
+            call = self._call(i, self.prompts[i % len(self.prompts)])
+            record = await stream(client, url, payload(c.endpoint, self.model, call), c.timeout_s, deadline_s,
+                                  self._headers)
+            if record.error is not None:
+                log.warning("warm-up request %d failed: %s", i, record.error)
 
     async def _point(self, client: httpx.AsyncClient, point: Point,
                      deadline_s: float) -> tuple[list[Sent], float, int]:
@@ -112,12 +127,13 @@ class ClientBench:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # open loop: never queue here
         summaries, points = [], c.points()
         async with httpx.AsyncClient(timeout=httpx.Timeout(c.timeout_s), limits=limits) as client:
+            await self._warmup(client, deadline_s)
             for n, point in enumerate(points):
                 if time.perf_counter() >= deadline_s:
                     log.warning("deadline reached: %s and later points not run", point.name)
                     return summaries, [p.name for p in points[n:]]
                 sent, t0, peak = await self._point(client, point, deadline_s)
-                lines = [_line(point, s, self.prompts[s.index % len(self.prompts)], t0) for s in sent]
+                lines = [_line(point, s, self.prompt(s.index), t0) for s in sent]
                 self.run_dir.append_requests(lines)
                 summary = {**point_summary({**c.to_dict(), "model": self.model}, point.name, lines, c.num_prompts),
                            "rate": rate_json(point.rate_per_s), "concurrency": point.concurrency,
@@ -148,7 +164,8 @@ def markdown(summary: dict) -> str:
 def start_client(config: ClientConfig, out: str | Path, name: str | None = None,
                  api_key: str | None = None) -> ClientBench:
     """A ClientBench writing into a new run folder under `out` (the model asked of the server if not given)."""
-    prompts = load_prompts(config.prompts, config.num_prompts, list(config.categories) or None, config.prompt_order)
+    prompts = load_prompts(config.prompts, config.warmup + config.num_prompts, list(config.categories) or None,
+                           config.prompt_order)
     if config.endpoint == "chat" and any(p.text is None for p in prompts):
         raise ValueError("the chat endpoint takes text prompts: use --endpoint completions for token-id prompts")
     model = config.model
@@ -160,7 +177,7 @@ def start_client(config: ClientConfig, out: str | Path, name: str | None = None,
     stem = name or f"{config.label or 'client'}-{config.prompts.rsplit('/', 1)[-1]}"
     config_dict = {**config.to_dict(), "model": model}
     run_dir = RunDir.create(out, stem, config_dict, env)
-    run_dir.write_prompts(prompts)
+    run_dir.write_prompts(prompts)  # the warm-up's first, then the points'; requests.jsonl names each by id
     return ClientBench(config, run_dir, prompts, model, api_key)
 
 

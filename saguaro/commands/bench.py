@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from saguaro.bench.config import BACKUPS, DEFAULT_SYSTEMS, SAMPLING_MODES, SCHEDULES, SYSTEMS
 from saguaro.cli import HelpFormatter
@@ -54,7 +55,8 @@ ENGINE_FLAGS = {"systems": "--systems", "Ks": "-K", "budget": "--budget", "sched
                 "K_min": "--K-min", "draft_cost": "--draft-cost", "confidence_stop": "--confidence-stop",
                 "compiled": "--compile", "compile_max_len": "--max-len", "only": "--only"}
 CLIENT_FLAGS = {"model": "--model", "api_key": "--api-key", "rate": "--rate", "concurrency": "--concurrency",
-                "endpoint": "--endpoint", "timeout": "--timeout", "deadline": "--deadline", "label": "--label"}
+                "endpoint": "--endpoint", "timeout": "--timeout", "deadline": "--deadline", "label": "--label",
+                "system_prompt": "--system-prompt", "warmup_requests": "--warmup-requests"}
 
 
 def add_client_flags(p: argparse.ArgumentParser) -> None:
@@ -68,6 +70,12 @@ def add_client_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=float, help="seconds per request, to its last token (default: 300)")
     g.add_argument("--deadline", type=float, help="seconds for the whole run; then it stops (default: 3600)")
     g.add_argument("--label", help="the system's name in reports, e.g. ar, sd, ssd")
+    g.add_argument("--system-prompt", metavar="FILE",
+                   help="a text file sent with every request: the chat's system message, or text before a "
+                        "completions prompt (a prefix every request shares)")
+    g.add_argument("--warmup-requests", type=int, metavar="N",
+                   help="requests sent one at a time before the first load point, with the set's first N prompts, "
+                        "and not recorded; the points take the prompts after them (default: 0)")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -213,7 +221,18 @@ def client_config_from(args):
         categories=tuple(args.categories), prompt_order="file" if args.first else "round-robin",
         max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos, temperature=args.temperature[0],
         seed=args.seed, timeout_s=args.timeout or 300.0, deadline_s=args.deadline or 3600.0, label=args.label,
+        system_prompt=_system_prompt(args.system_prompt), warmup=args.warmup_requests or 0,
     )
+
+
+def _system_prompt(path: str | None) -> str | None:
+    """The text of --system-prompt FILE (UTF-8); ValueError that names the file if it cannot be read."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--system-prompt {path}: cannot read it as UTF-8 text ({err})") from None
 
 
 def run_client(args) -> int:

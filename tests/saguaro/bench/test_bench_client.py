@@ -216,6 +216,38 @@ def test_chat_endpoint_reads_deltas_without_token_ids(tmp_path):
     assert line["text"] == " t0.0 t1.0 t1.1 t1.2 t2.0 t2.1"
 
 
+def test_a_system_prompt_is_the_chat_system_message_and_text_before_a_completion():
+    chat = payload("chat", "m", Call("hi", 8, 0.0, system="Be brief."))
+    assert chat["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert payload("completions", "m", Call("hi", 8, 0.0, system="Be brief."))["prompt"] == "Be brief.\n\nhi"
+    with pytest.raises(ValueError, match="token ids"):
+        payload("completions", "m", Call([1, 2], 8, 0.0, system="Be brief."))
+
+
+def test_every_request_carries_the_system_prompt_file(tmp_path):
+    running = Running(FakeOpenAI(Script(token_ids=False))).start()
+    prompts, system = tmp_path / "text.jsonl", tmp_path / "system.txt"
+    prompts.write_text('{"id": "a", "prompt": "One?"}\n{"id": "b", "prompt": "Two?"}\n')
+    system.write_text("You answer questions about the attached report.")
+    try:
+        bench(running.url, tmp_path / "runs", "--endpoint", "chat", "--prompts", str(prompts), "--system-prompt",
+              str(system), "--concurrency", "1", "-n", "2")
+        bodies = running.app.seen.bodies
+    finally:
+        running.stop()
+    assert [b["messages"][0] for b in bodies] == [{"role": "system", "content": system.read_text()}] * 2
+    assert [b["messages"][1]["content"] for b in bodies] == ["One?", "Two?"]
+
+
+def test_warmup_requests_go_first_with_their_own_prompts_and_are_not_recorded(server, tmp_path):
+    run = bench(server.url, tmp_path, "--warmup-requests", "1", "--concurrency", "1", "-n", "3")
+    listed = [json.loads(line) for line in (run / "prompts.jsonl").read_text().splitlines()]
+    sent = [b["prompt"] for b in server.app.seen.bodies]
+    assert len(listed) == 4 and sent == [p["ids"] for p in listed]  # the warm-up's, then the point's three in turn
+    assert [r["prompt_id"] for r in lines(run)] == [p["id"] for p in listed[1:]]
+    assert json.loads((run / "summary.json").read_text())["points"][0]["completed"] == 3
+
+
 def test_the_api_key_is_sent_but_never_written(server, tmp_path):
     run = bench(server.url, tmp_path, "--api-key", "sk-secret-123", "--rate", "inf", "-n", "1")
     assert server.app.seen.headers[0]["authorization"] == "Bearer sk-secret-123"
@@ -231,6 +263,10 @@ def test_the_api_key_is_sent_but_never_written(server, tmp_path):
     (["--url", "http://127.0.0.1:9/v1", "--rate", "0"], "> 0"),
     (["--url", "http://127.0.0.1:9/v1", "--concurrency", "0"], ">= 1"),
     (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--temperature", "0", "0.7"], "one --temperature"),
+    (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
+    (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--system-prompt", "/nonexistent/system.txt"],
+     "--system-prompt /nonexistent/system.txt"),
+    (["--rate", "1", "--warmup-requests", "1"], "add --url"),
 ])
 def test_bad_flag_combinations_exit_2_with_what_to_do(flags, message, capsys, tmp_path):
     assert main(["bench", *flags, "--out", str(tmp_path)]) == 2
