@@ -23,6 +23,14 @@ machine only ever slows a run down):
   benchmarks.host_syncs) and bytes across SSD's link per round (both directions, as engine.ssd.messages lays out).
 
 The forwards are timed in the same process on the same thread, at the context length of the middle of the run.
+
+With --host-terms (or --host-terms-only, that section alone: about a minute at vocabulary 151,936) it also prints,
+per vocabulary, the engine's own work a round with its forwards taken out (saguaro.calibration.host_terms: the
+block KV cache's forward returns fixed logits at once, everything else runs): AR, SD and SSD (the worker in the
+target's process) at K, batch 1 and 8, the median step and its timed parts, and the simulator's host terms
+derived from them (simulator.host_terms: per round, per draft forward, per SSD tree step, each with its part per
+sequence or branch row). With --out each vocabulary's measurement is also written as host_terms_V.json, the form
+of simulator/data/saguaro_cpu_host.json (the "saguaro-cpu" engine preset).
 """
 
 from __future__ import annotations
@@ -288,6 +296,33 @@ def measure(vocab: int, args) -> dict:
     return row
 
 
+# -- the engine's host work, its forwards taken out --------------------------------------------------------------
+def host_terms(vocab: int, args, argv: list[str]):
+    """The engine's rounds with its forwards taken out on this benchmark's random pair (module docstring), at the
+    mode's temperature; a simulator.host_terms.HostTerms that records the command (`argv`, its arguments)."""
+    from saguaro.calibration.host_terms import measure_host_terms
+
+    t_shape, d_shape = shapes(vocab, args.target_layers, args.draft_layers)
+    target = build(t_shape, "cpu", torch.float32, seed=1)
+    draft = build(d_shape, "cpu", torch.float32, seed=2)
+    command = " ".join(["python -m benchmarks.engine_overhead", *argv])
+    return measure_host_terms(target, draft, K=args.K, rounds=args.host_rounds,
+                              temperature=0.0 if args.mode == "agree" else 1.0,
+                              meta={"command": command, "pair": f"{t_shape.name} + {d_shape.name}"})
+
+
+def print_host_terms(terms, out=None) -> None:
+    from saguaro.calibration.host_terms import describe
+
+    out = out or sys.stdout  # read at the call: a test's captured stream
+    meta = terms.meta
+    print(f"vocabulary {meta['vocab']}: the engine's work a round with its forwards taken out (K {terms.K}, median "
+          f"of {meta['rounds']} rounds; load average {meta['load_average_before'][0]:.2f} before, "
+          f"{meta['load_average_after'][0]:.2f} after)", file=out)
+    for line in describe(terms):
+        print(line, file=out)
+
+
 def print_row(row: dict, out=sys.stdout) -> None:
     bare = min(row["bare_ms"])
     print(f"vocabulary {row['vocab']}: bare loop {bare:.3f} ms a token, transformers generate "
@@ -316,13 +351,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--branch-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
                         help="branches a tree step is timed at (the build's forwards are read off them)")
     parser.add_argument("--out", type=Path, help="write results.json here")
+    parser.add_argument("--host-terms", action="store_true",
+                        help="also the engine's work a round with its forwards taken out, and the simulator's host "
+                             "terms from it (module docstring)")
+    parser.add_argument("--host-terms-only", action="store_true", help="that section alone")
+    parser.add_argument("--host-rounds", type=int, default=64,
+                        help="rounds timed per strategy and batch size for the host terms (default 64)")
     args = parser.parse_args(argv)
     if args.K < 1 or args.new_tokens < 8 or args.prompt_len < 1 or args.repeats < 1:
         parser.error("-K must be >= 1, --new-tokens >= 8, --prompt-len and --repeats >= 1")
+    if args.host_rounds < 1:
+        parser.error("--host-rounds must be >= 1")
     rows = []
     for vocab in args.vocab:
-        row = measure(vocab, args)
-        print_row(row)
+        row = {"vocab": vocab} if args.host_terms_only else measure(vocab, args)
+        if not args.host_terms_only:
+            print_row(row)
+        if args.host_terms or args.host_terms_only:
+            terms = host_terms(vocab, args, sys.argv[1:] if argv is None else argv)
+            print_host_terms(terms)
+            row["host_terms"] = terms.to_dict()
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / f"host_terms_{vocab}.json").write_text(json.dumps(row["host_terms"], indent=1) + "\n")
         rows.append(row)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
