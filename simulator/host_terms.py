@@ -7,7 +7,8 @@ engine's own work (sampling, verification, KV bookkeeping, the worker's lookups,
 forward's time does not show. This module turns those rounds into `EngineCosts` (the roofline's terms) and
 into the per-strategy work outside the timed verify and draft (a fitted timing's overhead), each a line in the
 batch size (fixed ms, ms per sequence): with two batch sizes the lines pass through both points exactly, unless
-that would put a term below zero (then it is held at zero: least squares with both parts >= 0).
+that would put a term below zero (then it is held at zero and the other part misses each point by the least
+fraction of it: least squares on relative error with both parts >= 0).
 
 With the forwards at zero the simulator's host parts of a round over b sequences are (simulator.timing):
 - AR's round:            A(b) = round_host_ms + b·round_row_us;
@@ -80,14 +81,17 @@ class HostRound:
 
 
 def _line(points: dict[float, float], what: str) -> tuple[float, float]:
-    """(value at 0, slope) of the line through (x, y) points, least squares with neither below zero: exact through
-    two points whose line has both >= 0; where it would not, the nearest line that has (a term a busy machine
-    would push below zero, such as the fixed part of work that grows with the rows, is held at zero)."""
+    """(value at 0, slope) of the line through (x, y) points, least squares on relative error with neither below
+    zero: exact through two points whose line has both >= 0; where it would not, the line with the other held at
+    zero that misses each point by the least fraction of it (work that grows faster than the rows, such as SSD's
+    vocabulary-wide ranking of 120 branch rows whose logits outgrow the caches, would put the fixed part below
+    zero)."""
     if len(points) < 2:
         raise ValueError(f"{what} needs rounds at two batch sizes or more; got {sorted(points)}")
     xs = np.asarray(list(points), dtype=float)
     ys = np.asarray(list(points.values()), dtype=float)
-    (intercept, slope), _ = nnls(np.stack([np.ones_like(xs), xs], axis=1), ys)
+    w = 1.0 / np.maximum(np.abs(ys), 1e-9)
+    (intercept, slope), _ = nnls(np.stack([w, xs * w], axis=1), ys * w)
     return float(intercept), float(slope)
 
 

@@ -57,7 +57,7 @@ point, the inputs: pair, dtype, threads, contexts, batches, CPU) is also written
 
 Last, with --host-rounds N (default 32), the engine's own work a round with its forwards taken out
 (saguaro.calibration.host_terms): AR, SD and SSD at K and the temperature above, batch 1 and 8, the worker in
-this process, on a random pair of the target's vocabulary, N timed rounds each (about 30 s at the default pair's
+this process, on a random pair of the target's vocabulary, N timed rounds each (about 15 s at the default pair's
 vocabulary, 151,936). The summary records them ("host_terms": the rounds, where they ran, the simulator's terms
 from them); `simulate --fit` then counts at least that work outside each round's timed forwards, which the
 timed points above leave out.
@@ -117,7 +117,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "--batch 1 2 4 8 here; see simulator/README.md)")
     p.add_argument("--host-rounds", type=int, default=32,
                    help="rounds of AR, SD and SSD at batch 1 and 8 timed with the forwards taken out, for the engine's "
-                        "own work a round (about 30 s at a vocabulary of 151,936; default 32; 0: skip)")
+                        "own work a round (about 15 s at a vocabulary of 151,936; default 32; 0: skip)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP + " (the target's: calibrate "
