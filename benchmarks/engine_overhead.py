@@ -29,6 +29,14 @@ machine only ever slows a run down):
 The forwards are timed in the same process on the same thread, at the context length of the middle of the run.
 Several --prompt-len values give one row per (vocabulary, prompt length): how the engine's costs grow with the
 context against the forwards' own (the verify's attention reads every cached token, and so does the build's).
+
+With --host-terms (or --host-terms-only, that section alone: about a minute at vocabulary 151,936) it also prints,
+per vocabulary, the engine's own work a round with its forwards taken out (saguaro.calibration.host_terms: the
+block KV cache's forward returns fixed logits at once, everything else runs): AR, SD and SSD (the worker in the
+target's process) at K, batch 1 and 8, the median step and its timed parts, and the simulator's host terms
+derived from them (simulator.host_terms: per round, per draft forward, per SSD tree step, each with its part per
+sequence or branch row). With --out each vocabulary's measurement is also written as host_terms_V.json, the form
+of simulator/data/saguaro_cpu_host.json (the "saguaro-cpu" engine preset).
 """
 
 from __future__ import annotations
@@ -77,8 +85,7 @@ def forward_ms(model: torch.nn.Module, context: int, width: int, rows: int = 1, 
     V = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
-    model(torch.randint(0, V, (rows, context), generator=gen), past_key_values=cache, use_cache=True,
-          logits_to_keep=1)
+    model(torch.randint(0, V, (rows, context), generator=gen), past_key_values=cache, use_cache=True, logits_to_keep=1)
     block = torch.randint(0, V, (rows, width), generator=gen)
 
     def step():
@@ -105,8 +112,9 @@ def bare_loop_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> 
 def hf_generate_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int, temperature: float) -> float:
     """Per token: transformers' generate, its time for `new_tokens` less its time for one (the prefill)."""
     ids = torch.tensor([prompt])
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
-        dict(do_sample=False)
+    sampling = (
+        dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    )
 
     def run(n: int) -> float:
         t0 = time.perf_counter()
@@ -202,8 +210,12 @@ def round_medians(rounds: list) -> dict:
         kept = [v for v in values if v is not None]
         return statistics.median(kept) if kept else None
 
-    return {"round_ms": median([r.round_ms for r in decode]), "verify_ms": median([r.verify_ms for r in decode]),
-            "build_ms": median([r.cache_build_ms for r in decode]), "backup_ms": median([r.backup_ms for r in decode])}
+    return {
+        "round_ms": median([r.round_ms for r in decode]),
+        "verify_ms": median([r.verify_ms for r in decode]),
+        "build_ms": median([r.cache_build_ms for r in decode]),
+        "backup_ms": median([r.backup_ms for r in decode]),
+    }
 
 
 def count_syncs(target, draft, strategy: str, K: int, temperature: float, steps: int = 12) -> float:
@@ -316,24 +328,69 @@ def measure(vocab: int, prompt_len: int, args) -> dict:
     return row
 
 
+# -- the engine's host work, its forwards taken out --------------------------------------------------------------
+def host_terms(vocab: int, args, argv: list[str]):
+    """The engine's rounds with its forwards taken out on this benchmark's random pair (module docstring), at the
+    mode's temperature; a simulator.host_terms.HostTerms that records the command (`argv`, its arguments)."""
+    from saguaro.calibration.host_terms import measure_host_terms
+
+    t_shape, d_shape = shapes(vocab, args.target_layers, args.draft_layers)
+    target = build(t_shape, "cpu", torch.float32, seed=1)
+    draft = build(d_shape, "cpu", torch.float32, seed=2)
+    command = " ".join(["python -m benchmarks.engine_overhead", *argv])
+    return measure_host_terms(
+        target,
+        draft,
+        K=args.K,
+        rounds=args.host_rounds,
+        temperature=0.0 if args.mode == "agree" else 1.0,
+        meta={"command": command, "pair": f"{t_shape.name} + {d_shape.name}"},
+    )
+
+
+def print_host_terms(terms, out=None) -> None:
+    from saguaro.calibration.host_terms import describe
+
+    out = out or sys.stdout  # read at the call: a test's captured stream
+    meta = terms.meta
+    print(
+        f"vocabulary {meta['vocab']}: the engine's work a round with its forwards taken out (K {terms.K}, median "
+        f"of {meta['rounds']} rounds; load average {meta['load_average_before'][0]:.2f} before, "
+        f"{meta['load_average_after'][0]:.2f} after)",
+        file=out,
+    )
+    for line in describe(terms):
+        print(line, file=out)
+
+
 def print_row(row: dict, out=sys.stdout) -> None:
     bare = min(row["bare_ms"])
     context = f", prompt {row['prompt_len']} tokens" if "prompt_len" in row else ""  # older results have one
-    print(f"vocabulary {row['vocab']}{context}: bare loop {bare:.3f} ms a token, transformers generate "
-          f"{min(row['hf_generate_ms']) / bare:.2f}x bare (fastest of {len(row['bare_ms'])} repeats)", file=out)
-    print("  strategy  ms/token  x bare  ideal ms  x ideal  tokens/round  hit rate  syncs/round  link B/round",
-          file=out)
+    print(
+        f"vocabulary {row['vocab']}{context}: bare loop {bare:.3f} ms a token, transformers generate "
+        f"{min(row['hf_generate_ms']) / bare:.2f}x bare (fastest of {len(row['bare_ms'])} repeats)",
+        file=out,
+    )
+    print(
+        "  strategy  ms/token  x bare  ideal ms  x ideal  tokens/round  hit rate  syncs/round  link B/round", file=out
+    )
     for s, r in row["engine"].items():
         ms = r["best_tpot_ms"]
         hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
         link = "-" if r["link_bytes_per_round"] is None else f"{r['link_bytes_per_round']:.0f}"
-        print(f"  {s:8s}  {ms:8.3f}  {ms / bare:6.2f}  {r['ideal_ms']:8.3f}  {ms / r['ideal_ms']:7.2f}  "
-              f"{r['tokens_per_round']:12.2f}  {hit:>8s}  {r['syncs_per_round']:11.1f}  {link:>12s}", file=out)
+        print(
+            f"  {s:8s}  {ms:8.3f}  {ms / bare:6.2f}  {r['ideal_ms']:8.3f}  {ms / r['ideal_ms']:7.2f}  "
+            f"{r['tokens_per_round']:12.2f}  {hit:>8s}  {r['syncs_per_round']:11.1f}  {link:>12s}",
+            file=out,
+        )
     if any(r.get("round_ms") is not None for r in row["engine"].values()):
         width = row["K"] + 1
         verify = row["forwards_ms"][f"target_{width}"]
-        print(f"  strategy  round ms  verify ms  build ms  backup ms  (medians; the target's forward of {width} "
-              f"tokens alone {verify:.3f} ms)", file=out)
+        print(
+            f"  strategy  round ms  verify ms  build ms  backup ms  (medians; the target's forward of {width} "
+            f"tokens alone {verify:.3f} ms)",
+            file=out,
+        )
         for s, r in row["engine"].items():
             cells = [_ms(r.get(name)) for name in ("round_ms", "verify_ms", "build_ms", "backup_ms")]
             print(f"  {s:8s}  {cells[0]:>8s}  {cells[1]:>9s}  {cells[2]:>8s}  {cells[3]:>9s}", file=out)
@@ -346,38 +403,83 @@ def _ms(value: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", type=int, nargs="+", default=[2048, 151936])
-    parser.add_argument("--mode", choices=["agree", "random"], default="agree",
-                        help="agree: models forced to agree, greedy (α = 1); random: unrelated weights at T 1")
+    parser.add_argument(
+        "--mode",
+        choices=["agree", "random"],
+        default="agree",
+        help="agree: models forced to agree, greedy (α = 1); random: unrelated weights at T 1",
+    )
     parser.add_argument("--strategies", nargs="+", choices=["ar", "sd", "ssd"], default=["ar", "sd", "ssd"])
     parser.add_argument("-K", type=int, default=4)
     parser.add_argument("--target-layers", type=int, default=8)
     parser.add_argument("--draft-layers", type=int, default=2)
-    parser.add_argument("--prompt-len", type=int, nargs="+", default=[32],
-                        help="prompt tokens (the context decoding starts from); several: one row each")
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="prompt tokens (the context decoding starts from); several: one row each",
+    )
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--branch-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
-                        help="branches a tree step is timed at (the build's forwards are read off them)")
+    parser.add_argument(
+        "--branch-rows",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32],
+        help="branches a tree step is timed at (the build's forwards are read off them)",
+    )
     parser.add_argument("--out", type=Path, help="write results.json here")
+    parser.add_argument(
+        "--host-terms",
+        action="store_true",
+        help="also the engine's work a round with its forwards taken out, and the simulator's host "
+        "terms from it (module docstring)",
+    )
+    parser.add_argument("--host-terms-only", action="store_true", help="that section alone")
+    parser.add_argument(
+        "--host-rounds",
+        type=int,
+        default=64,
+        help="rounds timed per strategy and batch size for the host terms (default 64)",
+    )
     args = parser.parse_args(argv)
     if args.K < 1 or args.new_tokens < 8 or min(args.prompt_len) < 1 or args.repeats < 1:
         parser.error("-K must be >= 1, --new-tokens >= 8, --prompt-len and --repeats >= 1")
+    if args.host_rounds < 1:
+        parser.error("--host-rounds must be >= 1")
     rows = []
     for vocab in args.vocab:
-        for prompt_len in args.prompt_len:
-            row = measure(vocab, prompt_len, args)
-            print_row(row, sys.stdout)
-            sys.stdout.flush()
+        if args.host_terms_only:
+            row = {"vocab": vocab}
             rows.append(row)
-            if args.out is not None:  # after every row: a long sweep cut short keeps what it measured
+        else:
+            for prompt_len in args.prompt_len:
+                row = measure(vocab, prompt_len, args)
+                print_row(row, sys.stdout)
+                sys.stdout.flush()
+                rows.append(row)
+                if args.out is not None:  # after every row: a long sweep cut short keeps what it measured
+                    write_results(args, rows)
+        if args.host_terms or args.host_terms_only:
+            terms = host_terms(vocab, args, sys.argv[1:] if argv is None else argv)
+            print_host_terms(terms)
+            row["host_terms"] = terms.to_dict()
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / f"host_terms_{vocab}.json").write_text(json.dumps(row["host_terms"], indent=1) + "\n")
                 write_results(args, rows)
     return 0
 
 
 def write_results(args, rows: list[dict]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"cpu": _cpu(), "torch": torch.__version__, "argv": sys.argv[1:],
-            "args": vars(args) | {"out": str(args.out)}}
+    meta = {
+        "cpu": _cpu(),
+        "torch": torch.__version__,
+        "argv": sys.argv[1:],
+        "args": vars(args) | {"out": str(args.out)},
+    }
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
 
 

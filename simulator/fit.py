@@ -71,7 +71,11 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   calibrate` times prefills at several lengths and batch sizes). The last term is causal attention, quadratic
   in each sequence's length: the default pair's target took 8119 ms for 1 × 512 tokens and 7427 for 4 × 128,
   the same rows. It is fitted where three prefills or more tell it from the other two (else p_att = 0);
-- per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave;
+- per-round engine overhead per strategy and the fast backups' cost: medians of what the forwards leave. A
+  calibration's timed points leave nothing (each point's round is its verify and its drafting), so where a
+  calibration recorded the engine's host work (`saguaro calibrate`: simulator.host_terms, the work outside the
+  round's timers with the forwards taken out, a line in the batch), `with_host_overhead` makes that the least
+  a round's overhead is;
 - the draft link latency: half the median wait of SSD rounds that hit with a build shorter than the verify
   (rounds the engine ran: `saguaro calibrate` ends with a few, at K 1; its build-beside-verify points record
   no wait and are left out);
@@ -210,6 +214,7 @@ class FittedTiming:
     draft_call: float = 0.0  # p_call: a draft proposal's own cost beyond its forwards (see above)
     build_level: tuple[tuple[int, float], ...] = ()  # (batch, the engine's builds over the line's): measured
     build_scale: tuple[tuple[int, float], ...] = ()  # the build level as applied (`with_build_level`): () = none
+    host_overhead: dict = field(default_factory=dict)  # strategy value -> (ms, ms per sequence): measured host work
 
     def leveled(self, records: list[RoundRecord], dead_band: float = LEVEL_DEAD_BAND) -> FittedTiming:
         """This fit at the level of an SD run's rounds: the target's forwards scaled by the run's total verify
@@ -266,6 +271,11 @@ class FittedTiming:
         levels = ", ".join(f"×{x:.3f} at batch {b}" for b, x in self.build_level)
         return (f"builds: the engine's over the line's {levels} ({self.counts.get('build_level', 0)} rounds), "
                 + ("applied" if self.build_scale else "not applied"))
+
+    def with_host_overhead(self, outside: dict) -> FittedTiming:
+        """This fit with the engine's measured host work outside a round's timers (strategy value -> (ms, ms per
+        sequence), simulator.host_terms.outside_terms) as the least each round's overhead is."""
+        return replace(self, host_overhead={s: (float(a), float(b)) for s, (a, b) in outside.items()})
 
     def _target(self, rows: int, kv: int) -> float:
         return _verify_time(self.verify, self.verify_knee, rows, kv)
@@ -343,8 +353,10 @@ class FittedTiming:
         return (self.prefill_draft[0] + self.prefill_draft[1] * batch * tokens
                 + self.prefill_attention[1] * batch * tokens**2)
 
-    def overhead_ms(self, strategy: Strategy) -> float:
-        return self.overhead.get(strategy.value, 0.0)
+    def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float:
+        fitted = self.overhead.get(strategy.value, 0.0)
+        host = self.host_overhead.get(strategy.value)
+        return fitted if host is None else max(fitted, host[0] + batch * host[1])
 
 
 def _build_terms(K: int, branches: int, context: int) -> tuple[float, float, float]:

@@ -8,7 +8,11 @@ measurement behind it; change it with `dataclasses.replace` if your stack differ
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from simulator.hardware import Hardware, ModelSpec
+from simulator.host_terms import read_host_terms
 from simulator.timing import EngineCosts
 
 # The reference engine's published test log: github.com/tanishqkumar/ssd, tests/reference_test_outputs.md at
@@ -282,6 +286,35 @@ ENGINE_SOURCES: dict[str, str] = {
 }
 
 
+# Engines whose host terms come from a committed measurement (simulator.host_terms; read when first asked for):
+# - saguaro-cpu: this engine's rounds with its forwards taken out (saguaro.calibration.host_terms) on the CPU,
+#   at the commit and on the date the file records, with the default pair's vocabulary (151,936): the work of
+#   every round beyond the forwards, per round, per draft forward and per SSD tree step, each with its part per
+#   sequence or branch row. The forwards stay the hardware preset's.
+DATA = Path(__file__).with_name("data")
+MEASURED_ENGINES: dict[str, Path] = {"saguaro-cpu": DATA / "saguaro_cpu_host.json"}
+MEASURED_ENGINE_SOURCES: dict[str, str] = {
+    "saguaro-cpu": "this engine's host work measured with its forwards taken out (simulator/data/"
+                   "saguaro_cpu_host.json: the CPU, commit and date it ran at; python -m benchmarks.engine_overhead "
+                   "--host-terms-only): AR's, SD's and SSD's rounds at batch 1 and 8, K 4, greedy, vocabulary 151,936",
+}
+
+
+def engine_names() -> list[str]:
+    """Every engine preset's name: the stated ones, then the measured ones."""
+    return [*ENGINES, *MEASURED_ENGINES]
+
+
+@functools.cache
+def _measured_engine(path: Path) -> EngineCosts:
+    return read_host_terms(path).costs()
+
+
 def engine_preset(name: str) -> EngineCosts:
-    """An engine's costs by name (saguaro, saguaro-eager-h200, reference, reference-log)."""
-    return _lookup(ENGINES, name, "engine")
+    """An engine's costs by name (saguaro, saguaro-eager-h200, reference, reference-log, saguaro-cpu)."""
+    key = name.strip().lower()
+    if key in MEASURED_ENGINES:
+        return _measured_engine(MEASURED_ENGINES[key])
+    if key not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}: choose one of {', '.join(sorted(engine_names()))}")
+    return ENGINES[key]

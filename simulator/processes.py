@@ -46,9 +46,16 @@ class Testbed:
         self.spec_bytes, self.outcome_bytes = spec_bytes_per_seq, outcome_bytes_per_seq
         self.max_rounds, self.max_requests = max_rounds, max_requests
         self.prefill_ahead = prefill_ahead  # SSD: announce each prefill to the worker (the engine's Prefill)
-        self.overhead_ms = timing.overhead_ms(strategy)
+        self._overhead_ms: dict[int, float] = {}  # batch size -> the engine's host work a round outside the forwards
         self.done = env.event()
         self._last_round_end_ms = 0.0
+
+    def overhead_ms(self, batch: int) -> float:
+        """The round's time outside its forwards at this batch size (the timing's, kept per size)."""
+        ms = self._overhead_ms.get(batch)
+        if ms is None:
+            ms = self._overhead_ms[batch] = self.timing.overhead_ms(self.strategy, batch)
+        return ms
 
     def end_round(self, n_seqs: int) -> None:
         rec, now = self.rec, self.env.now
@@ -90,13 +97,14 @@ def admit_once(env: simpy.Environment, bed: Testbed):
 
 def ar_decoder(env: simpy.Environment, bed: Testbed):
     """Autoregressive decoding: one target forward per token per sequence."""
-    batch, rec, timing, overhead_ms = bed.batch, bed.rec, bed.timing, bed.overhead_ms
+    batch, rec, timing = bed.batch, bed.rec, bed.timing
     while True:
         if batch.can_admit:
             yield from admit_once(env, bed)
         seqs = batch.seqs
         start_ms = env.now
         forward_ms = timing.verify_ms(len(seqs), 1, batch.context)
+        overhead_ms = bed.overhead_ms(len(seqs))
         yield env.timeout(forward_ms + overhead_ms)
         rec.target["verify"] += forward_ms
         rec.target["overhead"] += overhead_ms
@@ -109,7 +117,7 @@ def ar_decoder(env: simpy.Environment, bed: Testbed):
 def verifier(env: simpy.Environment, bed: Testbed):
     """The target in SD and SSD: send the outcome, wait for a speculation, verify K+1 positions."""
     batch, rec, verify_ms, draws = bed.batch, bed.rec, bed.timing.verify_ms, bed.draws
-    tokens, overhead_ms, target = bed.K + 1, bed.overhead_ms, rec.target
+    tokens, overhead_at, target = bed.K + 1, bed.overhead_ms, rec.target
     send, receive, timeout = bed.to_draft.send, bed.to_target.receive, env.timeout
     while True:
         if batch.can_admit:
@@ -122,6 +130,7 @@ def verifier(env: simpy.Environment, bed: Testbed):
         start_ms = env.now
         target["wait_draft"] += start_ms - sent_ms
         forward_ms = verify_ms(n, tokens, batch.context)
+        overhead_ms = overhead_at(n)
         yield timeout(forward_ms + overhead_ms)
         target["verify"] += forward_ms
         target["overhead"] += overhead_ms

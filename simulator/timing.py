@@ -17,7 +17,8 @@ Every model answers the same questions, in milliseconds:
   target prefills them (the engine's Prefill message; after the build it may still be running), or, in
   engines before that message (`SimConfig.prefill_overlap = False`), when the round after their join reaches
   it, before their backup (engine/ssd/draft_worker.py);
-- `overhead_ms(strategy)`: per-round time outside the forwards (sampling, bookkeeping) of a real engine.
+- `overhead_ms(strategy, batch)`: per-round time outside the forwards (sampling, bookkeeping) of a real engine
+  over `batch` sequences.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class TimingModel(Protocol):
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float: ...
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float: ...
     def draft_prefill_ms(self, batch: int, tokens: int) -> float: ...
-    def overhead_ms(self, strategy: Strategy) -> float: ...
+    def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float: ...
 
 
 def _nonnegative(owner: object, *names: str) -> None:
@@ -98,7 +99,7 @@ class ConstantTiming:
     def draft_prefill_ms(self, batch: int, tokens: int) -> float:
         return self.t_draft_prefill_ms
 
-    def overhead_ms(self, strategy: Strategy) -> float:
+    def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float:
         return 0.0
 
 
@@ -117,9 +118,19 @@ class EngineCosts:
     build_row_us            per branch row per tree-decode step (masks, top-F per branch, cache entries);
     round_host_ms           per round, the decode loop's host work outside the forwards (sampling, checks,
                             bookkeeping) that the GPU waits for: zero for an engine whose host keeps ahead;
+    round_row_us            per round and per sequence of the batch, more of the same;
+    verify_host_ms          per SD or SSD round, the target's host work beyond AR's round (verifying K + 1
+                            positions instead of sampling one, emitting up to K + 1 tokens a row, the
+                            proposer's own bookkeeping): on SSD's critical path beside its worker's build;
+    verify_row_us           per SD or SSD round and per sequence, more of the same;
     draft_host_ms           per draft forward, the host work around it (sampling the drafted token, checks);
+    draft_row_us            per draft forward and per sequence of the batch, more of the same;
     eager                   the engine launches its forwards kernel by kernel (no CUDA graph): the
                             deployments pay the hardware's launch overhead per layer.
+
+    The host terms of a preset that measured them (simulator.presets.MEASURED_ENGINES) come from the engine's
+    rounds with its forwards taken out (simulator.host_terms derives them; saguaro.calibration.host_terms
+    measures them).
     """
 
     sd_extra_forward: bool = False
@@ -129,9 +140,25 @@ class EngineCosts:
     round_host_ms: float = 0.0
     draft_host_ms: float = 0.0
     eager: bool = False
+    round_row_us: float = 0.0
+    verify_host_ms: float = 0.0
+    verify_row_us: float = 0.0
+    draft_row_us: float = 0.0
 
     def __post_init__(self) -> None:
-        _nonnegative(self, "tree_step_overhead_ms", "build_row_us", "round_host_ms", "draft_host_ms")
+        _nonnegative(self, "tree_step_overhead_ms", "build_row_us", "round_host_ms", "draft_host_ms", "round_row_us",
+                     "verify_host_ms", "verify_row_us", "draft_row_us")
+
+    def round_host_at(self, strategy: Strategy, batch: int) -> float:
+        """The host work of a round over `batch` sequences outside its forwards, in ms."""
+        ms = self.round_host_ms + batch * self.round_row_us * 1e-3
+        if Strategy(strategy) is not Strategy.AR:
+            ms += self.verify_host_ms + batch * self.verify_row_us * 1e-3
+        return ms
+
+    def draft_host_at(self, batch: int) -> float:
+        """The host work around one draft forward over `batch` sequences, in ms."""
+        return self.draft_host_ms + batch * self.draft_row_us * 1e-3
         if self.draft_layer_overhead_us is not None:
             _nonnegative(self, "draft_layer_overhead_us")
 
@@ -174,7 +201,7 @@ class RooflineTiming:
         return self.target.forward_ms(rows, batch * context, rows * (context + tokens))
 
     def _draft_step_ms(self, batch: int, rows: int, context: int) -> float:
-        return self._draft.forward_ms(rows, batch * context, rows * context) + self.engine.draft_host_ms
+        return self._draft.forward_ms(rows, batch * context, rows * context) + self.engine.draft_host_at(batch)
 
     def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
         if not K:
@@ -203,5 +230,5 @@ class RooflineTiming:
     def draft_prefill_ms(self, batch: int, tokens: int) -> float:
         return self._draft.forward_ms(batch * tokens, 0, batch * tokens * (tokens + 1) // 2)
 
-    def overhead_ms(self, strategy: Strategy) -> float:
-        return self.sampling_overhead_ms + self.engine.round_host_ms
+    def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float:
+        return self.sampling_overhead_ms + self.engine.round_host_at(strategy, batch)

@@ -16,18 +16,37 @@ def read_all(paths: list[str]) -> list:
 
 
 def fit_all(paths: list[str]):
-    """fit_timing over every file; fast-backup times the records lack come from a calibration summary
-    (`saguaro calibrate` writes NAME.summary.json next to NAME.jsonl)."""
+    """fit_timing over every file; what the records lack comes from a calibration summary (`saguaro calibrate`
+    writes NAME.summary.json next to NAME.jsonl): the fast backups' times, and the engine's host work outside a
+    round's timers where the summary measured it (its "host_terms"; the first calibration that has them), which
+    a round's overhead is then at least (simulator.fit.FittedTiming.with_host_overhead). Summaries written before
+    calibrations measured host work have no "host_terms": their fit is as it was."""
     from simulator import fit_timing
 
     fitted = fit_timing(read_all(paths))
     fast = dict(fitted.fast_backup_ms)
+    host = None
     for path in paths:
         summary = Path(path).with_suffix(".summary.json")
         if summary.is_file():
-            for kind, ms in (json.loads(summary.read_text()).get("fast_backup_ms") or {}).items():
+            data = json.loads(summary.read_text())
+            for kind, ms in (data.get("fast_backup_ms") or {}).items():
                 fast.setdefault(kind, float(ms))
-    return replace(fitted, fast_backup_ms=fast)
+            if host is None:
+                host = host_terms(data)
+    fitted = replace(fitted, fast_backup_ms=fast)
+    return fitted if host is None else fitted.with_host_overhead(host.outside())
+
+
+def host_terms(summary: dict):
+    """The host-work measurement a calibration summary records (simulator.host_terms.HostTerms), or None where it
+    has none (an older summary, --host-rounds 0, or a measurement that failed: its "error")."""
+    from simulator.host_terms import HostTerms
+
+    data = summary.get("host_terms")
+    if not data or "error" in data:
+        return None
+    return HostTerms.from_dict(data)
 
 
 PRECISION = ("dtype", "draft_dtype", "target_quant", "draft_quant", "target_head_quant", "draft_head_quant",

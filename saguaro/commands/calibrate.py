@@ -54,6 +54,13 @@ pass them to `saguaro simulate --fit` (alone, or with an SD run's records). Thei
 measurements (timing only: do not pass them to --calibrate). The summary printed at the end (medians per
 point, the inputs: pair, dtype, threads, contexts, batches, CPU) is also written next to them
 (.summary.json); `simulate --fit` reads the fast backups' times from it.
+
+Last, with --host-rounds N (default 32), the engine's own work a round with its forwards taken out
+(saguaro.calibration.host_terms): AR, SD and SSD at K and the temperature above, batch 1 and 8, the worker in
+this process, on a random pair of the target's vocabulary, N timed rounds each (about 15 s at the default pair's
+vocabulary, 151,936). The summary records them ("host_terms": the rounds, where they ran, the simulator's terms
+from them); `simulate --fit` then counts at least that work outside each round's timed forwards, which the
+timed points above leave out.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ from pathlib import Path
 
 from saguaro.bench.environment import cpu_model, machine
 from saguaro.calibration.draft_worker import start_worker
+from saguaro.calibration.host_terms import describe, host_pair, measure_host_terms
 from saguaro.calibration.measure import (
     build_rounds,
     fast_backup_ms,
@@ -121,6 +129,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="also time two builds a point with the target idle; the fit's build line is then fitted on "
                         "them and scaled by the builds beside the verify (an experiment: about 80 s more at "
                         "--batch 1 2 4 8 here; see simulator/README.md)")
+    p.add_argument("--host-rounds", type=int, default=32,
+                   help="rounds of AR, SD and SSD at batch 1 and 8 timed with the forwards taken out, for the engine's "
+                        "own work a round (about 15 s at a vocabulary of 151,936; default 32; 0: skip)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP + " (the target's: calibrate "
@@ -152,6 +163,8 @@ def _check(args) -> None:
         raise ValueError(f"--link-tokens must be >= 0 (0: skip the engine's rounds); got {args.link_tokens}")
     if args.build_tokens < 0:
         raise ValueError(f"--build-tokens must be >= 0 (0: skip the engine's build rounds); got {args.build_tokens}")
+    if args.host_rounds < 0:
+        raise ValueError(f"--host-rounds must be >= 0 (0: skip the host work); got {args.host_rounds}")
     if args.threads < 1 or args.draft_threads < 1:
         raise ValueError("--threads and --draft-threads must be >= 1")
     if args.out.exists() and args.out.is_dir():
@@ -174,6 +187,19 @@ def quant_inputs(config) -> dict:
     return {"draft_int8": draft is not None and draft.dynamic, "target_quant": target and target.scheme,
             "target_head_quant": target and target.head, "draft_quant": draft and draft.scheme,
             "draft_head_quant": draft and draft.head}
+
+
+def host_work(args, vocab: int) -> dict:
+    """The summary's "host_terms": the engine's rounds with its forwards taken out on a random pair of `vocab`
+    (saguaro.calibration.host_terms), or {"error": why} where the measurement failed (the timed points are kept)."""
+    try:
+        terms = measure_host_terms(*host_pair(vocab), K=args.K, rounds=args.host_rounds,
+                                   temperature=args.temperature, meta={"command": "saguaro calibrate"})
+    except (ValueError, RuntimeError) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+    for line in describe(terms):
+        print(f"calibrate: {line.strip()}", file=sys.stderr)
+    return terms.to_dict()
 
 
 def run(args) -> int:
@@ -238,6 +264,10 @@ def run(args) -> int:
             records += rounds
             if rounds:
                 say(f"the engine's builds, median ms by batch size: {summary['build_level']['build_ms']}")
+    if args.host_rounds:
+        say(f"the engine's own work a round, its forwards taken out: AR, SD and SSD at batch 1 and 8, "
+            f"{args.host_rounds} rounds each")
+        summary["host_terms"] = host_work(args, vocab)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab)
@@ -249,7 +279,7 @@ def run(args) -> int:
                          "K": args.K, "temperature": args.temperature, "budgets": args.budget,
                          "batches": args.batch, "contexts": args.context,
                          "repeats": args.repeats, "link_tokens": args.link_tokens,
-                         "build_tokens": args.build_tokens, "cpu": cpu_model(),
+                         "build_tokens": args.build_tokens, "host_rounds": args.host_rounds, "cpu": cpu_model(),
                          "cpu_flags": machine().get("cpu_flags"),  # "AMD EPYC" names AVX2-only and AVX-512 hosts
                          "torch": __import__("torch").__version__,
                          # batch > 1: rows of different lengths (saguaro.calibration.target_rounds.ragged)

@@ -54,9 +54,10 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
                    help="forwards launched kernel by kernel (no CUDA graph): the preset's launch overhead per layer")
     g.add_argument("--engine", default="saguaro", metavar="ENGINE",
                    help="whose per-step costs (simulator.presets.ENGINES): this engine with graph-captured forwards "
-                        "(saguaro), this engine's eager forwards as measured on an H200 (saguaro-eager-h200), the "
-                        "reference engine as the paper shows it (reference) or as its test log times it "
-                        "(reference-log)")
+                        "(saguaro), this engine's eager forwards as measured on an H200 (saguaro-eager-h200), this "
+                        "engine's own work beyond the forwards, measured with them taken out on this project's CPU "
+                        "(saguaro-cpu), the reference engine as the paper shows it (reference) or as its test log "
+                        "times it (reference-log)")
     g = p.add_argument_group("timing")
     g.add_argument("--timing", choices=["roofline", "constant"], default="roofline",
                    help="timing model when --fit is not given")

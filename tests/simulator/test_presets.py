@@ -189,12 +189,13 @@ def test_the_eager_h200_engine_reproduces_the_gpu_runs_it_was_calibrated_on(tmp_
 
 def test_every_engine_preset_is_named_in_the_help_and_an_unknown_one_is_refused_with_the_list(capsys):
     from saguaro.cli import main
-    from simulator.presets import ENGINES
+    from simulator.presets import ENGINES, MEASURED_ENGINES, engine_names
 
+    assert engine_names() == [*ENGINES, *MEASURED_ENGINES] and "saguaro-cpu" in MEASURED_ENGINES
     with pytest.raises(SystemExit):
         main(["simulate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert all(f"({name})" in help_text for name in ENGINES)
+    assert all(f"({name})" in help_text for name in engine_names())
     assert main(["simulate", "--engine", "vllm", "--hardware", "h100", "--pair", "llama", "--rounds", "50"]) == 2
     err = capsys.readouterr().err
-    assert "unknown engine 'vllm'" in err and all(name in err for name in ENGINES)
+    assert "unknown engine 'vllm'" in err and all(name in err for name in engine_names())

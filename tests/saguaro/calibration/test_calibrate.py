@@ -141,6 +141,7 @@ def test_the_records_fit_and_simulate(calibrated):
     (["--temperature", "-0.5"], "--temperature must be >= 0"),
     (["--link-tokens", "-1"], "--link-tokens must be >= 0"),
     (["--build-tokens", "-1"], "--build-tokens must be >= 0"),
+    (["--host-rounds", "-1"], "--host-rounds must be >= 0"),
 ])
 def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "x.jsonl"), *flags]) == 2
