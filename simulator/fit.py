@@ -25,8 +25,9 @@ row weighted by 1/time so that small and large forwards count alike in relative 
   predicted the served backups at batch 5-8 15-20% too cheap;
 - SSD cache build, as SSD runs it (next to the verify): a glue forward of batch·(K+1) rows, then K tree
   steps of `branches` rows. In draft steps that is D = d(batch·(K+1), batch·context) + K·d(branches,
-  batch·context), but each branch is a copy of its sequence's KV that its steps read, and the worker shares
-  the memory bandwidth with the verify, so the build is fitted (on the builds, once d is fitted) as
+  batch·context), but each branch's queries attend over its sequence's whole context (engines before the
+  block KV cache also copied that KV per branch), and the worker shares the memory bandwidth with the
+  verify, so the build is fitted (on the builds, once d is fitted) as
   s·D + e_row·K·branches + e_kv·(K+1)·branches·context + e_crowd·(K+1)·(branches·context)²/1e6: a scale,
   extra cost per branch row, the branches × context term, and a crowding term (1, 0, 0, 0 when the build is
   just draft steps). The crowding term is there because the branches' KV outgrows the caches: on the default
@@ -139,6 +140,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from simulator.records import RoundRecord
+from simulator.timing import computed_share
 from theory.glossary import Backup, Strategy
 
 Coef = tuple[float, float, float]
@@ -339,19 +341,24 @@ class FittedTiming:
                              f"its time is unknown (calibrate with that backup)")
         return self.fast_backup_ms[backup.value]
 
-    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int, cached: int = 0) -> float:
+        """The prefill line (module docstring) over the computed tokens: with `cached` of them from the prefix
+        cache, batch·(tokens − cached) rows and the attention term's tokens² less cached² (the pairs of the
+        computed positions: each attends to every position before it, cached or not)."""
+        computed_share(tokens, cached)  # the ValueError for a cached count out of range
+        rows, pairs = batch * (tokens - cached), batch * (tokens**2 - cached**2)
         if self.prefill_target is None:
-            target_ms = self._target(batch * tokens, 0)
+            target_ms = self._target(rows, batch * cached)
         else:
-            target_ms = (self.prefill_target[0] + self.prefill_target[1] * batch * tokens
-                         + self.prefill_attention[0] * batch * tokens**2)
-        return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
+            target_ms = self.prefill_target[0] + self.prefill_target[1] * rows + self.prefill_attention[0] * pairs
+        return target_ms + self.draft_prefill_ms(batch, tokens, cached) if strategy is Strategy.SD else target_ms
 
-    def draft_prefill_ms(self, batch: int, tokens: int) -> float:
+    def draft_prefill_ms(self, batch: int, tokens: int, cached: int = 0) -> float:
+        computed_share(tokens, cached)
         if self.prefill_draft is None:
             return 0.0
-        return (self.prefill_draft[0] + self.prefill_draft[1] * batch * tokens
-                + self.prefill_attention[1] * batch * tokens**2)
+        rows, pairs = batch * (tokens - cached), batch * (tokens**2 - cached**2)
+        return self.prefill_draft[0] + self.prefill_draft[1] * rows + self.prefill_attention[1] * pairs
 
     def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float:
         fitted = self.overhead.get(strategy.value, 0.0)

@@ -67,6 +67,12 @@ class Testbed:
                 self.done.succeed()
 
 
+def prefill_shape(requests: list[Request]) -> tuple[int, int]:
+    """(tokens, cached) the joiners' prefill is timed at: the longest prompt, padded as the batch's forward is,
+    and the fewest prompt tokens any of them found in the prefix cache."""
+    return max(r.prompt_len for r in requests), min(r.cached for r in requests)
+
+
 def admit(env: simpy.Environment, bed: Testbed):
     """Let waiting requests join (waiting for one if nothing runs) and prefill them on the target."""
     batch, rec = bed.batch, bed.rec
@@ -79,7 +85,7 @@ def admit(env: simpy.Environment, bed: Testbed):
     start_ms = env.now
     if bed.prefill_ahead:  # engine/decode_loop.py `_prefill`: the Prefill goes out before the target's forward
         bed.to_draft.send(PrefillAhead(requests), PROMPT_TOKEN_BYTES * sum(r.prompt_len for r in requests))
-    prefill_ms = bed.timing.prefill_ms(bed.strategy, len(requests), max(r.prompt_len for r in requests))
+    prefill_ms = bed.timing.prefill_ms(bed.strategy, len(requests), *prefill_shape(requests))
     yield env.timeout(prefill_ms)
     rec.target["prefill"] += prefill_ms
     rec.span("target", "prefill", start_ms, env.now)
@@ -208,7 +214,7 @@ def ssd_draft_worker(env: simpy.Environment, bed: Testbed):
 
     def draft_prefill(requests: list[Request]):
         start_ms = env.now
-        prefill_ms = timing.draft_prefill_ms(len(requests), max(r.prompt_len for r in requests))
+        prefill_ms = timing.draft_prefill_ms(len(requests), *prefill_shape(requests))
         yield env.timeout(prefill_ms)
         draft["prefill"] += prefill_ms
         if tracing:

@@ -104,6 +104,7 @@ class Scenario:
     prompt_len: Lengths = Lengths(128)
     output_len: Lengths | None = Lengths(256)
     rate_per_s: float | None = None  # None: closed loop at the batch size
+    shared_prefix: float = 0.0  # the fraction of each prompt its requests share (simulator.workload)
     link: LinkSpec = field(default_factory=LinkSpec)
     draft_probs_bytes: float = 0.0
     target_devices: int = 1
@@ -114,6 +115,9 @@ class Scenario:
     prefill_overlap: bool = True  # SSD's worker prefills joiners while the target does (SimConfig)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.shared_prefix < 1.0:
+            raise ValueError(f"shared_prefix is the fraction of each prompt its requests share, in [0, 1); "
+                             f"got {self.shared_prefix}")
         if self.fanout_rule not in FANOUT_RULES:
             raise ValueError(f"fanout_rule must be one of {', '.join(FANOUT_RULES)}; got {self.fanout_rule!r}")
         object.__setattr__(self, "miss_policy", MissPolicy(self.miss_policy))
@@ -220,9 +224,9 @@ class Scenario:
                         miss_policy=self.miss_policy)
         workload: ClosedLoop | OpenLoop
         if self.rate_per_s is None:
-            workload = ClosedLoop(batch, self.prompt_len, self.output_len)
+            workload = ClosedLoop(batch, self.prompt_len, self.output_len, self.shared_prefix)
         elif self.output_len is not None:
-            workload = OpenLoop(self.rate_per_s, batch, self.prompt_len, self.output_len)
+            workload = OpenLoop(self.rate_per_s, batch, self.prompt_len, self.output_len, self.shared_prefix)
         else:
             raise ValueError("an open loop (rate_per_s) needs finite output lengths")
         return SimConfig(

@@ -11,9 +11,10 @@ Every model answers the same questions, in milliseconds:
   verified positions, then K tree-decode steps over all `branches` at once (docs/ssd.md §2);
 - `backup_ms(backup, rows, K, context)`: SSD's backup on a cache miss; the neural one drafts `rows` = the whole
   batch (hit rows masked, as the engine does), a fast one the missed rows;
-- `prefill_ms(strategy, batch, tokens)`: joining prompts on the target's critical path (the draft's prefill
-  runs in series with the target's in SD, colocated; in SSD the target prefills alone);
-- `draft_prefill_ms(batch, tokens)`: the joiners' prompts through the draft. SSD's worker runs it while the
+- `prefill_ms(strategy, batch, tokens, cached=0)`: joining prompts on the target's critical path (the draft's
+  prefill runs in series with the target's in SD, colocated; in SSD the target prefills alone). `cached` of
+  each prompt's `tokens` come from the prefix cache: only the rest is computed, attending to all of them;
+- `draft_prefill_ms(batch, tokens, cached=0)`: the joiners' prompts through the draft. SSD's worker runs it while the
   target prefills them (the engine's Prefill message; after the build it may still be running), or, in
   engines before that message (`SimConfig.prefill_overlap = False`), when the round after their join reaches
   it, before their backup (engine/ssd/draft_worker.py);
@@ -36,9 +37,18 @@ class TimingModel(Protocol):
     def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float: ...
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float: ...
     def backup_ms(self, backup: Backup, rows: int, K: int, context: int) -> float: ...
-    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float: ...
-    def draft_prefill_ms(self, batch: int, tokens: int) -> float: ...
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int, cached: int = 0) -> float: ...
+    def draft_prefill_ms(self, batch: int, tokens: int, cached: int = 0) -> float: ...
     def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float: ...
+
+
+def computed_share(tokens: int, cached: int) -> float:
+    """The share of a `tokens`-token prompt's prefill that is computed when its first `cached` tokens come from
+    the prefix cache (1 without). ValueError unless 0 <= cached < tokens: the engine computes a prompt's last
+    token at least, whose logits give the first new token."""
+    if not 0 <= cached < tokens:
+        raise ValueError(f"cached prompt tokens must be in 0..tokens - 1 = {tokens - 1}; got {cached}")
+    return (tokens - cached) / tokens
 
 
 def _nonnegative(owner: object, *names: str) -> None:
@@ -93,11 +103,12 @@ class ConstantTiming:
             return K * self.t_draft_ms if self.t_backup_ms is None else self.t_backup_ms
         return self.t_random_backup_ms if backup is Backup.RANDOM else self.t_lookup_backup_ms
 
-    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
-        return self.t_prefill_ms + self.t_draft_prefill_ms if strategy is Strategy.SD else self.t_prefill_ms
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int, cached: int = 0) -> float:
+        target_ms = self.t_prefill_ms * computed_share(tokens, cached)  # a stated prefill scales with what is computed
+        return target_ms + self.draft_prefill_ms(batch, tokens, cached) if strategy is Strategy.SD else target_ms
 
-    def draft_prefill_ms(self, batch: int, tokens: int) -> float:
-        return self.t_draft_prefill_ms
+    def draft_prefill_ms(self, batch: int, tokens: int, cached: int = 0) -> float:
+        return self.t_draft_prefill_ms * computed_share(tokens, cached)
 
     def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float:
         return 0.0
@@ -222,13 +233,21 @@ class RooflineTiming:
             return self.draft_ms(rows, K, context)
         return self.random_backup_ms if backup is Backup.RANDOM else self.lookup_backup_ms
 
-    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int) -> float:
-        rows, pairs = batch * tokens, batch * tokens * (tokens + 1) // 2
-        target_ms = self.target.forward_ms(rows, 0, pairs)
-        return target_ms + self.draft_prefill_ms(batch, tokens) if strategy is Strategy.SD else target_ms
+    def prefill_ms(self, strategy: Strategy, batch: int, tokens: int, cached: int = 0) -> float:
+        target_ms = self.target.forward_ms(*_prefill_shape(batch, tokens, cached))
+        return target_ms + self.draft_prefill_ms(batch, tokens, cached) if strategy is Strategy.SD else target_ms
 
-    def draft_prefill_ms(self, batch: int, tokens: int) -> float:
-        return self._draft.forward_ms(batch * tokens, 0, batch * tokens * (tokens + 1) // 2)
+    def draft_prefill_ms(self, batch: int, tokens: int, cached: int = 0) -> float:
+        return self._draft.forward_ms(*_prefill_shape(batch, tokens, cached))
 
     def overhead_ms(self, strategy: Strategy, batch: int = 1) -> float:
         return self.sampling_overhead_ms + self.engine.round_host_at(strategy, batch)
+
+
+def _prefill_shape(batch: int, tokens: int, cached: int) -> tuple[int, int, int]:
+    """(rows, cached KV read, attention pairs) of a prefill of `tokens`-token prompts whose first `cached` come
+    from the prefix cache: the rest are computed, each attending to the cached tokens and the computed ones
+    before it."""
+    computed_share(tokens, cached)  # the ValueError for a cached count out of range
+    new = tokens - cached
+    return batch * new, batch * cached, batch * (new * cached + new * (new + 1) // 2)

@@ -4,6 +4,12 @@
 - `OpenLoop`: Poisson arrivals at `rate_per_s`, served by a batch of at most `max_batch` sequences.
 - `Replayed`: given requests at given times (a served run's log, replayed), the same batch limit.
 Prompt and output lengths come from `Lengths`; all randomness from one seeded numpy Generator.
+
+`shared_prefix` (each workload's, 0 by default) is the fraction of every prompt that its requests share, such as
+a chat's system prompt or an agent's instructions: with the engine's prefix cache, a request after the first
+finds that part cached in whole blocks of `PREFIX_BLOCK_TOKENS` and prefills only the rest (`Request.cached`).
+The first request of a run fills the cache and finds nothing. Nothing is evicted here: the shared part is
+assumed to stay cached, as it does while the KV budget holds it beside the running requests.
 """
 
 from __future__ import annotations
@@ -12,6 +18,21 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
+
+PREFIX_BLOCK_TOKENS = 16  # engine/blocks/pool.py DEFAULT_BLOCK_SIZE: the prefix cache matches whole blocks
+
+
+def _check_shared_prefix(fraction: float) -> None:
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"shared_prefix is the fraction of each prompt its requests share, in [0, 1); got {fraction}")
+
+
+def cached_tokens(prompt_len: int, shared_prefix: float) -> int:
+    """Prompt tokens a request finds in the prefix cache when a `shared_prefix` fraction of its prompt was seen
+    before: that part in whole blocks, and never the prompt's last token (its logits give the first new one)."""
+    _check_shared_prefix(shared_prefix)
+    blocks = int(shared_prefix * prompt_len) // PREFIX_BLOCK_TOKENS
+    return min(blocks * PREFIX_BLOCK_TOKENS, (prompt_len - 1) // PREFIX_BLOCK_TOKENS * PREFIX_BLOCK_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -59,10 +80,12 @@ class ClosedLoop:
     concurrency: int = 1
     prompt_len: Lengths = Lengths(128)
     output_len: Lengths | None = Lengths(256)
+    shared_prefix: float = 0.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency (batch size) must be >= 1; got {self.concurrency}")
+        _check_shared_prefix(self.shared_prefix)
 
     @property
     def max_batch(self) -> int:
@@ -77,8 +100,10 @@ class OpenLoop:
     max_batch: int = 8
     prompt_len: Lengths = Lengths(128)
     output_len: Lengths = Lengths(256)
+    shared_prefix: float = 0.0
 
     def __post_init__(self) -> None:
+        _check_shared_prefix(self.shared_prefix)
         if not self.rate_per_s > 0:
             raise ValueError(f"rate_per_s (arrival rate) must be > 0 requests per second; got {self.rate_per_s}")
         if self.max_batch < 1:
@@ -95,8 +120,10 @@ class Replayed:
     prompt_lens: tuple[int, ...]
     output_lens: tuple[int, ...]
     max_batch: int = 8
+    shared_prefix: float = 0.0
 
     def __post_init__(self) -> None:
+        _check_shared_prefix(self.shared_prefix)
         n = len(self.arrivals_ms)
         if n == 0 or len(self.prompt_lens) != n or len(self.output_lens) != n:
             raise ValueError("a replayed workload needs one arrival time, prompt length and output length per "
@@ -126,6 +153,7 @@ class Request:
     arrival_ms: float = 0.0
     first_token_ms: float | None = None
     done_ms: float | None = None
+    cached: int = 0  # prompt tokens found in the prefix cache (module docstring)
 
 
 class RequestSource:
@@ -141,10 +169,12 @@ class RequestSource:
         if isinstance(wl, Replayed):
             i = self._next_id
             self._next_id += 1
-            return Request(i, wl.prompt_lens[i], wl.output_lens[i], arrival_ms=now_ms)
+            return Request(i, wl.prompt_lens[i], wl.output_lens[i], arrival_ms=now_ms,
+                           cached=cached_tokens(wl.prompt_lens[i], wl.shared_prefix) if i else 0)
         prompt = int(wl.prompt_len.sample(rng, 1)[0])
         output = None if wl.output_len is None else int(wl.output_len.sample(rng, 1)[0])
-        request = Request(self._next_id, prompt, output, arrival_ms=now_ms)
+        cached = cached_tokens(prompt, wl.shared_prefix) if self._next_id else 0  # the first one fills the cache
+        request = Request(self._next_id, prompt, output, arrival_ms=now_ms, cached=cached)
         self._next_id += 1
         return request
 

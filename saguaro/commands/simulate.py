@@ -111,6 +111,9 @@ def add_scenario_flags(p: argparse.ArgumentParser, rounds: int) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--prompt-len", default="128", help="prompt tokens: N or LOW:HIGH")
     g.add_argument("--output-len", default="256", help="output tokens: N, LOW:HIGH or inf")
+    g.add_argument("--shared-prefix", type=float, default=0.0, metavar="F",
+                   help="fraction of each prompt the requests share (a system prompt): with the prefix cache, "
+                        "requests after the first prefill only the rest (default 0)")
     g.add_argument("--rounds", type=int, default=rounds, help="target forwards to simulate")
     g.add_argument("--seed", type=int, default=0, help="seed of all random draws")
     g.add_argument("--link-latency-ms", type=float, help="draft link latency (default: the draft hardware's)")
@@ -254,7 +257,7 @@ def scenario_from_args(args: argparse.Namespace, rate_per_s: float | None):
         timing=timing, acceptance=acceptance, hits=hits, saguaro=_saguaro_table(args.saguaro_table),
         fanout_rule=args.fanout_rule, miss_policy=args.miss_policy,
         prompt_len=_lengths(args.prompt_len) or _lengths("128"),
-        output_len=_lengths(args.output_len), rate_per_s=rate_per_s,
+        output_len=_lengths(args.output_len), rate_per_s=rate_per_s, shared_prefix=args.shared_prefix,
         link=LinkSpec(latency, bandwidth), draft_probs_bytes=2.0 * vocab if args.temperature > 0 else 0.0,
         target_devices=tp, rounds=args.rounds, seed=args.seed,
     )
@@ -337,6 +340,7 @@ def scenario_inputs(args: argparse.Namespace, scenario) -> dict:
     out["grid"] = grid
     out["workload"] = {"prompt_len": _lengths_text(scenario.prompt_len),
                        "output_len": _lengths_text(scenario.output_len),
+                       "shared_prefix": scenario.shared_prefix,
                        "arrivals": ("closed loop at each batch size" if scenario.rate_per_s is None
                                     else f"Poisson, {scenario.rate_per_s:g} requests/s"),
                        "rounds": scenario.rounds}
