@@ -254,8 +254,9 @@ class LLM:
                 # in process the draft sits on the target's device; its own process picks as the channel does
                 draft_device = (self.device if spec.placement.in_process
                                 else draft_device_for(self.device, spec.placement.draft_device))
-                check_budget(self.draft, spec.K, branches, draft_device)
-                loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device))
+                tree = isinstance(self._fed_draft, BlockModel)  # branches as a tree over the row, not copies
+                check_budget(self.draft, spec.K, branches, draft_device, tree)
+                loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device, tree))
             # open_channel and DraftWorkerProposer type the draft they feed as nn.Module; they take any model
             # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel)
             opener = open_channel(self._fed_draft,  # type: ignore[arg-type]  # (above)

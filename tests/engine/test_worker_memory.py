@@ -14,23 +14,40 @@ from engine.ssd.memory import PEAK_OVER_KEPT, SHARE, check_budget, kv_bytes_per_
 from tests.engine.tiny import tiny_lm
 
 
-def test_the_estimate_counts_kv_copies_q_ranking_and_glue():
+def test_the_copying_estimate_counts_kv_copies_q_ranking_and_glue():
     model = tiny_lm(0, vocab_size=50, layers=2, hidden=32)  # 4 heads of 8, 2 KV heads, float32
     assert kv_bytes_per_token(model) == 2 * 2 * 2 * 8 * 4
     K, branches, context = 3, 7, 100
     ranking = K * min(RANK_DEPTH, 50) * 8  # the kept ids of the draft's best tokens per position
     expected = branches * (kv_bytes_per_token(model) * (context + K + 1) + K * 50 * 4 + ranking) + (K + 1) * 50 * 4
+    assert worker_bytes_per_sequence(model, K, branches, context, tree=False) == expected
+
+
+def test_the_tree_estimate_counts_the_rows_kv_once_and_each_branchs_own_blocks():
+    model = tiny_lm(0, vocab_size=50, layers=2, hidden=32)
+    kv = kv_bytes_per_token(model)
+    K, branches, context = 3, 7, 100
+    q_and_ranking = K * 50 * 4 + K * min(RANK_DEPTH, 50) * 8
+    later = branches * K * 50 * 4  # the logits the hit branch's ranking is made from, under LATER_RANKING_BYTES
+    expected = kv * (context + K + 1) + branches * (kv * 16 + q_and_ranking) + later + (K + 1) * 50 * 4
     assert worker_bytes_per_sequence(model, K, branches, context) == expected
+    # the context is charged once, not per branch: a longer context costs the same whatever the budget
+    longer = worker_bytes_per_sequence(model, K, branches, context + 1000)
+    assert longer - worker_bytes_per_sequence(model, K, branches, context) == 1000 * kv
+    assert (worker_bytes_per_sequence(model, K, branches, context + 1000, tree=False)
+            - worker_bytes_per_sequence(model, K, branches, context, tree=False)) == 1000 * kv * branches
 
 
-def test_an_absurd_budget_is_refused_with_the_largest_that_fits(monkeypatch):
+@pytest.mark.parametrize("tree", [True, False])
+def test_an_absurd_budget_is_refused_with_the_largest_that_fits(monkeypatch, tree):
     model = tiny_lm(0)
     monkeypatch.setattr("engine.ssd.memory.device_bytes", lambda device: 2**20)  # a 1 MiB device
-    per_branch = PEAK_OVER_KEPT * (worker_bytes_per_sequence(model, 4, 1) - worker_bytes_per_sequence(model, 4, 0))
-    most = int((2**19 - PEAK_OVER_KEPT * worker_bytes_per_sequence(model, 4, 0)) // per_branch)
-    check_budget(model, 4, most, torch.device("cpu"))  # the largest that fits passes
+    fits = [b for b in range(10_000) if PEAK_OVER_KEPT * worker_bytes_per_sequence(model, 4, b, tree=tree) <= 2**19]
+    most = max(fits)
+    assert 0 < most < 9_999
+    check_budget(model, 4, most, torch.device("cpu"), tree)  # the largest that fits passes
     with pytest.raises(ValueError, match=f"lower --budget to at most {most} "):
-        check_budget(model, 4, most + 1, torch.device("cpu"))
+        check_budget(model, 4, most + 1, torch.device("cpu"), tree)
 
 
 def test_llm_refuses_the_budget_before_starting_the_worker():
