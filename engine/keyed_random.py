@@ -3,7 +3,9 @@
 A request's random numbers do not come from a stream that advances as the engine draws: the number the engine uses
 for, say, the acceptance test at position 17 of the request seeded 42 is `f(42, 17, ACCEPT, 0)`, whatever was drawn
 before it, whichever rows share the batch, and whether the round ran as AR, SD or SSD. A whole batch is one
-vectorised call on the device its tensors live on, with no read back to the host.
+vectorised call: `host_uniforms` on the host in numpy (what the engine uses: the seeds and positions are host
+integers there, so nothing is read back from the device), `keyed_uniforms` and `keyed_gumbel` as torch calls on
+the device their tensors live on, with the same values bit for bit.
 
 Construction (SplitMix64, Steele, Lea and Flood, OOPSLA 2014, used as a counter-based hash). All arithmetic is on
 unsigned 64-bit words modulo 2^64:
