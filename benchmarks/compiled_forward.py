@@ -40,22 +40,70 @@ import torch
 # Random-weight stand-ins: (target, draft) Qwen2 / Llama configs of real models (config.json values).
 SHAPES = {
     "qwen-coder": (  # the default pair: Qwen2.5-Coder-1.5B and -0.5B (simulator/presets.py, docs/models-and-data.md)
-        dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-             num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False),
-        dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-             num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+        dict(
+            model_type="qwen2",
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=False,
+        ),
+        dict(
+            model_type="qwen2",
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
     ),
     "llama": (  # Llama-3.1-8B and Llama-3.2-1B
-        dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
-        dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
+        dict(
+            model_type="llama",
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            tie_word_embeddings=False,
+        ),
+        dict(
+            model_type="llama",
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            tie_word_embeddings=True,
+        ),
     ),
     "tiny": (  # a smoke run
-        dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False),
-        dict(model_type="qwen2", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-             num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
+        dict(
+            model_type="qwen2",
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            tie_word_embeddings=False,
+        ),
+        dict(
+            model_type="qwen2",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            tie_word_embeddings=True,
+        ),
     ),
 }
 PATHS = ("eager", "static", "compiled")
@@ -101,8 +149,9 @@ def time_forwards(state, block: int, batch: int, vocab: int, reps: int, warmup: 
     return times, first
 
 
-def measure(model: torch.nn.Module, role: str, block: int, batches: list[int], args, device: torch.device,
-            tp_target=None) -> list[dict]:
+def measure(
+    model: torch.nn.Module, role: str, block: int, batches: list[int], args, device: torch.device, tp_target=None
+) -> list[dict]:
     """The rows of one model: each batch size on each path (and `tp_target`'s, the same model over ranks)."""
     from engine.compile_config import CompileConfig
     from engine.compiled import SlotModel
@@ -115,8 +164,9 @@ def measure(model: torch.nn.Module, role: str, block: int, batches: list[int], a
     paths = PATHS + ((f"tp{args.tp}",) if tp_target is not None else ())
     for batch in batches:
         for path in paths:
-            settings = CompileConfig(max_len=args.context + block + 1, batch_buckets=(batch,),
-                                     compiled=path == "compiled")
+            settings = CompileConfig(
+                max_len=args.context + block + 1, batch_buckets=(batch,), compiled=path == "compiled"
+            )
             if path == "eager":
                 state = KVState(model, batch, device)
             elif path.startswith("tp"):
@@ -127,12 +177,30 @@ def measure(model: torch.nn.Module, role: str, block: int, batches: list[int], a
             context = torch.randint(0, vocab, (batch, args.context), generator=torch.Generator().manual_seed(0))
             state.extend(context.to(device), logits_to_keep=1)  # the rows' past, prefilled eagerly
             times, first = time_forwards(state, block, batch, vocab, args.reps, args.warmup, sync)
-            rows.append({"model": role, "forward": "verify" if role == "target" else "draft step", "tokens": block,
-                         "batch": batch, "context": args.context, "layers": layers, "path": path,
-                         "median_ms": statistics.median(times), "p10_ms": sorted(times)[len(times) // 10],
-                         "p90_ms": sorted(times)[(9 * len(times)) // 10], "first_call_ms": first})
-            logging.getLogger(__name__).info("%s %s b=%d %s: %.2f ms (first call %.0f ms)", role, rows[-1]["forward"],
-                                             batch, path, rows[-1]["median_ms"], first)
+            rows.append(
+                {
+                    "model": role,
+                    "forward": "verify" if role == "target" else "draft step",
+                    "tokens": block,
+                    "batch": batch,
+                    "context": args.context,
+                    "layers": layers,
+                    "path": path,
+                    "median_ms": statistics.median(times),
+                    "p10_ms": sorted(times)[len(times) // 10],
+                    "p90_ms": sorted(times)[(9 * len(times)) // 10],
+                    "first_call_ms": first,
+                }
+            )
+            logging.getLogger(__name__).info(
+                "%s %s b=%d %s: %.2f ms (first call %.0f ms)",
+                role,
+                rows[-1]["forward"],
+                batch,
+                path,
+                rows[-1]["median_ms"],
+                first,
+            )
             del state
     return rows
 
@@ -141,17 +209,25 @@ def summarise(rows: list[dict]) -> list[dict]:
     """One line per (model, forward, batch): each path's median, compiled's speedup over eager, what it saves
     per layer, and the compiled bucket's compile time."""
     out = []
-    keys = sorted({(r["model"], r["forward"], r["tokens"], r["batch"]) for r in rows},
-                  key=lambda k: (k[0] != "target", k[3]))
+    keys = sorted(
+        {(r["model"], r["forward"], r["tokens"], r["batch"]) for r in rows}, key=lambda k: (k[0] != "target", k[3])
+    )
     for model, forward, tokens, batch in keys:
-        by = {r["path"]: r for r in rows if (r["model"], r["forward"], r["tokens"], r["batch"]) ==
-              (model, forward, tokens, batch)}
+        by = {
+            r["path"]: r
+            for r in rows
+            if (r["model"], r["forward"], r["tokens"], r["batch"]) == (model, forward, tokens, batch)
+        }
         eager, compiled = by["eager"]["median_ms"], by["compiled"]["median_ms"]
-        line = {"model": model, "forward": f"{forward} ({tokens} tok)", "batch": batch,
-                **{f"{p}_ms": round(r["median_ms"], 3) for p, r in by.items()},
-                "eager_over_compiled": round(eager / compiled, 3),
-                "saved_per_layer_us": round((eager - compiled) / by["eager"]["layers"] * 1e3, 1),
-                "compile_s": round((by["compiled"]["first_call_ms"] - compiled) / 1e3, 1)}
+        line = {
+            "model": model,
+            "forward": f"{forward} ({tokens} tok)",
+            "batch": batch,
+            **{f"{p}_ms": round(r["median_ms"], 3) for p, r in by.items()},
+            "eager_over_compiled": round(eager / compiled, 3),
+            "saved_per_layer_us": round((eager - compiled) / by["eager"]["layers"] * 1e3, 1),
+            "compile_s": round((by["compiled"]["first_call_ms"] - compiled) / 1e3, 1),
+        }
         out.append(line)
     return out
 
@@ -164,12 +240,33 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def compare_forwards(device: str = "cuda", shapes: str | None = "qwen-coder", dtype: str = "bfloat16",
-                     batches: tuple[int, ...] = (1, 8), K: int = 4, context: int = 256, reps: int = 20,
-                     warmup: int = 3) -> list[dict]:
+def compare_forwards(
+    device: str = "cuda",
+    shapes: str | None = "qwen-coder",
+    dtype: str = "bfloat16",
+    batches: tuple[int, ...] = (1, 8),
+    K: int = 4,
+    context: int = 256,
+    reps: int = 20,
+    warmup: int = 3,
+) -> list[dict]:
     """The per-forward rows for `shapes` (random weights) or, with shapes=None, the default pair by alias."""
-    argv = ["--device", device, "--dtype", dtype, "--batch", *map(str, batches), "-K", str(K), "--context",
-            str(context), "--reps", str(reps), "--warmup", str(warmup)] + (["--shapes", shapes] if shapes else [])
+    argv = [
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        "--batch",
+        *map(str, batches),
+        "-K",
+        str(K),
+        "--context",
+        str(context),
+        "--reps",
+        str(reps),
+        "--warmup",
+        str(warmup),
+    ] + (["--shapes", shapes] if shapes else [])
     return run(parser().parse_args(argv))
 
 
@@ -186,8 +283,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    p.add_argument("--tp", type=int, default=1, help="also time the target's forwards over this many ranks "
-                                                     "(eager, engine.tp; a model by alias only)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="also time the target's forwards over this many ranks (eager, engine.tp; a model by alias only)",
+    )
     p.add_argument("--out", type=Path, help="folder for forward_times.json and forward_times.md")
     return p
 
@@ -211,8 +312,11 @@ def run(args) -> list[dict]:
             from engine.config import EngineConfig
             from engine.tp import start_target
 
-            tp_target, _ = start_target(args.target, EngineConfig(target=args.target, dtype=args.dtype, tp=args.tp,
-                                                                  threads=args.threads), device)
+            tp_target, _ = start_target(
+                args.target,
+                EngineConfig(target=args.target, dtype=args.dtype, tp=args.tp, threads=args.threads),
+                device,
+            )
         try:
             rows += measure(model, role, block, args.batch, args, device, tp_target)
         finally:
@@ -228,19 +332,36 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch").setLevel(logging.WARNING)
     device = torch.device(args.device)
     rows = run(args)
-    machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-               "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
     text = table(rows)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         models = f"random weights shaped as {args.shapes}" if args.shapes else f"{args.target} / {args.draft}"
-        (args.out / "forward_times.json").write_text(json.dumps(
-            {"machine": machine, "models": models, "dtype": args.dtype, "K": args.K, "rows": rows,
-             "summary": summarise(rows)}, indent=2) + "\n")
-        (args.out / "forward_times.md").write_text(f"{models}, {args.dtype}, K = {args.K}, context {args.context}, "
-                                                   f"{machine['device']}, torch {machine['torch']}\n\n{text}\n")
+        (args.out / "forward_times.json").write_text(
+            json.dumps(
+                {
+                    "machine": machine,
+                    "models": models,
+                    "dtype": args.dtype,
+                    "K": args.K,
+                    "rows": rows,
+                    "summary": summarise(rows),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        (args.out / "forward_times.md").write_text(
+            f"{models}, {args.dtype}, K = {args.K}, context {args.context}, "
+            f"{machine['device']}, torch {machine['torch']}\n\n{text}\n"
+        )
     return 0
 
 

@@ -60,8 +60,9 @@ def invariant_floor(tv: Tensor) -> Tensor:
     return (1 - tv) / (1 + tv)
 
 
-def race_winners(p: Tensor, q: Tensor, positions: Tensor, draws: int, target_top: int = TARGET_TOP,
-                 draft_top: int = DRAFT_TOP) -> tuple[Tensor, Tensor]:
+def race_winners(
+    p: Tensor, q: Tensor, positions: Tensor, draws: int, target_top: int = TARGET_TOP, draft_top: int = DRAFT_TOP
+) -> tuple[Tensor, Tensor]:
     """The target's and the draft's race winners (engine.invariant) under keyed seeds 1..draws at each position:
     p, q [n, V], positions [n] (int64) -> (target [D, n], draft [D, n]). The draft races over its `draft_top`
     most probable tokens, as engine.invariant.draft_winners does; the target over its `target_top` most probable,
@@ -92,8 +93,9 @@ def race_agreement(p: Tensor, q: Tensor, positions: Tensor, draws: int) -> Tenso
 
 
 @torch.inference_mode()
-def position_stats(target, draft, prompt: list[int], continuation: list[int], temperature: float,
-                   draws: int) -> dict[str, Tensor]:
+def position_stats(
+    target, draft, prompt: list[int], continuation: list[int], temperature: float, draws: int
+) -> dict[str, Tensor]:
     """1 − TV, the floor and the race agreement at each continuation position ([M] each), teacher-forced."""
     from benchmarks.lowbit_accuracy import continuation_logprobs
 
@@ -126,8 +128,15 @@ def bound(runs: list[Path], draws: int, system: str = "sd", log=print) -> list[d
     rows, loaded = [], {}
     for run in runs:
         config = BenchConfig.from_dict(json.loads((run / "config.json").read_text()))
-        recipe = (config.target, config.draft, config.dtype, config.draft_dtype, config.draft_int8,
-                  config.draft_quant, config.target_quant)
+        recipe = (
+            config.target,
+            config.draft,
+            config.dtype,
+            config.draft_dtype,
+            config.draft_int8,
+            config.draft_quant,
+            config.target_quant,
+        )
         if recipe not in loaded:
             loaded.clear()
             loaded[recipe] = Models.load(config)
@@ -140,16 +149,25 @@ def bound(runs: list[Path], draws: int, system: str = "sd", log=print) -> list[d
                 continue
             ids = encode_text(models.tokenizer, prompts[r["prompt_id"]].text, True)
             if len(ids) != r["prompt_tokens"]:
-                raise ValueError(f"{run}: prompt {r['prompt_id']} encodes to {len(ids)} tokens, the run's to "
-                                 f"{r['prompt_tokens']}: a different tokenizer or chat template")
+                raise ValueError(
+                    f"{run}: prompt {r['prompt_id']} encodes to {len(ids)} tokens, the run's to "
+                    f"{r['prompt_tokens']}: a different tokenizer or chat template"
+                )
             for name, values in position_stats(models.target, models.draft, ids, r["token_ids"], T, draws).items():
                 stats[(T, _mode(r))][name].append(values)
             log(f"{run.name}: {r['key']} {r['prompt_id']} scored")
         for (T, mode), s in sorted(stats.items()):
             pooled = {name: torch.cat(v) for name, v in s.items()}
-            rows.append({"run": run.name, "prompts": config.prompts, "temperature": T, "mode": mode,
-                         "positions": int(pooled["accept"].numel()),
-                         **{f"mean_{name}": float(v.mean()) for name, v in pooled.items()}})
+            rows.append(
+                {
+                    "run": run.name,
+                    "prompts": config.prompts,
+                    "temperature": T,
+                    "mode": mode,
+                    "positions": int(pooled["accept"].numel()),
+                    **{f"mean_{name}": float(v.mean()) for name, v in pooled.items()},
+                }
+            )
     return rows
 
 
@@ -187,9 +205,11 @@ def paired(run: Path, standard: str, invariant: str, seed: int = 0) -> dict:
     a, b = np.array([s[p] for p in prompts], float), np.array([i[p] for p in prompts], float)  # [n, 6]
     picks = np.random.default_rng(seed).integers(0, len(prompts), size=(BOOTSTRAP, len(prompts)))
     A, B = a[picks].sum(1), b[picks].sum(1)  # [draws, 6]
-    stats = {"d_alpha": B[:, 0] / (B[:, 0] + B[:, 1]) - A[:, 0] / (A[:, 0] + A[:, 1]),
-             "decode_ratio": (B[:, 2] / B[:, 3]) / (A[:, 2] / A[:, 3]),
-             "speed_ratio": (B[:, 4] / B[:, 5]) / (A[:, 4] / A[:, 5])}
+    stats = {
+        "d_alpha": B[:, 0] / (B[:, 0] + B[:, 1]) - A[:, 0] / (A[:, 0] + A[:, 1]),
+        "decode_ratio": (B[:, 2] / B[:, 3]) / (A[:, 2] / A[:, 3]),
+        "speed_ratio": (B[:, 4] / B[:, 5]) / (A[:, 4] / A[:, 5]),
+    }
     tail = (1 - LEVEL) / 2
     out = {}
     for name, values in stats.items():
@@ -227,11 +247,21 @@ def measured(runs: list[Path]) -> list[dict]:
         keys = {v["key"]: v for v in variants if v["system"] in ("sd", "ssd") and v.get("temperature")}
         for key, v in keys.items():
             mode = "invariant" if key.endswith(" invariant") else "standard"
-            row = {"run": run.name, "prompts": config.get("prompts"), "system": v["system"],
-                   "temperature": v["temperature"], "mode": mode, "key": key, "n": v["prompts"], "alpha": v["alpha"],
-                   "hit_rate": v.get("hit_rate"), "tokens_per_round": v["tokens_per_round"],
-                   "decode_tokens_per_s": v["decode_tokens_per_s"], "tokens_per_s": v["tokens_per_s"],
-                   "disturbed": v.get("disturbed", 0)}
+            row = {
+                "run": run.name,
+                "prompts": config.get("prompts"),
+                "system": v["system"],
+                "temperature": v["temperature"],
+                "mode": mode,
+                "key": key,
+                "n": v["prompts"],
+                "alpha": v["alpha"],
+                "hit_rate": v.get("hit_rate"),
+                "tokens_per_round": v["tokens_per_round"],
+                "decode_tokens_per_s": v["decode_tokens_per_s"],
+                "tokens_per_s": v["tokens_per_s"],
+                "disturbed": v.get("disturbed", 0),
+            }
             t = timings(load_run(run).rounds_of(key))
             row.update(verify_ms=t.verify_ms, draft_ms=t.draft_ms, round_ms=t.round_ms, rounds=t.rounds)
             if v["system"] == "ssd":
@@ -257,9 +287,17 @@ def same_texts(runs: list[Path]) -> list[dict]:
             systems = sorted({s for by in prompts.values() for s in by})
             alike = sum(1 for by in prompts.values() if len(by) == len(systems) and len(set(by.values())) == 1)
             speculative = [by for by in prompts.values() if "sd" in by and "ssd" in by]
-            rows.append({"run": run.name, "temperature": T, "mode": mode, "systems": systems,
-                         "prompts": len(prompts), "same_text": alike,
-                         "sd_ssd_same_text": sum(by["sd"] == by["ssd"] for by in speculative) if speculative else None})
+            rows.append(
+                {
+                    "run": run.name,
+                    "temperature": T,
+                    "mode": mode,
+                    "systems": systems,
+                    "prompts": len(prompts),
+                    "same_text": alike,
+                    "sd_ssd_same_text": sum(by["sd"] == by["ssd"] for by in speculative) if speculative else None,
+                }
+            )
     return rows
 
 
@@ -274,29 +312,39 @@ def markdown(bound_rows: list[dict], measured_rows: list[dict]) -> str:
     cells: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in measured_rows:
         cells[(r["prompts"], r["temperature"], r["mode"])][r["system"]] = r
-    lines = ["| prompts | T | mode | 1 − TV | (1 − TV)/(1 + TV) | race agreement | SD α | SSD α | SSD hit rate | "
-             "SSD hits after K accepted / a rejection | SD decode tok/s | SSD decode tok/s | SD tok/s | SSD tok/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| prompts | T | mode | 1 − TV | (1 − TV)/(1 + TV) | race agreement | SD α | SSD α | SSD hit rate | "
+        "SSD hits after K accepted / a rejection | SD decode tok/s | SSD decode tok/s | SD tok/s | SSD tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (prompts, T, mode), by in sorted(cells.items(), key=lambda c: (c[0][0], c[0][1], MODES.index(c[0][2]))):
         b, sd, ssd = floor.get((prompts, T, mode), {}), by.get("sd"), by.get("ssd")
-        lines.append(f"| {prompts} | {T:g} | {mode} | {_f(b.get('mean_accept'))} | {_f(b.get('mean_floor'))} | "
-                     f"{_f(b.get('mean_race'))} | {_f(sd and sd['alpha'])} | {_f(ssd and ssd['alpha'])} | "
-                     f"{_f(ssd and ssd['hit_rate'], '.2f')} | {_f(ssd and ssd.get('hit_rate_all_accepted'), '.2f')} / "
-                     f"{_f(ssd and ssd.get('hit_rate_rejected'), '.2f')} | "
-                     f"{_f(sd and sd['decode_tokens_per_s'], '.2f')} | "
-                     f"{_f(ssd and ssd['decode_tokens_per_s'], '.2f')} | {_f(sd and sd['tokens_per_s'], '.2f')} | "
-                     f"{_f(ssd and ssd['tokens_per_s'], '.2f')} |")
-    lines += ["", "| prompts | T | system | α invariant − standard (90%) | decode tok/s invariant / standard (90%) | "
-              "tok/s invariant / standard (90%) |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {prompts} | {T:g} | {mode} | {_f(b.get('mean_accept'))} | {_f(b.get('mean_floor'))} | "
+            f"{_f(b.get('mean_race'))} | {_f(sd and sd['alpha'])} | {_f(ssd and ssd['alpha'])} | "
+            f"{_f(ssd and ssd['hit_rate'], '.2f')} | {_f(ssd and ssd.get('hit_rate_all_accepted'), '.2f')} / "
+            f"{_f(ssd and ssd.get('hit_rate_rejected'), '.2f')} | "
+            f"{_f(sd and sd['decode_tokens_per_s'], '.2f')} | "
+            f"{_f(ssd and ssd['decode_tokens_per_s'], '.2f')} | {_f(sd and sd['tokens_per_s'], '.2f')} | "
+            f"{_f(ssd and ssd['tokens_per_s'], '.2f')} |"
+        )
+    lines += [
+        "",
+        "| prompts | T | system | α invariant − standard (90%) | decode tok/s invariant / standard (90%) | "
+        "tok/s invariant / standard (90%) |",
+        "|---|---|---|---|---|---|",
+    ]
     standard = {(r["prompts"], r["temperature"], r["system"]): r for r in measured_rows if r["mode"] == "standard"}
     for r in sorted(measured_rows, key=lambda r: (r["prompts"], r["temperature"], r["system"])):
         s = standard.get((r["prompts"], r["temperature"], r["system"]))
         if r["mode"] != "invariant" or s is None or "speed_ratio" not in r:
             continue
-        lines.append(f"| {r['prompts']} | {r['temperature']:g} | {r['system'].upper()} | "
-                     f"{r['alpha'] - s['alpha']:+.3f} ({r['d_alpha_low']:+.3f} to {r['d_alpha_high']:+.3f}) | "
-                     f"{r['decode_ratio']:.3f} ({r['decode_ratio_low']:.3f}-{r['decode_ratio_high']:.3f}) | "
-                     f"{r['speed_ratio']:.3f} ({r['speed_ratio_low']:.3f}-{r['speed_ratio_high']:.3f}) |")
+        lines.append(
+            f"| {r['prompts']} | {r['temperature']:g} | {r['system'].upper()} | "
+            f"{r['alpha'] - s['alpha']:+.3f} ({r['d_alpha_low']:+.3f} to {r['d_alpha_high']:+.3f}) | "
+            f"{r['decode_ratio']:.3f} ({r['decode_ratio_low']:.3f}-{r['decode_ratio_high']:.3f}) | "
+            f"{r['speed_ratio']:.3f} ({r['speed_ratio_low']:.3f}-{r['speed_ratio_high']:.3f}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -310,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     missing = [str(r) for r in args.runs if not (r / "results.jsonl").is_file()]
     if missing or args.draws < 1:
-        print(f"coupling_bound: {'give saguaro bench run folders: ' + missing[0] if missing else '--draws >= 1'}",
-              file=sys.stderr)
+        print(
+            f"coupling_bound: {'give saguaro bench run folders: ' + missing[0] if missing else '--draws >= 1'}",
+            file=sys.stderr,
+        )
         return 2
     texts = same_texts(args.runs)
     out = {"same_text": texts}
@@ -324,8 +374,10 @@ def main(argv: list[str] | None = None) -> int:
             args.markdown.write_text(table)
     for t in texts:
         both = "" if t["sd_ssd_same_text"] is None else f"; SD and SSD on {t['sd_ssd_same_text']}"
-        print(f"{t['run']} T={t['temperature']:g} {t['mode']}: {' '.join(t['systems'])} emitted the same tokens on "
-              f"{t['same_text']} of {t['prompts']} prompts{both}")
+        print(
+            f"{t['run']} T={t['temperature']:g} {t['mode']}: {' '.join(t['systems'])} emitted the same tokens on "
+            f"{t['same_text']} of {t['prompts']} prompts{both}"
+        )
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -54,8 +54,14 @@ class Outcome:
 
 def run_case(case: Case, timeout_s: float) -> Outcome:
     start = time.monotonic()
-    proc = subprocess.Popen(case.argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        case.argv,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     note = ""
     try:
         if case.interrupt:
@@ -137,72 +143,142 @@ def build_cases(scratch: Path) -> list[Case]:
     blocker = scratch / "a-file"
     blocker.write_text("not a folder")
     gguf = scratch / "truncated.gguf"
-    gguf.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little") + (0).to_bytes(8, "little")
-                     + b"\x05\x00")  # a valid start, then cut inside the first tensor's name
+    gguf.write_bytes(
+        b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little") + (0).to_bytes(8, "little") + b"\x05\x00"
+    )  # a valid start, then cut inside the first tensor's name
     jsonl = scratch / "prompts.jsonl"
     jsonl.write_bytes(b'{"prompt": "hello"}\n{"prompt": "caf\xe9"}\n')
     unguarded = scratch / "unguarded.py"
-    unguarded.write_text(textwrap.dedent(f"""\
+    unguarded.write_text(
+        textwrap.dedent(f"""\
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from engine import LLM
         llm = LLM({MODEL!r}, {MODEL!r}, strategy="ssd")
         print([o.text for o in llm.generate("Hi")])
         llm.close()
-        """))
+        """)
+    )
 
     def api(code: str) -> list[str]:
-        return [sys.executable, "-c", f"from engine import LLM, SamplingParams\nllm = LLM({MODEL!r}, strategy='ar')\n"
-                + code]
+        return [
+            sys.executable,
+            "-c",
+            f"from engine import LLM, SamplingParams\nllm = LLM({MODEL!r}, strategy='ar')\n" + code,
+        ]
 
     return [
-        Case("temperature 1e-40", "--strategy ar --temperature 1e-40",
-             GENERATE + ["--strategy", "ar", "--temperature", "1e-40", "Hi"]),
-        Case("temperature inf", "--temperature inf",
-             GENERATE + ["--strategy", "ar", "--temperature", "inf", "Hi"]),
-        Case("flipped weight byte", "--cache <copy> with one byte of model.safetensors flipped",
-             GENERATE + ["--strategy", "ar", "--dtype", "float32", "--cache", str(weights.parent), "Hi"]),
-        Case("flipped safetensors header byte", "--cache <copy> with byte 20 of model.safetensors flipped",
-             GENERATE + ["--strategy", "ar", "--dtype", "float32", "--cache", str(header.parent), "Hi"]),
-        Case("malformed config.json", "--target <folder with cut config.json>",
-             GENERATE + ["--strategy", "ar", "--target", str(bad_config), "Hi"]),
-        Case("model folder without weights", "--target <folder without *.safetensors>",
-             GENERATE + ["--strategy", "ar", "--target", str(no_weights), "Hi"]),
-        Case("unwritable cache dir", "--cache <path under a regular file> (root: chmod does not bind)",
-             GENERATE + ["--strategy", "ar", "--cache", str(blocker / "cache"), "Hi"]),
-        Case("non-UTF-8 prompt on argv", "argv b'caf\\xe9'",
-             [os.fsencode(a) for a in GENERATE + ["--strategy", "ar"]] + [b"caf\xe9"]),
-        Case("non-UTF-8 prompt on stdin", "stdin b'caf\\xe9'",
-             GENERATE + ["--strategy", "ar"], stdin=b"caf\xe9\n"),
-        Case("--device cuda (CPU build)", "--device cuda",
-             GENERATE + ["--strategy", "ar", "--device", "cuda", "Hi"]),
-        Case("--device gpu7", "--device gpu7",
-             GENERATE + ["--strategy", "ar", "--device", "gpu7", "Hi"]),
-        Case("--draft-device gpu7", "--strategy ssd --draft-device gpu7",
-             GENERATE + ["--strategy", "ssd", "--draft-device", "gpu7", "Hi"]),
-        Case("--budget lots", "--strategy ssd --budget lots",
-             GENERATE + ["--strategy", "ssd", "--budget", "lots", "Hi"]),
-        Case("max_new_tokens 2.5 (API)", "SamplingParams(max_new_tokens=2.5)",
-             api("print([o.text for o in llm.generate('Hi', SamplingParams(max_new_tokens=2.5))])"), api=True),
-        Case("seed 2**70 (API)", "SamplingParams(seed=2**70)",
-             api("print([o.text for o in llm.generate('Hi', SamplingParams(seed=2**70, max_new_tokens=2))])"),
-             api=True),
-        Case("generate after close (API)", "llm.close(); llm.generate('Hi')",
-             api("llm.close()\nllm.generate('Hi')"), api=True),
-        Case("float token ids (API)", "llm.generate([[1.0, 2.7, 3.2]])",
-             api("print([o.text for o in llm.generate([[1.0, 2.7, 3.2]], SamplingParams(max_new_tokens=2))])"),
-             api=True),
-        Case("truncated .gguf", "--target <synthetic .gguf cut in its header>",
-             GENERATE + ["--strategy", "ar", "--target", str(gguf), "Hi"]),
-        Case("non-UTF-8 JSONL prompts file", "--prompts-file <JSONL with b'\\xe9'>",
-             GENERATE + ["--strategy", "ar", "--prompts-file", str(jsonl)]),
-        Case("SSD worker death at start", "python <script building an SSD LLM without a __main__ guard>",
-             [sys.executable, str(unguarded)]),
-        Case("taken --init-method port", "--init-method tcp://127.0.0.1:<taken>",
-             GENERATE + ["--strategy", "ssd", "--init-method", "tcp://127.0.0.1:{port}", "Hi"]),
-        Case("Ctrl-C of generate --strategy ssd", "SIGINT to the process group after the first streamed text",
-             CLI + ["generate", "--target", MODEL, "--draft", MODEL, "--strategy", "ssd", "--stream",
-                    "--max-new-tokens", "400", "--ignore-eos", "Write a long story."], interrupt=True),
+        Case(
+            "temperature 1e-40",
+            "--strategy ar --temperature 1e-40",
+            GENERATE + ["--strategy", "ar", "--temperature", "1e-40", "Hi"],
+        ),
+        Case("temperature inf", "--temperature inf", GENERATE + ["--strategy", "ar", "--temperature", "inf", "Hi"]),
+        Case(
+            "flipped weight byte",
+            "--cache <copy> with one byte of model.safetensors flipped",
+            GENERATE + ["--strategy", "ar", "--dtype", "float32", "--cache", str(weights.parent), "Hi"],
+        ),
+        Case(
+            "flipped safetensors header byte",
+            "--cache <copy> with byte 20 of model.safetensors flipped",
+            GENERATE + ["--strategy", "ar", "--dtype", "float32", "--cache", str(header.parent), "Hi"],
+        ),
+        Case(
+            "malformed config.json",
+            "--target <folder with cut config.json>",
+            GENERATE + ["--strategy", "ar", "--target", str(bad_config), "Hi"],
+        ),
+        Case(
+            "model folder without weights",
+            "--target <folder without *.safetensors>",
+            GENERATE + ["--strategy", "ar", "--target", str(no_weights), "Hi"],
+        ),
+        Case(
+            "unwritable cache dir",
+            "--cache <path under a regular file> (root: chmod does not bind)",
+            GENERATE + ["--strategy", "ar", "--cache", str(blocker / "cache"), "Hi"],
+        ),
+        Case(
+            "non-UTF-8 prompt on argv",
+            "argv b'caf\\xe9'",
+            [os.fsencode(a) for a in GENERATE + ["--strategy", "ar"]] + [b"caf\xe9"],
+        ),
+        Case("non-UTF-8 prompt on stdin", "stdin b'caf\\xe9'", GENERATE + ["--strategy", "ar"], stdin=b"caf\xe9\n"),
+        Case("--device cuda (CPU build)", "--device cuda", GENERATE + ["--strategy", "ar", "--device", "cuda", "Hi"]),
+        Case("--device gpu7", "--device gpu7", GENERATE + ["--strategy", "ar", "--device", "gpu7", "Hi"]),
+        Case(
+            "--draft-device gpu7",
+            "--strategy ssd --draft-device gpu7",
+            GENERATE + ["--strategy", "ssd", "--draft-device", "gpu7", "Hi"],
+        ),
+        Case(
+            "--budget lots", "--strategy ssd --budget lots", GENERATE + ["--strategy", "ssd", "--budget", "lots", "Hi"]
+        ),
+        Case(
+            "max_new_tokens 2.5 (API)",
+            "SamplingParams(max_new_tokens=2.5)",
+            api("print([o.text for o in llm.generate('Hi', SamplingParams(max_new_tokens=2.5))])"),
+            api=True,
+        ),
+        Case(
+            "seed 2**70 (API)",
+            "SamplingParams(seed=2**70)",
+            api("print([o.text for o in llm.generate('Hi', SamplingParams(seed=2**70, max_new_tokens=2))])"),
+            api=True,
+        ),
+        Case(
+            "generate after close (API)",
+            "llm.close(); llm.generate('Hi')",
+            api("llm.close()\nllm.generate('Hi')"),
+            api=True,
+        ),
+        Case(
+            "float token ids (API)",
+            "llm.generate([[1.0, 2.7, 3.2]])",
+            api("print([o.text for o in llm.generate([[1.0, 2.7, 3.2]], SamplingParams(max_new_tokens=2))])"),
+            api=True,
+        ),
+        Case(
+            "truncated .gguf",
+            "--target <synthetic .gguf cut in its header>",
+            GENERATE + ["--strategy", "ar", "--target", str(gguf), "Hi"],
+        ),
+        Case(
+            "non-UTF-8 JSONL prompts file",
+            "--prompts-file <JSONL with b'\\xe9'>",
+            GENERATE + ["--strategy", "ar", "--prompts-file", str(jsonl)],
+        ),
+        Case(
+            "SSD worker death at start",
+            "python <script building an SSD LLM without a __main__ guard>",
+            [sys.executable, str(unguarded)],
+        ),
+        Case(
+            "taken --init-method port",
+            "--init-method tcp://127.0.0.1:<taken>",
+            GENERATE + ["--strategy", "ssd", "--init-method", "tcp://127.0.0.1:{port}", "Hi"],
+        ),
+        Case(
+            "Ctrl-C of generate --strategy ssd",
+            "SIGINT to the process group after the first streamed text",
+            CLI
+            + [
+                "generate",
+                "--target",
+                MODEL,
+                "--draft",
+                MODEL,
+                "--strategy",
+                "ssd",
+                "--stream",
+                "--max-new-tokens",
+                "400",
+                "--ignore-eos",
+                "Write a long story.",
+            ],
+            interrupt=True,
+        ),
     ]
 
 
@@ -227,8 +303,11 @@ def main() -> int:
         for case in cases:
             case.argv = [a.replace("{port}", str(port)) if isinstance(a, str) else a for a in case.argv]
             o = run_case(case, args.timeout)
-            print(f"| {cell(case.name)} | {cell(case.shown)} | {o.rc} | {cell(o.line, tmp)} | "
-                  f"{'yes' if o.traceback else 'no'} | {o.seconds:.1f} | {cell(o.note, tmp)} |", flush=True)
+            print(
+                f"| {cell(case.name)} | {cell(case.shown)} | {o.rc} | {cell(o.line, tmp)} | "
+                f"{'yes' if o.traceback else 'no'} | {o.seconds:.1f} | {cell(o.note, tmp)} |",
+                flush=True,
+            )
     return 0
 
 

@@ -141,6 +141,7 @@ def counting_syncs(device: torch.device) -> Iterator[Counter]:
             if name != "cpu" or self.device.type != "cpu":
                 counts[name] += 1
             return fn(self, *args, **kwargs)
+
         return counted
 
     for name, fn in originals.items():
@@ -159,19 +160,33 @@ def step_env(report: Report, device: torch.device, args) -> bool:
     from engine.kv_cache import cache_keyword
     from engine.loading.tiny import tiny_model
 
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "transformers": transformers.__version__, "device": str(device), "host": platform.node(),
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "commit": os.environ.get("GPU_CHECK_COMMIT", "unknown"),
-            "cache keyword": cache_keyword(tiny_model())}
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "device": str(device),
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "commit": os.environ.get("GPU_CHECK_COMMIT", "unknown"),
+        "cache keyword": cache_keyword(tiny_model()),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(gpus=torch.cuda.device_count(), gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                    capability=f"sm_{props.major}{props.minor}", bf16=torch.cuda.is_bf16_supported(),
-                    nccl=torch.distributed.is_nccl_available())
+        info.update(
+            gpus=torch.cuda.device_count(),
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            capability=f"sm_{props.major}{props.minor}",
+            bf16=torch.cuda.is_bf16_supported(),
+            nccl=torch.distributed.is_nccl_available(),
+        )
     report.line(f"# GPU check on {info.get('gpu', 'CPU (dry run)')}\n")
-    report.line(f"- torch {info['torch']} (CUDA {info['cuda']}), transformers {info['transformers']}, Python "
-                f"{info['python']}, {info['cores']} cores; commit {info['commit']}")
+    report.line(
+        f"- torch {info['torch']} (CUDA {info['cuda']}), transformers {info['transformers']}, Python "
+        f"{info['python']}, {info['cores']} cores; commit {info['commit']}"
+    )
     report.line(f"- the KV cache goes to the forward as `{info['cache keyword']}=`")
     report.save(info)
     return True
@@ -206,8 +221,10 @@ def step_canary(report: Report, device: torch.device, args) -> bool:
     except (RuntimeError, TypeError) as err:  # a cache the forward did not read ends in a shape error
         errors["error"] = f"{type(err).__name__}: {str(err)[:300]}"
     ok = all(isinstance(e, float) and e < 1e-4 for e in errors.values())
-    report.line(f"- KV-cache canary {'ok' if ok else 'FAILED'}: max |Δ logit| against a full forward, fp32: "
-                + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}" for k, v in errors.items()))
+    report.line(
+        f"- KV-cache canary {'ok' if ok else 'FAILED'}: max |Δ logit| against a full forward, fp32: "
+        + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}" for k, v in errors.items())
+    )
     report.save({"max_abs_error": errors, "ok": ok})
     return ok
 
@@ -231,8 +248,10 @@ def step_greedy(report: Report, device: torch.device, args) -> bool:
         "sd": ("sd", SpeculativeConfig(K=3)),
         "ssd in process": ("ssd", SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))),
         "ssd worker process": ("ssd", SpeculativeConfig(K=3, placement=process)),
-        "ssd worker dies at round 3": ("ssd", SpeculativeConfig(K=3, placement=DraftPlacement(
-            deadline_s=60.0, faults=WorkerFaults(exit_at_round=3)))),
+        "ssd worker dies at round 3": (
+            "ssd",
+            SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=60.0, faults=WorkerFaults(exit_at_round=3))),
+        ),
     }
     results, ok = {}, True
     target, _ = _greedy_pair()
@@ -247,9 +266,14 @@ def step_greedy(report: Report, device: torch.device, args) -> bool:
                 used, fault = llm.strategy_in_use, llm.fault
             same = [o.token_ids for o in out] == ar
             summary = out.metrics.summary()
-            results[name] = {"equal": same, "strategy at the end": used, "fault": fault,
-                             "alpha": summary.get("alpha"), "hit_rate": summary.get("hit_rate"),
-                             "s": round(time.perf_counter() - t0, 1)}
+            results[name] = {
+                "equal": same,
+                "strategy at the end": used,
+                "fault": fault,
+                "alpha": summary.get("alpha"),
+                "hit_rate": summary.get("hit_rate"),
+                "s": round(time.perf_counter() - t0, 1),
+            }
         except Exception as err:  # noqa: BLE001  the check records a crash and goes on
             same, results[name] = False, {"equal": False, "error": f"{type(err).__name__}: {err}"}
         expect_fault = "dies" in name
@@ -257,8 +281,10 @@ def step_greedy(report: Report, device: torch.device, args) -> bool:
         if expect_fault and good:
             good = results[name]["strategy at the end"] == "sd"
         ok &= good
-        detail = results[name].get("error") or (f"α {results[name]['alpha']}, hit rate {results[name]['hit_rate']}, "
-                                                f"ended as {results[name]['strategy at the end']}")
+        detail = results[name].get("error") or (
+            f"α {results[name]['alpha']}, hit rate {results[name]['hit_rate']}, "
+            f"ended as {results[name]['strategy at the end']}"
+        )
         report.line(f"- greedy fp32 {name}: {'= AR' if same else '!= AR'}{'' if good else ' (FAILED)'}; {detail}")
     report.save({"ar_tokens": ar, "runs": results, "ok": ok})
     return ok
@@ -268,8 +294,17 @@ def step_tests(report: Report, device: torch.device, args) -> bool:
     """tests/gpu (greedy, chi-square exactness with its negative control, the link) on this device."""
     root = Path(__file__).resolve().parent.parent
     log = report.out / "pytest.log"
-    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-rfE", "-p", "no:cacheprovider",
-           f"--timeout={max(30, int(args.budget_s) - 10)}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/gpu",
+        "-q",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        f"--timeout={max(30, int(args.budget_s) - 10)}",
+    ]
     if device.type == "cuda":
         cmd.append("--run-gpu")
     if args.quick:
@@ -278,8 +313,10 @@ def step_tests(report: Report, device: torch.device, args) -> bool:
     with log.open("w") as f:
         rc = subprocess.call(cmd, cwd=root, stdout=f, stderr=subprocess.STDOUT, timeout=args.budget_s)
     tail = [line for line in log.read_text().splitlines() if line.strip()][-1:] or ["(no output)"]
-    report.line(f"- tests/gpu on {device.type}: {'ok' if rc == 0 else f'FAILED (exit {rc})'}: {tail[0]} "
-                f"({time.perf_counter() - t0:.0f} s; pytest.log)")
+    report.line(
+        f"- tests/gpu on {device.type}: {'ok' if rc == 0 else f'FAILED (exit {rc})'}: {tail[0]} "
+        f"({time.perf_counter() - t0:.0f} s; pytest.log)"
+    )
     report.save({"exit": rc, "last line": tail[0]})
     return rc == 0
 
@@ -290,13 +327,17 @@ def step_syncs(report: Report, device: torch.device, args) -> bool:
     from engine.config import DraftPlacement
 
     params = SamplingParams(temperature=0, max_new_tokens=40, stop_on_eos=False)
-    configs = {"ar": ("ar", None), "sd": ("sd", SpeculativeConfig(K=3)),
-               "ssd": ("ssd", SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True)))}
+    configs = {
+        "ar": ("ar", None),
+        "sd": ("sd", SpeculativeConfig(K=3)),
+        "ssd": ("ssd", SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))),
+    }
     results = {}
     for name, (strategy, spec) in configs.items():
         target, draft = _greedy_pair()
-        with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec,
-                 device=str(device)) as llm:
+        with LLM(
+            target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec, device=str(device)
+        ) as llm:
             for i, prompt in enumerate([[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3]]):
                 llm.loop.submit(llm.make_sequence(prompt, params, index=i, seed=i))
             for _ in range(3):  # the prefill and two rounds: caches and shapes settle
@@ -308,8 +349,9 @@ def step_syncs(report: Report, device: torch.device, args) -> bool:
             results[name] = {k: v / steps for k, v in counts.items()}
             results[name]["total per step"] = sum(counts.values()) / steps
     what = "CUDA syncs" if device.type == "cuda" else "host reads of tensor values (each a sync on a GPU)"
-    report.line(f"- {what} per decode step, batch 4: "
-                + ", ".join(f"{k} {v['total per step']:.1f}" for k, v in results.items()))
+    report.line(
+        f"- {what} per decode step, batch 4: " + ", ".join(f"{k} {v['total per step']:.1f}" for k, v in results.items())
+    )
     report.save(results)
     return True
 
@@ -391,8 +433,10 @@ def step_timings(report: Report, device: torch.device, args) -> bool:
                 except (RuntimeError, ValueError) as err:
                     row[f"cache build budget {budget} ms"] = f"{type(err).__name__}: {str(err)[:200]}"
             rows.append(row)
-            report.line(f"  - {pair_name} batch {B}: " + ", ".join(
-                f"{k.removesuffix(' ms')} {v}" for k, v in row.items() if k.endswith("ms")))
+            report.line(
+                f"  - {pair_name} batch {B}: "
+                + ", ".join(f"{k.removesuffix(' ms')} {v}" for k, v in row.items() if k.endswith("ms"))
+            )
         results[pair_name] = rows
         del target, draft
         if device.type == "cuda":
@@ -416,24 +460,29 @@ def step_e2e(report: Report, device: torch.device, args, agree: bool) -> bool:
     what = "models forced to agree, T 0" if agree else "unrelated random weights, T 1"
     report.line(f"- end to end, {what}, {prompt_len}-token prompts, {new_tokens} new tokens, eager:")
     for pair_name, (t_shape, d_shape) in _pairs(args).items():
-        for strategy, spec in (("ar", None), ("sd", SpeculativeConfig(K=4)),
-                               ("ssd", SpeculativeConfig(K=4, placement=DraftPlacement(deadline_s=120.0)))):
+        for strategy, spec in (
+            ("ar", None),
+            ("sd", SpeculativeConfig(K=4)),
+            ("ssd", SpeculativeConfig(K=4, placement=DraftPlacement(deadline_s=120.0))),
+        ):
             if clock.left() < 20:
                 report.line(f"  - {pair_name} {strategy}: skipped, out of time")
                 continue
             target, draft = pair(t_shape, d_shape, device, dtype, agree=agree)
             gen = torch.Generator().manual_seed(7)
             try:
-                with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec,
-                         device=str(device)) as llm:
+                with LLM(
+                    target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec, device=str(device)
+                ) as llm:
                     warm = SamplingParams(temperature=temperature, max_new_tokens=8, stop_on_eos=False, seed=0)
                     llm.generate([[1, 2, 3, 4]], warm)
                     for B in _batches(args):
                         if clock.left() < 10:
                             break
                         prompts = torch.randint(0, t_shape.vocab, (B, prompt_len), generator=gen).tolist()
-                        params = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, stop_on_eos=False,
-                                                seed=B)
+                        params = SamplingParams(
+                            temperature=temperature, max_new_tokens=new_tokens, stop_on_eos=False, seed=B
+                        )
                         synchronize(device)
                         t0 = time.perf_counter()
                         out = llm.generate(prompts, params)
@@ -441,24 +490,42 @@ def step_e2e(report: Report, device: torch.device, args, agree: bool) -> bool:
                         wall = time.perf_counter() - t0
                         summary = out.metrics.summary()
                         emitted = sum(len(o.token_ids) for o in out)
-                        row = {"pair": pair_name, "strategy": strategy, "batch": B, "temperature": temperature,
-                               "agree": agree, "tokens_per_s": emitted / wall,
-                               "wall_s": wall, "alpha": summary.get("alpha"), "hit_rate": summary.get("hit_rate"),
-                               "ran_as": llm.strategy_in_use, "fault": llm.fault}
+                        row = {
+                            "pair": pair_name,
+                            "strategy": strategy,
+                            "batch": B,
+                            "temperature": temperature,
+                            "agree": agree,
+                            "tokens_per_s": emitted / wall,
+                            "wall_s": wall,
+                            "alpha": summary.get("alpha"),
+                            "hit_rate": summary.get("hit_rate"),
+                            "ran_as": llm.strategy_in_use,
+                            "fault": llm.fault,
+                        }
                         results.append(row)
-                        report.line(f"  - {pair_name} {strategy} batch {B}: {row['tokens_per_s']:.1f} tok/s"
-                                    + (f", α {row['alpha']:.2f}" if strategy != "ar" and row["alpha"] is not None
-                                       else "")
-                                    + (f", hit rate {row['hit_rate']:.2f}" if row["hit_rate"] is not None else "")
-                                    + (f" (ran as {row['ran_as']}: {row['fault']})" if row["fault"] else ""))
+                        report.line(
+                            f"  - {pair_name} {strategy} batch {B}: {row['tokens_per_s']:.1f} tok/s"
+                            + (f", α {row['alpha']:.2f}" if strategy != "ar" and row["alpha"] is not None else "")
+                            + (f", hit rate {row['hit_rate']:.2f}" if row["hit_rate"] is not None else "")
+                            + (f" (ran as {row['ran_as']}: {row['fault']})" if row["fault"] else "")
+                        )
             except (RuntimeError, ValueError) as err:
                 results.append({"pair": pair_name, "strategy": strategy, "error": f"{type(err).__name__}: {err}"})
                 report.line(f"  - {pair_name} {strategy}: FAILED: {type(err).__name__}: {str(err)[:300]}")
             del target, draft
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    report.save({"dtype": str(dtype), "new_tokens": new_tokens, "prompt_len": prompt_len, "temperature": temperature,
-                 "agree": agree, "rows": results})
+    report.save(
+        {
+            "dtype": str(dtype),
+            "new_tokens": new_tokens,
+            "prompt_len": prompt_len,
+            "temperature": temperature,
+            "agree": agree,
+            "rows": results,
+        }
+    )
     return not any("error" in r for r in results)
 
 
@@ -468,14 +535,21 @@ def step_compiled(report: Report, device: torch.device, args) -> bool:
     from benchmarks.compiled_forward import compare_forwards, summarise
 
     shapes = "tiny" if args.quick or device.type == "cpu" else "qwen-coder"
-    rows = compare_forwards(device=str(device), shapes=shapes, dtype="bfloat16" if device.type == "cuda" else
-                            "float32", batches=(1,) if args.quick else (1, 8), reps=3 if args.quick else 10)
+    rows = compare_forwards(
+        device=str(device),
+        shapes=shapes,
+        dtype="bfloat16" if device.type == "cuda" else "float32",
+        batches=(1,) if args.quick else (1, 8),
+        reps=3 if args.quick else 10,
+    )
     summary = summarise(rows)
     for line in summary:
-        report.line(f"  - compiled {line['model']} {line['forward']} batch {line['batch']}: eager "
-                    f"{line['eager_ms']} ms, static {line['static_ms']}, compiled {line['compiled_ms']} "
-                    f"({line['eager_over_compiled']}x; {line['saved_per_layer_us']} µs a layer saved; compile "
-                    f"{line['compile_s']} s)")
+        report.line(
+            f"  - compiled {line['model']} {line['forward']} batch {line['batch']}: eager "
+            f"{line['eager_ms']} ms, static {line['static_ms']}, compiled {line['compiled_ms']} "
+            f"({line['eager_over_compiled']}x; {line['saved_per_layer_us']} µs a layer saved; compile "
+            f"{line['compile_s']} s)"
+        )
     report.save({"shapes": shapes, "rows": rows, "summary": summary})
     return True
 
@@ -492,17 +566,27 @@ def step_launch(report: Report, device: torch.device, args) -> bool:
     path = report.out / "launch_overhead.json"
     launch_overhead.main(str(path))
     out = json.loads(path.read_text())
-    report.line(f"- launch overhead (Llama-3.2-1B shape, batch 1): lean {out['lean_launch_overhead_us_per_layer']:.0f}"
-                f" µs a layer eager over graph; transformers eager split {out['transformers'].get('eager_split')}")
+    report.line(
+        f"- launch overhead (Llama-3.2-1B shape, batch 1): lean {out['lean_launch_overhead_us_per_layer']:.0f}"
+        f" µs a layer eager over graph; transformers eager split {out['transformers'].get('eager_split')}"
+    )
     path.unlink()
     report.save(out)
     return True
 
 
-RUN = {"env": step_env, "canary": step_canary, "greedy": step_greedy, "tests": step_tests, "syncs": step_syncs,
-       "timings": step_timings, "compiled": step_compiled, "launch": step_launch,
-       "e2e-agree": lambda r, d, a: step_e2e(r, d, a, agree=True),
-       "e2e-random": lambda r, d, a: step_e2e(r, d, a, agree=False)}
+RUN = {
+    "env": step_env,
+    "canary": step_canary,
+    "greedy": step_greedy,
+    "tests": step_tests,
+    "syncs": step_syncs,
+    "timings": step_timings,
+    "compiled": step_compiled,
+    "launch": step_launch,
+    "e2e-agree": lambda r, d, a: step_e2e(r, d, a, agree=True),
+    "e2e-random": lambda r, d, a: step_e2e(r, d, a, agree=False),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -515,8 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"gpu-check: torch {torch.__version__} sees no CUDA device; use --device cpu for a dry run",
-              file=sys.stderr)
+        print(
+            f"gpu-check: torch {torch.__version__} sees no CUDA device; use --device cpu for a dry run", file=sys.stderr
+        )
         return 2
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)

@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         if q == 0:
             print(f"quarter {i}: no pair finished (one matmul took longer than a quarter)")
             continue
-        print(f"quarter {i}: matmul {statistics.median(matmul_ms[part]):.1f} ms, "
-              f"sum {statistics.median(sum_ms[part]):.1f} ms")
+        print(
+            f"quarter {i}: matmul {statistics.median(matmul_ms[part]):.1f} ms, "
+            f"sum {statistics.median(sum_ms[part]):.1f} ms"
+        )
     return 0
 
 

@@ -56,13 +56,18 @@ def _is_mask(index) -> bool:
 def count_host_syncs() -> Iterator[SyncCount]:
     count = SyncCount()
     saved = {name: getattr(torch.Tensor, name) for name in READS + ("__getitem__", "__setitem__")}
-    saved_fn = {"nonzero": torch.nonzero, "reads_are_free": host.reads_are_free, "download": host.download,
-                "ms": timing.Stopwatch.ms}
+    saved_fn = {
+        "nonzero": torch.nonzero,
+        "reads_are_free": host.reads_are_free,
+        "download": host.download,
+        "ms": timing.Stopwatch.ms,
+    }
 
     def reading(name, method):
         def wrapped(self, *args, **kwargs):
             count.add(name)
             return method(self, *args, **kwargs)
+
         return wrapped
 
     def indexing(name, method):
@@ -70,6 +75,7 @@ def count_host_syncs() -> Iterator[SyncCount]:
             if _is_mask(index):
                 count.add(f"{name} with a mask")
             return method(self, index, *args)
+
         return wrapped
 
     def download(tensors):

@@ -40,8 +40,9 @@ class Layer(torch.nn.Module):
         q, k, v = self.qkv(self.norm1(x)).split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
         self.k.index_copy_(2, pos, k.view(1, 1, KV_HEADS, HEAD_DIM).transpose(1, 2))
         self.v.index_copy_(2, pos, v.view(1, 1, KV_HEADS, HEAD_DIM).transpose(1, 2))
-        attn = F.scaled_dot_product_attention(q.view(1, 1, HEADS, HEAD_DIM).transpose(1, 2), self.k, self.v,
-                                              enable_gqa=True)  # [1, HEADS, 1, HEAD_DIM]
+        attn = F.scaled_dot_product_attention(
+            q.view(1, 1, HEADS, HEAD_DIM).transpose(1, 2), self.k, self.v, enable_gqa=True
+        )  # [1, HEADS, 1, HEAD_DIM]
         x = x + self.o(attn.transpose(1, 2).reshape(1, 1, HEADS * HEAD_DIM))
         gate, up = self.gate_up(self.norm2(x)).chunk(2, -1)
         return x + self.down(F.silu(gate) * up)
@@ -97,8 +98,16 @@ def lean(layers: int) -> dict:
 def transformers_eager(layers: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=D, intermediate_size=FFN, num_hidden_layers=layers, num_attention_heads=HEADS,
-                         num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, vocab_size=VOCAB, tie_word_embeddings=True)
+    config = LlamaConfig(
+        hidden_size=D,
+        intermediate_size=FFN,
+        num_hidden_layers=layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        vocab_size=VOCAB,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config).cuda().to(torch.bfloat16).eval()
     with torch.inference_mode():
         out = model(torch.zeros(1, 128, dtype=torch.long, device="cuda"), use_cache=True)
@@ -123,14 +132,18 @@ def main(path: str) -> None:
     out["lean"] = runs
     out["lean_eager_split"] = split(runs[16]["eager_ms"], runs[1]["eager_ms"])
     out["lean_graph_split"] = split(runs[16]["graph_ms"], runs[1]["graph_ms"])
-    out["lean_launch_overhead_us_per_layer"] = out["lean_eager_split"]["per_layer_us"] - out["lean_graph_split"][
-        "per_layer_us"]
+    out["lean_launch_overhead_us_per_layer"] = (
+        out["lean_eager_split"]["per_layer_us"] - out["lean_graph_split"]["per_layer_us"]
+    )
     try:
         hf = {n: transformers_eager(n) for n in (16, 1)}
         import transformers
 
-        out["transformers"] = {"version": transformers.__version__, **{str(n): r for n, r in hf.items()},
-                               "eager_split": split(hf[16]["eager_ms"], hf[1]["eager_ms"])}
+        out["transformers"] = {
+            "version": transformers.__version__,
+            **{str(n): r for n, r in hf.items()},
+            "eager_split": split(hf[16]["eager_ms"], hf[1]["eager_ms"]),
+        }
     except Exception as err:  # noqa: BLE001  the lean figures stand on their own
         out["transformers"] = {"error": repr(err)}
     text = json.dumps(out, indent=1)

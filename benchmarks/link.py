@@ -93,8 +93,10 @@ def wire(B: int, K: int, V: int, repeats: int) -> None:
                 for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
                     times[key] += dt * 1e3 / repeats
         size = sum(t.numel() for t in sent)
-        print(f"| {name} | {size} | {len(sent)} | {times['encode']:.3f} | {times['link']:.3f} | "
-              f"{times['decode']:.3f} |", flush=True)
+        print(
+            f"| {name} | {size} | {len(sent)} | {times['encode']:.3f} | {times['link']:.3f} | {times['decode']:.3f} |",
+            flush=True,
+        )
     link.close()
     child.join()
 
@@ -133,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     channel.InProcessChannel.exchange = counted
     spec = SpeculativeConfig(K=args.K, budget=args.budget, placement=DraftPlacement(in_process=True))
     prompt = "Write a short story about a robot who learns to paint, in three sentences."
-    settings = [("T = 0", dict(temperature=0.0)), ("T = 0.7", dict(temperature=0.7)),
-                ("T = 0.7, top-k 50", dict(temperature=0.7, top_k=50))]
+    settings = [
+        ("T = 0", dict(temperature=0.0)),
+        ("T = 0.7", dict(temperature=0.7)),
+        ("T = 0.7, top-k 50", dict(temperature=0.7, top_k=50)),
+    ]
     print(f"| setting (batch {args.batch}, K = {args.K}) | rounds | mean bytes per answer | largest |")
     print("|---|---|---|---|")
     with LLM(args.target, args.draft, strategy="ssd", speculative=spec) as llm:

@@ -47,8 +47,9 @@ DEFAULT_VARIANTS = ("int8", "int4-g32", "cache-int8", "cache-int4-g32")
 
 
 @torch.inference_mode()
-def greedy_continuation(model: nn.Module, prompt: Sequence[int], new_tokens: int,
-                        eos_ids: frozenset[int] = frozenset()) -> list[int]:
+def greedy_continuation(
+    model: nn.Module, prompt: Sequence[int], new_tokens: int, eos_ids: frozenset[int] = frozenset()
+) -> list[int]:
     """The model's greedy continuation of `prompt`: `new_tokens` tokens, or fewer up to an EOS (included)."""
     from transformers import DynamicCache
 
@@ -89,8 +90,13 @@ def compare(reference: Sequence[torch.Tensor], other: Sequence[torch.Tensor]) ->
     }
 
 
-def reference_pass(reference: nn.Module, prompt_sets: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
-                   eos_ids: frozenset[int] = frozenset(), log: Callable[[str], None] = lambda _: None) -> dict:
+def reference_pass(
+    reference: nn.Module,
+    prompt_sets: Mapping[str, Sequence[Sequence[int]]],
+    new_tokens: int,
+    eos_ids: frozenset[int] = frozenset(),
+    log: Callable[[str], None] = lambda _: None,
+) -> dict:
     """{set: (prompts, the reference's greedy continuations, its log-probs [M_i, V] on them)}."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
@@ -103,12 +109,20 @@ def reference_pass(reference: nn.Module, prompt_sets: Mapping[str, Sequence[Sequ
     return plan
 
 
-def score_variants(plan: dict, variants: Mapping[str, Callable[[], nn.Module | None]], new_tokens: int,
-                   log: Callable[[str], None] = lambda _: None) -> dict:
+def score_variants(
+    plan: dict,
+    variants: Mapping[str, Callable[[], nn.Module | None]],
+    new_tokens: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> dict:
     """Each variant (built, scored on every set, freed, one at a time) against the reference's plan."""
-    result = {"new_tokens": new_tokens, "sets": {
-        name: {"prompts": len(prompts), "continuation_tokens": sum(map(len, conts)), "variants": {}}
-        for name, (prompts, conts, _) in plan.items()}}
+    result = {
+        "new_tokens": new_tokens,
+        "sets": {
+            name: {"prompts": len(prompts), "continuation_tokens": sum(map(len, conts)), "variants": {}}
+            for name, (prompts, conts, _) in plan.items()
+        },
+    }
     for variant, build in variants.items():
         start = time.perf_counter()
         model = build()
@@ -127,29 +141,37 @@ def score_variants(plan: dict, variants: Mapping[str, Callable[[], nn.Module | N
     return result
 
 
-def measure(reference: nn.Module, variants: Mapping[str, Callable[[], nn.Module | None]],
-            prompt_sets: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
-            eos_ids: frozenset[int] = frozenset(), log: Callable[[str], None] = lambda _: None) -> dict:
+def measure(
+    reference: nn.Module,
+    variants: Mapping[str, Callable[[], nn.Module | None]],
+    prompt_sets: Mapping[str, Sequence[Sequence[int]]],
+    new_tokens: int,
+    eos_ids: frozenset[int] = frozenset(),
+    log: Callable[[str], None] = lambda _: None,
+) -> dict:
     """The core measurement: {"new_tokens", "sets": {set: {"prompts", "continuation_tokens",
     "variants": {name: compare(...) or None when the builder returned None}}}}.
 
     `reference` is the float model; each entry of `variants` builds one variant (None: not available).
     """
-    return score_variants(reference_pass(reference, prompt_sets, new_tokens, eos_ids, log), variants,
-                          new_tokens, log)
+    return score_variants(reference_pass(reference, prompt_sets, new_tokens, eos_ids, log), variants, new_tokens, log)
 
 
 def table(result: dict) -> str:
     """The result as a markdown table, one row per (prompt set, variant)."""
-    lines = ["| prompt set | variant | positions | greedy agreement | mean KL (nats) | max KL | mean TV |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| prompt set | variant | positions | greedy agreement | mean KL (nats) | max KL | mean TV |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for set_name, entry in result["sets"].items():
         for variant, row in entry["variants"].items():
             if row is None:
                 lines.append(f"| {set_name} | {variant} | not available | | | | |")
                 continue
-            lines.append(f"| {set_name} | {variant} | {row['positions']} | {row['greedy_agreement']:.4f} | "
-                         f"{row['mean_kl']:.5f} | {row['max_kl']:.4f} | {row['mean_tv']:.4f} |")
+            lines.append(
+                f"| {set_name} | {variant} | {row['positions']} | {row['greedy_agreement']:.4f} | "
+                f"{row['mean_kl']:.5f} | {row['max_kl']:.4f} | {row['mean_tv']:.4f} |"
+            )
     return "\n".join(lines)
 
 
@@ -161,8 +183,10 @@ def parse_variant(name: str) -> tuple[bool, str | None, int, str | None]:
     cached = body.startswith("cache-")
     body = body.removeprefix("cache-")
     scheme, _, group = body.partition("-g")
-    usage = (f"unknown variant {name!r}: use bf16, int8, int4-g32 / -g64 / -g128, or cache-<int8 | int4-gN>, "
-             "the low-bit ones optionally with -head-int8 or -head-int4")
+    usage = (
+        f"unknown variant {name!r}: use bf16, int8, int4-g32 / -g64 / -g128, or cache-<int8 | int4-gN>, "
+        "the low-bit ones optionally with -head-int8 or -head-int4"
+    )
     if head not in ("", "int8", "int4") or (head and "-head-" not in name):
         raise ValueError(usage)
     head_quant = head or None
@@ -175,8 +199,9 @@ def parse_variant(name: str) -> tuple[bool, str | None, int, str | None]:
     raise ValueError(usage)
 
 
-def builders(spec: str, names: Sequence[str], float_dtype: torch.dtype, cache_dir: str | None
-             ) -> dict[str, Callable[[], nn.Module | None]]:
+def builders(
+    spec: str, names: Sequence[str], float_dtype: torch.dtype, cache_dir: str | None
+) -> dict[str, Callable[[], nn.Module | None]]:
     from engine.config import QuantConfig
     from engine.loading import lowbit_cache
     from engine.loading.models import load_model
@@ -201,8 +226,9 @@ def builders(spec: str, names: Sequence[str], float_dtype: torch.dtype, cache_di
 
 def encode(tokenizer, text: str, chat: bool) -> list[int]:
     if chat and getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
         return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
     return list(tokenizer(text)["input_ids"])
 
@@ -214,8 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=128, help="reference continuation length M")
     p.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
-    p.add_argument("--float-dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                   help="dtype of the layers a low-bit model keeps in float (the engine's default: bfloat16)")
+    p.add_argument(
+        "--float-dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float32"),
+        help="dtype of the layers a low-bit model keeps in float (the engine's default: bfloat16)",
+    )
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=None)
@@ -241,21 +271,31 @@ def main(argv: list[str] | None = None) -> int:
     ref = load_model(args.model, dtype=torch.float32, cache_dir=args.cache_dir)
     tok = ref.tokenizer
     prompt_sets = {s: [encode(tok, pr.text, not args.no_chat) for pr in load_prompts(s, args.n)] for s in args.sets}
-    eos = {i for i in (tok.eos_token_id, getattr(ref.model.generation_config, "eos_token_id", None))
-           if isinstance(i, int)}
+    eos = {
+        i for i in (tok.eos_token_id, getattr(ref.model.generation_config, "eos_token_id", None)) if isinstance(i, int)
+    }
     variants = builders(args.model, args.variants, TORCH_DTYPES[args.float_dtype], args.cache_dir)
 
     plan = reference_pass(ref.model, prompt_sets, args.new_tokens, frozenset(eos), log=say)
     del ref  # the float32 model is not needed once its log-probabilities are taken
     gc.collect()
     result = score_variants(plan, variants, args.new_tokens, log=say)
-    result.update(model=args.model, reference="float32 (model cache)", float_dtype=args.float_dtype,
-                  chat_template=not args.no_chat, n_per_set=args.n, torch=torch.__version__,
-                  threads=torch.get_num_threads(), wall_s=round(time.perf_counter() - started, 1))
+    result.update(
+        model=args.model,
+        reference="float32 (model cache)",
+        float_dtype=args.float_dtype,
+        chat_template=not args.no_chat,
+        n_per_set=args.n,
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        wall_s=round(time.perf_counter() - started, 1),
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{args.model}: low-bit variants vs the float32 model, {args.n} prompts per set, "
-          f"teacher-forced on the float32 model's greedy continuation of up to {args.new_tokens} tokens")
+    print(
+        f"{args.model}: low-bit variants vs the float32 model, {args.n} prompts per set, "
+        f"teacher-forced on the float32 model's greedy continuation of up to {args.new_tokens} tokens"
+    )
     print()
     print(table(result))
     print()

@@ -63,9 +63,13 @@ def _measure(llm, prompts: list, params) -> dict:
         stop.set()
         poller.join()
     decode = [r for r in out.metrics.rounds if r.phase == "decode"]
-    return {"target": peaks.get("target", 0), "worker": peaks.get("worker", 0), "worker_before": before,
-            "rows_at_once": max((r.batch_size for r in decode), default=0),
-            "new_tokens": max(len(o.token_ids) for o in out)}
+    return {
+        "target": peaks.get("target", 0),
+        "worker": peaks.get("worker", 0),
+        "worker_before": before,
+        "rows_at_once": max((r.batch_size for r in decode), default=0),
+        "new_tokens": max(len(o.token_ids) for o in out),
+    }
 
 
 def _random_prompts(rows: int, length: int, vocab: int) -> list[list[int]]:
@@ -83,8 +87,9 @@ def _sentence_table(args, llm_kwargs: dict) -> None:
     from engine.ssd.memory import worker_bytes_per_sequence
 
     prompt = "Write a short story about a robot who learns to paint, in three sentences."
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.tokens,
-                            stop_on_eos=False, seed=0)
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.tokens, stop_on_eos=False, seed=0
+    )
     print("| batch | budget | target peak MiB | worker peak MiB | estimate for the cache MiB |")
     print("|---|---|---|---|---|")
     for budget in args.budget:
@@ -94,19 +99,25 @@ def _sentence_table(args, llm_kwargs: dict) -> None:
                 m = _measure(llm, [prompt] * batch, params)
                 context = m["new_tokens"] + len(llm.encode(prompt))
                 estimate = batch * worker_bytes_per_sequence(llm.draft, args.K, budget, context)
-                print(f"| {batch} | {budget} | {m['target'] / 2**20:.0f} | "
-                      f"{m['worker'] / 2**20:.0f} | {estimate / 2**20:.0f} |", flush=True)
+                print(
+                    f"| {batch} | {budget} | {m['target'] / 2**20:.0f} | "
+                    f"{m['worker'] / 2**20:.0f} | {estimate / 2**20:.0f} |",
+                    flush=True,
+                )
 
 
 def _context_table(args, llm_kwargs: dict) -> None:
     from engine import LLM, SamplingParams, SpeculativeConfig
     from engine.ssd.memory import kv_bytes_per_token
 
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.tokens,
-                            stop_on_eos=False, seed=0)
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, max_new_tokens=args.tokens, stop_on_eos=False, seed=0
+    )
     mib = 2**20
-    print("| batch | budget | prompt | rows at once | target peak MiB | worker before MiB | worker peak MiB | "
-          "worker growth MiB | target KV MiB | peak / KV | growth / KV |")
+    print(
+        "| batch | budget | prompt | rows at once | target peak MiB | worker before MiB | worker peak MiB | "
+        "worker growth MiB | target KV MiB | peak / KV | growth / KV |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for budget in args.budget:
         for length in args.prompt_len:
@@ -119,15 +130,29 @@ def _context_table(args, llm_kwargs: dict) -> None:
                     m = _measure(llm, _random_prompts(batch, length, vocab), params)
                     kv = per_token * (length + m["new_tokens"]) * m["rows_at_once"]
                     growth = m["worker"] - m["worker_before"]
-                    row = {"batch": batch, "budget": budget, "K": args.K, "prompt_len": length,
-                           "new_tokens": m["new_tokens"], "rows_at_once": m["rows_at_once"],
-                           "target_peak_bytes": m["target"], "worker_before_bytes": m["worker_before"],
-                           "worker_peak_bytes": m["worker"], "target_kv_bytes": kv,
-                           "kv_bytes_per_token": per_token, "target": args.target, "draft": args.draft,
-                           "dtype": args.dtype, "prefix_caching": args.prefix_caching}
-                    print(f"| {batch} | {budget} | {length} | {m['rows_at_once']} | {m['target'] / mib:.0f} | "
-                          f"{m['worker_before'] / mib:.0f} | {m['worker'] / mib:.0f} | {growth / mib:.0f} | "
-                          f"{kv / mib:.0f} | {m['worker'] / kv:.2f} | {growth / kv:.2f} |", flush=True)
+                    row = {
+                        "batch": batch,
+                        "budget": budget,
+                        "K": args.K,
+                        "prompt_len": length,
+                        "new_tokens": m["new_tokens"],
+                        "rows_at_once": m["rows_at_once"],
+                        "target_peak_bytes": m["target"],
+                        "worker_before_bytes": m["worker_before"],
+                        "worker_peak_bytes": m["worker"],
+                        "target_kv_bytes": kv,
+                        "kv_bytes_per_token": per_token,
+                        "target": args.target,
+                        "draft": args.draft,
+                        "dtype": args.dtype,
+                        "prefix_caching": args.prefix_caching,
+                    }
+                    print(
+                        f"| {batch} | {budget} | {length} | {m['rows_at_once']} | {m['target'] / mib:.0f} | "
+                        f"{m['worker_before'] / mib:.0f} | {m['worker'] / mib:.0f} | {growth / mib:.0f} | "
+                        f"{kv / mib:.0f} | {m['worker'] / kv:.2f} | {growth / kv:.2f} |",
+                        flush=True,
+                    )
                     if args.json is not None:
                         with args.json.open("a") as f:
                             f.write(json.dumps(row) + "\n")
@@ -144,11 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--prompt-len", type=int, nargs="+",
-                   help="a prompt of this many random token ids per row, its own per row (several: a fresh "
-                        "engine each); the table adds the worker's growth against the target's KV")
-    p.add_argument("--no-prefix-caching", action="store_false", dest="prefix_caching",
-                   help="LLM(prefix_caching=False) (an engine without a prefix cache takes no such argument)")
+    p.add_argument(
+        "--prompt-len",
+        type=int,
+        nargs="+",
+        help="a prompt of this many random token ids per row, its own per row (several: a fresh "
+        "engine each); the table adds the worker's growth against the target's KV",
+    )
+    p.add_argument(
+        "--no-prefix-caching",
+        action="store_false",
+        dest="prefix_caching",
+        help="LLM(prefix_caching=False) (an engine without a prefix cache takes no such argument)",
+    )
     p.add_argument("--json", type=Path, help="with --prompt-len: append one JSON line per row of the table here")
     args = p.parse_args(argv)
     if args.json is not None and not args.prompt_len:

@@ -107,18 +107,25 @@ def main(argv: list[str] | None = None) -> int:
         model, summary = variant(loaded.model, name)
         ms = decode_ms(model, prompt, args.steps, args.warmup)
         agree, kl, tv = closeness(ref, next_token_logprobs(model, texts))
-        layers = "all float" if summary is None else (
-            f"{summary['converted']} / {summary['skipped_by_name']} / {summary['skipped_by_shape']}")
+        layers = (
+            "all float"
+            if summary is None
+            else (f"{summary['converted']} / {summary['skipped_by_name']} / {summary['skipped_by_shape']}")
+        )
         rows.append((name, ms, model_bytes(model) / 2**20, layers, agree, kl, tv))
         if model is not loaded.model:
             del model
 
-    print(f"{loaded.name} on {cpu_model()}, {args.threads} thread(s), torch {torch.__version__}; "
-          f"decode: median of {args.steps} steps after {args.warmup}; closeness over {positions} "
-          f"teacher-forced positions of {len(texts)} texts")
+    print(
+        f"{loaded.name} on {cpu_model()}, {args.threads} thread(s), torch {torch.__version__}; "
+        f"decode: median of {args.steps} steps after {args.warmup}; closeness over {positions} "
+        f"teacher-forced positions of {len(texts)} texts"
+    )
     print()
-    print("| variant | ms / token | weights MiB | Linear converted / kept by name / by shape "
-          "| argmax agreement | mean KL (nats) | mean TV |")
+    print(
+        "| variant | ms / token | weights MiB | Linear converted / kept by name / by shape "
+        "| argmax agreement | mean KL (nats) | mean TV |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, ms, mib, layers, agree, kl, tv in rows:
         print(f"| {name} | {ms:.1f} | {mib:.1f} | {layers} | {agree:.3f} | {kl:.4f} | {tv:.4f} |")

@@ -31,9 +31,15 @@ class Shape:
 
     def config(self, vocab: int | None = None) -> Qwen2Config:
         return Qwen2Config(
-            vocab_size=vocab or self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
-            max_position_embeddings=32768, tie_word_embeddings=self.tied, use_sliding_window=False,
+            vocab_size=vocab or self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=32768,
+            tie_word_embeddings=self.tied,
+            use_sliding_window=False,
         )
 
 
@@ -53,8 +59,14 @@ PAIRS = {
 TINY_PAIRS = {"tiny/tiny": (TINY_TARGET, TINY_DRAFT)}
 
 
-def build(shape: Shape, device: torch.device | str, dtype: torch.dtype, seed: int,
-          vocab: int | None = None, agree: bool = False) -> Qwen2ForCausalLM:
+def build(
+    shape: Shape,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    seed: int,
+    vocab: int | None = None,
+    agree: bool = False,
+) -> Qwen2ForCausalLM:
     """A random-weight model of `shape`, made directly on `device` in `dtype` (transformers' own initialisation,
     seeded; the global RNG is restored afterwards); `agree`: a model that repeats its last input token."""
     device = torch.device(device)
@@ -78,8 +90,11 @@ def build(shape: Shape, device: torch.device | str, dtype: torch.dtype, seed: in
     return model
 
 
-def pair(target: Shape, draft: Shape, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
-         agree: bool = False) -> tuple[Qwen2ForCausalLM, Qwen2ForCausalLM]:
+def pair(
+    target: Shape, draft: Shape, device: torch.device | str, dtype: torch.dtype, seed: int = 0, agree: bool = False
+) -> tuple[Qwen2ForCausalLM, Qwen2ForCausalLM]:
     """A target and a draft sharing the target's vocabulary size (`agree`: both repeat the last token)."""
-    return (build(target, device, dtype, seed, agree=agree),
-            build(draft, device, dtype, seed + 1, vocab=target.vocab, agree=agree))
+    return (
+        build(target, device, dtype, seed, agree=agree),
+        build(draft, device, dtype, seed + 1, vocab=target.vocab, agree=agree),
+    )

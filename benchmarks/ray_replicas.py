@@ -42,8 +42,21 @@ def cli(*args: str) -> list[str]:
 
 
 def start(replicas: int | None, port: int, batch: int, rounds: Path | None, log: Path) -> subprocess.Popen:
-    command = cli("serve", "--target", MODEL, "--strategy", "ar", "--threads", "1", "--batch", str(batch),
-                  "--port", str(port), "--shutdown-timeout", "10")
+    command = cli(
+        "serve",
+        "--target",
+        MODEL,
+        "--strategy",
+        "ar",
+        "--threads",
+        "1",
+        "--batch",
+        str(batch),
+        "--port",
+        str(port),
+        "--shutdown-timeout",
+        "10",
+    )
     if replicas is not None:
         command += ["--replicas", str(replicas), "--ray-cpus", str(os.cpu_count())]
     if rounds is not None:
@@ -78,8 +91,10 @@ def stop(process: subprocess.Popen) -> float:
 
 def warm_up(url: str, tokens: int) -> None:
     body = {"model": MODEL, "prompt": "Write a short story about a cat.", "max_tokens": tokens, "temperature": 0}
-    threads = [threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=body, timeout=300))
-               for _ in range(WARMUP_REQUESTS)]
+    threads = [
+        threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=body, timeout=300))
+        for _ in range(WARMUP_REQUESTS)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -87,10 +102,29 @@ def warm_up(url: str, tokens: int) -> None:
 
 
 def bench(url: str, label: str, args, out: Path) -> Path:
-    command = cli("bench", "--url", f"{url}/v1", "--label", label, "--rate", *map(str, args.rates),
-                  "-n", str(args.num_prompts), "--max-new-tokens", str(args.tokens), "--ignore-eos",
-                  "--prompts", "spec_bench", "--temperature", "0", "--out", str(out), "--name", label,
-                  "--no-progress")
+    command = cli(
+        "bench",
+        "--url",
+        f"{url}/v1",
+        "--label",
+        label,
+        "--rate",
+        *map(str, args.rates),
+        "-n",
+        str(args.num_prompts),
+        "--max-new-tokens",
+        str(args.tokens),
+        "--ignore-eos",
+        "--prompts",
+        "spec_bench",
+        "--temperature",
+        "0",
+        "--out",
+        str(out),
+        "--name",
+        label,
+        "--no-progress",
+    )
     subprocess.run(command, check=True)
     return max((p for p in out.glob(f"*-{label}") if p.is_dir()), key=lambda p: p.stat().st_mtime)
 
@@ -108,9 +142,27 @@ def prompt_tokens(run: Path) -> float:
 def predict(rounds: Path, rate: float, replicas: int, prompt_len: int, args, out: Path) -> dict:
     """The simulator's open loop at rate / replicas for one replica (plan's check of a replica count)."""
     path = out / f"predicted-{replicas}x-{rate:g}.json"
-    subprocess.run(cli("simulate", "--fit", str(rounds), "--strategy", "ar", "--batch", str(args.batch),
-                       "--rate", str(rate / replicas), "--prompt-len", str(prompt_len), "--output-len",
-                       str(args.tokens), "--json", str(path)), check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        cli(
+            "simulate",
+            "--fit",
+            str(rounds),
+            "--strategy",
+            "ar",
+            "--batch",
+            str(args.batch),
+            "--rate",
+            str(rate / replicas),
+            "--prompt-len",
+            str(prompt_len),
+            "--output-len",
+            str(args.tokens),
+            "--json",
+            str(path),
+        ),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return json.loads(path.read_text())
 
 
@@ -130,22 +182,36 @@ def main() -> None:
     for system in args.systems:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        process = start(replicas_of[system], port, args.batch, rounds if system == "plain" else None,
-                        args.out / f"{system}-server.log")
+        process = start(
+            replicas_of[system],
+            port,
+            args.batch,
+            rounds if system == "plain" else None,
+            args.out / f"{system}-server.log",
+        )
         try:
             warm_up(url, args.tokens)
             runs[system] = bench(url, system, args, args.out)
         finally:
             stops[system] = stop(process) if process.poll() is None else None
-    summary = {"rates": args.rates, "tokens": args.tokens, "batch": args.batch, "stop_s": stops,
-               "runs": {system: str(run) for system, run in runs.items()},
-               "measured": {system: points(run) for system, run in runs.items()}}
+    summary = {
+        "rates": args.rates,
+        "tokens": args.tokens,
+        "batch": args.batch,
+        "stop_s": stops,
+        "runs": {system: str(run) for system, run in runs.items()},
+        "measured": {system: points(run) for system, run in runs.items()},
+    }
     if rounds.exists():
         prompt_len = round(prompt_tokens(next(iter(runs.values()))))
         summary["prompt_len"] = prompt_len
-        summary["predicted"] = {system: {str(rate): predict(rounds, rate, replicas_of[system] or 1, prompt_len, args,
-                                                            args.out) for rate in args.rates}
-                                for system in runs}
+        summary["predicted"] = {
+            system: {
+                str(rate): predict(rounds, rate, replicas_of[system] or 1, prompt_len, args, args.out)
+                for rate in args.rates
+            }
+            for system in runs
+        }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     (args.out / "summary.md").write_text(table(summary))
     print(table(summary))
@@ -159,8 +225,10 @@ def _ms(value: float | None) -> str:
 def table(summary: dict) -> str:
     """One row per system and rate: measured throughput, TTFT and TPOT p50/p99, and the prediction beside them
     (ms; "overloaded" where the simulator finds the rate beyond the replicas' capacity)."""
-    rows = ["| system | rate (req/s) | output tok/s | TTFT p50 / p99 | predicted | TPOT p50 / p99 | predicted |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| system | rate (req/s) | output tok/s | TTFT p50 / p99 | predicted | TPOT p50 / p99 | predicted |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for system, measured in summary["measured"].items():
         for point in measured:
             rate = point["rate"]
@@ -173,9 +241,11 @@ def table(summary: dict) -> str:
             else:
                 ttft = f"{_ms(result['ttft_ms']['p50'])} / {_ms(result['ttft_ms']['p99'])}"
                 tpot = f"{_ms(result['tpot_ms']['p50'])} / {_ms(result['tpot_ms']['p99'])}"
-            rows.append(f"| {system} | {rate:g} | {point['output_tokens_per_s']:.1f} | "
-                        f"{_ms(point['p50_ttft_ms'])} / {_ms(point['p99_ttft_ms'])} | {ttft} | "
-                        f"{_ms(point['p50_tpot_ms'])} / {_ms(point['p99_tpot_ms'])} | {tpot} |")
+            rows.append(
+                f"| {system} | {rate:g} | {point['output_tokens_per_s']:.1f} | "
+                f"{_ms(point['p50_ttft_ms'])} / {_ms(point['p99_ttft_ms'])} | {ttft} | "
+                f"{_ms(point['p50_tpot_ms'])} / {_ms(point['p99_tpot_ms'])} | {tpot} |"
+            )
     return "\n".join(rows) + "\n"
 
 

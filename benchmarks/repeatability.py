@@ -38,11 +38,24 @@ def table(runs: list[Path]) -> list[dict]:
         found[run.name] = {key.split("/", 1)[1]: entry for key, entry in variants(run).items()}
         if not found[run.name]:
             raise ValueError(f"{run} has no decode rounds: give saguaro bench run folders")
-    shared_sd = set.intersection(*({name for name, (settings, _) in by_key.items()
-                                    if settings["system"] == "sd" and not settings.get("adaptive")}
-                                   for by_key in found.values()))
-    sd_speed = {run: measured_tokens_per_s([r for name in shared_sd for r in by_key[name][1]])
-                for run, by_key in found.items()} if shared_sd else {}
+    shared_sd = set.intersection(
+        *(
+            {
+                name
+                for name, (settings, _) in by_key.items()
+                if settings["system"] == "sd" and not settings.get("adaptive")
+            }
+            for by_key in found.values()
+        )
+    )
+    sd_speed = (
+        {
+            run: measured_tokens_per_s([r for name in shared_sd for r in by_key[name][1]])
+            for run, by_key in found.items()
+        }
+        if shared_sd
+        else {}
+    )
     speeds: dict[str, dict[str, float]] = defaultdict(dict)  # configuration -> run -> tokens/s
     for run, by_key in found.items():
         for name, (_, rows) in by_key.items():
@@ -74,8 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = [run.name for run in args.runs]
-    print("| configuration | " + " | ".join(f"tok/s {n}" for n in names) + " | spread | "
-          + " | ".join(f"over SD {n}" for n in names) + " | spread |")
+    print(
+        "| configuration | "
+        + " | ".join(f"tok/s {n}" for n in names)
+        + " | spread | "
+        + " | ".join(f"over SD {n}" for n in names)
+        + " | spread |"
+    )
     print("|---|" + "---|" * (2 * len(names) + 2))
     for r in rows:
         speeds = " | ".join(f"{r['tokens_per_s'][n]:.3f}" if n in r["tokens_per_s"] else "-" for n in names)
@@ -88,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     leveled = [r for r in rows if "over_sd_spread" in r and not r["configuration"].startswith("sd ")]
     if leveled:
         worst = max(leveled, key=lambda r: r["over_sd_spread"])
-        print(f"largest spread over the run's SD (what leveling leaves): {worst['over_sd_spread']:.1%} "
-              f"({worst['configuration']})")
+        print(
+            f"largest spread over the run's SD (what leveling leaves): {worst['over_sd_spread']:.1%} "
+            f"({worst['configuration']})"
+        )
     if args.json:
         args.json.write_text(json.dumps({"runs": names, "rows": rows}, indent=1) + "\n")
     return 0

@@ -33,10 +33,36 @@ NAME = "smol"
 
 
 def serve_command(args) -> list[str]:
-    return [sys.executable, "-m", "saguaro.cli", "serve", "--target", args.model, "--draft", args.model,
-            "--strategy", "ssd", "-K", "2", "--dtype", "float32", "--threads", "1", "--port", "0",
-            "--served-model-name", NAME, "--batch", str(args.batch), "--max-waiting", "32",
-            "--draft-deadline", str(args.draft_deadline), "--shutdown-timeout", "30"]
+    return [
+        sys.executable,
+        "-m",
+        "saguaro.cli",
+        "serve",
+        "--target",
+        args.model,
+        "--draft",
+        args.model,
+        "--strategy",
+        "ssd",
+        "-K",
+        "2",
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+        "--port",
+        "0",
+        "--served-model-name",
+        NAME,
+        "--batch",
+        str(args.batch),
+        "--max-waiting",
+        "32",
+        "--draft-deadline",
+        str(args.draft_deadline),
+        "--shutdown-timeout",
+        "30",
+    ]
 
 
 def start(args, log: Path) -> tuple[subprocess.Popen, str]:
@@ -77,9 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=480.0, help="seconds of load (at most 600)")
     parser.add_argument("--kill-at", type=float, default=None, help="seconds into the load (default: a third)")
-    parser.add_argument("--warmup", type=float, default=None,
-                        help="seconds of load before the memory counts "
-                             "(default: a quarter of the time before the kill)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds of load before the memory counts (default: a quarter of the time before the kill)",
+    )
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--batch", type=int, default=4, help="the server's batch rows")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -96,10 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = psutil.Process(proc.pid)
         worker = draft_worker(server)
-        config = SoakConfig(url=url, model=NAME, prompts=prompts, duration_s=args.duration,
-                            concurrency=args.concurrency, max_tokens=args.max_tokens, seed=args.seed,
-                            fault_at_s=args.duration / 3 if args.kill_at is None else args.kill_at,
-                            warmup_s=args.warmup)
+        config = SoakConfig(
+            url=url,
+            model=NAME,
+            prompts=prompts,
+            duration_s=args.duration,
+            concurrency=args.concurrency,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            fault_at_s=args.duration / 3 if args.kill_at is None else args.kill_at,
+            warmup_s=args.warmup,
+        )
         result = Soak(config, fault=worker.kill, rss=lambda: server.memory_info().rss).run()
     finally:
         code, left = stop(proc)

@@ -125,8 +125,14 @@ def bound_rows(results: dict[str, dict[int, float]], baseline: str) -> list[dict
             cheapest = min(results, key=lambda name: results[name][n])
             speedup = expected * t1 / results[cheapest][n]
             if best is None or speedup > best["speedup"]:
-                best = dict(alpha=alpha, K=K, tokens_per_round=round(expected, 3), verify_ms=results[cheapest][n],
-                            kernel=cheapest, speedup=round(speedup, 3))
+                best = dict(
+                    alpha=alpha,
+                    K=K,
+                    tokens_per_round=round(expected, 3),
+                    verify_ms=results[cheapest][n],
+                    kernel=cheapest,
+                    speedup=round(speedup, 3),
+                )
         rows.append(best)
     return rows
 
@@ -134,8 +140,9 @@ def bound_rows(results: dict[str, dict[int, float]], baseline: str) -> list[dict
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen-coder-1.5b")
-    parser.add_argument("--systems", nargs="+", default=["llamacpp", "int4", "bf16"],
-                        choices=["llamacpp", "int4", "bf16"])
+    parser.add_argument(
+        "--systems", nargs="+", default=["llamacpp", "int4", "bf16"], choices=["llamacpp", "int4", "bf16"]
+    )
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     parser.add_argument("--context", type=int, default=300, help="cached tokens before the timed forwards")
     parser.add_argument("--reps", type=int, default=7)
@@ -183,12 +190,25 @@ def main() -> int:
         print("| α | best K | tokens/round | verify ms (kernel) | speedup bound |")
         print("|---|---|---|---|---|")
         for b in bounds:
-            print(f"| {b['alpha']} | {b['K']} | {b['tokens_per_round']} | {b['verify_ms']:.1f} ({b['kernel']}) | "
-                  f"{b['speedup']:.2f}× |")
+            print(
+                f"| {b['alpha']} | {b['K']} | {b['tokens_per_round']} | {b['verify_ms']:.1f} ({b['kernel']}) | "
+                f"{b['speedup']:.2f}× |"
+            )
     if args.json:
-        args.json.write_text(json.dumps(dict(cpu=cpu, threads=args.threads, context=args.context, reps=args.reps,
-                                             ms={s: {str(n): v for n, v in r.items()} for s, r in results.items()},
-                                             bounds=bounds), indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                dict(
+                    cpu=cpu,
+                    threads=args.threads,
+                    context=args.context,
+                    reps=args.reps,
+                    ms={s: {str(n): v for n, v in r.items()} for s, r in results.items()},
+                    bounds=bounds,
+                ),
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -34,8 +34,9 @@ class CompileConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_len, int) or self.max_len < 2:
-            raise ValueError(f"max_len (tokens per row of the static cache) must be an integer >= 2, got "
-                             f"{self.max_len!r}")
+            raise ValueError(
+                f"max_len (tokens per row of the static cache) must be an integer >= 2, got {self.max_len!r}"
+            )
         buckets = tuple(sorted({int(b) for b in self.batch_buckets}))
         if not buckets or buckets[0] < 1:
             raise ValueError(f"batch_buckets must list batch sizes >= 1, got {self.batch_buckets!r}")
@@ -43,8 +44,10 @@ class CompileConfig:
         if self.context_buckets is not None:
             widths = tuple(sorted({int(w) for w in self.context_buckets}))
             if not widths or widths[0] < 2 or widths[-1] > self.max_len + 1:
-                raise ValueError(f"context_buckets must be widths in 2..max_len + 1 = {self.max_len + 1}, got "
-                                 f"{self.context_buckets!r}")
+                raise ValueError(
+                    f"context_buckets must be widths in 2..max_len + 1 = {self.max_len + 1}, got "
+                    f"{self.context_buckets!r}"
+                )
             object.__setattr__(self, "context_buckets", widths)
         if self.mode is not None and self.mode not in COMPILE_MODES:
             raise ValueError(f"mode must be one of {', '.join(COMPILE_MODES)} or None (by device), got {self.mode!r}")
@@ -83,8 +86,9 @@ class SlotPlan:
 DEFAULT_ROWS = 8  # slots per model to start with when the batch is not bounded (max_num_seqs None)
 
 
-def slot_plans(settings: CompileConfig | None, K: int | None, fanout_total: int, max_num_seqs: int | None
-               ) -> tuple[SlotPlan | None, SlotPlan | None]:
+def slot_plans(
+    settings: CompileConfig | None, K: int | None, fanout_total: int, max_num_seqs: int | None
+) -> tuple[SlotPlan | None, SlotPlan | None]:
     """The target's and the draft's plans (None, None without `settings`). K: the round's largest K (None: AR);
     fanout_total: SSD's branches per row (0 for SD), each of which holds a slot of the draft's cache."""
     if settings is None:

@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that take a 4-D mask as it is given
 
 
-def _forward(model: torch.nn.Module, cache: SlotCache, keyword: str, tokens: Tensor, positions: Tensor,
-             mask: Tensor) -> Tensor:
+def _forward(
+    model: torch.nn.Module, cache: SlotCache, keyword: str, tokens: Tensor, positions: Tensor, mask: Tensor
+) -> Tensor:
     """One forward of a bucket: logits [B, T, V] (the cache's binding says where the tokens go)."""
-    return model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
-                 **{keyword: cache}).logits
+    return model(
+        input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: cache}
+    ).logits
 
 
 def _own_code(fn: Callable, name: str) -> Callable:
@@ -58,20 +60,33 @@ class SlotModel:
     rows        slots to allocate at first (the cache grows when more rows are alive at once).
     """
 
-    def __init__(self, model: torch.nn.Module, settings: CompileConfig, device: torch.device, *, name: str,
-                 max_tokens: int, rows: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        settings: CompileConfig,
+        device: torch.device,
+        *,
+        name: str,
+        max_tokens: int,
+        rows: int,
+    ):
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention not in MASKED_ATTENTION:
-            raise ValueError(f"the static KV cache needs sdpa or eager attention (a 4-D mask per row), not "
-                             f"{attention!r}: load the {name} with attn_implementation='sdpa', or drop compile")
+            raise ValueError(
+                f"the static KV cache needs sdpa or eager attention (a 4-D mask per row), not "
+                f"{attention!r}: load the {name} with attn_implementation='sdpa', or drop compile"
+            )
         self.model = model
         self.settings = settings
         self.device = device
         self.name = name
         self.max_tokens = max(1, max_tokens)
         self.sdpa = attention == "sdpa"
-        self.cudagraphs = (settings.compiled and device.type == "cuda"  # the modes that capture CUDA graphs
-                           and settings.mode_for(device.type) in ("reduce-overhead", "max-autotune"))
+        self.cudagraphs = (
+            settings.compiled
+            and device.type == "cuda"  # the modes that capture CUDA graphs
+            and settings.mode_for(device.type) in ("reduce-overhead", "max-autotune")
+        )
         self.cache = SlotCache(model.config.get_text_config().num_hidden_layers, rows, settings.max_len)
         self.keyword = cache_keyword(model)
         self.vocab_size = model.get_output_embeddings().out_features
@@ -93,8 +108,9 @@ class SlotModel:
             return None
         return None if rows is None or width is None else (rows, block, width)
 
-    def run(self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int,
-            need: int | None = None) -> Tensor:
+    def run(
+        self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int, need: int | None = None
+    ) -> Tensor:
         """Logits [B, T or logits_to_keep, V] of tokens [B, T] (valid [B, T]) fed to the rows in slots `rows`
         [B] after their `lengths` [B] tokens; `need`: the longest row after them + the scratch column, when the
         caller knows it on the host (else it is read from the device)."""
@@ -105,16 +121,18 @@ class SlotModel:
         if need is None:
             need = 1 + int((lengths + valid.to(torch.long).sum(-1)).max())  # the longest row, + the scratch column
         if need > 1 + self.settings.max_len:
-            raise ValueError(f"a row of {need - 1} tokens does not fit the static KV cache's max_len "
-                             f"{self.settings.max_len}: raise CompileConfig.max_len (--max-len)")
+            raise ValueError(
+                f"a row of {need - 1} tokens does not fit the static KV cache's max_len "
+                f"{self.settings.max_len}: raise CompileConfig.max_len (--max-len)"
+            )
         bucket = self.bucket(B, T, need)
         if bucket is None:
             return self._eager(rows, tokens, valid, lengths, need, logits_to_keep)
         Bb, Tb, W = bucket
         tokens_b = tokens.new_zeros(Bb, Tb)  # [Bb, Tb]: padding rows, holes on the left
         valid_b = torch.zeros(Bb, Tb, dtype=torch.bool, device=tokens.device)
-        tokens_b[:B, Tb - T:] = tokens
-        valid_b[:B, Tb - T:] = valid
+        tokens_b[:B, Tb - T :] = tokens
+        valid_b[:B, Tb - T :] = valid
         rows_b = torch.full((Bb,), SlotCache.PAD_SLOT, dtype=torch.long, device=rows.device)
         rows_b[:B] = rows
         lengths_b = torch.zeros(Bb, dtype=torch.long, device=lengths.device)
@@ -122,7 +140,7 @@ class SlotModel:
         positions, write, sees = block_inputs(lengths_b, valid_b, W)
         self.cache.bind(rows_b, write, W)
         logits = self._call(bucket, tokens_b, positions, self._mask(sees))  # [Bb, Tb, V]
-        return logits[:B, Tb - keep:]
+        return logits[:B, Tb - keep :]
 
     def _call(self, bucket: tuple[int, int, int], tokens: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
         if not self.cache.layers[0].is_initialized:
@@ -158,8 +176,9 @@ class SlotModel:
             forward = torch.compile(own, mode=self.settings.mode_for(self.device.type), dynamic=False)
         return functools.partial(forward, self.model, self.cache, self.keyword)
 
-    def _eager(self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, need: int,
-               logits_to_keep: int) -> Tensor:
+    def _eager(
+        self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, need: int, logits_to_keep: int
+    ) -> Tensor:
         """A block outside the buckets, at its own shape, attending over the `need` columns it reaches."""
         positions, write, sees = block_inputs(lengths, valid, need)
         self.cache.bind(rows, write, need)
@@ -167,8 +186,14 @@ class SlotModel:
         if 0 < logits_to_keep < T:
             # positions as a tensor: transformers then gathers a contiguous block for the head (engine.kv_cache)
             logits_to_keep = torch.arange(T - logits_to_keep, T, device=tokens.device)
-        return self.model(input_ids=tokens, attention_mask=self._mask(sees), position_ids=positions, use_cache=True,
-                          logits_to_keep=logits_to_keep, **{self.keyword: self.cache}).logits
+        return self.model(
+            input_ids=tokens,
+            attention_mask=self._mask(sees),
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **{self.keyword: self.cache},
+        ).logits
 
     def _mask(self, sees: Tensor) -> Tensor:
         """The 4-D mask as the attention implementation takes it: boolean for SDPA, additive for eager."""
@@ -178,8 +203,15 @@ class SlotModel:
         return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(~sees, torch.finfo(dtype).min)
 
 
-def slot_model(model: torch.nn.Module, plan: SlotPlan | None, device: torch.device, name: str, *,
-               prefix_caching: bool = True, max_bytes: int | None = None) -> torch.nn.Module | SlotModel | BlockModel:
+def slot_model(
+    model: torch.nn.Module,
+    plan: SlotPlan | None,
+    device: torch.device,
+    name: str,
+    *,
+    prefix_caching: bool = True,
+    max_bytes: int | None = None,
+) -> torch.nn.Module | SlotModel | BlockModel:
     """What the engine feeds: without a plan the model on a block KV cache (engine.blocks; the model itself
     when its attention takes no 4-D mask), with its prefix cache and its budget of `max_bytes`, else the model on a
     static slot cache."""

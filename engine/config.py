@@ -197,17 +197,24 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         if self.scheme not in DRAFT_QUANTS:
-            raise ValueError(f"unknown quantisation scheme {self.scheme!r}: use one of {', '.join(QUANTS)}, "
-                             f"or {DYNAMIC_INT8} for a draft")
+            raise ValueError(
+                f"unknown quantisation scheme {self.scheme!r}: use one of {', '.join(QUANTS)}, "
+                f"or {DYNAMIC_INT8} for a draft"
+            )
         if self.group_size not in QUANT_GROUP_SIZES:
-            raise ValueError(f"group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
-                             f"got {self.group_size!r}")
+            raise ValueError(
+                f"group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, got {self.group_size!r}"
+            )
         if self.head is not None and self.head not in QUANTS:
-            raise ValueError(f"unknown quantisation scheme {self.head!r} for the output head: use one of "
-                             f"{', '.join(QUANTS)}, or head=None for a float head")
+            raise ValueError(
+                f"unknown quantisation scheme {self.head!r} for the output head: use one of "
+                f"{', '.join(QUANTS)}, or head=None for a float head"
+            )
         if self.head is not None and self.scheme == DYNAMIC_INT8:
-            raise ValueError(f"head={self.head!r} does not apply to {DYNAMIC_INT8}, whose output head is dynamic "
-                             "int8 already: drop head, or use the scheme 'int8' / 'int4'")
+            raise ValueError(
+                f"head={self.head!r} does not apply to {DYNAMIC_INT8}, whose output head is dynamic "
+                "int8 already: drop head, or use the scheme 'int8' / 'int4'"
+            )
 
     @classmethod
     def of(cls, value: QuantConfig | str | None) -> QuantConfig | None:
@@ -216,8 +223,9 @@ class QuantConfig:
             return value
         if isinstance(value, str):
             return cls(value)
-        raise ValueError(f"a quantisation must be a QuantConfig, a scheme name ({', '.join(DRAFT_QUANTS)}) or None, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"a quantisation must be a QuantConfig, a scheme name ({', '.join(DRAFT_QUANTS)}) or None, got {value!r}"
+        )
 
     @property
     def dynamic(self) -> bool:
@@ -277,22 +285,31 @@ class EngineConfig:
         object.__setattr__(self, "compile", CompileConfig.of(self.compile))
         if not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"tp (tensor-parallel ranks of the target) must be an integer >= 1, got {self.tp!r}")
-        if self.kv_cache_memory is not None and (not isinstance(self.kv_cache_memory, int)
-                                                 or isinstance(self.kv_cache_memory, bool)
-                                                 or self.kv_cache_memory < 1):
-            raise ValueError(f"kv_cache_memory must be a number of bytes >= 1 (or None: no limit), got "
-                             f"{self.kv_cache_memory!r}")
+        if self.kv_cache_memory is not None and (
+            not isinstance(self.kv_cache_memory, int)
+            or isinstance(self.kv_cache_memory, bool)
+            or self.kv_cache_memory < 1
+        ):
+            raise ValueError(
+                f"kv_cache_memory must be a number of bytes >= 1 (or None: no limit), got {self.kv_cache_memory!r}"
+            )
         if self.tp > 1 and self.compile is not None:
             raise ValueError("compile and tp > 1 do not combine yet: drop one of them")
         if self.tp > 1 and self.target_quant is not None:
-            raise ValueError(f"a tensor-parallel target shards float weights: drop target_quant "
-                             f"{self.target_quant.scheme} or use tp=1")
+            raise ValueError(
+                f"a tensor-parallel target shards float weights: drop target_quant "
+                f"{self.target_quant.scheme} or use tp=1"
+            )
         if self.target_quant is not None and self.target_quant.dynamic:
-            raise ValueError(f"target_quant {DYNAMIC_INT8} is for the draft only: its activation scale spans the "
-                             "batch, so the target's distribution would depend on what shares it; use int8 or int4")
+            raise ValueError(
+                f"target_quant {DYNAMIC_INT8} is for the draft only: its activation scale spans the "
+                "batch, so the target's distribution would depend on what shares it; use int8 or int4"
+            )
         if self.draft_quant is not None and self.draft_quant.dynamic and self.draft_dtype not in (None, "float32"):
-            raise ValueError(f"a dynamic int8 draft keeps its other layers in float32: drop "
-                             f"draft_dtype={self.draft_dtype!r} (or use draft_quant 'int8' / 'int4')")
+            raise ValueError(
+                f"a dynamic int8 draft keeps its other layers in float32: drop "
+                f"draft_dtype={self.draft_dtype!r} (or use draft_quant 'int8' / 'int4')"
+            )
         if self.strategy is not Strategy.AR and self.draft is None:
             raise ValueError(f"strategy {self.strategy.value} needs a draft model: pass draft=...")
         if self.threads is not None and self.threads < 1:
@@ -333,8 +350,10 @@ REMOVED_QUANT_ARGUMENTS: dict[str, str] = {
 
 
 def _deprecation_message(caller: str, name: str) -> str:
-    return (f"{caller}({name}=...) is deprecated since {DEPRECATED_IN} and will be removed in {REMOVED_IN}: "
-            f"use {REMOVED_QUANT_ARGUMENTS[name]}")
+    return (
+        f"{caller}({name}=...) is deprecated since {DEPRECATED_IN} and will be removed in {REMOVED_IN}: "
+        f"use {REMOVED_QUANT_ARGUMENTS[name]}"
+    )
 
 
 def _scheme(value: QuantConfig | str | None) -> str | None:
@@ -342,7 +361,9 @@ def _scheme(value: QuantConfig | str | None) -> str | None:
 
 
 def replace_removed_quant_arguments(
-    target_quant: QuantConfig | str | None, draft_quant: QuantConfig | str | None, removed: dict[str, object],
+    target_quant: QuantConfig | str | None,
+    draft_quant: QuantConfig | str | None,
+    removed: dict[str, object],
     caller: str = "LLM",
 ) -> tuple[QuantConfig | None, QuantConfig | None, list[str]]:
     """target_quant and draft_quant with the removed arguments in `removed` folded in, and a deprecation message
@@ -357,19 +378,22 @@ def replace_removed_quant_arguments(
     messages = [_deprecation_message(caller, name) for name in REMOVED_QUANT_ARGUMENTS if name in removed]
     if removed.get("draft_int8"):
         if draft_quant is not None and _scheme(draft_quant) != DYNAMIC_INT8:
-            raise ValueError(f"draft_int8=True means draft_quant={DYNAMIC_INT8!r}, which conflicts with "
-                             f"draft_quant={draft_quant!r}: give only draft_quant")
+            raise ValueError(
+                f"draft_int8=True means draft_quant={DYNAMIC_INT8!r}, which conflicts with "
+                f"draft_quant={draft_quant!r}: give only draft_quant"
+            )
         draft_quant = draft_quant if draft_quant is not None else DYNAMIC_INT8
     target, draft = QuantConfig.of(target_quant), QuantConfig.of(draft_quant)
     group = removed.get("quant_group_size")
     if group is not None:
         if group not in QUANT_GROUP_SIZES:
-            raise ValueError(f"quant_group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, "
-                             f"got {group!r}")
+            raise ValueError(f"quant_group_size must be one of {', '.join(map(str, QUANT_GROUP_SIZES))}, got {group!r}")
         for model, given in (("target", target_quant), ("draft", draft_quant)):
             if isinstance(given, QuantConfig) and given.group_size != group:
-                raise ValueError(f"quant_group_size={group} conflicts with {model}_quant={given!r}: give only "
-                                 f"{model}_quant's group_size")
+                raise ValueError(
+                    f"quant_group_size={group} conflicts with {model}_quant={given!r}: give only "
+                    f"{model}_quant's group_size"
+                )
         target = None if target is None else replace(target, group_size=group)
         draft = None if draft is None else replace(draft, group_size=group)
     out = {}
@@ -379,11 +403,15 @@ def replace_removed_quant_arguments(
             if not isinstance(head, str):
                 raise ValueError(f"{model}_head_quant must be 'int8' or 'int4', got {head!r}")
             if quant is None:
-                raise ValueError(f"{model}_head_quant={head!r} needs {model}_quant 'int8' or 'int4' (got None): set "
-                                 f"{model}_quant=QuantConfig(scheme, head={head!r})")
+                raise ValueError(
+                    f"{model}_head_quant={head!r} needs {model}_quant 'int8' or 'int4' (got None): set "
+                    f"{model}_quant=QuantConfig(scheme, head={head!r})"
+                )
             if quant.head is not None and quant.head != head:
-                raise ValueError(f"{model}_head_quant={head!r} conflicts with {model}_quant={quant!r}: give only "
-                                 f"{model}_quant's head")
+                raise ValueError(
+                    f"{model}_head_quant={head!r} conflicts with {model}_quant={quant!r}: give only "
+                    f"{model}_quant's head"
+                )
             quant = replace(quant, head=head)  # QuantConfig checks the head against the scheme
         out[model] = quant
     return out["target"], out["draft"], messages

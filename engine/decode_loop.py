@@ -73,8 +73,15 @@ class Prefilling:
 
 
 class DecodeLoop:
-    def __init__(self, target: torch.nn.Module, proposer: Proposer, *, pad_id: int, device: torch.device,
-                 scheduler: SchedulerConfig):
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        proposer: Proposer,
+        *,
+        pad_id: int,
+        device: torch.device,
+        scheduler: SchedulerConfig,
+    ):
         self.target = target
         self.proposer = proposer
         self.pad_id = pad_id
@@ -187,7 +194,7 @@ class DecodeLoop:
         slices, room = [], self.scheduler.config.max_prefill_tokens
         for i, seq in enumerate(group.seqs):
             n = group.left(i) if room is None else min(group.left(i), room)
-            slices.append(seq.prompt_ids[group.fed[i]: group.fed[i] + n])
+            slices.append(seq.prompt_ids[group.fed[i] : group.fed[i] + n])
             room = None if room is None else room - n
         complete = [i for i, part in enumerate(slices) if part and len(part) == group.left(i)]
         done = [group.seqs[i] for i in complete]
@@ -212,9 +219,16 @@ class DecodeLoop:
                 whole = not rest and len(rows) == len(group.seqs)  # the common case: the group's cache as it is
                 state = group.state if whole else group.state.fork(rows)
                 self._join([done[j] for j in going_on], state, first[going_on])
-        self.recorder.prefill(self.proposer.name, self.proposer.K, len(group.seqs), max(len(p) for p in slices),
-                              verify_ms=verify_ms, draft_ms=t1.ms(), round_ms=t0.ms(),
-                              context_len=context_len)
+        self.recorder.prefill(
+            self.proposer.name,
+            self.proposer.K,
+            len(group.seqs),
+            max(len(p) for p in slices),
+            verify_ms=verify_ms,
+            draft_ms=t1.ms(),
+            round_ms=t0.ms(),
+            context_len=context_len,
+        )
         if rest:
             group.keep(rest)
         else:
@@ -311,8 +325,17 @@ class DecodeLoop:
         emitted = [len(c.token_ids) if c else 0 for c in chunks]
         self.pending = result.bonus.to(self.device)
         self._count_round(telemetry, accepted, emitted, K)
-        self.recorder.decode(self.proposer.name, K, context_len, accepted, emitted, verify_ms, t0.ms(),
-                             [s.index for s in self.running], telemetry)
+        self.recorder.decode(
+            self.proposer.name,
+            K,
+            context_len,
+            accepted,
+            emitted,
+            verify_ms,
+            t0.ms(),
+            [s.index for s in self.running],
+            telemetry,
+        )
         self._retire()
         return [c for c in chunks if c is not None]
 
@@ -384,8 +407,9 @@ class DecodeLoop:
         self.rows = RowSampling([s.params for s in self.running])
         self.seeds = np.asarray([s.seed for s in self.running], dtype=np.int64)  # keyed random numbers' seeds
         self.invariant = [s.params.invariant for s in self.running]  # drafter-invariant rows (engine.invariant)
-        self.greedy = all(s.params.greedy and s.params.logprobs_mode is not LogprobsMode.PROCESSED
-                          for s in self.running)
+        self.greedy = all(
+            s.params.greedy and s.params.logprobs_mode is not LogprobsMode.PROCESSED for s in self.running
+        )
 
     def close(self) -> None:
         self.proposer.close()

@@ -89,12 +89,12 @@ class IncrementalDecoder:
         if self._context is None:
             self._context = self._decode(self._window[: self._read])
         if text.startswith(self._context):
-            return text[len(self._context):]
-        return self._decode(self._window[self._read:])
+            return text[len(self._context) :]
+        return self._decode(self._window[self._read :])
 
     def _advance(self) -> None:
         """Every id is final: the ids just decoded become the context for the next ones."""
-        self._window = self._window[self._read:]
+        self._window = self._window[self._read :]
         self._read = len(self._window)
         self._context, self._tail = None, ""
 
@@ -174,5 +174,5 @@ class OutputText:
         start = min(keep_from, self._final_len)
         if start > self._open_start:
             self._done.append(self._open[: start - self._open_start])
-            self._open = self._open[start - self._open_start:]
+            self._open = self._open[start - self._open_start :]
             self._open_start = start

@@ -64,8 +64,7 @@ def draft_steps(
         drawn = host.upload(torch.from_numpy(generator.uniforms(Purpose.DRAFT, K)), logits.device)  # [N, K]
         rows = [b for b, p in enumerate(params.params) if p.invariant]
         if rows:
-            on = host.tensor([[b, generator.seeds[b], generator.positions[b]] for b in rows], torch.long,
-                             logits.device)
+            on = host.tensor([[b, generator.seeds[b], generator.positions[b]] for b in rows], torch.long, logits.device)
             race = (on[:, 0], on[:, 1], on[:, 2])
     for i in range(K):
         if i > 0 and stop_below is not None and bool((logits.softmax(-1).amax(-1) < stop_below).all()):
@@ -98,8 +97,10 @@ def draft_steps(
 
 
 def _no_maximum(bad: Tensor) -> RuntimeError:
-    return RuntimeError(f"logits row {tuple(int(i) for i in bad.nonzero()[0].tolist())} has no finite maximum (all "
-                        f"-inf, NaN or +inf): nothing can be sampled from it; a model or logits-processor bug")
+    return RuntimeError(
+        f"logits row {tuple(int(i) for i in bad.nonzero()[0].tolist())} has no finite maximum (all "
+        f"-inf, NaN or +inf): nothing can be sampled from it; a model or logits-processor bug"
+    )
 
 
 def draft_from(
@@ -121,8 +122,9 @@ def draft_from(
     never at the target, so the shorter block is verified exactly like a block of that length chosen in advance. Draft
     forwards made, the one that gave `logits` included: K' + (K' < K)."""
     ys, qs, zs = [], [], []
-    for y, q, z, _ in draft_steps(state, logits, K, saguaro_top, C, params, generator, active, stop_below,
-                                  checks=checks):
+    for y, q, z, _ in draft_steps(
+        state, logits, K, saguaro_top, C, params, generator, active, stop_below, checks=checks
+    ):
         ys.append(y)
         qs.append(q)
         if keep_logits:

@@ -115,8 +115,9 @@ def _absorb(h: Tensor, x: Tensor | int) -> Tensor:
 def _check_int64(name: str, t: Tensor) -> None:
     if not isinstance(t, Tensor) or t.dtype != torch.int64:
         got = t.dtype if isinstance(t, Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be a torch.int64 tensor, got {got}: pass torch.as_tensor({name}, "
-                         "dtype=torch.int64)")
+        raise ValueError(
+            f"{name} must be a torch.int64 tensor, got {got}: pass torch.as_tensor({name}, dtype=torch.int64)"
+        )
 
 
 def _check_keys_meta(seeds: Tensor, positions: Tensor, index: Tensor | int) -> None:
@@ -126,12 +127,16 @@ def _check_keys_meta(seeds: Tensor, positions: Tensor, index: Tensor | int) -> N
     if seeds.dim() != 1:
         raise ValueError(f"seeds must have shape [B], got {tuple(seeds.shape)}")
     if positions.dim() != 2 or positions.shape[0] not in (1, seeds.shape[0]):
-        raise ValueError(f"positions must have shape [B, n] (or [1, n] / [B, 1]) with B = {seeds.shape[0]}, got "
-                         f"{tuple(positions.shape)}: pass positions[None, :] for positions shared by every row, "
-                         "positions[:, None] for one position per row")
+        raise ValueError(
+            f"positions must have shape [B, n] (or [1, n] / [B, 1]) with B = {seeds.shape[0]}, got "
+            f"{tuple(positions.shape)}: pass positions[None, :] for positions shared by every row, "
+            "positions[:, None] for one position per row"
+        )
     if seeds.device != positions.device:
-        raise ValueError(f"seeds and positions must be on one device, got {seeds.device} and {positions.device}: "
-                         "move them with .to(device)")
+        raise ValueError(
+            f"seeds and positions must be on one device, got {seeds.device} and {positions.device}: "
+            "move them with .to(device)"
+        )
     if isinstance(index, Tensor):
         _check_int64("index", index)
         rows = seeds.shape[0]
@@ -155,11 +160,15 @@ def check_keys(seeds: Tensor, positions: Tensor, index: Tensor | int = 0) -> Non
     too_large = torch.stack([(t >= POSITION_LIMIT).any() for t in parts[1:]]).any()
     bad_low, bad_high = torch.stack([negative, too_large]).tolist()  # the one read
     if bad_low:
-        raise ValueError("seeds, positions and index must be >= 0: seeds are in [0, 2^63) (take a negative or "
-                         "larger seed modulo 2^63), positions and indices count from 0")
+        raise ValueError(
+            "seeds, positions and index must be >= 0: seeds are in [0, 2^63) (take a negative or "
+            "larger seed modulo 2^63), positions and indices count from 0"
+        )
     if bad_high:
-        raise ValueError("positions and index must be < 2^40: a token position or token id never reaches that; "
-                         "check that no seed was passed as a position")
+        raise ValueError(
+            "positions and index must be < 2^40: a token position or token id never reaches that; "
+            "check that no seed was passed as a position"
+        )
 
 
 def _purpose(purpose: Purpose | int) -> Purpose:
@@ -175,8 +184,9 @@ def _position_words(seeds: Tensor, positions: Tensor, purpose: Purpose) -> Tenso
     return _absorb(_absorb(seeds, 0)[:, None], counter)  # [B, n]
 
 
-def keyed_bits(seeds: Tensor, positions: Tensor, purpose: Purpose, index: Tensor | int = 0, *,
-               check: bool = True) -> Tensor:
+def keyed_bits(
+    seeds: Tensor, positions: Tensor, purpose: Purpose, index: Tensor | int = 0, *, check: bool = True
+) -> Tensor:
     """The 64-bit words `bits(seed, position, purpose, index)` as int64 (two's complement), `[B] x [B, n] -> [B, n]`.
 
     `positions` is [B, n], or [1, n] / [B, 1] to broadcast; `index` an int or an int64 tensor broadcastable to
@@ -198,11 +208,18 @@ def uniforms_from_bits(words: Tensor, dtype: torch.dtype = torch.float32) -> Ten
     _check_dtype(dtype)
     bits = 24 if dtype == torch.float32 else 53
     top = torch.bitwise_right_shift(words, 64 - bits).bitwise_and_((1 << bits) - 1)
-    return top.to(dtype).mul_(2.0 ** -bits)
+    return top.to(dtype).mul_(2.0**-bits)
 
 
-def keyed_uniforms(seeds: Tensor, positions: Tensor, purpose: Purpose, dtype: torch.dtype = torch.float32,
-                   index: Tensor | int = 0, *, check: bool = True) -> Tensor:
+def keyed_uniforms(
+    seeds: Tensor,
+    positions: Tensor,
+    purpose: Purpose,
+    dtype: torch.dtype = torch.float32,
+    index: Tensor | int = 0,
+    *,
+    check: bool = True,
+) -> Tensor:
     """Uniforms in [0, 1) keyed by (seed, position, purpose, index): `[B] x [B, n] -> [B, n]` of `dtype`.
 
     float32 carries 24 random bits, float64 53; exactly 0 can occur (probability 2^-24 or 2^-53), 1 never does.
@@ -225,13 +242,14 @@ def _gumbel_from_bits_(words: Tensor, dtype: torch.dtype) -> Tensor:
     """gumbel_from_bits, overwriting `words` (which the caller owns) to save its memory."""
     _check_dtype(dtype)
     k = words.bitwise_right_shift_(12).bitwise_and_((1 << 52) - 1)
-    u = k.mul_(2).add_(1).to(torch.float64).mul_(2.0 ** -53)  # (2k + 1) / 2^53, exact
+    u = k.mul_(2).add_(1).to(torch.float64).mul_(2.0**-53)  # (2k + 1) / 2^53, exact
     del words, k
     return u.log_().neg_().log_().neg_().to(dtype)
 
 
-def keyed_gumbel(seeds: Tensor, positions: Tensor, vocab: int, dtype: torch.dtype = torch.float32, *,
-                 check: bool = True) -> Tensor:
+def keyed_gumbel(
+    seeds: Tensor, positions: Tensor, vocab: int, dtype: torch.dtype = torch.float32, *, check: bool = True
+) -> Tensor:
     """Gumbel noise per (seed, position, token id), purpose GUMBEL: `[B] x [B, n] -> [B, n, V]` of `dtype`.
 
     A position's noise depends only on its seed, the position and the token id, never on n, B or the other rows,
@@ -267,11 +285,12 @@ def token_uniforms(seeds: Tensor, positions: Tensor, V: int, ids: Tensor | None 
     else:
         words = _absorb(at, ids)  # [B, n, M]
     k = words.bitwise_right_shift_(12).bitwise_and_((1 << 52) - 1)
-    return k.mul_(2).add_(1).to(torch.float64).mul_(2.0 ** -53)  # (2k + 1) / 2^53: never 0 or 1
+    return k.mul_(2).add_(1).to(torch.float64).mul_(2.0**-53)  # (2k + 1) / 2^53: never 0 or 1
 
 
 # The pure-Python reference: the same construction on Python integers modulo 2^64, for the tests and for anyone
 # reimplementing it.
+
 
 def reference_mix(z: int) -> int:
     """SplitMix64's finaliser on an unsigned 64-bit integer."""
@@ -287,20 +306,19 @@ def reference_absorb(h: int, x: int) -> int:
 
 def reference_bits(seed: int, position: int, purpose: int, index: int = 0) -> int:
     """bits(seed, position, purpose, index) as an unsigned integer in [0, 2^64)."""
-    return reference_absorb(reference_absorb(reference_absorb(seed, 0), PURPOSE_SLOTS * position + int(purpose)),
-                            index)
+    return reference_absorb(reference_absorb(reference_absorb(seed, 0), PURPOSE_SLOTS * position + int(purpose)), index)
 
 
 def reference_uniform(seed: int, position: int, purpose: int, index: int = 0, bits: int = 53) -> float:
     """The uniform keyed_uniforms returns: bits = 24 for float32 (exactly representable), 53 for float64."""
     if bits not in (24, 53):
         raise ValueError(f"bits must be 24 (float32) or 53 (float64), got {bits}")
-    return (reference_bits(seed, position, purpose, index) >> (64 - bits)) * 2.0 ** -bits
+    return (reference_bits(seed, position, purpose, index) >> (64 - bits)) * 2.0**-bits
 
 
 def reference_gumbel(seed: int, position: int, token: int) -> float:
     """The float64 Gumbel value keyed_gumbel computes before rounding to its dtype (up to the last bit of log)."""
-    u = ((reference_bits(seed, position, Purpose.GUMBEL, token) >> 12) * 2 + 1) * 2.0 ** -53
+    u = ((reference_bits(seed, position, Purpose.GUMBEL, token) >> 12) * 2 + 1) * 2.0**-53
     return -math.log(-math.log(u))
 
 
@@ -335,4 +353,4 @@ def host_bits(seeds: np.ndarray, positions: np.ndarray, purpose: Purpose, index:
 def host_uniforms(seeds: np.ndarray, positions: np.ndarray, purpose: Purpose) -> np.ndarray:
     """`keyed_uniforms` in float64 on the host (53 bits, in [0, 1 - 2^-53]): [B] x [B, n] -> [B, n], the same
     values bit for bit."""
-    return (host_bits(seeds, positions, purpose) >> _U64(11)).astype(np.float64) * 2.0 ** -53
+    return (host_bits(seeds, positions, purpose) >> _U64(11)).astype(np.float64) * 2.0**-53

@@ -49,8 +49,9 @@ class CacheState(Protocol):
     @property
     def batch_size(self) -> int: ...
 
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
-               fed: list[int] | None = None) -> Tensor: ...
+    def extend(
+        self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0, fed: list[int] | None = None
+    ) -> Tensor: ...
 
     def rollback(self, drop: Tensor | list[int]) -> None: ...
 
@@ -113,8 +114,9 @@ class KVState:
         return self.mask.shape[0]
 
     @torch.inference_mode()
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
-               fed: list[int] | None = None) -> Tensor:
+    def extend(
+        self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0, fed: list[int] | None = None
+    ) -> Tensor:
         """Feed tokens [B, T] (slots where valid [B, T] is False are holes); return logits.
 
         logits_to_keep > 0 computes logits for the last that many slots only (prefill wants one).
@@ -169,12 +171,19 @@ class KVState:
         live = mask.any(dim=0)  # [L]
         L = live.numel()
         last_live = (L - live.flip(0).long().argmax()) * live.any() if L else live.new_zeros((), dtype=torch.long)
-        bad, any_drop, last_live, dead = torch.stack([
-            ((drop < 0) | (drop > self.lengths)).any().long(), drop.any().long(), last_live, (~live).sum(),
-        ]).tolist()  # one read
+        bad, any_drop, last_live, dead = torch.stack(
+            [
+                ((drop < 0) | (drop > self.lengths)).any().long(),
+                drop.any().long(),
+                last_live,
+                (~live).sum(),
+            ]
+        ).tolist()  # one read
         if bad:
-            raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {self.lengths.tolist()}: each row "
-                             f"can forget 0 up to its own length (to extend a row, feed it tokens)")
+            raise ValueError(
+                f"roll-back of {drop.tolist()} tokens from rows of {self.lengths.tolist()}: each row "
+                f"can forget 0 up to its own length (to extend a row, feed it tokens)"
+            )
         if not any_drop:
             return
         self.mask = mask
@@ -252,8 +261,9 @@ class KVState:
             return
         if live is None:
             live = self.mask.any(dim=0)  # [L]
-            last_live, dead = torch.stack([
-                (live.numel() - live.flip(0).long().argmax()) * live.any(), (~live).sum()]).tolist()  # one read
+            last_live, dead = torch.stack(
+                [(live.numel() - live.flip(0).long().argmax()) * live.any(), (~live).sum()]
+            ).tolist()  # one read
         if dead == 0:
             return
         extra = self.mask.shape[1] - last_live

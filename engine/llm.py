@@ -170,15 +170,21 @@ class LLM:
             self._tp, loaded_tokenizer = start_target(target, config, self.device)
             target_model = self._tp.model
         else:
-            target_model, loaded_tokenizer = engine_model(target, config.target_quant, dtype=TORCH_DTYPES[dtype],
-                                                          device=self.device, cache_dir=cache_dir)
+            target_model, loaded_tokenizer = engine_model(
+                target, config.target_quant, dtype=TORCH_DTYPES[dtype], device=self.device, cache_dir=cache_dir
+            )
         self.target: PreTrainedModel | None = target_model
         self.tokenizer = tokenizer or loaded_tokenizer
         self.draft: PreTrainedModel | None = None
         self._draft_given = None
         if draft is not None and config.strategy is not Strategy.AR:
-            self.draft, _ = engine_model(draft, config.draft_quant, dtype=TORCH_DTYPES[config.draft_float_dtype],
-                                         device=self.device, cache_dir=cache_dir)
+            self.draft, _ = engine_model(
+                draft,
+                config.draft_quant,
+                dtype=TORCH_DTYPES[config.draft_float_dtype],
+                device=self.device,
+                cache_dir=cache_dir,
+            )
             _check_vocab(target_model, self.draft)
             # SSD's worker process rebuilds a draft given as a model from its weights (the exact
             # model passed, before quantisation, which the worker applies), and one given by alias /
@@ -195,22 +201,41 @@ class LLM:
         target_plan, draft_plan = slot_plans(config.compile, K, branches, max_num_seqs)
         # what the loop and the proposers feed: the models, on the static slot cache when compiled, the target
         # through its ranks when tensor-parallel (engine.kv_cache.new_state makes their states)
-        self._fed_target = self._tp if self._tp is not None else slot_model(
-            target_model, target_plan, self.device, "target", prefix_caching=config.prefix_caching,
-            max_bytes=config.kv_cache_memory)
-        self._fed_draft = None if self.draft is None else slot_model(self.draft, draft_plan, self.device, "draft",
-                                                                     prefix_caching=config.prefix_caching)
+        self._fed_target = (
+            self._tp
+            if self._tp is not None
+            else slot_model(
+                target_model,
+                target_plan,
+                self.device,
+                "target",
+                prefix_caching=config.prefix_caching,
+                max_bytes=config.kv_cache_memory,
+            )
+        )
+        self._fed_draft = (
+            None
+            if self.draft is None
+            else slot_model(self.draft, draft_plan, self.device, "draft", prefix_caching=config.prefix_caching)
+        )
         self.loop = loop = DecodeLoop(
             self._fed_target,  # type: ignore[arg-type]  # typed nn.Module there; it takes any model
             # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel, TPTarget)
-            NoDraft(self.vocab_size, self.device), pad_id=self.pad_id, device=self.device, scheduler=scheduler)
+            NoDraft(self.vocab_size, self.device),
+            pad_id=self.pad_id,
+            device=self.device,
+            scheduler=scheduler,
+        )
         if max_num_seqs is not None and self.max_context is not None:  # what a KV-cache usage is a share of
             loop.stats.cache_capacity_tokens = max_num_seqs * self.max_context
         self._kv_limit: MemoryLimit | None = None
         self._kv_pool = pool = self._fed_target.pool if isinstance(self._fed_target, BlockModel) else None
         if config.kv_cache_memory is not None and pool is not None and pool.max_blocks is not None:
-            self._kv_limit = MemoryLimit((pool.max_blocks - 1) * pool.bytes_per_block, self._kv_bytes,  # - scratch
-                                         "the target's KV cache")
+            self._kv_limit = MemoryLimit(
+                (pool.max_blocks - 1) * pool.bytes_per_block,
+                self._kv_bytes,  # - scratch
+                "the target's KV cache",
+            )
             loop.scheduler.limit_by_memory(self._kv_limit)
         self._start_proposer()
 
@@ -241,7 +266,10 @@ class LLM:
             loop.proposer = InProcessDraft(
                 self._fed_draft,  # type: ignore[arg-type]  # typed nn.Module there; it takes any model
                 # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel)
-                spec, self.pad_id, self.device)
+                spec,
+                self.pad_id,
+                self.device,
+            )
         elif strategy is Strategy.SSD:
             from engine.ssd.channel import open_channel
             from engine.ssd.memory import check_budget, memory_limit
@@ -249,20 +277,37 @@ class LLM:
             from engine.strategies.ssd import DraftWorkerProposer
 
             if spec.budget != "auto" and self.draft is not None:  # "auto" sizes itself to the verify
-                branches = spec.budget if isinstance(spec.budget, int) else max(
-                    sum(spec.fanouts), sum(spec.fanout_backup or ()))
+                branches = (
+                    spec.budget
+                    if isinstance(spec.budget, int)
+                    else max(sum(spec.fanouts), sum(spec.fanout_backup or ()))
+                )
                 # in process the draft sits on the target's device; its own process picks as the channel does
-                draft_device = (self.device if spec.placement.in_process
-                                else draft_device_for(self.device, spec.placement.draft_device))
+                draft_device = (
+                    self.device
+                    if spec.placement.in_process
+                    else draft_device_for(self.device, spec.placement.draft_device)
+                )
                 tree = isinstance(self._fed_draft, BlockModel)  # branches as a tree over the row, not copies
                 check_budget(self.draft, spec.K, branches, draft_device, tree)
                 loop.scheduler.limit_by_memory(memory_limit(self.draft, spec.K, branches, draft_device, tree))
             # open_channel and DraftWorkerProposer type the draft they feed as nn.Module; they take any model
             # engine.kv_cache.new_state feeds (a model, SlotModel, BlockModel)
-            opener = open_channel(self._fed_draft,  # type: ignore[arg-type]  # (above)
-                                  self._draft_given, self.config, self.pad_id, self.device)
-            proposer = DraftWorkerProposer(opener, spec, self.vocab_size, self.pad_id, self.device,
-                                           draft=self._fed_draft)  # type: ignore[arg-type]  # (above)
+            opener = open_channel(
+                self._fed_draft,  # type: ignore[arg-type]  # (above)
+                self._draft_given,
+                self.config,
+                self.pad_id,
+                self.device,
+            )
+            proposer = DraftWorkerProposer(
+                opener,
+                spec,
+                self.vocab_size,
+                self.pad_id,
+                self.device,
+                draft=self._fed_draft,  # type: ignore[arg-type]  # (above)
+            )
             loop.proposer = proposer
             try:  # start the worker now, so that loading its model is not charged to the first request
                 proposer.start()
@@ -284,8 +329,9 @@ class LLM:
         limit = getattr(self.target.config, "max_position_embeddings", None)
         if self.config.compile is not None:
             # a row of the static cache holds max_len tokens; an SSD branch row drafts K past the speculation
-            room = self.config.compile.max_len - (self.config.speculative.K if self.config.strategy is Strategy.SSD
-                                                  else 0)
+            room = self.config.compile.max_len - (
+                self.config.speculative.K if self.config.strategy is Strategy.SSD else 0
+            )
             limit = min(limit or room, room)
         return limit
 
@@ -302,7 +348,7 @@ class LLM:
 
     @property
     def strategy_in_use(self) -> str:
-        """"ar", "sd" or "ssd"; after an SSD worker fault, the fallback's name."""
+        """ "ar", "sd" or "ssd"; after an SSD worker fault, the fallback's name."""
         return self._open_loop.proposer.name
 
     @property
@@ -329,9 +375,16 @@ class LLM:
         through the tokenizer's chat template, ready for the assistant's answer."""
         return encode_chat(self.tokenizer, messages)
 
-    def make_sequence(self, prompt_ids: list[int], params: SamplingParams, *, index: int = 0,
-                      request_id: str | None = None, seed: int | None = None,
-                      arrival_s: float | None = None) -> Sequence:
+    def make_sequence(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        index: int = 0,
+        request_id: str | None = None,
+        seed: int | None = None,
+        arrival_s: float | None = None,
+    ) -> Sequence:
         """A request ready to submit to the loop; ValueError if it cannot fit the model's context."""
         max_pos, lookahead = self.max_context, self.lookahead
         if max_pos is not None and len(prompt_ids) + params.max_new_tokens + lookahead > max_pos:
@@ -347,14 +400,23 @@ class LLM:
                 raise ValueError(
                     f"prompt {index} with max_new_tokens={params.max_new_tokens} may need {need / 2**20:.1f} MiB of "
                     f"the target's KV cache, more than its budget of {limit.available_bytes / 2**20:.1f} MiB: raise "
-                    "kv_cache_memory, or shorten the prompt or lower max_new_tokens")
+                    "kv_cache_memory, or shorten the prompt or lower max_new_tokens"
+                )
         seq_id = next(self._seq_ids)
         if seed is None:
             seed = params.seed if params.seed is not None else secrets.randbits(63)
-        seq = Sequence(seq_id=seq_id, request_id=request_id or f"req-{seq_id}", index=index, prompt_ids=prompt_ids,
-                       params=params, eos_ids=self.eos_ids, seed=seed,
-                       arrival_s=time.perf_counter() if arrival_s is None else arrival_s, tokenizer=self.tokenizer,
-                       unreproducible=unreproducible_reason(self.config.strategy, self.config.speculative, params))
+        seq = Sequence(
+            seq_id=seq_id,
+            request_id=request_id or f"req-{seq_id}",
+            index=index,
+            prompt_ids=prompt_ids,
+            params=params,
+            eos_ids=self.eos_ids,
+            seed=seed,
+            arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
+            tokenizer=self.tokenizer,
+            unreproducible=unreproducible_reason(self.config.strategy, self.config.speculative, params),
+        )
         return seq
 
     def _sequences(self, prompts, params) -> list[Sequence]:
@@ -401,9 +463,13 @@ class LLM:
                 pass
         finally:
             recorder.records = None
-        metrics = RunMetrics(strategy=self.config.strategy.value,
-                             K=0 if self.config.strategy is Strategy.AR else self.config.speculative.K,
-                             wall_s=time.perf_counter() - start, requests=[s.metrics for s in seqs], rounds=records)
+        metrics = RunMetrics(
+            strategy=self.config.strategy.value,
+            K=0 if self.config.strategy is Strategy.AR else self.config.speculative.K,
+            wall_s=time.perf_counter() - start,
+            requests=[s.metrics for s in seqs],
+            rounds=records,
+        )
         return Generation([s.output() for s in seqs], metrics)
 
     def stream(

@@ -29,8 +29,9 @@ def is_single_prompt(prompts: object) -> bool:
 def check_prompts(prompts: object) -> None:
     """The list of prompts itself: a non-empty sequence."""
     if not isinstance(prompts, Sequence) or isinstance(prompts, (str, *BYTES)):
-        raise ValueError("prompts must be a text, a list of token ids, or a list of those; "
-                         f"got {type(prompts).__name__}")
+        raise ValueError(
+            f"prompts must be a text, a list of token ids, or a list of those; got {type(prompts).__name__}"
+        )
     if len(prompts) == 0:
         raise ValueError("no prompts given: pass a list with at least one prompt")
 

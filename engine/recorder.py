@@ -28,27 +28,72 @@ class RoundRecorder:
         what only the records report (each outcome's rank among the draft's guesses) only then."""
         return self.records is not None or self.on_record is not None
 
-    def prefill(self, strategy: str, K: int, rows: int, tokens: int, verify_ms: float, draft_ms: float,
-                round_ms: float, context_len: int = 0) -> None:
+    def prefill(
+        self,
+        strategy: str,
+        K: int,
+        rows: int,
+        tokens: int,
+        verify_ms: float,
+        draft_ms: float,
+        round_ms: float,
+        context_len: int = 0,
+    ) -> None:
         """A prefill (chunk) of `rows` joining prompts, the longest slice `tokens` long, after `context_len`
         prompt tokens fed in earlier chunks (0 for a prompt prefilled whole)."""
-        self._add(RoundRecord(
-            strategy=strategy, round=self.count, batch_size=rows, K=K, context_len=context_len, accepted=[0] * rows,
-            emitted=[1] * rows, draft_ms=draft_ms, verify_ms=verify_ms, round_ms=round_ms, draft_forwards=0,
-            phase="prefill", tokens=tokens,
-        ))
+        self._add(
+            RoundRecord(
+                strategy=strategy,
+                round=self.count,
+                batch_size=rows,
+                K=K,
+                context_len=context_len,
+                accepted=[0] * rows,
+                emitted=[1] * rows,
+                draft_ms=draft_ms,
+                verify_ms=verify_ms,
+                round_ms=round_ms,
+                draft_forwards=0,
+                phase="prefill",
+                tokens=tokens,
+            )
+        )
 
-    def decode(self, strategy: str, K: int, context_len: int, accepted: list[int], emitted: list[int],
-               verify_ms: float, round_ms: float, prompt_index: list[int], telemetry: RoundTelemetry) -> None:
+    def decode(
+        self,
+        strategy: str,
+        K: int,
+        context_len: int,
+        accepted: list[int],
+        emitted: list[int],
+        verify_ms: float,
+        round_ms: float,
+        prompt_index: list[int],
+        telemetry: RoundTelemetry,
+    ) -> None:
         """A decode round over len(accepted) rows; `telemetry` is its proposer's own account of the drafting.
         The telemetry's outcome of the round before fills in that round's held record, which goes on."""
         t = telemetry
         record = RoundRecord(
-            strategy=strategy, round=self.count, batch_size=len(accepted), K=K, context_len=context_len,
-            accepted=accepted, emitted=emitted, draft_ms=t.draft_ms, verify_ms=verify_ms, round_ms=round_ms,
-            draft_forwards=t.draft_forwards, hit=t.hit, cache_build_ms=t.cache_build_ms, branches=t.branches,
-            backup=t.backup, wait_ms=t.draft_ms if t.hit is not None else None, fanout=t.fanout,
-            backup_ms=t.backup_ms, prompt_index=prompt_index,
+            strategy=strategy,
+            round=self.count,
+            batch_size=len(accepted),
+            K=K,
+            context_len=context_len,
+            accepted=accepted,
+            emitted=emitted,
+            draft_ms=t.draft_ms,
+            verify_ms=verify_ms,
+            round_ms=round_ms,
+            draft_forwards=t.draft_forwards,
+            hit=t.hit,
+            cache_build_ms=t.cache_build_ms,
+            branches=t.branches,
+            backup=t.backup,
+            wait_ms=t.draft_ms if t.hit is not None else None,
+            fanout=t.fanout,
+            backup_ms=t.backup_ms,
+            prompt_index=prompt_index,
         )
         held = self._held
         if held is not None:

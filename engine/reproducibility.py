@@ -28,15 +28,23 @@ def unreproducible_reason(strategy: Strategy, spec: SpeculativeConfig, params: S
     if params.greedy or params.invariant or strategy is Strategy.AR:
         return None
     if spec.adaptive:
-        return ("adaptive K chooses each round's length from measured times and the batch's acceptance; fix K, or "
-                "use sampling_mode='invariant'")
+        return (
+            "adaptive K chooses each round's length from measured times and the batch's acceptance; fix K, or "
+            "use sampling_mode='invariant'"
+        )
     if strategy is Strategy.SD and spec.confidence_stop is not None:
-        return ("the confidence stop ends a round's draft when every row of the batch is unsure, so a row's rounds "
-                "depend on its batch-mates; drop confidence_stop, or use sampling_mode='invariant'")
+        return (
+            "the confidence stop ends a round's draft when every row of the batch is unsure, so a row's rounds "
+            "depend on its batch-mates; drop confidence_stop, or use sampling_mode='invariant'"
+        )
     if strategy is Strategy.SSD and spec.backup is not Backup.NEURAL:
-        return (f"SSD's {spec.backup.value} backup proposes other tokens than the draft on a cache miss; use "
-                f"backup='neural', or sampling_mode='invariant'")
+        return (
+            f"SSD's {spec.backup.value} backup proposes other tokens than the draft on a cache miss; use "
+            f"backup='neural', or sampling_mode='invariant'"
+        )
     if strategy is Strategy.SSD and spec.C < 1:
-        return ("Saguaro's C < 1 down-weights a set that follows the hit or the backup schedule; use C=1, or "
-                "sampling_mode='invariant'")
+        return (
+            "Saguaro's C < 1 down-weights a set that follows the hit or the backup schedule; use C=1, or "
+            "sampling_mode='invariant'"
+        )
     return None

@@ -27,8 +27,9 @@ def hold_back_stops(logits: Tensor, seqs: list[Sequence]) -> Tensor:
     return masked
 
 
-def logprobs(logits: Tensor, p: Tensor, tokens: list[list[int]], seqs: list[Sequence]
-              ) -> list[list[TokenLogprob] | None]:
+def logprobs(
+    logits: Tensor, p: Tensor, tokens: list[list[int]], seqs: list[Sequence]
+) -> list[list[TokenLogprob] | None]:
     """Per row, each emitted token's log-probability (token i at position i) and the top N there, for the rows
     that asked (None for the others): under the model's own log-softmax of logits [B, T, V] (RAW), or under
     the distribution sampled, p [B, T, V] (PROCESSED)."""

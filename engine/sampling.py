@@ -130,8 +130,10 @@ def _check_finite_max(x: Tensor, name: str, checks: Checks | None = None) -> Non
 
     def error(bad: Tensor) -> RuntimeError:
         row = tuple(int(i) for i in bad.nonzero()[0].tolist())
-        return RuntimeError(f"{name} row {row} has no finite maximum (all -inf, NaN or +inf): "
-                            f"nothing can be sampled from it; a model or logits-processor bug")
+        return RuntimeError(
+            f"{name} row {row} has no finite maximum (all -inf, NaN or +inf): "
+            f"nothing can be sampled from it; a model or logits-processor bug"
+        )
 
     check(bad, error, checks)
 
@@ -207,8 +209,11 @@ def uniforms(generator: Generators, rows: int, n: int, dtype: torch.dtype, devic
     if any(g.device != home for g in gens):
         raise ValueError("the generators of one batch must live on one device (engine.sampling.row_generator)")
     if home.type != "cpu":  # streams on the device itself: one launch per row
-        out = torch.stack([torch.rand(n, generator=g, dtype=dtype, device=home) for g in gens]) if not single \
+        out = (
+            torch.stack([torch.rand(n, generator=g, dtype=dtype, device=home) for g in gens])
+            if not single
             else torch.rand((rows, n), generator=generator, dtype=dtype, device=home)
+        )
         return out.to(device)
     buf = host.pinned_empty((rows, n), dtype, device)  # [rows, n]
     if single:
@@ -256,8 +261,9 @@ def warp_rows(logits: Tensor, rows: RowSampling | SamplingParams, checks: Checks
     return out
 
 
-def sample(probs: Tensor, generator: Generators | None, checks: Checks | None = None, u: Tensor | None = None
-           ) -> Tensor:
+def sample(
+    probs: Tensor, generator: Generators | None, checks: Checks | None = None, u: Tensor | None = None
+) -> Tensor:
     """One draw per row of `probs` `[..., V]` -> LongTensor `[...]`, using only `generator`.
 
     Inverse-CDF sampling: one uniform u per row, and the token whose cumulative-mass interval holds
@@ -281,8 +287,10 @@ def sample(probs: Tensor, generator: Generators | None, checks: Checks | None = 
 
     def error(bad: Tensor) -> RuntimeError:
         row = int(bad.nonzero()[0, 0])
-        return RuntimeError(f"probs row {row} (flattened) has no positive finite mass (all zero, negative or "
-                            f"NaN): nothing can be sampled from it; a model or warp bug")
+        return RuntimeError(
+            f"probs row {row} (flattened) has no positive finite mass (all zero, negative or "
+            f"NaN): nothing can be sampled from it; a model or warp bug"
+        )
 
     check(bad, error, checks)
     if u is None:

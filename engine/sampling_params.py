@@ -82,8 +82,10 @@ class SamplingParams:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
-            raise ValueError(f"seed must be a non-negative integer up to 2**63 - 1 (or None for a random one), "
-                             f"got {self.seed!r}: take it modulo 2**63")
+            raise ValueError(
+                f"seed must be a non-negative integer up to 2**63 - 1 (or None for a random one), "
+                f"got {self.seed!r}: take it modulo 2**63"
+            )
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
@@ -97,16 +99,20 @@ class SamplingParams:
         try:
             object.__setattr__(self, "logprobs_mode", LogprobsMode(self.logprobs_mode))
         except ValueError:
-            raise ValueError(f"logprobs_mode must be one of {', '.join(m.value for m in LogprobsMode)}, "
-                             f"got {self.logprobs_mode!r}") from None
+            raise ValueError(
+                f"logprobs_mode must be one of {', '.join(m.value for m in LogprobsMode)}, got {self.logprobs_mode!r}"
+            ) from None
         try:
             object.__setattr__(self, "sampling_mode", SamplingMode(self.sampling_mode))
         except ValueError:
-            raise ValueError(f"sampling_mode must be one of {', '.join(m.value for m in SamplingMode)}, "
-                             f"got {self.sampling_mode!r}") from None
+            raise ValueError(
+                f"sampling_mode must be one of {', '.join(m.value for m in SamplingMode)}, got {self.sampling_mode!r}"
+            ) from None
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
-            raise ValueError(f"min_tokens must be an integer in 0..max_new_tokens = 0..{self.max_new_tokens}, "
-                             f"got {self.min_tokens!r}")
+            raise ValueError(
+                f"min_tokens must be an integer in 0..max_new_tokens = 0..{self.max_new_tokens}, "
+                f"got {self.min_tokens!r}"
+            )
 
     @property
     def greedy(self) -> bool:

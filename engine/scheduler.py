@@ -100,7 +100,12 @@ class Scheduler:
             return
         self.held_back = True
         wanted = self.config.max_num_seqs
-        log.warning("memory holds admission at %d sequences in flight (max_num_seqs: %s): one more would need "
-                    "about %.2f GiB for %s, over the %.2f GiB it may take; the rest wait their turn", in_flight,
-                    "unlimited" if wanted is None else wanted, need / 2**30, limit.what,
-                    limit.available_bytes / 2**30)
+        log.warning(
+            "memory holds admission at %d sequences in flight (max_num_seqs: %s): one more would need "
+            "about %.2f GiB for %s, over the %.2f GiB it may take; the rest wait their turn",
+            in_flight,
+            "unlimited" if wanted is None else wanted,
+            need / 2**30,
+            limit.what,
+            limit.available_bytes / 2**30,
+        )

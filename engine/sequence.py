@@ -31,8 +31,10 @@ class Sequence:
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(prompt_tokens=len(self.prompt_ids), arrival_s=self.arrival_s)
         if self.params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer: load the model with one (or pass tokenizer=), "
-                             "or end the output with stop_token_ids")
+            raise ValueError(
+                "stop strings need a tokenizer: load the model with one (or pass tokenizer=), "
+                "or end the output with stop_token_ids"
+            )
         self._text = OutputText(self.tokenizer, self.params.stop) if self.tokenizer is not None else None
 
     @property
@@ -77,8 +79,9 @@ class Sequence:
         if text is not None and not p.stop:
             text.add(tokens[:kept])
         self.metrics.add_chunk(now_s, kept)
-        return self._chunk(tokens[:kept], logprobs[:kept] if logprobs is not None and p.logprobs is not None else None,
-                           now_s)
+        return self._chunk(
+            tokens[:kept], logprobs[:kept] if logprobs is not None and p.logprobs is not None else None, now_s
+        )
 
     def abort(self, now_s: float) -> Chunk:
         """End the request where it is (the client left or the engine stops); the final, empty chunk."""
@@ -88,13 +91,29 @@ class Sequence:
     def _chunk(self, tokens: list[int], logprobs: list[TokenLogprob] | None, now_s: float) -> Chunk:
         # Unfinished, the delta holds back an incomplete character and a possible start of a stop string.
         delta = self._text.delta(self.finished) if self._text is not None else ""
-        return Chunk(self.request_id, self.index, list(tokens), delta, logprobs, now_s, self.finished,
-                     self.finish_reason, len(self.prompt_ids), len(self.output_ids), self.metrics.scheduled_s)
+        return Chunk(
+            self.request_id,
+            self.index,
+            list(tokens),
+            delta,
+            logprobs,
+            now_s,
+            self.finished,
+            self.finish_reason,
+            len(self.prompt_ids),
+            len(self.output_ids),
+            self.metrics.scheduled_s,
+        )
 
     def output(self) -> RequestOutput:
         return RequestOutput(
-            index=self.index, request_id=self.request_id, prompt_ids=self.prompt_ids, token_ids=list(self.output_ids),
-            text=self.text if self.tokenizer is not None else None, finish_reason=self.finish_reason or "length",
-            logprobs=list(self.logprobs) if self.params.logprobs is not None else None, metrics=self.metrics,
+            index=self.index,
+            request_id=self.request_id,
+            prompt_ids=self.prompt_ids,
+            token_ids=list(self.output_ids),
+            text=self.text if self.tokenizer is not None else None,
+            finish_reason=self.finish_reason or "length",
+            logprobs=list(self.logprobs) if self.params.logprobs is not None else None,
+            metrics=self.metrics,
             unreproducible=self.unreproducible,
         )

@@ -108,8 +108,9 @@ class SparseQ:
 
     def to(self, device: torch.device | str) -> SparseQ:
         """On `device` (from the host through pinned memory, without waiting: engine.host.upload)."""
-        return SparseQ(self.V, None if self.ids is None else host.upload(self.ids, device),
-                       host.upload(self.values, device))
+        return SparseQ(
+            self.V, None if self.ids is None else host.upload(self.ids, device), host.upload(self.values, device)
+        )
 
     def __neg__(self) -> SparseQ:  # fault injection in tests: a q that is no distribution
         return SparseQ(self.V, self.ids, -self.values)

@@ -151,8 +151,9 @@ class Runner(Protocol):
 
     cache: SlotCache
 
-    def run(self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int,
-            need: int | None = None) -> Tensor:
+    def run(
+        self, rows: Tensor, tokens: Tensor, valid: Tensor, lengths: Tensor, logits_to_keep: int, need: int | None = None
+    ) -> Tensor:
         """Logits [B, T or logits_to_keep, V] of tokens [B, T] fed to the rows in slots `rows` [B]; `need`: the
         columns the longest row reaches, scratch included, when the caller knows it on the host."""
 
@@ -207,8 +208,9 @@ class SlotState:
         return self._rows
 
     @torch.inference_mode()
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
-               fed: list[int] | None = None) -> Tensor:
+    def extend(
+        self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0, fed: list[int] | None = None
+    ) -> Tensor:
         """As KVState.extend: feed tokens [B, T] (holes where valid is False); logits [B, T or keep, V]. `fed`: the
         real tokens per row on the host (read from `valid` when not given)."""
         if valid is None:
@@ -217,8 +219,9 @@ class SlotState:
         elif fed is None:
             fed = valid.to(torch.long).sum(-1).tolist()  # a read of the device unless it is the CPU
         after = [n + f for n, f in zip(self.host_lengths, fed, strict=False)]
-        logits = self.runner.run(self.rows(), tokens, valid, self.lengths, logits_to_keep,
-                                 need=1 + max(after, default=0))
+        logits = self.runner.run(
+            self.rows(), tokens, valid, self.lengths, logits_to_keep, need=1 + max(after, default=0)
+        )
         self._set_lengths(after)
         return logits
 
@@ -229,8 +232,10 @@ class SlotState:
         if not drop:
             return
         if any(d < 0 or d > n for d, n in zip(drop, self.host_lengths, strict=False)):
-            raise ValueError(f"roll-back of {drop} tokens from rows of {self.host_lengths}: each row "
-                             f"can forget 0 up to its own length (to extend a row, feed it tokens)")
+            raise ValueError(
+                f"roll-back of {drop} tokens from rows of {self.host_lengths}: each row "
+                f"can forget 0 up to its own length (to extend a row, feed it tokens)"
+            )
         self._set_lengths([n - d for n, d in zip(self.host_lengths, drop, strict=False)])
 
     def select(self, rows: Tensor | list[int]) -> None:

@@ -89,8 +89,11 @@ def _validate(draft_tokens: Tensor, q: Tensor, p: Tensor, checks: Checks | None)
     if not (p.is_floating_point() and q.is_floating_point()):
         raise ValueError(f"p and q must be floating-point distributions, got {p.dtype} and {q.dtype}")
     if draft_tokens.numel():
-        check((draft_tokens < 0) | (draft_tokens >= V), lambda bad: ValueError(f"draft_tokens must lie in [0, {V})"),
-              checks)
+        check(
+            (draft_tokens < 0) | (draft_tokens >= V),
+            lambda bad: ValueError(f"draft_tokens must lie in [0, {V})"),
+            checks,
+        )
 
 
 def verify_greedy(draft_tokens: Tensor, logits: Tensor, checks: Checks | None = None) -> Verification:
@@ -106,12 +109,20 @@ def verify_greedy(draft_tokens: Tensor, logits: Tensor, checks: Checks | None = 
         raise ValueError(f"logits must be [B, K+1, V] = [{B}, {K + 1}, V], got {tuple(logits.shape)}")
     V = logits.shape[2]
     top, target = logits.max(dim=-1)  # [B, K+1]: max propagates NaN, so a row with one fails the check below
-    check(~torch.isfinite(top), lambda bad: RuntimeError(
-        f"logits row {tuple(int(i) for i in bad.nonzero()[0].tolist())} has no finite maximum (all -inf, NaN or "
-        f"+inf): nothing can be sampled from it; a model or logits-processor bug"), checks)
+    check(
+        ~torch.isfinite(top),
+        lambda bad: RuntimeError(
+            f"logits row {tuple(int(i) for i in bad.nonzero()[0].tolist())} has no finite maximum (all -inf, NaN or "
+            f"+inf): nothing can be sampled from it; a model or logits-processor bug"
+        ),
+        checks,
+    )
     if K:
-        check((draft_tokens < 0) | (draft_tokens >= V), lambda bad: ValueError(f"draft_tokens must lie in [0, {V})"),
-              checks)
+        check(
+            (draft_tokens < 0) | (draft_tokens >= V),
+            lambda bad: ValueError(f"draft_tokens must lie in [0, {V})"),
+            checks,
+        )
     accepted = (draft_tokens.to(target.device) == target[:, :K]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
     bonus = target.gather(1, accepted[:, None])[:, 0]  # [B]
     return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
@@ -134,8 +145,14 @@ def verify_invariant(draft_tokens: Tensor, p: Tensor, keys: Keys, checks: Checks
     return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
 
 
-def verify_rows(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, keys: Keys, invariant: list[bool],
-                checks: Checks | None = None) -> Verification:
+def verify_rows(
+    draft_tokens: Tensor,
+    q: Tensor | SparseQ,
+    p: Tensor,
+    keys: Keys,
+    invariant: list[bool],
+    checks: Checks | None = None,
+) -> Verification:
     """Each row verified in its own sampling mode: rejection sampling (`verify`), or drafter-invariant
     (`verify_invariant`) where invariant[b]. Rows never mix: each subset's outcome is its rows' own."""
     if not any(invariant):
@@ -161,8 +178,9 @@ def verify_rows(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, keys: Keys
     return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
 
 
-def verify(draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Generators,
-           checks: Checks | None = None) -> Verification:
+def verify(
+    draft_tokens: Tensor, q: Tensor | SparseQ, p: Tensor, generator: Generators, checks: Checks | None = None
+) -> Verification:
     """Standard rejection sampling of `draft_tokens` [B, K] drawn from `q` [B, K, V] against `p` [B, K+1, V].
 
     Accept x_i with probability min(1, p_i(x_i)/q_i(x_i)), tested as u_i·q_i(x_i) < p_i(x_i) with

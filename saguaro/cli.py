@@ -15,8 +15,18 @@ import sys
 
 from saguaro import version
 
-COMMANDS: tuple[str, ...] = ("generate", "models", "theory", "simulate", "plan", "bench", "report", "serve",
-                             "calibrate", "validate")
+COMMANDS: tuple[str, ...] = (
+    "generate",
+    "models",
+    "theory",
+    "simulate",
+    "plan",
+    "bench",
+    "report",
+    "serve",
+    "calibrate",
+    "validate",
+)
 
 
 class CliError(Exception):
@@ -30,8 +40,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     @staticmethod
     def default_text(action: argparse.Action) -> str | None:
         default = action.default
-        if (not action.option_strings or default is None or default is False or default is argparse.SUPPRESS
-                or action.help == argparse.SUPPRESS or "%(default)" in (action.help or "")):
+        if (
+            not action.option_strings
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or action.help == argparse.SUPPRESS
+            or "%(default)" in (action.help or "")
+        ):
             return None
         if isinstance(default, (list, tuple)):
             return "default: " + " ".join(map(str, default)) if default else None
@@ -62,8 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Speculative Speculative Decoding: generation, simulation, theory and reports.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
-                        help="print the version (saguaro X.Y.Z) and exit")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {version()}",
+        help="print the version (saguaro X.Y.Z) and exit",
+    )
     _add_verbosity(parser, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -79,10 +99,16 @@ def _add_verbosity(parser: argparse.ArgumentParser, default) -> None:
     if taken & {"-v", "--verbose", "-q", "--quiet"}:
         return
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("-v", "--verbose", action="store_true", default=default,
-                       help="progress lines on stderr even when it is not a terminal, with times and sources")
-    group.add_argument("-q", "--quiet", action="store_true", default=default,
-                       help="no progress lines (warnings and errors only)")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="progress lines on stderr even when it is not a terminal, with times and sources",
+    )
+    group.add_argument(
+        "-q", "--quiet", action="store_true", default=default, help="no progress lines (warnings and errors only)"
+    )
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -136,8 +162,12 @@ def configure_logging(verbose: bool = False, quiet: bool = False) -> bool:
     show = progress_shown(verbose, quiet)
     handler = _StderrHandler()
     handler.setFormatter(_Formatter(verbose))
-    handler.addFilter(lambda record: record.levelno >= logging.WARNING or (
-        show and record.levelno >= logging.INFO and record.name.split(".")[0] in PROGRESS_LOGGERS))
+    handler.addFilter(
+        lambda record: (
+            record.levelno >= logging.WARNING
+            or (show and record.levelno >= logging.INFO and record.name.split(".")[0] in PROGRESS_LOGGERS)
+        )
+    )
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:
         root.setLevel(logging.WARNING)

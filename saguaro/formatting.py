@@ -64,8 +64,9 @@ def number(value, decimals: int, factor: float = 1.0, limit: float | None = None
     return text + ("!" if limit is not None and value > limit else "")
 
 
-def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | None = None,
-             decimals: int | None = None) -> tuple[list[dict], list[str]]:
+def readable(
+    rows: list[dict], columns: list[str], limits: dict[str, float] | None = None, decimals: int | None = None
+) -> tuple[list[dict], list[str]]:
     """Rows and columns for format_table with every float fixed-format: a column named *_ms in ms or s (the
     header says which, chosen over the column), other float columns with fixed decimals (`decimals`, or by
     the column's size). `limits` (ms, by column) adds '!' to a latency past it."""
@@ -95,8 +96,13 @@ def readable(rows: list[dict], columns: list[str], limits: dict[str, float] | No
     return out, [renamed.get(c, c) for c in columns]
 
 
-def table(rows: list[dict], columns: list[str], markdown: bool = False, limits: dict | None = None,
-          decimals: int | None = None) -> str:
+def table(
+    rows: list[dict],
+    columns: list[str],
+    markdown: bool = False,
+    limits: dict | None = None,
+    decimals: int | None = None,
+) -> str:
     """format_table of `readable` rows: every float in its column's fixed format."""
     return format_table(*readable(rows, columns, limits, decimals), markdown=markdown)
 
@@ -148,8 +154,15 @@ class Progress:
             except ImportError:
                 self.tty = False
             else:
-                self.bar = tqdm(total=total, initial=done, desc=self.what, unit="config", file=sys.stderr,
-                                dynamic_ncols=True, leave=False)
+                self.bar = tqdm(
+                    total=total,
+                    initial=done,
+                    desc=self.what,
+                    unit="config",
+                    file=sys.stderr,
+                    dynamic_ncols=True,
+                    leave=False,
+                )
                 return
         if self.bar is not None:
             self.bar.update(done - self.bar.n)
@@ -158,8 +171,7 @@ class Progress:
             return
         if not self.tty and now - self.start >= self.DELAY_S and (now - self.last >= self.EVERY_S or done >= total):
             self.last = now
-            print(f"{self.what}: {done}/{total} configurations, {now - self.start:.0f} s", file=sys.stderr,
-                  flush=True)
+            print(f"{self.what}: {done}/{total} configurations, {now - self.start:.0f} s", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -15,6 +15,11 @@ echo "saguaro test: ruff check ." >&2
     echo "saguaro test: ruff check failed: fix what it lists above (\`ruff check --fix .\` fixes the ones marked [*])" >&2
     exit 1
 }
+echo "saguaro test: ruff format --check ." >&2
+"$py" -m ruff format --check . || {
+    echo "saguaro test: ruff format --check failed: \`ruff format .\` formats the files it lists" >&2
+    exit 1
+}
 echo "saguaro test: mypy (theory, simulator and the engine's public interfaces)" >&2
 "$py" -m mypy || {
     echo "saguaro test: mypy failed: fix the type errors listed above" >&2

@@ -48,8 +48,11 @@ class BodyLimit:
         self.limit = limit
 
     def too_large(self) -> APIError:
-        return APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request body is larger than this server takes "
-                        f"({self.limit} bytes, --max-request-bytes)", code="request_too_large")
+        return APIError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the request body is larger than this server takes ({self.limit} bytes, --max-request-bytes)",
+            code="request_too_large",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -129,20 +132,31 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
         if settings.api_key is not None:
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), settings.api_key):
-                raise APIError(HTTPStatus.UNAUTHORIZED, "missing or invalid API key: send Authorization: Bearer <key>",
-                               code="invalid_api_key")
+                raise APIError(
+                    HTTPStatus.UNAUTHORIZED,
+                    "missing or invalid API key: send Authorization: Bearer <key>",
+                    code="invalid_api_key",
+                )
         if ctx.draining:
             raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down", code="shutting_down")
 
     def check_model(name: str) -> None:
         if name != ctx.model_name:
-            raise APIError(HTTPStatus.NOT_FOUND,
-                           f"the model '{name}' does not exist: this server has '{ctx.model_name}'",
-                           param="model", code="model_not_found")
+            raise APIError(
+                HTTPStatus.NOT_FOUND,
+                f"the model '{name}' does not exist: this server has '{ctx.model_name}'",
+                param="model",
+                code="model_not_found",
+            )
 
     def model_card() -> dict:
-        return {"id": ctx.model_name, "object": "model", "created": int(time.time()), "owned_by": "saguaro",
-                "max_model_len": max_model_len(model)}
+        return {
+            "id": ctx.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "saguaro",
+            "max_model_len": max_model_len(model),
+        }
 
     async def run(request: Request, job: Job) -> Response:
         try:
@@ -189,8 +203,9 @@ def create_app(model: ServedModel, engine: AsyncEngine, settings: ServerSettings
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         prompt_ids, params = await translated(chat_request, body)
-        head = Head(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name,
-                    reproducibility(model.config, params))
+        head = Head(
+            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), ctx.model_name, reproducibility(model.config, params)
+        )
         fmt = ChatFormat(head, tokens, body.include_usage)
         return await run(request, Job(head.id, prompt_ids, params, fmt, body.stream, body.include_usage))
 

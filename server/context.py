@@ -57,7 +57,8 @@ class ServingContext:
     _fallbacks_seen: int = field(default=0, repr=False)
     # Tokenizing and other CPU-heavy request steps run here, one at a time, never on the event loop.
     _worker: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="saguaro-requests"), repr=False)
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="saguaro-requests"), repr=False
+    )
 
     @property
     def model_name(self) -> str:
@@ -76,5 +77,9 @@ class ServingContext:
         stats = self.engine.stats()
         if stats.fallbacks > self._fallbacks_seen:
             self._fallbacks_seen = stats.fallbacks
-            logger.warning("engine fell back to strategy %s (fallback %d): %s",
-                           stats.strategy, stats.fallbacks, self.model.fault or "see the engine's warning above")
+            logger.warning(
+                "engine fell back to strategy %s (fallback %d): %s",
+                stats.strategy,
+                stats.fallbacks,
+                self.model.fault or "see the engine's warning above",
+            )

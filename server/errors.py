@@ -79,11 +79,17 @@ def context_length_exceeded(max_model_len: int, prompt_tokens: int, max_tokens: 
     if max_tokens is None:
         asked = f"your {what} has at least {prompt_tokens} tokens, which leaves no room for a completion"
     else:
-        asked = (f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, "
-                 f"{max_tokens} in the completion)")
-    return APIError(HTTPStatus.BAD_REQUEST, f"This model's maximum context length is {max_model_len} tokens. However, "
-                    f"{asked}. Please reduce the length of the {what} or completion.", param=param,
-                    code="context_length_exceeded")
+        asked = (
+            f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, "
+            f"{max_tokens} in the completion)"
+        )
+    return APIError(
+        HTTPStatus.BAD_REQUEST,
+        f"This model's maximum context length is {max_model_len} tokens. However, "
+        f"{asked}. Please reduce the length of the {what} or completion.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def validation_message(err: RequestValidationError) -> tuple[str, str | None]:

@@ -75,10 +75,14 @@ class Timeline:
         return FinishedRequest(
             latency=latency,
             finish_reason=(last.finish_reason if last is not None and last.finished else None) or ABORTED,
-            prompt_tokens=last.prompt_tokens if last is not None else None, output_tokens=sum(self.chunk_tokens),
-            max_tokens=max_tokens, arrival_s=self.arrival_s,
+            prompt_tokens=last.prompt_tokens if last is not None else None,
+            output_tokens=sum(self.chunk_tokens),
+            max_tokens=max_tokens,
+            arrival_s=self.arrival_s,
             scheduled_s=getattr(last, "scheduled_s", None) if last is not None else None,
-            first_s=times[0] if times else None, last_s=times[-1] if times else None)
+            first_s=times[0] if times else None,
+            last_s=times[-1] if times else None,
+        )
 
 
 def engine_error(err: Exception) -> APIError:
@@ -129,8 +133,11 @@ async def respond(ctx: ServingContext, request: Request, job: Job, arrival_s: fl
         _finished(ctx, job, timeline)  # it reached the engine, and was aborted there
         raise
     if job.stream:
-        return StreamingResponse(_events(ctx, job, first, chunks, timeline), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            _events(ctx, job, first, chunks, timeline),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
     try:
         answer = await until_disconnected(request, _collect(first, chunks, timeline), poll_s)
     except Exception as err:
@@ -160,16 +167,23 @@ async def _collect(first: Chunk, chunks: ChunkStream, timeline: Timeline) -> dic
         chunk = await anext(chunks)
     if chunk.finish_reason == ABORTED:
         raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, SHUT_DOWN, code="shutting_down")
-    return {"text": "".join(text), "token_ids": token_ids, "logprobs": logprobs, "finish_reason": chunk.finish_reason,
-            "prompt_tokens": chunk.prompt_tokens, "completion_tokens": chunk.output_tokens}
+    return {
+        "text": "".join(text),
+        "token_ids": token_ids,
+        "logprobs": logprobs,
+        "finish_reason": chunk.finish_reason,
+        "prompt_tokens": chunk.prompt_tokens,
+        "completion_tokens": chunk.output_tokens,
+    }
 
 
 def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _events(ctx: ServingContext, job: Job, first: Chunk, chunks: ChunkStream,
-                  timeline: Timeline) -> AsyncIterator[str]:
+async def _events(
+    ctx: ServingContext, job: Job, first: Chunk, chunks: ChunkStream, timeline: Timeline
+) -> AsyncIterator[str]:
     """The SSE stream: one event per engine chunk, the usage chunk if asked, then `[DONE]`."""
     chunk, sent_text = first, 0
     try:

@@ -40,8 +40,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port} ({err.strerror}): choose another --host/--port "
-                         "(--port 0 = a free one)") from err
+        raise ValueError(
+            f"cannot listen on {host}:{port} ({err.strerror}): choose another --host/--port (--port 0 = a free one)"
+        ) from err
     sock.setblocking(False)
     return sock
 
@@ -75,8 +76,14 @@ class _Uvicorn(uvicorn.Server):
 class HTTPServer:
     """Serve `app` (made by `create_app`) on `sock` (from `bind`) until a signal or `shutdown()`, then drain."""
 
-    def __init__(self, app: FastAPI, sock: socket.socket, *, shutdown_timeout_s: float = 30.0,
-                 on_ready: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        app: FastAPI,
+        sock: socket.socket,
+        *,
+        shutdown_timeout_s: float = 30.0,
+        on_ready: Callable[[str], None] | None = None,
+    ):
         if not shutdown_timeout_s >= 0:
             raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {shutdown_timeout_s}")
         self.ctx: ServingContext = app.state.ctx
@@ -87,8 +94,9 @@ class HTTPServer:
         self.ready = threading.Event()
         self.clean_exit = True  # False when the engine's shutdown failed
         self._on_ready = on_ready
-        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False,
-                                timeout_graceful_shutdown=int(FLUSH_TIMEOUT_S))
+        config = uvicorn.Config(
+            app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=int(FLUSH_TIMEOUT_S)
+        )
         self._uvicorn = _Uvicorn(config, self._started, self._signalled)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task | None = None

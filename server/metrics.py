@@ -53,8 +53,12 @@ class FinishedRequest:
 class EngineCollector(Collector):
     """The engine's stats snapshot as Prometheus families, read at scrape time."""
 
-    def __init__(self, stats: Callable[[], ServingStats], model_name: str,
-                 by_replica: Callable[[], Mapping[str, ServingStats]] | None = None):
+    def __init__(
+        self,
+        stats: Callable[[], ServingStats],
+        model_name: str,
+        by_replica: Callable[[], Mapping[str, ServingStats]] | None = None,
+    ):
         """by_replica: the stats of each engine replica by its id, when several serve (server.replicas): then
         every family has one series per replica, labelled `replica`."""
         self._stats = stats
@@ -91,41 +95,61 @@ class EngineCollector(Collector):
 
         yield family(gauge, "num_requests_running", "Requests in the batch (prefilling or decoding)", z.running)
         yield family(gauge, "num_requests_waiting", "Requests waiting for a batch row", z.waiting)
-        yield family(gauge, "kv_cache_usage_perc", "Tokens the target's KV cache holds over max_num_seqs x "
-                     "the context (1 = full; NaN without a known capacity)",
-                     ratio(z.cached_tokens, z.cache_capacity_tokens))
-        yield family(gauge, "kv_cache_blocks_used", "Blocks of the target's KV cache that requests hold",
-                     z.kv_blocks_used)
+        yield family(
+            gauge,
+            "kv_cache_usage_perc",
+            "Tokens the target's KV cache holds over max_num_seqs x "
+            "the context (1 = full; NaN without a known capacity)",
+            ratio(z.cached_tokens, z.cache_capacity_tokens),
+        )
+        yield family(
+            gauge, "kv_cache_blocks_used", "Blocks of the target's KV cache that requests hold", z.kv_blocks_used
+        )
         if z.kv_blocks_total is not None:
             yield family(gauge, "kv_cache_blocks_total", "Blocks the target's KV cache budget holds", z.kv_blocks_total)
-        yield family(counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                     z.prefix_cache_queries)
-        yield family(counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache (their prefill skipped)",
-                     z.prefix_cache_hits)
+        yield family(
+            counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache", z.prefix_cache_queries
+        )
+        yield family(
+            counter,
+            "prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (their prefill skipped)",
+            z.prefix_cache_hits,
+        )
         yield family(counter, "prompt_tokens", "Prompt tokens prefilled", z.prompt_tokens)
         yield family(counter, "generation_tokens", "Tokens generated", z.generation_tokens)
         yield family(counter, "decode_rounds", "Decode rounds of the batch (one target forward each)", z.rounds)
         yield family(counter, "spec_decode_num_drafts", "Speculations verified: sequence-rounds with K > 0", z.drafts)
-        yield family(counter, "spec_decode_num_draft_tokens", "Draft tokens verified (K per speculation)",
-                     z.draft_tokens)
+        yield family(
+            counter, "spec_decode_num_draft_tokens", "Draft tokens verified (K per speculation)", z.draft_tokens
+        )
         yield family(counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted and emitted", z.accepted)
-        per_position = family(counter, "spec_decode_num_accepted_tokens_per_pos",
-                              "Speculations whose draft token at `position` (0 = the first) was accepted",
-                              extra=("position",))
+        per_position = family(
+            counter,
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Speculations whose draft token at `position` (0 = the first) was accepted",
+            extra=("position",),
+        )
         for position, count in enumerate(z.accepted_per_position):
             add(per_position, (str(position),), count)
         yield per_position
-        lookups = family(counter, "ssd_cache_lookups", "SSD speculation-cache lookups, by the outcome's accepted "
-                         "count k", extra=("k",))
-        hits = family(counter, "ssd_cache_hits", "SSD speculation-cache hits, by the outcome's accepted count k",
-                      extra=("k",))
+        lookups = family(
+            counter,
+            "ssd_cache_lookups",
+            "SSD speculation-cache lookups, by the outcome's accepted count k",
+            extra=("k",),
+        )
+        hits = family(
+            counter, "ssd_cache_hits", "SSD speculation-cache hits, by the outcome's accepted count k", extra=("k",)
+        )
         for k, (n, hit) in enumerate(zip(z.ssd_lookups_by_k, z.ssd_hits_by_k, strict=True)):
             add(lookups, (str(k),), n)
             add(hits, (str(k),), hit)
         yield lookups
         yield hits
-        yield family(counter, "ssd_backup_seconds", "SSD: the backup's drafting on the critical path (misses)",
-                     z.backup_s)
+        yield family(
+            counter, "ssd_backup_seconds", "SSD: the backup's drafting on the critical path (misses)", z.backup_s
+        )
         yield family(counter, "ssd_fallbacks", "Strategy fallbacks after an SSD draft worker fault", z.fallbacks)
         strategy = family(gauge, "strategy", "1 for the strategy in use (ar, sd, ssd)", extra=("strategy",))
         for option in Strategy:
@@ -136,33 +160,50 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """Counters and histograms the server records, plus the engine's, in one registry."""
 
-    def __init__(self, stats: Callable[[], ServingStats], model_name: str,
-                 by_replica: Callable[[], Mapping[str, ServingStats]] | None = None):
+    def __init__(
+        self,
+        stats: Callable[[], ServingStats],
+        model_name: str,
+        by_replica: Callable[[], Mapping[str, ServingStats]] | None = None,
+    ):
         self.registry = CollectorRegistry()
         self.model_name = model_name
 
         def histogram(name: str, doc: str, buckets) -> Histogram:
             return Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets, registry=self.registry)
 
-        self.requests = Counter(PREFIX + "http_requests", "HTTP requests by endpoint and status code",
-                                ["model_name", "endpoint", "status"], registry=self.registry)
-        self.success = Counter(PREFIX + "request_success", "Requests ended, by finish reason (stop, length, abort)",
-                               ["model_name", "finished_reason"], registry=self.registry)
+        self.requests = Counter(
+            PREFIX + "http_requests",
+            "HTTP requests by endpoint and status code",
+            ["model_name", "endpoint", "status"],
+            registry=self.registry,
+        )
+        self.success = Counter(
+            PREFIX + "request_success",
+            "Requests ended, by finish reason (stop, length, abort)",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
         self.ttft = histogram("time_to_first_token_seconds", "TTFT: arrival to the first token sent", TTFT_BUCKETS_S)
         self.itl = histogram("inter_token_latency_seconds", "ITL: gap between successive chunks sent", TOKEN_BUCKETS_S)
-        self.tpot = histogram("request_time_per_output_token_seconds",
-                              "TPOT: (E2EL - TTFT) / (output tokens - 1), requests of 2+ tokens", TOKEN_BUCKETS_S)
+        self.tpot = histogram(
+            "request_time_per_output_token_seconds",
+            "TPOT: (E2EL - TTFT) / (output tokens - 1), requests of 2+ tokens",
+            TOKEN_BUCKETS_S,
+        )
         self.e2el = histogram("e2e_request_latency_seconds", "E2EL: arrival to the last token sent", E2E_BUCKETS_S)
-        self.queue = histogram("request_queue_time_seconds", "Arrival to leaving the engine's waiting queue",
-                               TTFT_BUCKETS_S)
-        self.prefill = histogram("request_prefill_time_seconds", "Leaving the waiting queue to the first token",
-                                 TTFT_BUCKETS_S)
+        self.queue = histogram(
+            "request_queue_time_seconds", "Arrival to leaving the engine's waiting queue", TTFT_BUCKETS_S
+        )
+        self.prefill = histogram(
+            "request_prefill_time_seconds", "Leaving the waiting queue to the first token", TTFT_BUCKETS_S
+        )
         self.decode = histogram("request_decode_time_seconds", "First token to last token", E2E_BUCKETS_S)
-        self.inference = histogram("request_inference_time_seconds", "Leaving the waiting queue to the last token",
-                                   E2E_BUCKETS_S)
+        self.inference = histogram(
+            "request_inference_time_seconds", "Leaving the waiting queue to the last token", E2E_BUCKETS_S
+        )
         self.prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per request", LENGTH_BUCKETS)
-        self.generation_tokens = histogram("request_generation_tokens", "Tokens generated per request",
-                                           LENGTH_BUCKETS)
+        self.generation_tokens = histogram("request_generation_tokens", "Tokens generated per request", LENGTH_BUCKETS)
         self.max_tokens = histogram("request_params_max_tokens", "max_tokens asked per request", LENGTH_BUCKETS)
         self.registry.register(EngineCollector(stats, model_name, by_replica))
 

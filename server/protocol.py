@@ -19,13 +19,15 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completion
 
 # Fields this server cannot honour: what each may be without asking for anything, and why the rest is refused.
 NOT_SUPPORTED = {
-    "response_format": ((None, {"type": "text"}), "structured output is not supported: leave it out or use "
-                                                   "{\"type\": \"text\"}"),
-    "tool_choice": ((None, "none"), "tools are not supported: leave it out or use \"none\""),
+    "response_format": (
+        (None, {"type": "text"}),
+        'structured output is not supported: leave it out or use {"type": "text"}',
+    ),
+    "tool_choice": ((None, "none"), 'tools are not supported: leave it out or use "none"'),
     "functions": ((None, []), "function calling is not supported"),
     "function_call": ((None, "none"), "function calling is not supported"),
     "audio": ((None,), "audio output is not supported"),
-    "modalities": ((None, ["text"]), "only text output is supported: leave it out or use [\"text\"]"),
+    "modalities": ((None, ["text"]), 'only text output is supported: leave it out or use ["text"]'),
     "prediction": ((None,), "predicted outputs are not supported"),
     "guided_json": ((None,), "guided decoding is not supported"),
     "guided_regex": ((None,), "guided decoding is not supported"),
@@ -189,8 +191,9 @@ class CompletionRequest(SamplingRequest):
         if isinstance(prompt, str):
             return prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-            raise ValueError(f"got {len(prompt)} prompts; only one prompt per request is supported: "
-                             "send one request per prompt")
+            raise ValueError(
+                f"got {len(prompt)} prompts; only one prompt per request is supported: send one request per prompt"
+            )
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             if not prompt:
                 raise ValueError("empty prompt: give some text or at least one token id")

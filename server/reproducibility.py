@@ -56,8 +56,17 @@ def reproducibility(config: EngineConfig, params: SamplingParams) -> Reproducibi
 
 def system_fingerprint(config: EngineConfig, mode: SamplingMode) -> str:
     """The settings of `config` that decide a seeded text under sampling `mode`, as one string (module docstring)."""
-    models: list[tuple] = [("target", config.target, config.dtype, repr(config.target_quant),
-                            config.device.split(":")[0], repr(config.compile), config.tp)]
+    models: list[tuple] = [
+        (
+            "target",
+            config.target,
+            config.dtype,
+            repr(config.target_quant),
+            config.device.split(":")[0],
+            repr(config.compile),
+            config.tp,
+        )
+    ]
     parts = [f"saguaro-{version()}", mode.value]
     if mode is SamplingMode.STANDARD:
         parts.append(speculation(config))

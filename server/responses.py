@@ -44,8 +44,14 @@ class Head:
     reproducibility: Reproducibility
 
     def body(self, kind: str, choices: list[dict], final: bool) -> dict:
-        body = {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "system_fingerprint": self.reproducibility.system_fingerprint, "choices": choices}
+        body = {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.reproducibility.system_fingerprint,
+            "choices": choices,
+        }
         return {**body, **self.reproducibility.fields()} if final else body
 
 
@@ -59,8 +65,15 @@ class ResponseFormat(Protocol):
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict: ...
 
-    def response(self, text: str, token_ids: list[int], logprobs: Sequence[TokenLogprob] | None,
-                 finish_reason: str | None, prompt_tokens: int, completion_tokens: int) -> dict: ...
+    def response(
+        self,
+        text: str,
+        token_ids: list[int],
+        logprobs: Sequence[TokenLogprob] | None,
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -82,17 +95,24 @@ class CompletionFormat:
         return {
             "tokens": tokens,
             "token_logprobs": [json_logprob(lp.logprob) for lp in logprobs],
-            "top_logprobs": [
-                {self.tokens.text(t): json_logprob(v) for t, v in lp.top} for lp in logprobs
-            ],
+            "top_logprobs": [{self.tokens.text(t): json_logprob(v) for t, v in lp.top} for lp in logprobs],
             "text_offset": offsets,
         }
 
     def chunk(self, chunk: Chunk, first: bool, text_offset: int) -> dict:
-        body = self.head.body("text_completion", [{
-            "index": 0, "text": chunk.text, "logprobs": self._logprobs(chunk.logprobs, text_offset),
-            "finish_reason": chunk.finish_reason if chunk.finished else None, "token_ids": list(chunk.token_ids),
-        }], final=chunk.finished)
+        body = self.head.body(
+            "text_completion",
+            [
+                {
+                    "index": 0,
+                    "text": chunk.text,
+                    "logprobs": self._logprobs(chunk.logprobs, text_offset),
+                    "finish_reason": chunk.finish_reason if chunk.finished else None,
+                    "token_ids": list(chunk.token_ids),
+                }
+            ],
+            final=chunk.finished,
+        )
         if self.include_usage:
             body["usage"] = None  # OpenAI's shape: only the last, choice-less chunk carries usage
         return body
@@ -101,10 +121,17 @@ class CompletionFormat:
         return {**self.head.body("text_completion", [], final=True), "usage": usage(prompt_tokens, completion_tokens)}
 
     def response(self, text, token_ids, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
-        choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason,
-                  "token_ids": token_ids}
-        return {**self.head.body("text_completion", [choice], final=True),
-                "usage": usage(prompt_tokens, completion_tokens)}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": finish_reason,
+            "token_ids": token_ids,
+        }
+        return {
+            **self.head.body("text_completion", [choice], final=True),
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
 
 
 @dataclass(frozen=True)
@@ -117,36 +144,57 @@ class ChatFormat:
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         # `bytes` are the token's own: a token holding part of a character gives that part, not U+FFFD
-        return {"token": self.tokens.text(token_id), "logprob": json_logprob(logprob),
-                "bytes": list(self.tokens.raw(token_id))}
+        return {
+            "token": self.tokens.text(token_id),
+            "logprob": json_logprob(logprob),
+            "bytes": list(self.tokens.raw(token_id)),
+        }
 
     def _logprobs(self, logprobs: Sequence[TokenLogprob] | None) -> dict | None:
         if logprobs is None:
             return None
-        return {"content": [
-            {**self._entry(lp.token_id, lp.logprob), "top_logprobs": [self._entry(t, v) for t, v in lp.top]}
-            for lp in logprobs
-        ]}
+        return {
+            "content": [
+                {**self._entry(lp.token_id, lp.logprob), "top_logprobs": [self._entry(t, v) for t, v in lp.top]}
+                for lp in logprobs
+            ]
+        }
 
     def chunk(self, chunk: Chunk, first: bool, text_offset: int) -> dict:
         # The role rides on the first chunk with content, so that every chunk carries tokens.
         delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
-        body = self.head.body("chat.completion.chunk", [{
-            "index": 0, "delta": delta, "logprobs": self._logprobs(chunk.logprobs),
-            "finish_reason": chunk.finish_reason if chunk.finished else None, "token_ids": list(chunk.token_ids),
-        }], final=chunk.finished)
+        body = self.head.body(
+            "chat.completion.chunk",
+            [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": self._logprobs(chunk.logprobs),
+                    "finish_reason": chunk.finish_reason if chunk.finished else None,
+                    "token_ids": list(chunk.token_ids),
+                }
+            ],
+            final=chunk.finished,
+        )
         if self.include_usage:
             body["usage"] = None
         return body
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return {**self.head.body("chat.completion.chunk", [], final=True),
-                "usage": usage(prompt_tokens, completion_tokens)}
+        return {
+            **self.head.body("chat.completion.chunk", [], final=True),
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
 
     def response(self, text, token_ids, logprobs, finish_reason, prompt_tokens, completion_tokens) -> dict:
         choice = {
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason, "token_ids": token_ids,
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": finish_reason,
+            "token_ids": token_ids,
         }
-        return {**self.head.body("chat.completion", [choice], final=True),
-                "usage": usage(prompt_tokens, completion_tokens)}
+        return {
+            **self.head.body("chat.completion", [choice], final=True),
+            "usage": usage(prompt_tokens, completion_tokens),
+        }

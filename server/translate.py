@@ -49,6 +49,7 @@ def completion_prompt(model: ServedModel, request: CompletionRequest) -> list[in
     limit = max_model_len(model)
     with naming("prompt"):
         if isinstance(request.prompt, str):
+
             def encode(text: str) -> list[int]:
                 return model.encode(text, chat=False)
 
@@ -109,8 +110,11 @@ def naming(param: str) -> Iterator[None]:
 def sampling_params(request: SamplingRequest, max_new_tokens: int, logprobs: int | None) -> SamplingParams:
     """The engine's SamplingParams for one request (OpenAI's defaults: temperature 1, top_p 1)."""
     if request.min_tokens > max_new_tokens:  # the one check that needs max_tokens, which a chat may leave out
-        raise APIError(HTTPStatus.BAD_REQUEST, f"min_tokens ({request.min_tokens}) must not exceed max_tokens "
-                       f"({max_new_tokens})", param="min_tokens")
+        raise APIError(
+            HTTPStatus.BAD_REQUEST,
+            f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({max_new_tokens})",
+            param="min_tokens",
+        )
     return SamplingParams(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_k=request.top_k_or_none,

@@ -81,19 +81,34 @@ class AlphaHitFit:
     scatter: float = 0.0  # RMS over the tables of (the model's hit rate − the table's own), K 4, F 3 each
 
     def to_dict(self) -> dict:
-        return {"params": self.params.as_tuple(), "scatter": self.scatter,
-                "resampled": [p.as_tuple() for p in self.resampled],
-                "points": [{"workload": p.workload, "temperature": p.temperature, "alpha": p.alpha,
-                            "counts": list(p.counts)} for p in self.points],
-                "source": self.source, "model": "ln scale = a + b ln(1 - alpha) + c T; miss = scale F^-r"}
+        return {
+            "params": self.params.as_tuple(),
+            "scatter": self.scatter,
+            "resampled": [p.as_tuple() for p in self.resampled],
+            "points": [
+                {"workload": p.workload, "temperature": p.temperature, "alpha": p.alpha, "counts": list(p.counts)}
+                for p in self.points
+            ],
+            "source": self.source,
+            "model": "ln scale = a + b ln(1 - alpha) + c T; miss = scale F^-r",
+        }
 
     @staticmethod
     def from_dict(obj: dict) -> AlphaHitFit:
         try:
-            points = tuple(TablePoint(p["workload"], float(p["temperature"]), float(p["alpha"]),
-                                      tuple(int(c) for c in p["counts"])) for p in obj["points"])
-            return AlphaHitFit(HitParams(*obj["params"]), tuple(HitParams(*p) for p in obj["resampled"]), points,
-                               str(obj["source"]), float(obj.get("scatter", 0.0)))
+            points = tuple(
+                TablePoint(
+                    p["workload"], float(p["temperature"]), float(p["alpha"]), tuple(int(c) for c in p["counts"])
+                )
+                for p in obj["points"]
+            )
+            return AlphaHitFit(
+                HitParams(*obj["params"]),
+                tuple(HitParams(*p) for p in obj["resampled"]),
+                points,
+                str(obj["source"]),
+                float(obj.get("scatter", 0.0)),
+            )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not an α hit-model fit ({err}): expected params, resampled, points, source") from None
 
@@ -104,9 +119,11 @@ class AlphaHitFit:
 
     def describe(self) -> str:
         low, high = self.alpha_range
-        return (f"α-model fitted to {len(self.points)} rank tables of {self.source} "
-                f"({sum(p.rejections for p in self.points)} rejections, α {low:.2f}-{high:.2f}, "
-                f"T {min(p.temperature for p in self.points):g}-{max(p.temperature for p in self.points):g})")
+        return (
+            f"α-model fitted to {len(self.points)} rank tables of {self.source} "
+            f"({sum(p.rejections for p in self.points)} rejections, α {low:.2f}-{high:.2f}, "
+            f"T {min(p.temperature for p in self.points):g}-{max(p.temperature for p in self.points):g})"
+        )
 
 
 @functools.cache
@@ -152,8 +169,9 @@ class AlphaHit:
         shifted = (1.0 - self.alpha) * self._miss_rejected(np.maximum(F - 1, 0), params)
         return np.where(F >= 1, shifted, 1.0)
 
-    def hit_prob(self, fanout: tuple[int, ...], from_cache: bool, draft_sourced: bool = True,
-                 params: HitParams | None = None) -> np.ndarray:
+    def hit_prob(
+        self, fanout: tuple[int, ...], from_cache: bool, draft_sourced: bool = True, params: HitParams | None = None
+    ) -> np.ndarray:
         """`HitModel`: P(hit | k), k = 0..K. After a fast backup's speculation (`draft_sourced` False) the
         rejected token was not the draft's first choice: the bonus is that choice with probability α."""
         K = len(fanout) - 1
@@ -182,8 +200,10 @@ class AlphaHit:
         """One line for a prediction's inputs: the model, its α and T, this schedule's hit rate, the fit's
         interval and how far single tables stray from the fit."""
         rate, low, high = self.interval(fanout)
-        return (f"{self.source}: hits {rate:.3f} ({low:.3f}-{high:.3f}, the fit's {LEVEL:.0%} interval; single "
-                f"tables stray ±{self.fit.scatter:.3f} RMS from it) at fan-out {'-'.join(map(str, fanout))}")
+        return (
+            f"{self.source}: hits {rate:.3f} ({low:.3f}-{high:.3f}, the fit's {LEVEL:.0%} interval; single "
+            f"tables stray ±{self.fit.scatter:.3f} RMS from it) at fan-out {'-'.join(map(str, fanout))}"
+        )
 
 
 # -- fitting ----------------------------------------------------------------------------------------------
@@ -207,8 +227,9 @@ def table_points(tables: dict, min_rejections: int = MIN_REJECTIONS) -> list[Tab
         kept = np.asarray(rejected.counts[:RANK_BINS], dtype=int)
         counts[: kept.size] = kept
         counts[RANK_BINS] = rejected.total - int(kept.sum())
-        points.append(TablePoint(e["workload"], float(e["temperature"]), float(np.mean(alphas)),
-                                 tuple(int(c) for c in counts)))
+        points.append(
+            TablePoint(e["workload"], float(e["temperature"]), float(np.mean(alphas)), tuple(int(c) for c in counts))
+        )
     return points
 
 
@@ -226,8 +247,13 @@ def _negative_log_likelihood(theta: np.ndarray, points: list[TablePoint], counts
 
 
 def _maximize(points: list[TablePoint], counts: np.ndarray, start: np.ndarray) -> HitParams:
-    result = minimize(_negative_log_likelihood, start, args=(points, counts), method="Nelder-Mead",
-                      options={"maxiter": 4000, "xatol": 1e-5, "fatol": 1e-7})
+    result = minimize(
+        _negative_log_likelihood,
+        start,
+        args=(points, counts),
+        method="Nelder-Mead",
+        options={"maxiter": 4000, "xatol": 1e-5, "fatol": 1e-7},
+    )
     return HitParams(*(float(v) for v in result.x))
 
 
@@ -237,8 +263,10 @@ def fit_tables(tables: dict, source: str, resamples: int = RESAMPLES, seed: int 
     ours were, could put the fit)."""
     points = table_points(tables)
     if len(points) < 3 or len({round(p.alpha, 2) for p in points}) < 2:
-        raise ValueError("the α hit model needs rank tables at three or more settings, at two α or more: "
-                         "measure SD runs on more prompt sets (saguaro models hit-tables)")
+        raise ValueError(
+            "the α hit model needs rank tables at three or more settings, at two α or more: "
+            "measure SD runs on more prompt sets (saguaro models hit-tables)"
+        )
     counts = np.array([p.counts for p in points], dtype=float)
     best = _maximize(points, counts, np.array([0.0, 0.3, 0.0, 0.5]))
     rng = np.random.default_rng(seed)
@@ -247,16 +275,20 @@ def fit_tables(tables: dict, source: str, resamples: int = RESAMPLES, seed: int 
         chosen = rng.integers(0, len(points), len(points))
         if len({round(points[i].alpha, 2) for i in chosen}) < 2:
             continue  # one α alone cannot place the slope in α
-        drawn = np.array([rng.multinomial(int(counts[i].sum()), counts[i] / counts[i].sum()) for i in chosen],
-                         dtype=float)
+        drawn = np.array(
+            [rng.multinomial(int(counts[i].sum()), counts[i] / counts[i].sum()) for i in chosen], dtype=float
+        )
         resampled.append(_maximize([points[i] for i in chosen], drawn, np.array(best.as_tuple())))
     return AlphaHitFit(best, tuple(resampled), tuple(points), source, _scatter(tables, points, best))
 
 
 def _scatter(tables: dict, points: list[TablePoint], params: HitParams, fanout: tuple[int, ...] = (3,) * 5) -> float:
     """RMS over the fitted tables of the model's hit rate minus the table's own, for one schedule."""
-    models = {(e["workload"], float(e["temperature"])): EmpiricalHit.from_dict(e["model"])
-              for e in tables["entries"] if float(e["C"]) == 1.0}
+    models = {
+        (e["workload"], float(e["temperature"])): EmpiricalHit.from_dict(e["model"])
+        for e in tables["entries"]
+        if float(e["C"]) == 1.0
+    }
     gaps = []
     for point in points:
         table = models[(point.workload, point.temperature)]

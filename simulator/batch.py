@@ -29,8 +29,9 @@ class Sequence:
 
 
 class Batch:
-    def __init__(self, env: simpy.Environment, max_batch: int, source: RequestSource, recorder: Recorder,
-                 closed_loop: bool) -> None:
+    def __init__(
+        self, env: simpy.Environment, max_batch: int, source: RequestSource, recorder: Recorder, closed_loop: bool
+    ) -> None:
         self.env = env
         self.max_batch = max_batch
         self.seqs: list[Sequence] = []

@@ -50,8 +50,11 @@ def _lookups(records: list[RoundRecord]) -> dict[int, list[int]]:
     """F -> [lookups, misses], pairing round T's k with round T+1's hit for the same batch position."""
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for before, after in pairwise(records):
-        same_run = (before.batch_size == after.batch_size and after.context_len >= before.context_len
-                    and before.fanout == after.fanout)
+        same_run = (
+            before.batch_size == after.batch_size
+            and after.context_len >= before.context_len
+            and before.fanout == after.fanout
+        )
         both_ssd = before.strategy is after.strategy is Strategy.SSD and before.is_decode and after.is_decode
         if not (same_run and both_ssd):
             continue

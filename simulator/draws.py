@@ -52,8 +52,9 @@ class TableDraws:
         if hits is not None and fanout is not None:
             self._hit_prob = {
                 True: hits.hit_prob(fanout, True).tolist(),
-                False: hits.hit_prob(fanout_backup or fanout, False,
-                                     draft_sourced=miss_source is Source.DRAFT).tolist(),
+                False: hits.hit_prob(
+                    fanout_backup or fanout, False, draft_sourced=miss_source is Source.DRAFT
+                ).tolist(),
             }
         self._k_cache: list[int] = []
         self._k_miss: list[int] = []

@@ -51,12 +51,16 @@ def tp_problems(model: ModelSpec, tp: int) -> list[str]:
     """The TP degree against the model's heads (vLLM's rule), as sentences that say what to do."""
     out = []
     if model.heads % tp:
-        out.append(f"TP {tp} does not divide {model.name}'s {model.heads} attention heads: choose a tensor-"
-                   f"parallel degree among {_divisors(model.heads)}")
+        out.append(
+            f"TP {tp} does not divide {model.name}'s {model.heads} attention heads: choose a tensor-"
+            f"parallel degree among {_divisors(model.heads)}"
+        )
     elif model.kv_heads % tp and tp % model.kv_heads:
-        out.append(f"TP {tp} neither divides {model.name}'s {model.kv_heads} KV heads nor is a multiple of them: "
-                   f"choose a tensor-parallel degree among {_divisors(model.heads)} that divides or is a "
-                   f"multiple of {model.kv_heads}")
+        out.append(
+            f"TP {tp} neither divides {model.name}'s {model.kv_heads} KV heads nor is a multiple of them: "
+            f"choose a tensor-parallel degree among {_divisors(model.heads)} that divides or is a "
+            f"multiple of {model.kv_heads}"
+        )
     return out
 
 
@@ -66,8 +70,10 @@ def context_problems(models: list[ModelSpec], tokens: int) -> list[str]:
     if not over:
         return []
     windows = " and ".join(f"{m.name} ({m.context_window:,} tokens)" for m in over)
-    return [f"prompt + output of up to {tokens:,} tokens exceeds the context window of {windows}: shorten the "
-            f"prompt or output lengths (--prompt-len, --output-len)"]
+    return [
+        f"prompt + output of up to {tokens:,} tokens exceeds the context window of {windows}: shorten the "
+        f"prompt or output lengths (--prompt-len, --output-len)"
+    ]
 
 
 @dataclass(frozen=True)
@@ -87,17 +93,20 @@ class DeviceLoad:
         hw = self.hardware
         if self.total_gb <= hw.usable_memory_gb:
             return None
-        return (f"{self.what} needs {self.total_gb:.1f} GB per device ({self.weights_gb:.1f} GB weights + "
-                f"{self.kv_gb:.1f} GB KV cache) but {hw.name} has {hw.usable_memory_gb:.1f} GB usable "
-                f"({hw.usable_memory_fraction:.0%} of {hw.memory_gb:g} GB): {remedy}")
+        return (
+            f"{self.what} needs {self.total_gb:.1f} GB per device ({self.weights_gb:.1f} GB weights + "
+            f"{self.kv_gb:.1f} GB KV cache) but {hw.name} has {hw.usable_memory_gb:.1f} GB usable "
+            f"({hw.usable_memory_fraction:.0%} of {hw.memory_gb:g} GB): {remedy}"
+        )
 
 
 def _load(deployment: Deployment, batch: int, tokens: int) -> DeviceLoad:
     m, tp = deployment.model, deployment.tp
     kv_gb = batch * tokens * kv_bytes_per_token_per_device(m, tp) / 1e9
     tp_text = f"TP {tp}, " if tp > 1 else ""
-    return DeviceLoad(deployment.hardware, m.weight_bytes / tp / 1e9, kv_gb,
-                      f"{m.name} ({tp_text}batch {batch} × {tokens:,} tokens)")
+    return DeviceLoad(
+        deployment.hardware, m.weight_bytes / tp / 1e9, kv_gb, f"{m.name} ({tp_text}batch {batch} × {tokens:,} tokens)"
+    )
 
 
 def problems(config: SimConfig) -> list[str]:
@@ -121,9 +130,12 @@ def problems(config: SimConfig) -> list[str]:
     raise_tp = "lower the batch or the lengths, or raise the tensor-parallel degree (--tp)"
     if p.strategy is Strategy.SD:  # the draft shares the target's first device
         draft_load = _load(draft, batch, tokens + p.K)
-        colocated = DeviceLoad(target.hardware, target_load.weights_gb + draft_load.weights_gb,
-                               target_load.kv_gb + draft_load.kv_gb,
-                               f"{target_load.what} with the SD draft {draft_load.what} on the same device")
+        colocated = DeviceLoad(
+            target.hardware,
+            target_load.weights_gb + draft_load.weights_gb,
+            target_load.kv_gb + draft_load.kv_gb,
+            f"{target_load.what} with the SD draft {draft_load.what} on the same device",
+        )
         problem = colocated.problem(raise_tp)
         return [problem] if problem else []
     problem = target_load.problem(raise_tp)
@@ -131,8 +143,8 @@ def problems(config: SimConfig) -> list[str]:
     if p.strategy is Strategy.SSD:
         tree = (p.K + 1) + max(p.budget, p.budget_backup) * p.K  # glue positions and every branch's K steps
         problem = _load(draft, batch, tokens + tree).problem(
-            "lower the batch, the lengths or the fan-out budget, or give the draft a larger device "
-            "(--draft-hardware)")
+            "lower the batch, the lengths or the fan-out budget, or give the draft a larger device (--draft-hardware)"
+        )
         out += [problem] if problem else []
     return out
 
@@ -162,8 +174,12 @@ def capacity_per_s(config: SimConfig) -> float:
         raise ValueError("capacity in requests per second is measured on generated lengths, not a replayed run")
     if wl.output_len is None:
         raise ValueError("capacity in requests per second needs finite output lengths (requests must finish)")
-    closed = replace(config, workload=ClosedLoop(wl.max_batch, wl.prompt_len, wl.output_len), requests=None,
-                     rounds=min(config.rounds, CAPACITY_ROUNDS))
+    closed = replace(
+        config,
+        workload=ClosedLoop(wl.max_batch, wl.prompt_len, wl.output_len),
+        requests=None,
+        rounds=min(config.rounds, CAPACITY_ROUNDS),
+    )
     return requests_per_s(simulate(closed), wl.output_len)
 
 
@@ -176,16 +192,24 @@ class Overload:
     batch: int
 
     def __str__(self) -> str:
-        return (f"overloaded: {self.rate_per_s:g} requests/s arrive but this configuration serves at most "
-                f"{self.capacity_per_s:.3g} requests/s (full load at batch {self.batch}); its queue grows for as "
-                f"long as the run lasts, so no latency is quoted. Lower the rate below {self.capacity_per_s:.3g}, "
-                f"raise the batch, or add replicas (saguaro plan sizes them)")
+        return (
+            f"overloaded: {self.rate_per_s:g} requests/s arrive but this configuration serves at most "
+            f"{self.capacity_per_s:.3g} requests/s (full load at batch {self.batch}); its queue grows for as "
+            f"long as the run lasts, so no latency is quoted. Lower the rate below {self.capacity_per_s:.3g}, "
+            f"raise the batch, or add replicas (saguaro plan sizes them)"
+        )
 
     def withhold(self, result: SimResult) -> SimResult:
         """The result with its latencies NaN (null in JSON) and the overload in its settings."""
         settings = {**result.settings, "overloaded": True, "capacity_rps": float(f"{self.capacity_per_s:.4g}")}
-        return replace(result, settings=settings, ttft_ms=_blank(result.ttft_ms), itl_ms=_blank(result.itl_ms),
-                       tpot_ms=_blank(result.tpot_ms), e2el_ms=_blank(result.e2el_ms))
+        return replace(
+            result,
+            settings=settings,
+            ttft_ms=_blank(result.ttft_ms),
+            itl_ms=_blank(result.itl_ms),
+            tpot_ms=_blank(result.tpot_ms),
+            e2el_ms=_blank(result.e2el_ms),
+        )
 
 
 def _blank(stats: dict) -> dict:

@@ -223,47 +223,66 @@ class FittedTiming:
         time over this fit's, the draft's by its total draft time over this fit's, each unless within
         `dead_band` of 1 (module docstring). `levels` holds the scales applied and the ratios measured.
         ValueError without three SD decode rounds or without a fitted draft."""
-        pairs = [(r, w) for r, w in zip(records, sd_first_widths(records), strict=True)
-                 if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0]
+        pairs = [
+            (r, w)
+            for r, w in zip(records, sd_first_widths(records), strict=True)
+            if r.is_decode and r.strategy is Strategy.SD and r.draft_ms > 0
+        ]
         rounds = [r for r, _ in pairs]
         if len(rounds) < 3:
-            raise ValueError(f"leveling needs an SD run's decode rounds (3 or more with a draft time), got "
-                             f"{len(rounds)}: give the records of a saguaro bench SD run")
+            raise ValueError(
+                f"leveling needs an SD run's decode rounds (3 or more with a draft time), got "
+                f"{len(rounds)}: give the records of a saguaro bench SD run"
+            )
         if self.draft is None:
             raise ValueError("this fit has no draft time to level: fit it on a calibration (saguaro calibrate)")
-        target = (sum(r.verify_ms for r in rounds)
-                  / sum(self.verify_ms(r.batch_size, r.K + 1, r.context_len) for r in rounds))
-        draft = (sum(r.draft_ms for r in rounds)
-                 / sum(self.draft_ms(r.batch_size, r.K, r.context_len, w) for r, w in pairs))
+        target = sum(r.verify_ms for r in rounds) / sum(
+            self.verify_ms(r.batch_size, r.K + 1, r.context_len) for r in rounds
+        )
+        draft = sum(r.draft_ms for r in rounds) / sum(
+            self.draft_ms(r.batch_size, r.K, r.context_len, w) for r, w in pairs
+        )
         measured = {"target": target, "draft": draft}
         target, draft = (1.0 if abs(x - 1.0) <= dead_band else x for x in (target, draft))
         build = None if self.build is None else (self.build[0], *(c * draft for c in self.build[1:]))
         knee = None if self.verify_knee is None else (self.verify_knee[0], self.verify_knee[1] * target)
         step_knee = None if self.decode_knee is None else (self.decode_knee[0], self.decode_knee[1] * target)
         return replace(
-            self, verify=_coef([c * target for c in self.verify]), verify_knee=knee,
-            decode=_scaled(self.decode, target), decode_knee=step_knee,
-            decode_one_row=_scaled(self.decode_one_row, target), prefill_target=_scaled(self.prefill_target, target),
-            draft=_scaled(self.draft, draft), backup=_scaled(self.backup, draft), build=build,
-            prefill_draft=_scaled(self.prefill_draft, draft), draft_call=self.draft_call * draft,
+            self,
+            verify=_coef([c * target for c in self.verify]),
+            verify_knee=knee,
+            decode=_scaled(self.decode, target),
+            decode_knee=step_knee,
+            decode_one_row=_scaled(self.decode_one_row, target),
+            prefill_target=_scaled(self.prefill_target, target),
+            draft=_scaled(self.draft, draft),
+            backup=_scaled(self.backup, draft),
+            build=build,
+            prefill_draft=_scaled(self.prefill_draft, draft),
+            draft_call=self.draft_call * draft,
             prefill_attention=(self.prefill_attention[0] * target, self.prefill_attention[1] * draft),
-            levels={"target": target, "draft": draft, "measured": measured, "rounds": len(rounds)})
+            levels={"target": target, "draft": draft, "measured": measured, "rounds": len(rounds)},
+        )
 
     def level_text(self) -> str:
         """What `leveled` applied and measured, in one line for a report ("" when not leveled)."""
         if not self.levels:
             return ""
         applied, measured = self.levels, self.levels["measured"]
-        return (f"target ×{applied['target']:.3f}, draft ×{applied['draft']:.3f} applied (measured "
-                f"×{measured['target']:.3f}, ×{measured['draft']:.3f} over {applied['rounds']} SD rounds; within "
-                f"{LEVEL_DEAD_BAND:.0%} of 1 left at 1)")
+        return (
+            f"target ×{applied['target']:.3f}, draft ×{applied['draft']:.3f} applied (measured "
+            f"×{measured['target']:.3f}, ×{measured['draft']:.3f} over {applied['rounds']} SD rounds; within "
+            f"{LEVEL_DEAD_BAND:.0%} of 1 left at 1)"
+        )
 
     def with_build_level(self) -> FittedTiming:
         """This fit with its cache builds scaled to the engine's build rounds (`build_level`, module docstring).
         ValueError without them."""
         if not self.build_level:
-            raise ValueError("these records hold no engine build rounds to level the builds: calibrate with "
-                             "saguaro calibrate --build-tokens N")
+            raise ValueError(
+                "these records hold no engine build rounds to level the builds: calibrate with "
+                "saguaro calibrate --build-tokens N"
+            )
         return replace(self, build_scale=self.build_level)
 
     def build_level_text(self) -> str:
@@ -271,8 +290,9 @@ class FittedTiming:
         if not self.build_level:
             return ""
         levels = ", ".join(f"×{x:.3f} at batch {b}" for b, x in self.build_level)
-        return (f"builds: the engine's over the line's {levels} ({self.counts.get('build_level', 0)} rounds), "
-                + ("applied" if self.build_scale else "not applied"))
+        return f"builds: the engine's over the line's {levels} ({self.counts.get('build_level', 0)} rounds), " + (
+            "applied" if self.build_scale else "not applied"
+        )
 
     def with_host_overhead(self, outside: dict) -> FittedTiming:
         """This fit with the engine's measured host work outside a round's timers (strategy value -> (ms, ms per
@@ -284,8 +304,10 @@ class FittedTiming:
 
     def _draft(self, rows: int, kv: int, coef: Coef | None = None) -> float:
         if self.draft is None:
-            raise ValueError("these records hold no SD or SSD rounds, so the draft's time was not fitted: "
-                             "add a calibration run of SD or SSD")
+            raise ValueError(
+                "these records hold no SD or SSD rounds, so the draft's time was not fitted: "
+                "add a calibration run of SD or SSD"
+            )
         d0, d_row, d_kv = coef or self.draft
         return d0 + d_row * rows + d_kv * kv
 
@@ -309,15 +331,19 @@ class FittedTiming:
     def draft_ms(self, batch: int, K: int, context: int, first_width: int = 1) -> float:
         if not K:
             return 0.0
-        return (self.draft_call + self._draft(batch * first_width, batch * context)
-                + (K - 1) * self._draft(batch, batch * context))
+        return (
+            self.draft_call
+            + self._draft(batch * first_width, batch * context)
+            + (K - 1) * self._draft(batch, batch * context)
+        )
 
     def cache_build_ms(self, batch: int, K: int, branches: int, context: int) -> float:
         return self._build_line(batch, K, branches, context) * self.build_beside * self.build_level_at(batch)
 
     def _build_line(self, batch: int, K: int, branches: int, context: int) -> float:
-        steps = (self.draft_call + self._draft(batch * (K + 1), batch * context)
-                 + K * self._draft(branches, batch * context))
+        steps = (
+            self.draft_call + self._draft(batch * (K + 1), batch * context) + K * self._draft(branches, batch * context)
+        )
         if self.build is None:
             return steps
         s, *extra = self.build
@@ -337,8 +363,10 @@ class FittedTiming:
                 return K * self._draft(rows, rows * context, self.backup)
             return self.draft_call + K * self._draft(rows, rows * context)
         if backup.value not in self.fast_backup_ms:
-            raise ValueError(f"no SSD rounds with the {backup.value} backup missed in the calibration records: "
-                             f"its time is unknown (calibrate with that backup)")
+            raise ValueError(
+                f"no SSD rounds with the {backup.value} backup missed in the calibration records: "
+                f"its time is unknown (calibrate with that backup)"
+            )
         return self.fast_backup_ms[backup.value]
 
     def prefill_ms(self, strategy: Strategy, batch: int, tokens: int, cached: int = 0) -> float:
@@ -405,8 +433,16 @@ def link_waits(records: list[RoundRecord]) -> list[float]:
     """The waits that time the link: SSD rounds whose every row hit with a build shorter than the verify, so
     the target waited for the messages and the worker's answer only. A calibration's build-beside-verify points
     record no wait (0.0) and are left out: only rounds the engine ran count."""
-    return [r.wait_ms for r in records if r.hit and all(r.hit) and r.cache_build_ms is not None
-            and r.cache_build_ms < r.verify_ms and r.wait_ms is not None and r.wait_ms > 0]
+    return [
+        r.wait_ms
+        for r in records
+        if r.hit
+        and all(r.hit)
+        and r.cache_build_ms is not None
+        and r.cache_build_ms < r.verify_ms
+        and r.wait_ms is not None
+        and r.wait_ms > 0
+    ]
 
 
 def _builds(records: list[RoundRecord]) -> list[RoundRecord]:
@@ -432,8 +468,13 @@ def sd_first_widths(records: list[RoundRecord]) -> list[int]:
         if r.first_width is not None:
             width = r.first_width
         elif r.is_decode and r.strategy is Strategy.SD:
-            if (before is not None and r.round > before.round and r.context_len >= before.context_len and before.K > 0
-                    and any(k == before.K for k in before.accepted)):
+            if (
+                before is not None
+                and r.round > before.round
+                and r.context_len >= before.context_len
+                and before.K > 0
+                and any(k == before.K for k in before.accepted)
+            ):
                 width = 2
             before = r
         widths.append(width)
@@ -539,6 +580,7 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
     ssd_verify_factor = 1.0
     busy = [r for r in decode if r.strategy is Strategy.SSD]
     if plain is alone and busy:
+
         def alone_ms(r: RoundRecord) -> float:
             return _verify_time(verify, knee, r.batch_size * (r.K + 1), r.batch_size * r.context_len)
 
@@ -555,14 +597,24 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         (draft_call, *coef), errors["draft"] = _fit_linear(X, y)
         draft = _coef(coef)
         counts["draft"] = len(y)
-    backups = [(r, ms) for r in decode if r.strategy is Strategy.SSD and r.backup is Backup.NEURAL
-               and (r.hit or ()).count(False) and (ms := r.backup_time_ms)]
+    backups = [
+        (r, ms)
+        for r in decode
+        if r.strategy is Strategy.SSD
+        and r.backup is Backup.NEURAL
+        and (r.hit or ()).count(False)
+        and (ms := r.backup_time_ms)
+    ]
     backup_fit = None
-    if (len(backups) >= 3 and len({r.batch_size for r, _ in backups}) >= 2
-            and len({r.context_len for r, _ in backups}) >= 2):
+    if (
+        len(backups) >= 3
+        and len({r.batch_size for r, _ in backups}) >= 2
+        and len({r.context_len for r, _ in backups}) >= 2
+    ):
         backup_coef, errors["backup"] = _fit_linear(
             [[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r, _ in backups],
-            [ms for _, ms in backups])
+            [ms for _, ms in backups],
+        )
         backup_fit = _coef(backup_coef)
         counts["backup"] = len(backups)
     build_beside = 1.0
@@ -572,15 +624,19 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         shapes = [_build_shape(r) for r in line_from]
         build, errors["build"] = _fit_linear(
             [[partial.cache_build_ms(b, K, N, c), *_build_terms(K, N, c)] for b, K, N, c, _ in shapes],
-            [ms for *_, ms in shapes])
+            [ms for *_, ms in shapes],
+        )
         counts["build"] = len(line_from)
         if line_from is lone and builds:
             line = replace(partial, build=build)
-            build_beside = float(np.median([ms / line.cache_build_ms(b, K, N, c)
-                                            for b, K, N, c, ms in map(_build_shape, builds)]))
+            build_beside = float(
+                np.median([ms / line.cache_build_ms(b, K, N, c) for b, K, N, c, ms in map(_build_shape, builds)])
+            )
             counts["build_beside"] = len(builds)
-    build_level, leveled_rounds = _build_level(FittedTiming(verify=verify, draft=draft, draft_call=draft_call,
-                                                            build=build, build_beside=build_beside), leveling)
+    build_level, leveled_rounds = _build_level(
+        FittedTiming(verify=verify, draft=draft, draft_call=draft_call, build=build, build_beside=build_beside),
+        leveling,
+    )
     if build_level:
         counts["build_level"] = leveled_rounds
     prefill_target = prefill_draft = None
@@ -590,7 +646,8 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         with_draft = [r for r in prefill if r.draft_ms > 0]
         if len(with_draft) >= 2:
             prefill_draft, attention[1], errors["prefill_draft"] = _fit_prefill(
-                with_draft, [r.draft_ms for r in with_draft])
+                with_draft, [r.draft_ms for r in with_draft]
+            )
     overhead = {}
     for strategy in Strategy:
         rows = [r for r in decode if r.strategy is strategy]
@@ -614,16 +671,31 @@ def fit_timing(records: list[RoundRecord]) -> FittedTiming:
         return max(0.0, r.wait_ms - max(2 * link_ms, overrun))
 
     for backup in (Backup.RANDOM, Backup.LOOKUP):
-        times = [ms for r in decode if r.backup is backup and not all(r.hit or ())
-                 if (ms := fast_backup_ms(r)) is not None]
+        times = [
+            ms for r in decode if r.backup is backup and not all(r.hit or ()) if (ms := fast_backup_ms(r)) is not None
+        ]
         if times:
             fast[backup.value] = float(np.median(times))
     return FittedTiming(
-        verify=verify, verify_knee=knee, decode=decode_fit, decode_one_row=one_row, decode_knee=step_knee,
-        backup=backup_fit, draft=draft,
-        prefill_target=prefill_target, prefill_draft=prefill_draft, prefill_attention=_pair(attention),
-        overhead=overhead, fast_backup_ms=fast, link_latency_ms=link_ms, ssd_verify_factor=ssd_verify_factor,
-        build=build, build_beside=build_beside, errors=errors, counts=counts, draft_call=draft_call,
+        verify=verify,
+        verify_knee=knee,
+        decode=decode_fit,
+        decode_one_row=one_row,
+        decode_knee=step_knee,
+        backup=backup_fit,
+        draft=draft,
+        prefill_target=prefill_target,
+        prefill_draft=prefill_draft,
+        prefill_attention=_pair(attention),
+        overhead=overhead,
+        fast_backup_ms=fast,
+        link_latency_ms=link_ms,
+        ssd_verify_factor=ssd_verify_factor,
+        build=build,
+        build_beside=build_beside,
+        errors=errors,
+        counts=counts,
+        draft_call=draft_call,
         build_level=build_level,
     )
 

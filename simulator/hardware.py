@@ -49,8 +49,9 @@ class Hardware:
     def __post_init__(self) -> None:
         for field in ("mem_bandwidth_gb_s", "peak_tflops", "interconnect_gb_s", "memory_gb"):
             _positive(field, getattr(self, field), f" for hardware {self.name!r}")
-        optional = tuple(f for f in ("single_device_layer_overhead_us", "launch_overhead_us")
-                         if getattr(self, f) is not None)
+        optional = tuple(
+            f for f in ("single_device_layer_overhead_us", "launch_overhead_us") if getattr(self, f) is not None
+        )
         for field in ("interconnect_latency_us", "layer_overhead_us", *optional):
             if not getattr(self, field) >= 0:
                 raise ValueError(f"{field} must be >= 0 for hardware {self.name!r}; got {getattr(self, field)!r}")
@@ -91,8 +92,17 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for field in ("params", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "dtype_bytes",
-                      "kv_dtype_bytes"):
+        for field in (
+            "params",
+            "layers",
+            "hidden",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "vocab",
+            "dtype_bytes",
+            "kv_dtype_bytes",
+        ):
             _positive(field, getattr(self, field), f" for model {self.name!r}")
         if self.context_window is not None:
             _positive("context_window", self.context_window, f" for model {self.name!r}")

@@ -86,8 +86,10 @@ class EmpiricalHit:
 
     def __post_init__(self) -> None:
         if not self.rejected or self.pooled_rejected.total == 0 or self.all_accepted.total == 0:
-            raise ValueError("the empirical hit model needs measured ranks after rejections and after all-accepted "
-                             "rounds: record an SD or SSD run with the engine (round records carry outcome_rank)")
+            raise ValueError(
+                "the empirical hit model needs measured ranks after rejections and after all-accepted "
+                "rounds: record an SD or SSD run with the engine (round records carry outcome_rank)"
+            )
 
     @property
     def pooled_rejected(self) -> RankCounts:
@@ -166,8 +168,13 @@ class EmpiricalHit:
                 counts.pop()
             return {"counts": counts, "beyond": c.beyond}
 
-        return {"rejected": [pack(c) for c in self.rejected], "all_accepted": pack(self.all_accepted),
-                "tail_r": self.tail_r, "source": self.source, **self.meta}
+        return {
+            "rejected": [pack(c) for c in self.rejected],
+            "all_accepted": pack(self.all_accepted),
+            "tail_r": self.tail_r,
+            "source": self.source,
+            **self.meta,
+        }
 
     @staticmethod
     def from_dict(obj: dict, source: str | None = None) -> EmpiricalHit:
@@ -175,8 +182,13 @@ class EmpiricalHit:
             unpack = lambda d: RankCounts(tuple(int(c) for c in d["counts"]), int(d["beyond"]))  # noqa: E731
             rejected = tuple(unpack(d) for d in obj["rejected"])
             meta = {k: v for k, v in obj.items() if k not in ("rejected", "all_accepted", "tail_r", "source")}
-            return EmpiricalHit(rejected, unpack(obj["all_accepted"]), float(obj.get("tail_r", 1.0)),
-                                source or obj.get("source", "table"), meta)
+            return EmpiricalHit(
+                rejected,
+                unpack(obj["all_accepted"]),
+                float(obj.get("tail_r", 1.0)),
+                source or obj.get("source", "table"),
+                meta,
+            )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a rank table ({err}): expected rejected, all_accepted, tail_r") from None
 
@@ -214,15 +226,19 @@ def from_records(records: list[RoundRecord], source: str = "records", seed: int 
     counts = tuple(RankCounts.of(rejected[k]) for k in range(K))
     all_accepted = RankCounts.of(accepted_all)
     fit = fit_power_law(rejected, accepted_all, K, seed=seed)
-    meta = {"K": K, "outcomes": sum(len(v) for v in rejected.values()) + len(accepted_all),
-            "alpha": [round(a, 4) for a in alpha_per_position(records)]}
+    meta = {
+        "K": K,
+        "outcomes": sum(len(v) for v in rejected.values()) + len(accepted_all),
+        "alpha": [round(a, 4) for a in alpha_per_position(records)],
+    }
     if fit:
         meta["power_law"] = fit
     return EmpiricalHit(counts, all_accepted, fit["r"] if fit else 1.0, source, meta)
 
 
-def fit_power_law(rejected: dict[int, list[int]], accepted_all: list[int], K: int, seed: int = 0,
-                  resamples: int = 200) -> dict | None:
+def fit_power_law(
+    rejected: dict[int, list[int]], accepted_all: list[int], K: int, seed: int = 0, resamples: int = 200
+) -> dict | None:
     """Def. 11 fitted to the pooled miss curve at F = 1..min(64, where misses run out): r and scale by
     log-log least squares (theory.fit_r), r's 95% interval by resampling outcomes (bootstrap)."""
     ranks = np.array([r for v in rejected.values() for r in v] + list(accepted_all))
@@ -241,8 +257,13 @@ def fit_power_law(rejected: dict[int, list[int]], accepted_all: list[int], K: in
         if np.all(sample > 0):
             rs.append(fit_r(F, sample).r)
     low, high = np.percentile(rs, [2.5, 97.5]) if rs else (fit.r_ci[0], fit.r_ci[1])
-    return {"r": round(fit.r, 4), "scale": round(fit.scale, 4), "r_ci95": [round(float(low), 4), round(float(high), 4)],
-            "fanouts": [int(F[0]), int(F[-1])], "outcomes": int(ranks.size)}
+    return {
+        "r": round(fit.r, 4),
+        "scale": round(fit.scale, 4),
+        "r_ci95": [round(float(low), 4), round(float(high), 4)],
+        "fanouts": [int(F[0]), int(F[-1])],
+        "outcomes": int(ranks.size),
+    }
 
 
 def alpha_per_position(records: list[RoundRecord], draft_sourced: bool = True) -> list[float]:
@@ -276,8 +297,9 @@ def load_tables(path: str | Path = TABLES) -> dict:
     return json.loads(path.read_text())
 
 
-def measured(workload: str = "spec_bench", temperature: float = 0.0, C: float = 1.0,
-             path: str | Path = TABLES) -> EmpiricalHit:
+def measured(
+    workload: str = "spec_bench", temperature: float = 0.0, C: float = 1.0, path: str | Path = TABLES
+) -> EmpiricalHit:
     """The shipped table for the default pair: the entry of `workload` nearest in temperature, then C."""
     tables = load_tables(path)
     entries = [e for e in tables["entries"] if e["workload"] == workload]

@@ -113,8 +113,10 @@ def engine_costs(rounds: list[HostRound], K: int) -> EngineCosts:
     ar, sd, ssd = (_by_batch(rounds, s) for s in (Strategy.AR, Strategy.SD, Strategy.SSD))
     batches = sorted(set(ar) & set(sd) & set(ssd))
     if len(batches) < 2:
-        raise ValueError(f"AR, SD and SSD need host rounds at two common batch sizes or more; got AR {sorted(ar)}, "
-                         f"SD {sorted(sd)}, SSD {sorted(ssd)}")
+        raise ValueError(
+            f"AR, SD and SSD need host rounds at two common batch sizes or more; got AR {sorted(ar)}, "
+            f"SD {sorted(sd)}, SSD {sorted(ssd)}"
+        )
     A = {b: ar[b].step_ms for b in batches}
     V = {b: ssd[b].target_ms - A[b] for b in batches}
     D = {b: (sd[b].step_ms - A[b] - V[b]) / K for b in batches}
@@ -124,9 +126,16 @@ def engine_costs(rounds: list[HostRound], K: int) -> EngineCosts:
     verify_ms, verify_row = _line(V, "SSD's target side")
     draft_ms, draft_row = _line(D, "SD's draft forward")
     tree_ms, branch_row = _line(step, "SSD's tree step")
-    return EngineCosts(round_host_ms=round_ms, round_row_us=round_row * 1e3, verify_host_ms=verify_ms,
-                       verify_row_us=verify_row * 1e3, draft_host_ms=draft_ms, draft_row_us=draft_row * 1e3,
-                       tree_step_overhead_ms=tree_ms, build_row_us=branch_row * 1e3)
+    return EngineCosts(
+        round_host_ms=round_ms,
+        round_row_us=round_row * 1e3,
+        verify_host_ms=verify_ms,
+        verify_row_us=verify_row * 1e3,
+        draft_host_ms=draft_ms,
+        draft_row_us=draft_row * 1e3,
+        tree_step_overhead_ms=tree_ms,
+        build_row_us=branch_row * 1e3,
+    )
 
 
 def outside_terms(rounds: list[HostRound]) -> dict[str, tuple[float, float]]:
@@ -165,9 +174,13 @@ class HostTerms:
             terms: dict = {name: round(getattr(costs, name), 4) for name in HOST_FIELDS}
         except ValueError as err:
             terms = {"error": str(err)}
-        return {"K": self.K, "meta": self.meta, "rounds": [asdict(r) for r in self.rounds],
-                "engine_costs": terms,
-                "outside_ms": {s: [round(a, 4), round(b, 4)] for s, (a, b) in self.outside().items()}}
+        return {
+            "K": self.K,
+            "meta": self.meta,
+            "rounds": [asdict(r) for r in self.rounds],
+            "engine_costs": terms,
+            "outside_ms": {s: [round(a, 4), round(b, 4)] for s, (a, b) in self.outside().items()},
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> HostTerms:
@@ -175,12 +188,22 @@ class HostTerms:
             rounds = tuple(HostRound(**r) for r in data["rounds"])
             return cls(int(data["K"]), rounds, dict(data.get("meta") or {}))
         except (KeyError, TypeError) as err:
-            raise ValueError(f"not a host-terms measurement ({err}): it needs K and rounds, as "
-                             "saguaro.calibration.host_terms writes them") from None
+            raise ValueError(
+                f"not a host-terms measurement ({err}): it needs K and rounds, as "
+                "saguaro.calibration.host_terms writes them"
+            ) from None
 
 
-HOST_FIELDS = ("round_host_ms", "round_row_us", "verify_host_ms", "verify_row_us", "draft_host_ms", "draft_row_us",
-               "tree_step_overhead_ms", "build_row_us")  # the EngineCosts fields a host measurement sets
+HOST_FIELDS = (
+    "round_host_ms",
+    "round_row_us",
+    "verify_host_ms",
+    "verify_row_us",
+    "draft_host_ms",
+    "draft_row_us",
+    "tree_step_overhead_ms",
+    "build_row_us",
+)  # the EngineCosts fields a host measurement sets
 
 
 def read_host_terms(path: str | Path) -> HostTerms:

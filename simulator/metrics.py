@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from theory.latency import statistics
 
 PERCENTILES = (50, 90, 99)
-HIT_RATE_DEFINITION = ("the fraction of SSD verification rounds, counted per sequence, whose outcome was in the "
-                       "speculation cache; each sequence's first round, which has no cache yet, is left out")
+HIT_RATE_DEFINITION = (
+    "the fraction of SSD verification rounds, counted per sequence, whose outcome was in the "
+    "speculation cache; each sequence's first round, which has no cache yet, is left out"
+)
 
 
 class Recorder:
@@ -112,8 +114,9 @@ class SimResult:
         }
 
 
-def summarize(rec: Recorder, strategy: str, settings: dict, sim_ms: float, accelerators: int,
-              link_busy_ms: dict[str, float]) -> SimResult:
+def summarize(
+    rec: Recorder, strategy: str, settings: dict, sim_ms: float, accelerators: int, link_busy_ms: dict[str, float]
+) -> SimResult:
     seconds = sim_ms / 1e3 if sim_ms > 0 else float("nan")
     tokens_per_s = rec.tokens / seconds
     mean_batch = rec.occupancy_ms / sim_ms if sim_ms > 0 else 0.0

@@ -79,8 +79,9 @@ def preset_options(base: Scenario, devices: int) -> list[Option]:
         target = replace(timing.target, tp=tp)
         spare = share - tp
         where = f"target on {tp} × {name}" + (f" ({spare} idle: TP {share} does not divide the heads)" if spare else "")
-        where += (", draft on its own" if strategy is Strategy.SSD
-                  else ", draft beside it" if strategy is Strategy.SD else "")
+        where += (
+            ", draft on its own" if strategy is Strategy.SSD else ", draft beside it" if strategy is Strategy.SD else ""
+        )
         out.append(Option(strategy, where, replace(base, timing=replace(timing, target=target), target_devices=tp)))
     return out
 
@@ -90,9 +91,14 @@ def compare(options: Sequence[Option], batch: int, targets: Sequence[LatencyTarg
     out = []
     for option in options:
         closed = replace(option.scenario, rate_per_s=None, requests=None)
-        point: dict[str, Any] = {"strategy": option.strategy, "K": 0 if option.strategy is Strategy.AR else AUTO,
-                 "budget": AUTO if option.strategy is Strategy.SSD else 0, "backup": Backup.NEURAL, "batch": batch,
-                 "C": 1.0}
+        point: dict[str, Any] = {
+            "strategy": option.strategy,
+            "K": 0 if option.strategy is Strategy.AR else AUTO,
+            "budget": AUTO if option.strategy is Strategy.SSD else 0,
+            "backup": Backup.NEURAL,
+            "batch": batch,
+            "C": 1.0,
+        }
         point = closed.resolve(point)[0]
         config = closed.config(**point)
         found = problems(config)

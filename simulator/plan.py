@@ -143,9 +143,17 @@ def _targets(target: LatencyTarget | Sequence[LatencyTarget]) -> tuple[LatencyTa
     return targets
 
 
-def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarget | Sequence[LatencyTarget],
-         objective: str = "accelerators", headroom: float = 0.85, check_top: int = 3,
-         check_requests: int = 300, progress: Callable[[int, int], None] | None = None) -> PlanResult:
+def plan(
+    scenario: Scenario,
+    grid: Grid,
+    rate_per_s: float,
+    target: LatencyTarget | Sequence[LatencyTarget],
+    objective: str = "accelerators",
+    headroom: float = 0.85,
+    check_top: int = 3,
+    check_requests: int = 300,
+    progress: Callable[[int, int], None] | None = None,
+) -> PlanResult:
     """Drop the grid's infeasible points, screen the rest, size those that meet every target for `rate_per_s`
     and check the best ones in an open loop. `progress(done, total)` is called after each simulation step
     (each screened point, then each open-loop check)."""
@@ -180,8 +188,15 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
         result = simulate(config)
         capacity = requests_per_s(result, scenario.output_len)
         replicas = max(1, math.ceil(rate_per_s / (capacity * headroom))) if capacity > 0 else 1
-        candidate = Candidate({**result.settings, "C": point["C"]}, point, result, targets[0].of(result), capacity,
-                              replicas, replicas * config.accelerators)
+        candidate = Candidate(
+            {**result.settings, "C": point["C"]},
+            point,
+            result,
+            targets[0].of(result),
+            capacity,
+            replicas,
+            replicas * config.accelerators,
+        )
         (rejected if missed(targets, result) else feasible).append(candidate)
     if len(infeasible) == len(points):
         first = infeasible[0]
@@ -197,12 +212,24 @@ def plan(scenario: Scenario, grid: Grid, rate_per_s: float, target: LatencyTarge
     passed = sorted((c for c in checked if c.meets_target), key=_rank(objective))
     best = passed[0] if passed else None
     rest = feasible[check_top:]
-    return PlanResult(targets, rate_per_s, best, tuple(sorted(checked, key=_rank(objective)) + rest),
-                      tuple(rejected), tuple(infeasible))
+    return PlanResult(
+        targets,
+        rate_per_s,
+        best,
+        tuple(sorted(checked, key=_rank(objective)) + rest),
+        tuple(rejected),
+        tuple(infeasible),
+    )
 
 
-def _check(closed: Scenario, candidate: Candidate, rate_per_s: float, targets: tuple[LatencyTarget, ...],
-           requests: int, max_extra: int = EXTRA_REPLICAS) -> Candidate:
+def _check(
+    closed: Scenario,
+    candidate: Candidate,
+    rate_per_s: float,
+    targets: tuple[LatencyTarget, ...],
+    requests: int,
+    max_extra: int = EXTRA_REPLICAS,
+) -> Candidate:
     """Open-loop check at rate / replicas per replica; add replicas until every target holds, or give up after
     `max_extra` more (the candidate then carries its last check, at its sized replica count, with passed False)."""
     per_replica_devices = candidate.accelerators // candidate.replicas
@@ -213,10 +240,21 @@ def _check(closed: Scenario, candidate: Candidate, rate_per_s: float, targets: t
         open_loop = replace(closed, rate_per_s=rate_per_s / replicas, requests=requests, rounds=10**9)
         result = simulate(open_loop.config(**candidate.point))
         if not missed(targets, result):
-            return replace(candidate, replicas=replicas, accelerators=replicas * per_replica_devices,
-                           checked=result, checked_latency_ms=targets[0].of(result), passed=True)
+            return replace(
+                candidate,
+                replicas=replicas,
+                accelerators=replicas * per_replica_devices,
+                checked=result,
+                checked_latency_ms=targets[0].of(result),
+                passed=True,
+            )
         last = replicas, result
     assert last is not None  # the loop ran at least once (max_extra >= 0)
     replicas, result = last
-    return replace(candidate, replicas=replicas, accelerators=replicas * per_replica_devices, checked=result,
-                   checked_latency_ms=targets[0].of(result))
+    return replace(
+        candidate,
+        replicas=replicas,
+        accelerators=replicas * per_replica_devices,
+        checked=result,
+        checked_latency_ms=targets[0].of(result),
+    )

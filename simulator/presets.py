@@ -261,8 +261,9 @@ ENGINES: dict[str, EngineCosts] = {
     #   (vLLM and SGLang: 34.5 µs, the H100 preset's);
     # - tree_step_overhead_ms, build_row_us: the draft cycle at batch 1 with the random backup (22.21 ms) and at
     #   batch 16 (43.84 ms), simulated with the α fitted to SD's 172 tok/s and the α-model's hits
-    "reference-log": EngineCosts(sd_extra_forward=True, draft_layer_overhead_us=59.8, tree_step_overhead_ms=1.41,
-                                 build_row_us=4.35),
+    "reference-log": EngineCosts(
+        sd_extra_forward=True, draft_layer_overhead_us=59.8, tree_step_overhead_ms=1.41, build_row_us=4.35
+    ),
     # calibrated on this engine's first GPU run (reports/2026-12-h200-gpu-check, commit f6a0865: one H200, random
     # weights shaped like Qwen2.5-1.5B/0.5B, bf16, eager transformers forwards, 64 tokens after 128-token prompts):
     # - eager: the forwards pay the hardware's launch overhead per layer;
@@ -274,15 +275,15 @@ ENGINES: dict[str, EngineCosts] = {
 }
 ENGINE_SOURCES: dict[str, str] = {
     "saguaro": "this engine: SD drafts K forwards, the first two tokens wide after an all-accepted round "
-               "(engine/strategies/sd.py); no per-build costs beyond the forwards",
+    "(engine/strategies/sd.py); no per-build costs beyond the forwards",
     "reference": "the reference engine (github.com/tanishqkumar/ssd, ssd/engine/speculator_sync.py): SD drafts "
-                 "K + 1 forwards a round, the last feeding x_K; the draft's steps as the H100 preset's (vLLM/SGLang)",
+    "K + 1 forwards a round, the last feeding x_K; the draft's steps as the H100 preset's (vLLM/SGLang)",
     "saguaro-eager-h200": "this engine with eager transformers forwards as it ran on one H200 at commit f6a0865 "
-                          "(reports/2026-12-h200-gpu-check): the launch overhead per layer, 58 ms of host work a "
-                          "round and 77 ms per draft forward (calibrated on its AR and SD tokens/s at batch 1-32)",
+    "(reports/2026-12-h200-gpu-check): the launch overhead per layer, 58 ms of host work a "
+    "round and 77 ms per draft forward (calibrated on its AR and SD tokens/s at batch 1-32)",
     "reference-log": f"the reference engine as {REFERENCE_LOG} times it: SD drafts K + 1 forwards at 59.8 µs a layer, "
-                     "each tree-decode step of an SSD build adds 1.41 ms of host work and 4.35 µs per branch row "
-                     "(calibrated on the log's draft cycles at batch 1 and 16 and its batch-1 SD and SSD)",
+    "each tree-decode step of an SSD build adds 1.41 ms of host work and 4.35 µs per branch row "
+    "(calibrated on the log's draft cycles at batch 1 and 16 and its batch-1 SD and SSD)",
 }
 
 
@@ -295,8 +296,8 @@ DATA = Path(__file__).with_name("data")
 MEASURED_ENGINES: dict[str, Path] = {"saguaro-cpu": DATA / "saguaro_cpu_host.json"}
 MEASURED_ENGINE_SOURCES: dict[str, str] = {
     "saguaro-cpu": "this engine's host work measured with its forwards taken out (simulator/data/"
-                   "saguaro_cpu_host.json: the CPU, commit and date it ran at; python -m benchmarks.engine_overhead "
-                   "--host-terms-only): AR's, SD's and SSD's rounds at batch 1 and 8, K 4, greedy, vocabulary 151,936",
+    "saguaro_cpu_host.json: the CPU, commit and date it ran at; python -m benchmarks.engine_overhead "
+    "--host-terms-only): AR's, SD's and SSD's rounds at batch 1 and 8, K 4, greedy, vocabulary 151,936",
 }
 
 

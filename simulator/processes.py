@@ -34,11 +34,28 @@ class PrefillAhead:
 class Testbed:
     """What the actors share: the clock, the models, the channels, the batch and the recorder."""
 
-    def __init__(self, env: simpy.Environment, *, strategy: Strategy, K: int, backup: Backup,
-                 budget: int, budget_backup: int, miss_policy: MissPolicy, timing: TimingModel, draws: Draws,
-                 batch: Batch, recorder: Recorder, to_draft: Link, to_target: Link,
-                 spec_bytes_per_seq: float, outcome_bytes_per_seq: float, max_rounds: int,
-                 max_requests: int | None, prefill_ahead: bool = False) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        *,
+        strategy: Strategy,
+        K: int,
+        backup: Backup,
+        budget: int,
+        budget_backup: int,
+        miss_policy: MissPolicy,
+        timing: TimingModel,
+        draws: Draws,
+        batch: Batch,
+        recorder: Recorder,
+        to_draft: Link,
+        to_target: Link,
+        spec_bytes_per_seq: float,
+        outcome_bytes_per_seq: float,
+        max_rounds: int,
+        max_requests: int | None,
+        prefill_ahead: bool = False,
+    ) -> None:
         self.env, self.strategy, self.K, self.backup = env, strategy, K, backup
         self.budget, self.budget_backup, self.miss_policy = budget, budget_backup, miss_policy
         self.timing, self.draws, self.batch, self.rec = timing, draws, batch, recorder

@@ -168,8 +168,10 @@ def parse_record(obj: object, where: str = "record") -> RoundRecord:
         level = obj.get("level")
         if level is not None:
             if level not in LEVELS:
-                raise ValueError(f"{where}: 'level' must be \"build\" (saguaro calibrate's engine rounds), \"alone\" "
-                                 f"(its builds timed with the target idle) or absent, got {level!r}")
+                raise ValueError(
+                    f'{where}: \'level\' must be "build" (saguaro calibrate\'s engine rounds), "alone" '
+                    f"(its builds timed with the target idle) or absent, got {level!r}"
+                )
             fields["level"] = level
     return RoundRecord(**fields)
 
@@ -178,10 +180,19 @@ def _optional_list(obj: dict, key: str, n: int, kinds: tuple[type, ...], where: 
     values = obj.get(key)
     if values is None:
         return None
-    ok = isinstance(values, list) and len(values) == n and all(
-        (v is None and nullable) or (isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
-                                     and (isinstance(v, bool) or (isinstance(v, (int, float)) and v >= 0)))
-        for v in values)
+    ok = (
+        isinstance(values, list)
+        and len(values) == n
+        and all(
+            (v is None and nullable)
+            or (
+                isinstance(v, kinds)
+                and (bool in kinds or not isinstance(v, bool))
+                and (isinstance(v, bool) or (isinstance(v, (int, float)) and v >= 0))
+            )
+            for v in values
+        )
+    )
     if not ok:
         kind = " or ".join(k.__name__ for k in kinds) + (" or null" if nullable else "")
         raise ValueError(f"{where}: '{key}' must be a list of {n} values ({kind}, non-negative), got {values!r}")
@@ -203,8 +214,10 @@ def _ssd_fields(obj: dict, batch: int, K: int, where: str) -> dict:
         raise ValueError(f"{where}: an SSD round needs 'hit', a list of {batch} booleans, got {hit!r}")
     fanout = obj.get("fanout")
     if not isinstance(fanout, list) or len(fanout) < 2:
-        raise ValueError(f"{where}: an SSD round needs 'fanout', the looked-up cache's F_0..F_K' (K + 1 integers at "
-                         f"a fixed K), got {fanout!r}")
+        raise ValueError(
+            f"{where}: an SSD round needs 'fanout', the looked-up cache's F_0..F_K' (K + 1 integers at "
+            f"a fixed K), got {fanout!r}"
+        )
     if not all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in fanout):
         raise ValueError(f"{where}: 'fanout' must hold non-negative integers, got {fanout!r}")
     name = obj.get("backup")
@@ -248,4 +261,3 @@ def read_records(path: str | Path) -> list[RoundRecord]:
     if not records:
         raise ValueError(f"{path} holds no records: run the engine with per-round records switched on")
     return records
-

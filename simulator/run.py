@@ -64,8 +64,10 @@ class Policy:
             schedule = tuple(int(f) for f in schedule)
             object.__setattr__(self, name, schedule)
             if len(schedule) != self.K + 1 or min(schedule) < 0 or sum(schedule) < 1:
-                raise ValueError(f"{name} needs K+1 = {self.K + 1} non-negative guesses (F_0..F_K) summing to >= 1; "
-                                 f"got {list(schedule)}")
+                raise ValueError(
+                    f"{name} needs K+1 = {self.K + 1} non-negative guesses (F_0..F_K) summing to >= 1; "
+                    f"got {list(schedule)}"
+                )
 
     @property
     def budget(self) -> int:
@@ -123,8 +125,12 @@ class SimConfig:
         p = self.policy
         out = {"strategy": p.strategy.value, "K": p.K, "batch": self.workload.max_batch}
         if p.strategy is Strategy.SSD:
-            out.update(budget=p.budget, fanout="-".join(map(str, p.fanout or ())), backup=p.backup.value,
-                       miss_policy=p.miss_policy.value)
+            out.update(
+                budget=p.budget,
+                fanout="-".join(map(str, p.fanout or ())),
+                backup=p.backup.value,
+                miss_policy=p.miss_policy.value,
+            )
         return out
 
 
@@ -152,11 +158,22 @@ def simulate(config: SimConfig, *, trace: bool = False) -> SimResult:
     # a timing fitted with the SSD worker's interference applies it to SSD's verifies only (simulator.fit)
     timing = config.timing.for_strategy(p.strategy) if hasattr(config.timing, "for_strategy") else config.timing
     bed = Testbed(
-        env, strategy=p.strategy, K=p.K, backup=p.backup, budget=p.budget, budget_backup=p.budget_backup,
-        miss_policy=p.miss_policy, timing=timing, draws=_draws(config, draw_rng), batch=batch,
-        recorder=rec, to_draft=to_draft, to_target=to_target,
+        env,
+        strategy=p.strategy,
+        K=p.K,
+        backup=p.backup,
+        budget=p.budget,
+        budget_backup=p.budget_backup,
+        miss_policy=p.miss_policy,
+        timing=timing,
+        draws=_draws(config, draw_rng),
+        batch=batch,
+        recorder=rec,
+        to_draft=to_draft,
+        to_target=to_target,
         spec_bytes_per_seq=p.K * (TOKEN_ID_BYTES + config.draft_probs_bytes),
-        outcome_bytes_per_seq=OUTCOME_BYTES, max_rounds=config.rounds,
+        outcome_bytes_per_seq=OUTCOME_BYTES,
+        max_rounds=config.rounds,
         # a replayed run ends with its last request
         max_requests=config.requests or (wl.requests if isinstance(wl, Replayed) else None),
         prefill_ahead=config.prefill_overlap and p.strategy is Strategy.SSD,

@@ -75,8 +75,10 @@ class SaguaroTable:
     def at(self, C: float) -> tuple[float, float, float]:
         """(α, r, scale) at C, interpolated linearly; C outside the table is refused."""
         if not self.C[0] <= C <= self.C[-1]:
-            raise ValueError(f"C = {C} lies outside the Saguaro table's range {self.C[0]}..{self.C[-1]}: "
-                             f"measure that C or sweep inside the range")
+            raise ValueError(
+                f"C = {C} lies outside the Saguaro table's range {self.C[0]}..{self.C[-1]}: "
+                f"measure that C or sweep inside the range"
+            )
         alpha, r, scale = (float(np.interp(C, self.C, values)) for values in (self.alpha, self.r, self.scale))
         return alpha, r, scale
 
@@ -116,8 +118,9 @@ class Scenario:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.shared_prefix < 1.0:
-            raise ValueError(f"shared_prefix is the fraction of each prompt its requests share, in [0, 1); "
-                             f"got {self.shared_prefix}")
+            raise ValueError(
+                f"shared_prefix is the fraction of each prompt its requests share, in [0, 1); got {self.shared_prefix}"
+            )
         if self.fanout_rule not in FANOUT_RULES:
             raise ValueError(f"fanout_rule must be one of {', '.join(FANOUT_RULES)}; got {self.fanout_rule!r}")
         object.__setattr__(self, "miss_policy", MissPolicy(self.miss_policy))
@@ -202,8 +205,10 @@ class Scenario:
             chosen = at(K)
             return chosen, f"{strategy.value} K {K} batch {point['batch']}: budget auto -> {chosen['budget']}"
         if isinstance(self.acceptance, Replay):
-            raise ValueError("K auto simulates every K, and replayed records hold one: give an acceptance model "
-                             "(--alpha, --alpha-per-position or --calibrate) instead of --replay")
+            raise ValueError(
+                "K auto simulates every K, and replayed records hold one: give an acceptance model "
+                "(--alpha, --alpha-per-position or --calibrate) instead of --replay"
+            )
         closed = replace(self, rate_per_s=None)  # the engine chooses K from its rounds, not from the arrivals
         candidates = [at(k) for k in range(1, AUTO_K_MAX + 1)]
         speeds = [simulate(closed.config(**c)).decode_tokens_per_s for c in candidates]
@@ -211,17 +216,30 @@ class Scenario:
         chosen = candidates[best]
         tried = ", ".join(f"{c['K']}: {v:.3g}" for c, v in zip(candidates, speeds, strict=True))
         budget_note = f", budget auto -> {chosen['budget']}" if budget == AUTO and strategy is Strategy.SSD else ""
-        return chosen, (f"{strategy.value} batch {point['batch']}: K auto -> {chosen['K']}{budget_note} "
-                        f"(decode tokens/s by K: {tried})")
+        return chosen, (
+            f"{strategy.value} batch {point['batch']}: K auto -> {chosen['K']}{budget_note} "
+            f"(decode tokens/s by K: {tried})"
+        )
 
-    def config(self, strategy: Strategy, K: int = 4, budget: int = 12, backup: Backup = Backup.NEURAL,
-               batch: int = 1, C: float = 1.0) -> SimConfig:
+    def config(
+        self,
+        strategy: Strategy,
+        K: int = 4,
+        budget: int = 12,
+        backup: Backup = Backup.NEURAL,
+        batch: int = 1,
+        C: float = 1.0,
+    ) -> SimConfig:
         strategy = Strategy(strategy)
         acceptance, hits = self.models_at(C)
         fanout = self.fanout(K, budget, C) if strategy is Strategy.SSD else None
-        policy = Policy(strategy, K=K if strategy is not Strategy.AR else 0, fanout=fanout,
-                        backup=backup if strategy is Strategy.SSD else Backup.NEURAL,
-                        miss_policy=self.miss_policy)
+        policy = Policy(
+            strategy,
+            K=K if strategy is not Strategy.AR else 0,
+            fanout=fanout,
+            backup=backup if strategy is Strategy.SSD else Backup.NEURAL,
+            miss_policy=self.miss_policy,
+        )
         workload: ClosedLoop | OpenLoop
         if self.rate_per_s is None:
             workload = ClosedLoop(batch, self.prompt_len, self.output_len, self.shared_prefix)
@@ -230,10 +248,18 @@ class Scenario:
         else:
             raise ValueError("an open loop (rate_per_s) needs finite output lengths")
         return SimConfig(
-            policy=policy, timing=self.timing, acceptance=acceptance,
-            hits=hits if strategy is Strategy.SSD else None, workload=workload, link=self.link,
-            draft_probs_bytes=self.draft_probs_bytes, target_devices=self.target_devices,
-            draft_devices=self.draft_devices, rounds=self.rounds, requests=self.requests, seed=self.seed,
+            policy=policy,
+            timing=self.timing,
+            acceptance=acceptance,
+            hits=hits if strategy is Strategy.SSD else None,
+            workload=workload,
+            link=self.link,
+            draft_probs_bytes=self.draft_probs_bytes,
+            target_devices=self.target_devices,
+            draft_devices=self.draft_devices,
+            rounds=self.rounds,
+            requests=self.requests,
+            seed=self.seed,
             prefill_overlap=self.prefill_overlap,
         )
 
@@ -252,13 +278,18 @@ class Grid:
 
     def points(self) -> list[dict]:
         seen, out = set(), []
-        for s, K, B, bk, b, C in itertools.product(self.strategies, self.K, self.budget, self.backup,
-                                                  self.batch, self.C):
+        for s, K, B, bk, b, C in itertools.product(
+            self.strategies, self.K, self.budget, self.backup, self.batch, self.C
+        ):
             s = Strategy(s)
-            point = {"strategy": s, "K": 0 if s is Strategy.AR else K,
-                     "budget": B if s is Strategy.SSD else 0,
-                     "backup": Backup(bk) if s is Strategy.SSD else Backup.NEURAL,
-                     "batch": b, "C": C if s is not Strategy.AR else 1.0}
+            point = {
+                "strategy": s,
+                "K": 0 if s is Strategy.AR else K,
+                "budget": B if s is Strategy.SSD else 0,
+                "backup": Backup(bk) if s is Strategy.SSD else Backup.NEURAL,
+                "batch": b,
+                "C": C if s is not Strategy.AR else 1.0,
+            }
             key = tuple(point.values())
             if key not in seen:
                 seen.add(key)
@@ -266,8 +297,9 @@ class Grid:
         return out
 
 
-def sweep(scenario: Scenario, grid: Grid, progress: Callable[[int, int], None] | None = None,
-          points: list[dict] | None = None) -> list[tuple[dict, SimResult]]:
+def sweep(
+    scenario: Scenario, grid: Grid, progress: Callable[[int, int], None] | None = None, points: list[dict] | None = None
+) -> list[tuple[dict, SimResult]]:
     """Simulate every point of the grid, or the `points` given (already resolved), with the same seed: common
     random numbers across points. `progress(done, total)` is called after each point."""
     results = []

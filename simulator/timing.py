@@ -81,8 +81,9 @@ class ConstantTiming:
     def __post_init__(self) -> None:
         if not self.t_verify_ms > 0:
             raise ValueError(f"t_verify_ms must be > 0 milliseconds; got {self.t_verify_ms!r}")
-        _nonnegative(self, "t_draft_ms", "t_random_backup_ms", "t_lookup_backup_ms", "t_prefill_ms",
-                     "t_draft_prefill_ms")
+        _nonnegative(
+            self, "t_draft_ms", "t_random_backup_ms", "t_lookup_backup_ms", "t_prefill_ms", "t_draft_prefill_ms"
+        )
         for name in ("t_decode_ms", "t_build_ms", "t_backup_ms"):
             if getattr(self, name) is not None:
                 _nonnegative(self, name)
@@ -157,8 +158,17 @@ class EngineCosts:
     draft_row_us: float = 0.0
 
     def __post_init__(self) -> None:
-        _nonnegative(self, "tree_step_overhead_ms", "build_row_us", "round_host_ms", "draft_host_ms", "round_row_us",
-                     "verify_host_ms", "verify_row_us", "draft_row_us")
+        _nonnegative(
+            self,
+            "tree_step_overhead_ms",
+            "build_row_us",
+            "round_host_ms",
+            "draft_host_ms",
+            "round_row_us",
+            "verify_host_ms",
+            "verify_row_us",
+            "draft_row_us",
+        )
 
     def round_host_at(self, strategy: Strategy, batch: int) -> float:
         """The host work of a round over `batch` sequences outside its forwards, in ms."""

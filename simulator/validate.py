@@ -76,16 +76,22 @@ def simulate_like(timing: FittedTiming, segments: list[list[RoundRecord]], seed:
     first = rows[0]
     Ks = sorted({r.K for r in rows})
     if len(Ks) > 1:  # adaptive speculation: the replay would hand a one-K policy other rounds' accepted counts
-        raise ValueError(f"its rounds use several K ({', '.join(map(str, Ks))}: adaptive speculation), and the "
-                         "simulator replays one K per configuration")
+        raise ValueError(
+            f"its rounds use several K ({', '.join(map(str, Ks))}: adaptive speculation), and the "
+            "simulator replays one K per configuration"
+        )
     prompt = max(1, round(sum(s[0].context_len for s in segments) / len(segments)))
     per_seq = [sum(sum(r.emitted) for r in s) / s[0].batch_size for s in segments]
     output = max(2, round(sum(per_seq) / len(per_seq)) + 1)
     policy = Policy(first.strategy, K=first.K, fanout=first.fanout, backup=_backup(rows))
     config = SimConfig(
-        policy=policy, timing=timing, acceptance=Replay(tuple(rows)),
+        policy=policy,
+        timing=timing,
+        acceptance=Replay(tuple(rows)),
         workload=ClosedLoop(first.batch_size, Lengths(prompt), Lengths(output)),
-        link=LinkSpec(latency_ms=timing.link_latency_ms), rounds=len(rows), seed=seed,
+        link=LinkSpec(latency_ms=timing.link_latency_ms),
+        rounds=len(rows),
+        seed=seed,
     )
     return simulate(config).decode_tokens_per_s
 
@@ -103,10 +109,16 @@ def validate(timing: FittedTiming, records: list[RoundRecord]) -> list[Validatio
             raise ValueError(f"configuration {key} has no measured time (round_ms all 0)")
         measured = sum(sum(r.emitted) for r in rows) / measured_ms * 1e3
         first = rows[0]
-        out.append(ValidationRow(
-            strategy=first.strategy.value, K=first.K, batch=first.batch_size,
-            backup=_backup(rows).value if first.strategy.value == "ssd" else None, fanout=first.fanout,
-            rounds=len(rows),
-            measured_tokens_per_s=measured, simulated_tokens_per_s=simulate_like(timing, segments),
-        ))
+        out.append(
+            ValidationRow(
+                strategy=first.strategy.value,
+                K=first.K,
+                batch=first.batch_size,
+                backup=_backup(rows).value if first.strategy.value == "ssd" else None,
+                fanout=first.fanout,
+                rounds=len(rows),
+                measured_tokens_per_s=measured,
+                simulated_tokens_per_s=simulate_like(timing, segments),
+            )
+        )
     return out

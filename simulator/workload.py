@@ -126,8 +126,10 @@ class Replayed:
         _check_shared_prefix(self.shared_prefix)
         n = len(self.arrivals_ms)
         if n == 0 or len(self.prompt_lens) != n or len(self.output_lens) != n:
-            raise ValueError("a replayed workload needs one arrival time, prompt length and output length per "
-                             f"request; got {n}, {len(self.prompt_lens)} and {len(self.output_lens)}")
+            raise ValueError(
+                "a replayed workload needs one arrival time, prompt length and output length per "
+                f"request; got {n}, {len(self.prompt_lens)} and {len(self.output_lens)}"
+            )
         if any(b < a for a, b in pairwise(self.arrivals_ms)) or self.arrivals_ms[0] < 0:
             raise ValueError("replayed arrival times must be >= 0 and in order (sort the requests by arrival)")
         if min(self.prompt_lens) < 1 or min(self.output_lens) < 1:
@@ -169,8 +171,13 @@ class RequestSource:
         if isinstance(wl, Replayed):
             i = self._next_id
             self._next_id += 1
-            return Request(i, wl.prompt_lens[i], wl.output_lens[i], arrival_ms=now_ms,
-                           cached=cached_tokens(wl.prompt_lens[i], wl.shared_prefix) if i else 0)
+            return Request(
+                i,
+                wl.prompt_lens[i],
+                wl.output_lens[i],
+                arrival_ms=now_ms,
+                cached=cached_tokens(wl.prompt_lens[i], wl.shared_prefix) if i else 0,
+            )
         prompt = int(wl.prompt_len.sample(rng, 1)[0])
         output = None if wl.output_len is None else int(wl.output_len.sample(rng, 1)[0])
         cached = cached_tokens(prompt, wl.shared_prefix) if self._next_id else 0  # the first one fills the cache

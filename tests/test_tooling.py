@@ -20,8 +20,13 @@ TOOLS = ("ruff", "mypy")
 
 
 def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_tree_passes_ruff_check():
@@ -32,8 +37,9 @@ def test_the_tree_passes_ruff_check():
 def test_the_selected_rules_flag_an_unused_import_a_long_line_and_a_zip_without_strict(tmp_path):
     """The negative control: pyproject.toml's rules, applied to a file outside the tree, find its three faults."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\n\n\ndef pairs(a, b):\n    return list(zip(a, b))\n\n\n"
-                   f"NAME = \"{'x' * 120}\"\n", encoding="utf-8")
+    bad.write_text(
+        f'import os\n\n\ndef pairs(a, b):\n    return list(zip(a, b))\n\n\nNAME = "{"x" * 120}"\n', encoding="utf-8"
+    )
     result = ruff("--config", str(ROOT / "pyproject.toml"), "--output-format", "concise", str(bad), cwd=tmp_path)
     assert result.returncode == 1
     assert set(re.findall(r": ([A-Z]+[0-9]+) ", result.stdout)) == {"F401", "B905", "E501"}

@@ -70,7 +70,10 @@ def updated_counts(
 
 
 def with_observations(
-    accepted: npt.ArrayLike, rejected: npt.ArrayLike, new_accepted: npt.ArrayLike, new_rejected: npt.ArrayLike,
+    accepted: npt.ArrayLike,
+    rejected: npt.ArrayLike,
+    new_accepted: npt.ArrayLike,
+    new_rejected: npt.ArrayLike,
     decay: float = DECAY,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """The counts after `new_accepted` acceptances and `new_rejected` rejections more, the old counts forgotten by
@@ -81,9 +84,7 @@ def with_observations(
     return kept * np.asarray(accepted) + new_a, kept * np.asarray(rejected) + new_r
 
 
-def round_rate(
-    alpha: npt.ArrayLike, K: int, draft_ms: float, verify_ms: float | Callable[[int], float]
-) -> float:
+def round_rate(alpha: npt.ArrayLike, K: int, draft_ms: float, verify_ms: float | Callable[[int], float]) -> float:
     """Σ_b E(α_b, K) / (K·T_d + T_v(K + 1)): expected tokens per ms of a round of K over the rows α_b.
 
     `verify_ms` is T_v as one number, or as a function of the block width K + 1 (the verify forward

@@ -52,10 +52,12 @@ def backup_speedups(
     """Cor. 16 SSD speedup for each backup at each batch size: shape [len(options), *shape(b)]."""
     if not options:
         raise ValueError("give at least one backup option")
-    return np.stack([
-        np.asarray(ssd_speedup(p_hit, E_hit, o.E_miss, T_p, o.T_b, b, miss_policy=miss_policy), dtype=np.float64)
-        for o in options
-    ])
+    return np.stack(
+        [
+            np.asarray(ssd_speedup(p_hit, E_hit, o.E_miss, T_p, o.T_b, b, miss_policy=miss_policy), dtype=np.float64)
+            for o in options
+        ]
+    )
 
 
 def best_backup(
@@ -93,13 +95,15 @@ def fast_beats_neural(speeds: FloatArray) -> npt.NDArray[np.bool_]:
     return beats(speeds[1], speeds[0])
 
 
-def _fast_wins(p_hit: float, E_hit: float, T_p: float, neural: BackupOption, fast: BackupOption, b: int,
-               miss_policy: MissPolicy) -> bool:
+def _fast_wins(
+    p_hit: float, E_hit: float, T_p: float, neural: BackupOption, fast: BackupOption, b: int, miss_policy: MissPolicy
+) -> bool:
     return bool(fast_beats_neural(backup_speedups(p_hit, E_hit, T_p, [neural, fast], b, miss_policy)))
 
 
-def _fast_wins_line(p: float, E_hit: float, M: float, neural: BackupOption, fast: BackupOption,
-                    miss_policy: MissPolicy) -> tuple[float, float]:
+def _fast_wins_line(
+    p: float, E_hit: float, M: float, neural: BackupOption, fast: BackupOption, miss_policy: MissPolicy
+) -> tuple[float, float]:
     """(g0, g1) such that, for u = 1 − p_hit^b in (0, 1], the fast backup wins iff g0 + u·g1 > 0."""
     E_n, T_n, E_f, T_f = neural.E_miss, neural.T_b, fast.E_miss, fast.T_b
     if miss_policy is MissPolicy.PER_ROW:

@@ -63,5 +63,4 @@ class MissPolicy(str, Enum):
         if isinstance(value, str) and value.replace("_", "-") in cls._value2member_map_:
             return cls(value.replace("_", "-"))
         choices = ", ".join(repr(m.value) for m in cls)
-        raise ValueError(f"miss_policy must be one of {choices} (what a batch does when some rows miss); "
-                         f"got {value!r}")
+        raise ValueError(f"miss_policy must be one of {choices} (what a batch does when some rows miss); got {value!r}")

@@ -55,8 +55,9 @@ def request_latency(arrival_s: float, chunk_times_s: Sequence[float], chunk_toke
     tokens = int(sum(chunk_tokens))
     ttft = float(times[0] - arrival_s)
     e2el = float(times[-1] - arrival_s)
-    return RequestLatency(ttft, time_per_output_token(ttft, e2el, tokens), tuple(float(g) for g in np.diff(times)),
-                          e2el, tokens)
+    return RequestLatency(
+        ttft, time_per_output_token(ttft, e2el, tokens), tuple(float(g) for g in np.diff(times)), e2el, tokens
+    )
 
 
 def time_per_output_token(ttft: float, e2el: float, output_tokens: int) -> float | None:
@@ -78,8 +79,9 @@ def statistics(samples: npt.ArrayLike, percentiles: Sequence[float] = DEFAULT_PE
     return out
 
 
-def summarize(latencies: Sequence[RequestLatency],
-              percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+def summarize(
+    latencies: Sequence[RequestLatency], percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> dict[str, float]:
     """mean / median / std / p-th percentiles of TTFT, TPOT, ITL and E2EL over requests, in ms.
 
     A metric with no sample (no request, or only one-token requests for TPOT, or no second chunk for ITL)

@@ -19,8 +19,14 @@ class BlockModel:
     """A model whose KV lives in a BlockPool: what the engine feeds on the eager path. Attribute reads other than
     its own go to the model (config, embeddings, dtype)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_bytes: int | None = None, prefix_caching: bool = True):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_bytes: int | None = None,
+        prefix_caching: bool = True,
+    ):
         from engine.kv_cache import cache_keyword
         from engine.loading.devices import model_device
 
@@ -44,8 +50,9 @@ class BlockModel:
 
         return BlockState(self, np.zeros((batch_size, 0), dtype=np.int64), np.zeros(batch_size, dtype=np.int64))
 
-    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor, binding: Binding, width: int,
-                logits_to_keep: int) -> Tensor:
+    def forward(
+        self, tokens: Tensor, positions: Tensor, mask: Tensor, binding: Binding, width: int, logits_to_keep: int
+    ) -> Tensor:
         self.pool.binding, self.pool.width = binding, width
         T = tokens.shape[1]
         if 0 < logits_to_keep < T:
@@ -55,8 +62,14 @@ class BlockModel:
             dtype = self.model.dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         try:
-            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
-                             logits_to_keep=logits_to_keep, **{self.keyword: self.pool.cache})
+            out = self.model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                **{self.keyword: self.pool.cache},
+            )
         finally:
             self.pool.binding = None
         return out.logits

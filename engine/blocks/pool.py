@@ -36,8 +36,15 @@ class BlockPool:
     used cached ones. Cached blocks are never written (a row that would write into one copies it first), so the
     KV a row reads is the KV its own tokens give."""
 
-    def __init__(self, num_layers: int, bytes_per_token: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_bytes: int | None = None, device: torch.device | str = "cpu", caching: bool = True):
+    def __init__(
+        self,
+        num_layers: int,
+        bytes_per_token: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        max_bytes: int | None = None,
+        device: torch.device | str = "cpu",
+        caching: bool = True,
+    ):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -72,8 +79,11 @@ class BlockPool:
 
     def all_true(self, width: int) -> Tensor:
         """A [1, 1, 1, width] mask of True: one query that sees every column."""
-        return self._true[..., :width] if self._true is not None and self._true.shape[-1] >= width else \
-            self._make_true(width)
+        return (
+            self._true[..., :width]
+            if self._true is not None and self._true.shape[-1] >= width
+            else self._make_true(width)
+        )
 
     def _make_true(self, width: int) -> Tensor:
         self._true = torch.ones(1, 1, 1, max(2 * width, 1024), dtype=torch.bool, device=self.device)
@@ -173,9 +183,11 @@ class BlockPool:
         want = max(2 * self.capacity, self.capacity + short)
         if self.max_blocks is not None:
             if self.capacity + short > self.max_blocks:
-                raise KVCacheFull(f"the KV cache needs {self.capacity + short} blocks of {self.block_size} tokens "
-                                  f"but its budget holds {self.max_blocks}: raise the KV cache memory or admit "
-                                  f"fewer tokens at once")
+                raise KVCacheFull(
+                    f"the KV cache needs {self.capacity + short} blocks of {self.block_size} tokens "
+                    f"but its budget holds {self.max_blocks}: raise the KV cache memory or admit "
+                    f"fewer tokens at once"
+                )
             want = min(want, self.max_blocks)
         log.debug("growing a KV block pool from %d to %d blocks", self.capacity, want)
         self.refs = np.concatenate([self.refs, np.zeros(want - self.capacity, dtype=np.int64)])
@@ -197,8 +209,9 @@ class BlockPool:
                 layer.values.index_copy_(1, dst, layer.values.index_select(1, src))
 
     def memory_bytes(self) -> int:
-        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in self.cache.layers
-                   if layer.is_initialized)
+        return sum(
+            2 * layer.keys.numel() * layer.keys.element_size() for layer in self.cache.layers if layer.is_initialized
+        )
 
 
 def bytes_per_token(model: torch.nn.Module) -> int:

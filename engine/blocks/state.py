@@ -68,8 +68,13 @@ class BlockState:
 
     # -- forwards ---------------------------------------------------------------------------------
     @torch.inference_mode()
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
-               fed: list[int] | np.ndarray | None = None) -> Tensor:
+    def extend(
+        self,
+        tokens: Tensor,
+        valid: Tensor | None = None,
+        logits_to_keep: int = 0,
+        fed: list[int] | np.ndarray | None = None,
+    ) -> Tensor:
         """Feed tokens [B, T]; return logits [B, T or logits_to_keep, V].
 
         Each row's real tokens are its last fed[b] (holes on the left, as engine.kv_cache.right_aligned packs
@@ -115,8 +120,9 @@ class BlockState:
             slots = (table[:, :n, None] * bs + np.arange(bs)).reshape(B, n * bs)[:, :width]  # [B, width]
             slots = np.where(np.arange(width)[None, :] < end[:, None], slots, SCRATCH)
             read = np.concatenate([slots, np.full((B, 1), SCRATCH, dtype=np.int64)], axis=1)  # [B, W]
-            packed = np.concatenate([write.reshape(-1), positions.reshape(-1), real.reshape(-1).astype(np.int64),
-                                     read.reshape(-1)])
+            packed = np.concatenate(
+                [write.reshape(-1), positions.reshape(-1), real.reshape(-1).astype(np.int64), read.reshape(-1)]
+            )
             on = host.upload(torch.from_numpy(packed), device)
             n_bt = B * T
             write_t = on[:n_bt]
@@ -258,8 +264,10 @@ class BlockState:
         if drop.shape != rows.lengths.shape:
             raise ValueError(f"roll-back needs one count per row ({len(rows.lengths)}), got {drop.tolist()}")
         if ((drop < 0) | (drop > rows.lengths)).any():
-            raise ValueError(f"roll-back of {drop.tolist()} tokens from rows of {rows.lengths.tolist()}: each row "
-                             f"can forget 0 up to its own length (to extend a row, feed it tokens)")
+            raise ValueError(
+                f"roll-back of {drop.tolist()} tokens from rows of {rows.lengths.tolist()}: each row "
+                f"can forget 0 up to its own length (to extend a row, feed it tokens)"
+            )
         if not drop.any():
             return
         rows.lengths = rows.lengths - drop

@@ -68,8 +68,9 @@ class BlockTree:
         return self.table[:, s // bs] * bs + s % bs
 
     @torch.inference_mode()
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
-               fed: list[int] | None = None) -> Tensor:
+    def extend(
+        self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0, fed: list[int] | None = None
+    ) -> Tensor:
         """Feed one token per branch, tokens [N, 1] (every branch: `valid` and `fed` must mark them all real);
         logits [N, 1, V]."""
         N = self.batch_size
@@ -108,8 +109,9 @@ class BlockTree:
         positions = np.zeros((R, Q), dtype=np.int64)
         positions[self.row, self.place] = self.keep + s
         flat = self.row * Q + self.place  # [N] each branch's query in the forward, flattened
-        packed = np.concatenate([write.reshape(-1), positions.reshape(-1), read.reshape(-1), flat,
-                                 sees.reshape(-1).astype(np.int64)])
+        packed = np.concatenate(
+            [write.reshape(-1), positions.reshape(-1), read.reshape(-1), flat, sees.reshape(-1).astype(np.int64)]
+        )
         device = self.model.device
         on = host.upload(torch.from_numpy(packed), device)
         n_rq = R * Q

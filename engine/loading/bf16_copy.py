@@ -56,7 +56,8 @@ def write_copy(folder: Path, model: PreTrainedModel) -> Path | None:
     except (OSError, model_cache.ProvisioningError) as err:
         logger.warning(
             "cannot keep a bfloat16 copy in %s (%s); bfloat16 loads will keep casting the float32 weights",
-            folder, err,
+            folder,
+            err,
         )
         return None
 

@@ -136,7 +136,9 @@ def hold(lock_path: Path, *, wait: bool = True, timeout_s: float = DEFAULT_LOCK_
         holder = read_holder(lock_path)
         logger.warning(
             "waiting for the model cache lock held by %s; giving up after %g s (%s)",
-            holder.describe() if holder else "another process", timeout_s, ENV_LOCK_TIMEOUT,
+            holder.describe() if holder else "another process",
+            timeout_s,
+            ENV_LOCK_TIMEOUT,
         )
         try:
             lock.acquire(timeout=-1 if math.isinf(timeout_s) else timeout_s)

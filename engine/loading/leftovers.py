@@ -37,7 +37,7 @@ def find_leftovers(root: Path) -> list[Leftover]:
     found = []
     for path in sorted(root.glob(f"{TEMP_PREFIX}*{TEMP_SEPARATOR}*")):
         if path.is_dir() and not path.is_symlink() and is_ours(path):
-            key = path.name[len(TEMP_PREFIX):].split(TEMP_SEPARATOR, 1)[0]
+            key = path.name[len(TEMP_PREFIX) :].split(TEMP_SEPARATOR, 1)[0]
             found.append(Leftover(path, key, folder_bytes(path)))
     return found
 

@@ -56,13 +56,14 @@ def _resolve(name_or_gguf: str | os.PathLike[str] | provision.PackagedGguf) -> _
         sha = model_cache.sha256_file(path)
         return _Source(path.stem, provision.gguf_file_key(sha), None, path, sha)
     raise ValueError(
-        f"{spec!r} is neither a packaged model ({', '.join(provision.PACKAGED)}) nor a .gguf file; "
-        "give one of those"
+        f"{spec!r} is neither a packaged model ({', '.join(provision.PACKAGED)}) nor a .gguf file; give one of those"
     )
 
 
 def folder_for(
-    name_or_gguf: str | os.PathLike[str], scheme: str = "int4", group_size: int = 32,
+    name_or_gguf: str | os.PathLike[str],
+    scheme: str = "int4",
+    group_size: int = 32,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Where the low-bit form of a packaged model or local .gguf file is (or would be)."""
@@ -119,7 +120,8 @@ def build(
         model_cache.remove_stale_temps(root, key)
         if final.exists() and not model_cache.is_ours(final):
             raise model_cache.ProvisioningError(
-                f"{final} exists but was not made by saguaro; move it away or choose another cache folder")
+                f"{final} exists but was not made by saguaro; move it away or choose another cache folder"
+            )
         with model_cache.building(root, key) as temp:
             t0 = time.perf_counter()
             if source.packaged is not None:
@@ -127,20 +129,33 @@ def build(
                 single = len(paths) == 1
                 gguf = paths[0] if single else temp / provision.ASSEMBLED_NAME
                 provision.assemble(packaged, paths, None if single else gguf, progress=progress)
-                meta = {"kind": "packages", "gguf_sha256": packaged.sha256, "gguf_size": packaged.size,
-                        "packages": [part.pin for part in packaged.parts], "title": packaged.title}
+                meta = {
+                    "kind": "packages",
+                    "gguf_sha256": packaged.sha256,
+                    "gguf_size": packaged.size,
+                    "packages": [part.pin for part in packaged.parts],
+                    "title": packaged.title,
+                }
             else:
                 gguf = source.gguf
-                meta = {"kind": "gguf-file", "gguf_sha256": source.sha256, "gguf_size": gguf.stat().st_size,
-                        "path": str(gguf)}
+                meta = {
+                    "kind": "gguf-file",
+                    "gguf_sha256": source.sha256,
+                    "gguf_size": gguf.stat().st_size,
+                    "path": str(gguf),
+                }
             logger.info("%s: GGUF ready in %.1f s; writing %s", source.name, time.perf_counter() - t0, key)
             convert(gguf, temp, scheme, group_size, progress=progress)
             if gguf.parent == temp:
                 gguf.unlink()  # our assembled copy; its hash is in the manifest's source
-            meta.update({"lowbit": suffix(scheme, group_size), "scheme": parse_scheme(scheme, group_size).value,
-                         "group_size": group_size})
-            model_cache.publish(temp, final, f"{source.name} ({suffix(scheme, group_size)})", meta,
-                                progress=progress)
+            meta.update(
+                {
+                    "lowbit": suffix(scheme, group_size),
+                    "scheme": parse_scheme(scheme, group_size).value,
+                    "group_size": group_size,
+                }
+            )
+            model_cache.publish(temp, final, f"{source.name} ({suffix(scheme, group_size)})", meta, progress=progress)
     logger.info("built %s in %.1f s", final, time.perf_counter() - t0)
     return final
 
@@ -234,8 +249,14 @@ def load(
         q = tensors.pop(f"{module_name}.qweight")
         scales = tensors.pop(f"{module_name}.scales")
         if info["scheme"] == "int4":
-            layer = WeightOnlyLinear.from_quantized("int4", gguf_blocks.unpack_nibbles(q), scales,
-                                                    tensors.pop(f"{module_name}.zeros"), bias, info["group_size"])
+            layer = WeightOnlyLinear.from_quantized(
+                "int4",
+                gguf_blocks.unpack_nibbles(q),
+                scales,
+                tensors.pop(f"{module_name}.zeros"),
+                bias,
+                info["group_size"],
+            )
         else:
             layer = WeightOnlyLinear.from_quantized("int8", q, scales, None, bias)
         if (layer.out_features, layer.in_features) != (old.out_features, old.in_features):
@@ -251,8 +272,14 @@ def load(
     with contextlib.suppress(OSError, ValueError):
         model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
     head = quantize_head(model, head_quant, group_size) or {"head_quant": None, "head_group_size": None}
-    model.quantization = {"scheme": index["scheme"], "group_size": index["group_size"], "source": "gguf",
-                          "folder": str(folder), **index["counts"], **head}
+    model.quantization = {
+        "scheme": index["scheme"],
+        "group_size": index["group_size"],
+        "source": "gguf",
+        "folder": str(folder),
+        **index["counts"],
+        **head,
+    }
     model.eval().requires_grad_(False)
     logger.info("loaded low-bit %s in %.1f s", folder, time.perf_counter() - t0)
     return model

@@ -155,8 +155,9 @@ def _convert(gguf: Path, out: Path, scheme: str, group_size: int, progress: bool
     seen: set[str] = set()
     t0 = time.perf_counter()
     last_block = None
-    with model_cache.progress_bar(len(reader.tensors), f"{gguf.name}: {suffix(scheme, group_size)}", progress,
-                                  unit="tensor") as bar:
+    with model_cache.progress_bar(
+        len(reader.tensors), f"{gguf.name}: {suffix(scheme, group_size)}", progress, unit="tensor"
+    ) as bar:
         for tensor in reader.tensors:
             bar.update(1)
             block = tensor.name.split(".")[1] if tensor.name.startswith("blk.") else tensor.name
@@ -169,12 +170,16 @@ def _convert(gguf: Path, out: Path, scheme: str, group_size: int, progress: bool
             if two_d:
                 name, order = _row_order(processor, tensor.name, data.shape[0], parsed)
             else:
-                weights = processor.process(weights=dequantize(data, qtype), name=tensor.name,
-                                            tensor_key_mapping={}, parsed_parameters=parsed)
+                weights = processor.process(
+                    weights=dequantize(data, qtype), name=tensor.name, tensor_key_mapping={}, parsed_parameters=parsed
+                )
                 name, order = weights.name, None
             if name not in mapping:
-                logger.info("%s: GGUF tensor %s has no transformers name; skipped (as convert_gguf does)",
-                            gguf.name, tensor.name)
+                logger.info(
+                    "%s: GGUF tensor %s has no transformers name; skipped (as convert_gguf does)",
+                    gguf.name,
+                    tensor.name,
+                )
                 continue
             hf_name = mapping[name]
             seen.add(hf_name)
@@ -183,14 +188,22 @@ def _convert(gguf: Path, out: Path, scheme: str, group_size: int, progress: bool
             module = _linear_module(skeleton, hf_name) if two_d else None
             if module is not None:
                 n, k = int(tensor.shape[1]), int(tensor.shape[0])  # ggml lists the inner dimension first
-                if (parsed_scheme is Scheme.INT4 and group_size == EXACT_GROUP and qtype in exact_types
-                        and fits(Scheme.INT4, n, k, group_size)):
+                if (
+                    parsed_scheme is Scheme.INT4
+                    and group_size == EXACT_GROUP
+                    and qtype in exact_types
+                    and fits(Scheme.INT4, n, k, group_size)
+                ):
                     packed, scale, zero = gguf_blocks.q4_packed(data, qtype)
                     writer.add(f"{module}.qweight", torch.from_numpy(packed))
                     writer.add(f"{module}.scales", torch.from_numpy(scale).to(torch.bfloat16))
                     writer.add(f"{module}.zeros", torch.from_numpy(zero).to(torch.bfloat16))
-                    layers[module] = {"scheme": "int4", "group_size": group_size, "gguf_type": qtype.name,
-                                      "exact": True}
+                    layers[module] = {
+                        "scheme": "int4",
+                        "group_size": group_size,
+                        "gguf_type": qtype.name,
+                        "exact": True,
+                    }
                     continue
                 values = torch.from_numpy(dequantize(data, qtype).astype(np.float32, copy=False))
                 if parsed_scheme is Scheme.INT4 and qtype in exact_types and fits(Scheme.INT4, n, k, group_size):
@@ -198,8 +211,12 @@ def _convert(gguf: Path, out: Path, scheme: str, group_size: int, progress: bool
                     writer.add(f"{module}.qweight", gguf_blocks.pack_nibbles(q4.to(torch.uint8)))
                     writer.add(f"{module}.scales", table[..., 0].T.contiguous())
                     writer.add(f"{module}.zeros", table[..., 1].T.contiguous())
-                    layers[module] = {"scheme": "int4", "group_size": group_size, "gguf_type": qtype.name,
-                                      "exact": False}
+                    layers[module] = {
+                        "scheme": "int4",
+                        "group_size": group_size,
+                        "gguf_type": qtype.name,
+                        "exact": False,
+                    }
                     continue
                 if fits(Scheme.INT8, n, k):
                     q8, scales = quantize_int8(values)
@@ -217,21 +234,30 @@ def _convert(gguf: Path, out: Path, scheme: str, group_size: int, progress: bool
     writer.flush()
     missing = sorted(set(skeleton.state_dict()) - seen - _tied_names(skeleton))
     if missing:
-        raise ValueError(f"{gguf} lacks tensors the model needs ({', '.join(missing[:5])}); it cannot be "
-                         "converted (is it a complete GGUF of a supported architecture?)")
+        raise ValueError(
+            f"{gguf} lacks tensors the model needs ({', '.join(missing[:5])}); it cannot be "
+            "converted (is it a complete GGUF of a supported architecture?)"
+        )
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
-    index = {"format": INDEX_FORMAT, "scheme": parsed_scheme.value,
-             "group_size": group_size if parsed_scheme is Scheme.INT4 else None,
-             "layers": layers, "kept_bfloat16": kept,
-             "counts": {"int4_exact": sum(1 for v in layers.values() if v["exact"]),
-                        "int4_requantised": sum(1 for v in layers.values() if v["scheme"] == "int4" and not v["exact"]),
-                        "int8": sum(1 for v in layers.values() if v["scheme"] == "int8"),
-                        "kept_bfloat16": len(kept)}}
+    index = {
+        "format": INDEX_FORMAT,
+        "scheme": parsed_scheme.value,
+        "group_size": group_size if parsed_scheme is Scheme.INT4 else None,
+        "layers": layers,
+        "kept_bfloat16": kept,
+        "counts": {
+            "int4_exact": sum(1 for v in layers.values() if v["exact"]),
+            "int4_requantised": sum(1 for v in layers.values() if v["scheme"] == "int4" and not v["exact"]),
+            "int8": sum(1 for v in layers.values() if v["scheme"] == "int8"),
+            "kept_bfloat16": len(kept),
+        },
+    }
     (out / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True))
-    logger.info("%s -> %s: %s (%.1f s)", gguf.name, suffix(scheme, group_size), index["counts"],
-                time.perf_counter() - t0)
+    logger.info(
+        "%s -> %s: %s (%.1f s)", gguf.name, suffix(scheme, group_size), index["counts"], time.perf_counter() - t0
+    )
     return index
 
 

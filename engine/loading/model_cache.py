@@ -98,8 +98,16 @@ def resolve_cache_root(cache_dir: str | os.PathLike[str] | None, env: Mapping[st
 
 def progress_bar(total: int, desc: str, progress: bool | None, *, unit: str = "B") -> tqdm:
     """A tqdm bar on stderr; `progress` None shows it only when stderr is a terminal."""
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024 if unit == "B" else 1000,
-                disable=None if progress is None else not progress, file=sys.stderr, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=unit == "B",
+        unit_divisor=1024 if unit == "B" else 1000,
+        disable=None if progress is None else not progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
 
 
 def sha256_file(path: Path, on_chunk: Callable[[int], object] | None = None) -> str:
@@ -129,9 +137,7 @@ def read_manifest(folder: Path) -> Manifest:
             )
             for rel, entry in raw["files"].items()
         }
-        return Manifest(
-            name=str(raw["name"]), source=raw["source"], files=files, created=str(raw["created"])
-        )
+        return Manifest(name=str(raw["name"]), source=raw["source"], files=files, created=str(raw["created"]))
     except FileNotFoundError:
         raise CorruptCacheError(f"{folder} has no {MANIFEST_NAME}: it is not a complete cache folder") from None
     except (ValueError, KeyError, TypeError) as err:
@@ -154,19 +160,14 @@ def check_folder(folder: Path, *, verify: bool = False) -> Manifest:
             raise CorruptCacheError(f"cache file {path} is missing")
         st = path.stat()  # taken before hashing: a write during the hash shows up next time
         if st.st_size != expected.size:
-            raise CorruptCacheError(
-                f"cache file {path} is {st.st_size} bytes but its manifest says {expected.size}"
-            )
+            raise CorruptCacheError(f"cache file {path} is {st.st_size} bytes but its manifest says {expected.size}")
         if verify or not expected.unchanged(st):
             if sha256_file(path) != expected.sha256:
                 raise CorruptCacheError(
-                    f"cache file {path} was changed after it was provisioned "
-                    "(its sha256 differs from the manifest)"
+                    f"cache file {path} was changed after it was provisioned (its sha256 differs from the manifest)"
                 )
             if not expected.unchanged(st):
-                restamped[rel] = dataclasses.replace(
-                    expected, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns
-                )
+                restamped[rel] = dataclasses.replace(expected, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
     if restamped:
         manifest = dataclasses.replace(manifest, files={**manifest.files, **restamped})
         try:
@@ -227,9 +228,7 @@ def key_lock(
     with contextlib.ExitStack() as stack:
         try:  # only taking the lock is wrapped: an OSError of the caller's body passes through as it is
             root.mkdir(parents=True, exist_ok=True)
-            held = stack.enter_context(
-                cache_lock.hold(root / f"{LOCK_PREFIX}{key}", wait=wait, timeout_s=timeout_s)
-            )
+            held = stack.enter_context(cache_lock.hold(root / f"{LOCK_PREFIX}{key}", wait=wait, timeout_s=timeout_s))
         except OSError as err:
             raise _unwritable(root, err) from err
         yield held
@@ -251,9 +250,7 @@ def discard_folder(folder: Path) -> None:
             "move it away or choose another cache folder"
         )
     # Rename first so that no reader sees a half-deleted folder under the final name.
-    doomed = folder.with_name(
-        f"{TEMP_PREFIX}{folder.name}{TEMP_SEPARATOR}discard-{uuid.uuid4().hex[:8]}"
-    )
+    doomed = folder.with_name(f"{TEMP_PREFIX}{folder.name}{TEMP_SEPARATOR}discard-{uuid.uuid4().hex[:8]}")
     os.rename(folder, doomed)
     shutil.rmtree(doomed)
 

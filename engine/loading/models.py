@@ -135,8 +135,9 @@ def load_model(
                 f"cannot load the tokenizer in {folder}: {err}; save its tokenizer again "
                 "(tokenizer.save_pretrained) or remove its tokenizer files"
             ) from err
-    logger.info("loaded %s in %.1f s (%s, %s)", name, time.perf_counter() - t0, str(dtype).removeprefix("torch."),
-                device)
+    logger.info(
+        "loaded %s in %.1f s (%s, %s)", name, time.perf_counter() - t0, str(dtype).removeprefix("torch."), device
+    )
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=folder)
 
 
@@ -175,13 +176,18 @@ def load_quantized(
         tokenizer = _tokenizer_of(cached)
         logger.info("loaded %s %s from the low-bit cache", spec, quant.scheme)
         name = str(spec) if str(spec) in provision.PACKAGED else Path(spec).name
-        return LoadedModel(model=cached, tokenizer=tokenizer, name=name,
-                           source=Path(str(getattr(cached, "name_or_path", "") or spec)))
+        return LoadedModel(
+            model=cached, tokenizer=tokenizer, name=name, source=Path(str(getattr(cached, "name_or_path", "") or spec))
+        )
     loaded = load_model(spec, dtype=torch.float32, device="cpu", cache_dir=cache_dir, verify=verify)
     t0 = time.perf_counter()
     quantize_model(loaded.model, quant, dtype=dtype)
-    logger.info("quantised %s to %s in %.1f s (no low-bit cache for it: saguaro models provision --lowbit builds one)",
-                loaded.name, quant.scheme, time.perf_counter() - t0)
+    logger.info(
+        "quantised %s to %s in %.1f s (no low-bit cache for it: saguaro models provision --lowbit builds one)",
+        loaded.name,
+        quant.scheme,
+        time.perf_counter() - t0,
+    )
     return loaded
 
 
@@ -203,8 +209,10 @@ def engine_model(
         if quant is None:
             return spec.to(device).eval(), None
         if is_quantized(spec):
-            raise ValueError("this model object already has low-bit layers: pass its float weights "
-                             "with target_quant / draft_quant, or pass it without them")
+            raise ValueError(
+                "this model object already has low-bit layers: pass its float weights "
+                "with target_quant / draft_quant, or pass it without them"
+            )
         return quantize_model(copy.deepcopy(spec), quant).eval(), None
     if quant is not None:
         loaded = load_quantized(spec, quant, dtype=dtype, cache_dir=cache_dir)

@@ -27,10 +27,28 @@ from engine.loading.model_cache import ProvisioningError
 
 # Callers spell these provision.PACKAGED etc.: the catalog is data, this module the entry point.
 __all__ = [
-    "DEFAULT_DRAFT", "DEFAULT_TARGET", "GROUPS", "PACKAGED", "SMOKE_MODEL", "GgufPart", "PackagedGguf",
-    "MissingPackageError", "ProvisioningError", "ProvisionResult", "WrongHashError",
-    "assemble", "cache_folder", "cache_ready", "convert_gguf", "gguf_file_key", "locate_parts",
-    "check_gguf", "package_dir", "provision", "provision_gguf_file", "repair_command",
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "GROUPS",
+    "PACKAGED",
+    "SMOKE_MODEL",
+    "GgufPart",
+    "PackagedGguf",
+    "MissingPackageError",
+    "ProvisioningError",
+    "ProvisionResult",
+    "WrongHashError",
+    "assemble",
+    "cache_folder",
+    "cache_ready",
+    "convert_gguf",
+    "gguf_file_key",
+    "locate_parts",
+    "check_gguf",
+    "package_dir",
+    "provision",
+    "provision_gguf_file",
+    "repair_command",
 ]
 
 logger = logging.getLogger(__name__)
@@ -272,12 +290,18 @@ def provision(
         single = len(paths) == 1  # one file: hash and convert it in place, no copy
         gguf = paths[0] if single else temp / ASSEMBLED_NAME
         assemble(packaged, paths, None if single else gguf, progress=progress)
-        source = {"kind": "packages", "gguf_sha256": packaged.sha256, "gguf_size": packaged.size,
-                  "packages": [part.pin for part in packaged.parts], "title": packaged.title}
+        source = {
+            "kind": "packages",
+            "gguf_sha256": packaged.sha256,
+            "gguf_size": packaged.size,
+            "packages": [part.pin for part in packaged.parts],
+            "title": packaged.title,
+        }
         return gguf, source
 
-    return _provision(root, packaged.key, packaged.alias, rebuild, make_gguf,
-                      lock_timeout_s=timeout_s, progress=progress)
+    return _provision(
+        root, packaged.key, packaged.alias, rebuild, make_gguf, lock_timeout_s=timeout_s, progress=progress
+    )
 
 
 def provision_gguf_file(
@@ -294,8 +318,15 @@ def provision_gguf_file(
     with model_cache.progress_bar(gguf.stat().st_size, f"{gguf.name}: sha256", progress) as bar:
         sha = model_cache.sha256_file(gguf, bar.update)
     source = {"kind": "gguf-file", "gguf_sha256": sha, "gguf_size": gguf.stat().st_size, "path": str(gguf)}
-    return _provision(root, gguf_file_key(sha), gguf.stem, rebuild, lambda temp: (gguf, source),
-                      lock_timeout_s=timeout_s, progress=progress)
+    return _provision(
+        root,
+        gguf_file_key(sha),
+        gguf.stem,
+        rebuild,
+        lambda temp: (gguf, source),
+        lock_timeout_s=timeout_s,
+        progress=progress,
+    )
 
 
 def gguf_file_key(sha256: str) -> str:

@@ -71,16 +71,21 @@ def quantize_head(model: nn.Module, head_quant: str | None, group_size: int = 32
     if isinstance(head, WeightOnlyLinear):
         if head.scheme is parsed and (parsed is Scheme.INT8 or head.group_size == group_size):
             return info  # already so (quantising twice would be a no-op at best)
-        raise ValueError(f"the output head is already {head.scheme.value}; load the model again to give it "
-                         f"head_quant={head_quant!r}")
+        raise ValueError(
+            f"the output head is already {head.scheme.value}; load the model again to give it head_quant={head_quant!r}"
+        )
     if type(head) is not nn.Linear:
-        raise ValueError(f"head_quant needs a plain Linear output head, got {type(head).__name__} (a dynamic "
-                         "int8 model quantises its head already: drop head_quant)")
+        raise ValueError(
+            f"head_quant needs a plain Linear output head, got {type(head).__name__} (a dynamic "
+            "int8 model quantises its head already: drop head_quant)"
+        )
     if head.weight.device.type != "cpu":
         raise ValueError(f"the output head is on {head.weight.device}; weight-only int kernels here are CPU ones")
     if not fits(parsed, head.out_features, head.in_features, group_size):
-        raise ValueError(f"the output head [{head.out_features}, {head.in_features}] does not fit the "
-                         f"{parsed.value} kernel; leave head_quant unset (None)")
+        raise ValueError(
+            f"the output head [{head.out_features}, {head.in_features}] does not fit the "
+            f"{parsed.value} kernel; leave head_quant unset (None)"
+        )
     model.set_output_embeddings(WeightOnlyLinear.from_linear(head, parsed, group_size))
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "tie_word_embeddings", False):
@@ -90,7 +95,10 @@ def quantize_head(model: nn.Module, head_quant: str | None, group_size: int = 32
 
 
 def quantize_weights(
-    model: nn.Module, scheme: str, group_size: int = 32, skip: tuple[str, ...] | list[str] = ("lm_head",),
+    model: nn.Module,
+    scheme: str,
+    group_size: int = 32,
+    skip: tuple[str, ...] | list[str] = ("lm_head",),
     head_quant: str | None = None,
 ) -> dict:
     """Replace every nn.Linear in `model` (in place) by a WeightOnlyLinear; return a summary dict.
@@ -116,8 +124,13 @@ def quantize_weights(
         if not fits(parsed, linear.out_features, linear.in_features, group_size):
             by_shape += 1
             skipped.append(name)
-            logger.info("left %s [%d, %d] unquantised: shape does not fit %s",
-                        name, linear.out_features, linear.in_features, parsed.value)
+            logger.info(
+                "left %s [%d, %d] unquantised: shape does not fit %s",
+                name,
+                linear.out_features,
+                linear.in_features,
+                parsed.value,
+            )
             continue
         if linear.weight.device.type != "cpu":
             raise ValueError(f"{name} is on {linear.weight.device}; weight-only int kernels here are CPU ones")
@@ -137,8 +150,15 @@ def quantize_weights(
     )
     head = quantize_head(model, head_quant, group_size) or {"head_quant": None, "head_group_size": None}
     summary = dataclasses.replace(summary, model_bytes_after=model_bytes(model))
-    logger.info("quantised %d Linear layers to %s (%d kept by name, %d by shape): %d -> %d bytes",
-                converted, parsed.value, by_name, by_shape, before, summary.model_bytes_after)
+    logger.info(
+        "quantised %d Linear layers to %s (%d kept by name, %d by shape): %d -> %d bytes",
+        converted,
+        parsed.value,
+        by_name,
+        by_shape,
+        before,
+        summary.model_bytes_after,
+    )
     return {**summary.as_dict(), **head}
 
 
@@ -190,8 +210,9 @@ def cast_unquantized(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-def quantize_model(model: PreTrainedModel, quant: QuantConfig | str, *, dtype: torch.dtype | None = None
-                   ) -> PreTrainedModel:
+def quantize_model(
+    model: PreTrainedModel, quant: QuantConfig | str, *, dtype: torch.dtype | None = None
+) -> PreTrainedModel:
     """`model` (in place, on the CPU) with its Linear layers low-bit as `quant` says (a scheme name alone takes
     QuantConfig's defaults): weight-only `WeightOnlyLinear`s, the output head kept in float unless `quant.head`
     (see `quantize_weights`), the rest cast to `dtype` if given; or dynamic int8 (float32 in, its other layers

@@ -45,11 +45,16 @@ class DraftRecipe:
         if not hasattr(model, "config"):
             raise ValueError("an in-memory draft must be a transformers model (or pass it by alias / path)")
         if is_quantized(model):
-            raise ValueError("an int8-quantised draft object (or any low-bit one) cannot be sent to SSD's worker "
-                             "process: pass the float model (or its alias / path) with draft_quant='int8' / 'int4' "
-                             "/ 'int8-dynamic'")
-        return cls(config=model.config.to_dict(), state={k: v.detach().cpu() for k, v in model.state_dict().items()},
-                   quant=quant)
+            raise ValueError(
+                "an int8-quantised draft object (or any low-bit one) cannot be sent to SSD's worker "
+                "process: pass the float model (or its alias / path) with draft_quant='int8' / 'int4' "
+                "/ 'int8-dynamic'"
+            )
+        return cls(
+            config=model.config.to_dict(),
+            state={k: v.detach().cpu() for k, v in model.state_dict().items()},
+            quant=quant,
+        )
 
     def build(self, device: torch.device) -> torch.nn.Module:
         """The draft (on the static slot cache when the recipe says so: what the worker feeds)."""
@@ -63,14 +68,17 @@ class DraftRecipe:
         from engine.loading.quantize import quantize_model
 
         if self.quant is not None and device.type != "cpu":
-            raise ValueError(f"a {self.quant.scheme} draft runs on CPU kernels only, not on {device}: "
-                             "use draft_device cpu")
+            raise ValueError(
+                f"a {self.quant.scheme} draft runs on CPU kernels only, not on {device}: use draft_device cpu"
+            )
         if self.path is not None:
             if self.quant is not None:
-                return load_quantized(self.path, self.quant, dtype=TORCH_DTYPES[self.dtype],
-                                      cache_dir=self.cache_dir).model
-            return load_model(self.path, dtype=TORCH_DTYPES[self.dtype], device=device,
-                              cache_dir=self.cache_dir).model.eval()
+                return load_quantized(
+                    self.path, self.quant, dtype=TORCH_DTYPES[self.dtype], cache_dir=self.cache_dir
+                ).model
+            return load_model(
+                self.path, dtype=TORCH_DTYPES[self.dtype], device=device, cache_dir=self.cache_dir
+            ).model.eval()
         model = self._from_weights(device)
         return model if self.quant is None else quantize_model(model, self.quant)
 
@@ -95,5 +103,11 @@ def draft_recipe(given: torch.nn.Module | None, config: EngineConfig) -> DraftRe
         recipe = DraftRecipe.from_model(given, config.draft_quant)
         recipe.slots, recipe.prefix_caching = slots, config.prefix_caching
         return recipe
-    return DraftRecipe(path=config.draft, dtype=config.draft_float_dtype, cache_dir=config.cache_dir,
-                       quant=config.draft_quant, slots=slots, prefix_caching=config.prefix_caching)
+    return DraftRecipe(
+        path=config.draft,
+        dtype=config.draft_float_dtype,
+        cache_dir=config.cache_dir,
+        quant=config.draft_quant,
+        slots=slots,
+        prefix_caching=config.prefix_caching,
+    )

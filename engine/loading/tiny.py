@@ -71,8 +71,7 @@ def tiny_pair(
     """
     if not 1 <= draft_layers < target_layers:
         raise ValueError(
-            f"need 1 <= draft_layers < target_layers, got draft_layers={draft_layers}, "
-            f"target_layers={target_layers}"
+            f"need 1 <= draft_layers < target_layers, got draft_layers={draft_layers}, target_layers={target_layers}"
         )
     target = tiny_model(vocab_size=vocab_size, seed=seed, num_layers=target_layers, logit_scale=logit_scale)
     draft = tiny_model(vocab_size=vocab_size, seed=seed, num_layers=draft_layers, logit_scale=logit_scale)

@@ -52,9 +52,7 @@ def check_compatible(
     what = f"target {t.name} and draft {d.name} have different vocabularies"
     fix = "speculative decoding needs a draft that uses the target's tokenizer"
     if (t.logits, t.embeddings) != (d.logits, d.embeddings):
-        raise ValueError(
-            f"{what}: {t.logits} vs {d.logits} logits, {t.embeddings} vs {d.embeddings} embeddings; {fix}"
-        )
+        raise ValueError(f"{what}: {t.logits} vs {d.logits} logits, {t.embeddings} vs {d.embeddings} embeddings; {fix}")
     if t.tokens is not None and d.tokens is not None:
         if t.tokens != d.tokens:
             differ = sorted(set(t.tokens.items()) ^ set(d.tokens.items()))[:3]

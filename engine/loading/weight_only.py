@@ -48,9 +48,7 @@ def parse_scheme(scheme: str | Scheme, group_size: int) -> Scheme:
             f"unknown quantisation scheme {scheme!r}; use one of {', '.join(s.value for s in Scheme)}"
         ) from None
     if parsed is Scheme.INT4 and group_size not in GROUP_SIZES:
-        raise ValueError(
-            f"int4 group_size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size!r}"
-        )
+        raise ValueError(f"int4 group_size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size!r}")
     return parsed
 
 
@@ -203,8 +201,9 @@ class WeightOnlyLinear(nn.Module):
             )
         if scheme is Scheme.INT8:
             if q.dtype != torch.int8 or tuple(scales.shape) != (n,):
-                raise ValueError(f"int8 needs q int8 [{n}, {k}] and scales [{n}]; got {q.dtype} and "
-                                 f"{tuple(scales.shape)}")
+                raise ValueError(
+                    f"int8 needs q int8 [{n}, {k}] and scales [{n}]; got {q.dtype} and {tuple(scales.shape)}"
+                )
             # Fresh copies: the int8 kernel crashed (SIGSEGV) on tensors read by safetensors.load_file
             # as they were (views into the file buffer), and ran on clones of them.
             packed = q.clone(memory_format=torch.contiguous_format)
@@ -212,8 +211,10 @@ class WeightOnlyLinear(nn.Module):
         else:
             groups = (n, k // group_size)
             if zeros is None or tuple(scales.shape) != groups or tuple(zeros.shape) != groups:
-                raise ValueError(f"int4 needs scales and zeros of shape {groups}; got "
-                                 f"{tuple(scales.shape)} and {None if zeros is None else tuple(zeros.shape)}")
+                raise ValueError(
+                    f"int4 needs scales and zeros of shape {groups}; got "
+                    f"{tuple(scales.shape)} and {None if zeros is None else tuple(zeros.shape)}"
+                )
             if q.dtype.is_floating_point or int(q.min()) < 0 or int(q.max()) > INT4_MAX:
                 raise ValueError(f"int4 codes must be integers in 0..{INT4_MAX}")
             table = torch.stack([scales.to(ACT_DTYPE), zeros.to(ACT_DTYPE)], dim=2).transpose(0, 1).contiguous()

@@ -105,8 +105,16 @@ class ProcessChannel:
     backend     makes the link's process group on both sides (engine.ssd.transport.process_group).
     """
 
-    def __init__(self, recipe: DraftRecipe, spec: SpeculativeConfig, pad_id: int, target_device: torch.device, *,
-                 take_cores: bool = False, backend: Backend = process_group):
+    def __init__(
+        self,
+        recipe: DraftRecipe,
+        spec: SpeculativeConfig,
+        pad_id: int,
+        target_device: torch.device,
+        *,
+        take_cores: bool = False,
+        backend: Backend = process_group,
+    ):
         placement = spec.placement
         self.spec = spec
         self.deadline_s = placement.deadline_s
@@ -121,10 +129,22 @@ class ProcessChannel:
         secret = new_secret()
         # every wait on the link fits in its timeout: the longest is the first answer's (max of the two deadlines)
         link_timeout_s = max(placement.start_deadline_s, self.deadline_s)
-        ws = WorkerSpec(recipe, spec, pad_id, address, str(draft_device), placement.draft_threads, cores,
-                        placement.start_deadline_s, placement.faults, parent_pid=os.getpid(),
-                        death_signal=threading.current_thread() is threading.main_thread(),
-                        link_timeout_s=link_timeout_s, backend=backend, secret=secret)
+        ws = WorkerSpec(
+            recipe,
+            spec,
+            pad_id,
+            address,
+            str(draft_device),
+            placement.draft_threads,
+            cores,
+            placement.start_deadline_s,
+            placement.faults,
+            parent_pid=os.getpid(),
+            death_signal=threading.current_thread() is threading.main_thread(),
+            link_timeout_s=link_timeout_s,
+            backend=backend,
+            secret=secret,
+        )
         self.process = None
         self.store = store
         self.endpoint: Transport | None = None
@@ -139,8 +159,12 @@ class ProcessChannel:
         self.started = time.monotonic()
         if placement.external:
             store.set(SPEC_KEY, pickle.dumps(dataclasses.replace(ws, secret="")))  # its settings, without the secret
-            log.warning("waiting for a draft worker: run `%s=%s python -m engine.ssd.process %s` on the draft host",
-                        SECRET_VARIABLE, secret, address)
+            log.warning(
+                "waiting for a draft worker: run `%s=%s python -m engine.ssd.process %s` on the draft host",
+                SECRET_VARIABLE,
+                secret,
+                address,
+            )
         else:
             self.process = mp.get_context("spawn").Process(target=serve, args=(ws,), name="saguaro-draft", daemon=True)
         try:
@@ -288,8 +312,13 @@ class ProcessChannel:
             self.threads_before = None
 
 
-def open_channel(draft: torch.nn.Module | None, given: torch.nn.Module | None, config: EngineConfig, pad_id: int,
-                 device: torch.device) -> Callable[[], Channel]:
+def open_channel(
+    draft: torch.nn.Module | None,
+    given: torch.nn.Module | None,
+    config: EngineConfig,
+    pad_id: int,
+    device: torch.device,
+) -> Callable[[], Channel]:
     """A function that starts the draft worker: in process (on `draft`, the engine's draft model), or in its own
     process from a recipe (`given`: the model object the caller passed, None if passed by name)."""
     spec = config.speculative

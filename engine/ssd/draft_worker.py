@@ -56,8 +56,14 @@ class DraftWorker:
     verifies leave it (on the host when `host_answers`, for a worker whose answers cross a link; else on
     `device`, for the target's own process), and the host reads the few ids its bookkeeping needs."""
 
-    def __init__(self, model: torch.nn.Module, spec: SpeculativeConfig, pad_id: int, device: torch.device,
-                 host_answers: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: SpeculativeConfig,
+        pad_id: int,
+        device: torch.device,
+        host_answers: bool = False,
+    ):
         self.model = model
         self.host_answers = host_answers
         self.spec = spec
@@ -91,8 +97,10 @@ class DraftWorker:
         if n_old and msg.K_last != K:
             raise ValueError(f"round for a speculation of length {msg.K_last}, but the last one had {K}")
         if not (1 <= msg.K <= self.spec.K and 1 <= msg.K_next <= self.spec.K and 1 <= msg.K_miss <= msg.K):
-            raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next}, K_miss={msg.K_miss}: K and K_next must "
-                             f"lie in 1..{self.spec.K}, K_miss in 1..K")
+            raise ValueError(
+                f"round asks for K={msg.K}, K_next={msg.K_next}, K_miss={msg.K_miss}: K and K_next must "
+                f"lie in 1..{self.spec.K}, K_miss in 1..K"
+            )
         if msg.K != self.spec.K or msg.K_next != self.spec.K or msg.K_miss != msg.K:
             if not self.spec.adaptive:
                 raise ValueError(f"round asks for K={msg.K}, K_next={msg.K_next} but K is fixed at {self.spec.K}")
@@ -104,8 +112,9 @@ class DraftWorker:
             found.append(self.cache.lookup(seq_id, kb, tb) if same_length else None)
             self.rows.contexts[b].extend(x[b][:kb] + [tb])  # in place: a round adds its tokens, copies nothing
             if msg.alive[b]:
-                self.policy.observe_round(self.current.sources[b], kb, self.row_fanout[b][kb], found[b] is not None,
-                                          K, rank=ranks[b])
+                self.policy.observe_round(
+                    self.current.sources[b], kb, self.row_fanout[b][kb], found[b] is not None, K, rank=ranks[b]
+                )
         if n_old:
             self.policy.observe_times(msg.verify_ms, self.build_ms, self.last_backup, self.last_backup_ms)
             # Every row now holds x_1..x_K (glue); keep the verified x_1..x_k.
@@ -186,14 +195,21 @@ class DraftWorker:
         return prefill(new_state(self.model, len(prompts), self.device), prompts, self.pad_id, self.device)
 
     def _join_rows(self, joins: list[Join]) -> Rows:
-        params = [SamplingParams(temperature=j.temperature, top_k=j.top_k or None,
-                                 top_p=j.top_p if j.top_p < 1 else None, stop_on_eos=False,
-                                 sampling_mode=SamplingMode.INVARIANT if j.invariant else SamplingMode.STANDARD)
-                  for j in joins]
+        params = [
+            SamplingParams(
+                temperature=j.temperature,
+                top_k=j.top_k or None,
+                top_p=j.top_p if j.top_p < 1 else None,
+                stop_on_eos=False,
+                sampling_mode=SamplingMode.INVARIANT if j.invariant else SamplingMode.STANDARD,
+            )
+            for j in joins
+        ]
         return Rows([j.seq_id for j in joins], [j.prompt + [j.pending] for j in joins], params, [j.seed for j in joins])
 
-    def _next_speculation(self, bonus: list[int], hit_index: list[int | None], backup: Backup | None, round_: int,
-                          ranks: list[int]) -> Speculation:
+    def _next_speculation(
+        self, bonus: list[int], hit_index: list[int | None], backup: Backup | None, round_: int, ranks: list[int]
+    ) -> Speculation:
         """Assemble the next speculation on the worker's device: cached branches for the hit rows, `backup` (the
         round's choice; None when every row hit) for the rest. The host reads its tokens once."""
         K, V, n, on = self.K, self.V, len(self.rows.seq_ids), self.device
@@ -216,10 +232,22 @@ class DraftWorker:
                 first = [[] if hit[b] else [bonus[b]] for b in range(n)]
                 first_t, first_v = right_aligned(first, self.pad_id, on)
                 active = host.tensor([not h for h in hit], torch.bool, on)  # [n]
-                y, qy, ranking = draft_compact(self.state, first_t, first_v, K, self.saguaro_top(False), self.spec.C,
-                                               RowSampling(self.rows.params), self.rows.keys(), depth, active,
-                                               width, fed=[len(f) for f in first], active_host=[not h for h in hit],
-                                               checks=self.checks)
+                y, qy, ranking = draft_compact(
+                    self.state,
+                    first_t,
+                    first_v,
+                    K,
+                    self.saguaro_top(False),
+                    self.spec.C,
+                    RowSampling(self.rows.params),
+                    self.rows.keys(),
+                    depth,
+                    active,
+                    width,
+                    fed=[len(f) for f in first],
+                    active_host=[not h for h in hit],
+                    checks=self.checks,
+                )
                 rows = host.tensor(miss, torch.long, on)
                 tokens.append(y[rows])
                 qs.append(qy.rows(rows))
@@ -261,13 +289,23 @@ class DraftWorker:
         self.last_backup = backup.value if backup else None
         self.last_backup_ms = t0.ms() if miss else 0.0
         source = [Source.HIT if hit[b] else SOURCE_OF[backup] for b in range(n)]
-        return Speculation(round_, source, sent_x, sent_q, self.last_backup_ms, self.build_ms,
-                           len(self.cache), list(self.built_fanout), ranks)
+        return Speculation(
+            round_,
+            source,
+            sent_x,
+            sent_q,
+            self.last_backup_ms,
+            self.build_ms,
+            len(self.cache),
+            list(self.built_fanout),
+            ranks,
+        )
 
     def depth(self) -> int:
         """Tokens per position the ranking keeps: enough for the largest fan-out of either schedule + 1."""
-        largest = max(max(self.policy.schedule(hit, K), default=0) for hit in (True, False)
-                      for K in {self.K, self.branch_K})
+        largest = max(
+            max(self.policy.schedule(hit, K), default=0) for hit in (True, False) for K in {self.K, self.branch_K}
+        )
         return min(max(RANK_DEPTH, largest + 1), self.V)
 
     def saguaro_top(self, after_hit: bool, K: int | None = None) -> tuple[int, ...]:
@@ -325,10 +363,21 @@ class DraftWorker:
         rows, ks, t = guess_plan(ranking, cur.tokens, self.row_fanout)
         branches, keys = None, []
         if rows:
-            branches = decode_branches(self.state, rows, ks, t, K, self.saguaro_top(True, length),
-                                       self.spec.C, RowSampling(self.rows.params).index(rows),
-                                       self.rows.keys(rows, [k + 1 for k in ks]), depth, length,
-                                       support_width(self.rows.params), checks=self.checks)
+            branches = decode_branches(
+                self.state,
+                rows,
+                ks,
+                t,
+                K,
+                self.saguaro_top(True, length),
+                self.spec.C,
+                RowSampling(self.rows.params).index(rows),
+                self.rows.keys(rows, [k + 1 for k in ks]),
+                depth,
+                length,
+                support_width(self.rows.params),
+                checks=self.checks,
+            )
         # the build's one read: the guessed tokens (the cache's keys) and the ranking they came from (the outcome
         # ranks of the next answer are worked out from it on the host)
         glue = ranking.ids.reshape(-1)

@@ -49,8 +49,9 @@ class HeartbeatWatch:
     """In the target: read the worker's count every `every_s` seconds from a daemon thread; once it has not moved
     for `lost_s`, call `on_lost(reason)` once and stop watching."""
 
-    def __init__(self, store: dist.Store, on_lost: Callable[[str], None], every_s: float = BEAT_S,
-                 lost_s: float = LOST_S):
+    def __init__(
+        self, store: dist.Store, on_lost: Callable[[str], None], every_s: float = BEAT_S, lost_s: float = LOST_S
+    ):
         self.client = store.clone()
         self.on_lost = on_lost
         self.every_s, self.lost_s = every_s, lost_s

@@ -43,9 +43,11 @@ class WorkerExit(IntEnum):
     PARENT_GONE = 5
 
 
-UNGUARDED_MAIN = ("the script that builds this SSD LLM runs again in the draft worker process (multiprocessing "
-                  "'spawn' imports the main module): put the code that builds the LLM under "
-                  "`if __name__ == \"__main__\":`")
+UNGUARDED_MAIN = (
+    "the script that builds this SSD LLM runs again in the draft worker process (multiprocessing "
+    "'spawn' imports the main module): put the code that builds the LLM under "
+    '`if __name__ == "__main__":`'
+)
 
 
 def explain_exit(code: int | None) -> str:

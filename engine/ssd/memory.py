@@ -49,8 +49,9 @@ def kv_bytes_per_token(model: torch.nn.Module, element_bytes: int | None = None)
     return 2 * cfg.num_hidden_layers * kv_heads * head_dim * element_bytes
 
 
-def worker_bytes_per_sequence(model: torch.nn.Module, K: int, branches: int, context: int = NOMINAL_CONTEXT,
-                              tree: bool = True) -> int:
+def worker_bytes_per_sequence(
+    model: torch.nn.Module, K: int, branches: int, context: int = NOMINAL_CONTEXT, tree: bool = True
+) -> int:
     """Bytes the worker keeps for one sequence (module docstring). `tree`: the branches are decoded as a tree over
     the row (the block KV cache): the row's KV once, each branch's K tokens in whole blocks and the logits its
     ranking waits on. Without: the row's KV copied per branch (the compiled static-slot path)."""
@@ -65,8 +66,7 @@ def worker_bytes_per_sequence(model: torch.nn.Module, K: int, branches: int, con
     return kv * (context + K + 1) + branches * (own + q_and_ranking) + later + glue
 
 
-def memory_limit(model: torch.nn.Module, K: int, branches: int, device: torch.device,
-                 tree: bool = True) -> MemoryLimit:
+def memory_limit(model: torch.nn.Module, K: int, branches: int, device: torch.device, tree: bool = True) -> MemoryLimit:
     """The scheduler's admission limit for SSD: the worker's caches at their peak, each sequence at its full
     length (prompt + max_new_tokens), within SHARE of the draft device's memory."""
 
@@ -74,8 +74,11 @@ def memory_limit(model: torch.nn.Module, K: int, branches: int, device: torch.de
         context = len(seq.prompt_ids) + seq.params.max_new_tokens
         return int(PEAK_OVER_KEPT * worker_bytes_per_sequence(model, K, branches, context, tree))
 
-    return MemoryLimit(int(SHARE * device_bytes(device)), need, f"the SSD draft worker's speculation caches "
-                       f"({branches} branches each, on {device.type})")
+    return MemoryLimit(
+        int(SHARE * device_bytes(device)),
+        need,
+        f"the SSD draft worker's speculation caches ({branches} branches each, on {device.type})",
+    )
 
 
 def device_bytes(device: torch.device) -> int:
@@ -93,13 +96,17 @@ def check_budget(model: torch.nn.Module, K: int, branches: int, device: torch.de
     if need <= SHARE * have:
         return
     most = _most_branches(model, K, tree, SHARE * have)
-    kept = ("its K tokens' KV, K rows of q over the vocabulary and the logits its ranking is made from" if tree
-            else f"a KV copy of a {NOMINAL_CONTEXT}-token context and K rows of q over the vocabulary")
+    kept = (
+        "its K tokens' KV, K rows of q over the vocabulary and the logits its ranking is made from"
+        if tree
+        else f"a KV copy of a {NOMINAL_CONTEXT}-token context and K rows of q over the vocabulary"
+    )
     raise ValueError(
         f"an SSD fan-out budget of {branches} branches needs about {need / 2**30:.1f} GiB of draft-worker memory "
         f"per sequence (each branch keeps {kept}; K = {K}), but the draft's {device.type} has "
         f"{have / 2**30:.1f} GiB: "
-        f"lower --budget to at most {most} (or use --budget auto)")
+        f"lower --budget to at most {most} (or use --budget auto)"
+    )
 
 
 def _most_branches(model: torch.nn.Module, K: int, tree: bool, room: float) -> int:

@@ -150,32 +150,53 @@ def encode(msg: Message) -> list[Tensor]:
         return [_header(Kind.KEEP_ALIVE, 0, 0, 0, 0, 0, 0)]
     if isinstance(msg, Prefill):
         ints = msg.seq_ids + [len(p) for p in msg.prompts] + [t for p in msg.prompts for t in p]
-        return [_header(Kind.PREFILL, len(msg.seq_ids), 0, msg.V, len(ints), 0, 0),
-                torch.tensor(ints, dtype=torch.long)]
+        return [
+            _header(Kind.PREFILL, len(msg.seq_ids), 0, msg.V, len(ints), 0, 0),
+            torch.tensor(ints, dtype=torch.long),
+        ]
     if isinstance(msg, Round):
         B, J = len(msg.accepted), len(msg.joins)
         j = msg.joins
-        ints = (msg.accepted + msg.bonus + [int(a) for a in msg.alive] + [msg.K_last, msg.K_next, msg.K_miss, J]
-                + [x.seq_id for x in j]
-                + [len(x.prompt) for x in j] + [x.pending for x in j] + [x.top_k for x in j] + [x.seed for x in j]
-                + [int(x.invariant) for x in j]
-                + [t for x in j for t in x.prompt])
+        ints = (
+            msg.accepted
+            + msg.bonus
+            + [int(a) for a in msg.alive]
+            + [msg.K_last, msg.K_next, msg.K_miss, J]
+            + [x.seq_id for x in j]
+            + [len(x.prompt) for x in j]
+            + [x.pending for x in j]
+            + [x.top_k for x in j]
+            + [x.seed for x in j]
+            + [int(x.invariant) for x in j]
+            + [t for x in j for t in x.prompt]
+        )
         floats = [msg.verify_ms] + [x.temperature for x in j] + [x.top_p for x in j]
-        return [_header(Kind.ROUND, B, msg.K, msg.V, len(ints), len(floats), msg.round),
-                torch.tensor(ints, dtype=torch.long), torch.tensor(floats, dtype=torch.float64)]
+        return [
+            _header(Kind.ROUND, B, msg.K, msg.V, len(ints), len(floats), msg.round),
+            torch.tensor(ints, dtype=torch.long),
+            torch.tensor(floats, dtype=torch.float64),
+        ]
     if isinstance(msg, Speculation):
         B, K = msg.tokens.shape
         q = msg.q
-        ints = ([int(s) for s in msg.source] + msg.tokens.reshape(-1).tolist() + [msg.branches, len(msg.ranks)]
-                + msg.ranks + msg.fanout)
+        ints = (
+            [int(s) for s in msg.source]
+            + msg.tokens.reshape(-1).tolist()
+            + [msg.branches, len(msg.ranks)]
+            + msg.ranks
+            + msg.fanout
+        )
         floats = [msg.backup_ms, msg.cache_build_ms]
         values = q.values.to(torch.float32).contiguous()
         S = 0 if q.ids is None else values.shape[-1]
         if q.ids is not None and S == 0:  # an empty batch: nothing to send either way
             q = SparseQ(q.V, None, torch.zeros(B, K, q.V))
             values = q.values
-        head = [_header(Kind.SPECULATION, B, K, q.V, len(ints), 2, msg.round, S),
-                torch.tensor(ints, dtype=torch.long), torch.tensor(floats, dtype=torch.float64)]
+        head = [
+            _header(Kind.SPECULATION, B, K, q.V, len(ints), 2, msg.round, S),
+            torch.tensor(ints, dtype=torch.long),
+            torch.tensor(floats, dtype=torch.float64),
+        ]
         return head + ([values] if S == 0 else [q.ids.to(torch.long).contiguous(), values])
     raise TypeError(f"not a message: {type(msg).__name__}")
 
@@ -188,8 +209,13 @@ def check_header(header: Tensor) -> tuple[Kind, int, int, int, int, int, int]:
         kind = Kind(kind)
     except ValueError:
         raise MalformedMessage(f"unknown message kind {kind}") from None
-    if (min(B, K, V, n_ints, n_floats, round_, S) < 0 or S > V or n_ints > 1 << 28 or n_floats > 1 << 20
-            or B * K * V > 1 << 34):
+    if (
+        min(B, K, V, n_ints, n_floats, round_, S) < 0
+        or S > V
+        or n_ints > 1 << 28
+        or n_floats > 1 << 20
+        or B * K * V > 1 << 34
+    ):
         raise MalformedMessage(f"implausible header {header.tolist()}")
     return kind, B, K, V, n_ints, n_floats, round_
 
@@ -235,8 +261,10 @@ def _round(ints: list[int], floats: list[float], B: int, K: int, V: int, round_:
     if J < 0 or len(ints) < 3 * B + 4 + 6 * J or len(floats) != 1 + 2 * J:
         raise MalformedMessage("ROUND joins do not match the payload")
     if K < 1 or K_last < 1 or K_next < 1 or not 1 <= K_miss <= K:
-        raise MalformedMessage(f"ROUND lengths K={K}, K_last={K_last}, K_next={K_next}, K_miss={K_miss}: each must "
-                               f"be >= 1, and K_miss <= K")
+        raise MalformedMessage(
+            f"ROUND lengths K={K}, K_last={K_last}, K_next={K_next}, K_miss={K_miss}: each must "
+            f"be >= 1, and K_miss <= K"
+        )
     if not all(0 <= k <= K_last for k in accepted) or not _tokens_ok(bonus, V) or not set(alive) <= {0, 1}:
         raise MalformedMessage("ROUND outcome values out of range")
     at = 3 * B + 4
@@ -273,8 +301,9 @@ def _check_q(q: SparseQ, tokens: Tensor) -> None:
         raise MalformedMessage("SPECULATION has a token its own q gives probability 0")
 
 
-def decode(tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
-           ) -> Message:
+def decode(
+    tensors: list[Tensor], expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
+) -> Message:
     """Rebuild a message from its tensors, checking layout and values (raises MalformedMessage). `expect_K`:
     the length, or the lengths, the message may have (None: any)."""
     kind, B, K, V, n_ints, n_floats, round_ = check_header(tensors[0])

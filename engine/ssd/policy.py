@@ -131,8 +131,9 @@ class DraftPolicy:
         return least_budget(self.spec, K)
 
     # -- observations -------------------------------------------------------------------------
-    def observe_round(self, source: str, k: int, fanout_k: int | None, hit: bool | None, K: int | None = None,
-                      rank: int | None = None) -> None:
+    def observe_round(
+        self, source: str, k: int, fanout_k: int | None, hit: bool | None, K: int | None = None, rank: int | None = None
+    ) -> None:
         """One sequence-round: its speculation's source ("hit" or a backup), outcome k of its K (default the
         spec's), whether that outcome was found in the cache built with fanout_k guesses for it, and the
         rank of its bonus among the guesses that cache could make (engine.sparse.TopLogits.ranks; None
@@ -244,9 +245,13 @@ class DraftPolicy:
         lookup_E = self.acceptance[Backup.LOOKUP.value].mean_tokens(1.0)
         T_p = self.build_ms / self.verify_ms
         options = [
-            BackupOption(Backup.NEURAL, max(neural_E, 1.0),
-                         self.backup_ms.get(Backup.NEURAL.value, self.build_ms) / self.verify_ms),
-            BackupOption(Backup.LOOKUP, max(lookup_E, 1.0),
-                         self.backup_ms.get(Backup.LOOKUP.value, 0.0) / self.verify_ms),
+            BackupOption(
+                Backup.NEURAL,
+                max(neural_E, 1.0),
+                self.backup_ms.get(Backup.NEURAL.value, self.build_ms) / self.verify_ms,
+            ),
+            BackupOption(
+                Backup.LOOKUP, max(lookup_E, 1.0), self.backup_ms.get(Backup.LOOKUP.value, 0.0) / self.verify_ms
+            ),
         ]
         return options[int(best_backup(self.p_hit, max(E_hit, 1.0), T_p, options, batch_size))].kind

@@ -20,8 +20,7 @@ from engine.sparse import TopLogits
 from engine.ssd.tree import Branches
 
 
-def guess_plan(ranking: TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]
-               ) -> tuple[list[int], list[int], Tensor]:
+def guess_plan(ranking: TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]) -> tuple[list[int], list[int], Tensor]:
     """Branches to pre-draft, worked out where the ranking lives: their rows and k on the host (known from the
     fan-outs alone) and their guessed tokens t [N] on the ranking's device (nothing is read back).
 
@@ -51,8 +50,7 @@ def guess_plan(ranking: TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]
     return rows, ks, ranked[at[0], at[1], at[2]]
 
 
-def guesses(logits: Tensor | TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]
-            ) -> tuple[Tensor, Tensor, Tensor]:
+def guesses(logits: Tensor | TopLogits, x: Tensor, fanouts: list[tuple[int, ...]]) -> tuple[Tensor, Tensor, Tensor]:
     """Branches to pre-draft: row [N], k [N], t [N] (`guess_plan` as tensors on the logits' device).
 
     logits [B, K+1, V] (or their ranking, TopLogits [B, K+1, M]): the draft's logits at positions 1..K+1 of

@@ -70,8 +70,9 @@ class Transport(Protocol):
     def send(self, msg: Message, timeout_s: float) -> None:
         """Send `msg` (raises DraftUnavailable)."""
 
-    def recv(self, timeout_s: float, expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
-             ) -> Message:
+    def recv(
+        self, timeout_s: float, expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
+    ) -> Message:
         """The next message, within `timeout_s` (raises DraftUnavailable or MalformedMessage)."""
 
     def close(self) -> None:
@@ -91,8 +92,10 @@ def init_address(host: str, port: int) -> str:
 
 
 def _port_taken(host: str, port: int) -> ValueError:
-    return ValueError(f"port {port} of {init_address(host, port)} is taken (another engine or program listens "
-                      f"there): choose another, e.g. --init-method {init_address(host, 0)} (port 0 = a free one)")
+    return ValueError(
+        f"port {port} of {init_address(host, port)} is taken (another engine or program listens "
+        f"there): choose another, e.g. --init-method {init_address(host, 0)} (port 0 = a free one)"
+    )
 
 
 def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple]:
@@ -100,8 +103,10 @@ def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple]:
     try:
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as err:
-        raise ValueError(f"cannot resolve the host of {init_address(host, port)} ({err.strerror}): use an address "
-                         f"such as {init_address('127.0.0.1', port)}") from None
+        raise ValueError(
+            f"cannot resolve the host of {init_address(host, port)} ({err.strerror}): use an address "
+            f"such as {init_address('127.0.0.1', port)}"
+        ) from None
     return family, address
 
 
@@ -118,8 +123,10 @@ def _listen(host: str, port: int) -> socket.socket:
         if err.errno == errno.EADDRINUSE:
             raise _port_taken(host, port) from None
         if err.errno == errno.EACCES:
-            raise ValueError(f"port {port} needs privileges this process lacks: choose a port above 1023, "
-                             f"or {init_address(host, 0)} for a free one") from None
+            raise ValueError(
+                f"port {port} needs privileges this process lacks: choose a port above 1023, "
+                f"or {init_address(host, 0)} for a free one"
+            ) from None
         raise
     return sock
 
@@ -137,8 +144,15 @@ def host_store(init_method: str, connect_s: float) -> tuple[dist.TCPStore, str]:
     host, port = parse_init_method(init_method)
     sock = _listen(host, port)
     bound = sock.getsockname()[1]
-    store = dist.TCPStore(host, bound, 2, True, timeout=datetime.timedelta(seconds=connect_s), wait_for_workers=False,
-                          master_listen_fd=sock.detach())  # the store owns the socket from here
+    store = dist.TCPStore(
+        host,
+        bound,
+        2,
+        True,
+        timeout=datetime.timedelta(seconds=connect_s),
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )  # the store owns the socket from here
     store.set(CHALLENGE_KEY, secrets.token_hex(16))
     return store, init_address(host, bound)
 
@@ -208,8 +222,14 @@ class Endpoint:
     pinned when that is a CUDA device). One message at a time: a send or receive holds the link, so a keep-alive
     never lands inside a message. No single wait on the group is longer than `link_timeout_s`."""
 
-    def __init__(self, group: dist.ProcessGroup, rank: int, device: torch.device, store: dist.Store | None = None,
-                 link_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        rank: int,
+        device: torch.device,
+        store: dist.Store | None = None,
+        link_timeout_s: float = 300.0,
+    ):
         self.group = group
         self.peer = DRAFT_RANK if rank == TARGET_RANK else TARGET_RANK
         self.device = torch.device(device)
@@ -235,8 +255,9 @@ class Endpoint:
             raise DraftUnavailable(f"sending to the peer failed: {_reason(err)}") from None
 
     # -- receiving -------------------------------------------------------------------------------
-    def recv(self, timeout_s: float, expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
-             ) -> Message:
+    def recv(
+        self, timeout_s: float, expect_K: int | tuple[int, ...] | None = None, expect_V: int | None = None
+    ) -> Message:
         """The next message other than a KeepAlive, within `timeout_s`: one slice of at most the link's timeout at a
         time, each ended by a message (a KeepAlive starts the next slice)."""
         deadline = time.monotonic() + timeout_s
@@ -269,8 +290,9 @@ class Endpoint:
             self._wait(self.group.recv([buf], self.peer, 0), timeout_s)
         except RuntimeError as err:
             self.broken = True
-            raise DraftUnavailable(f"no message from the peer within {said_s:g} s or the link broke: "
-                                   f"{_reason(err)}") from None
+            raise DraftUnavailable(
+                f"no message from the peer within {said_s:g} s or the link broke: {_reason(err)}"
+            ) from None
         return buf
 
     # -- waits, keep-alives, closing -------------------------------------------------------------
@@ -322,8 +344,9 @@ class Endpoint:
             pass
 
 
-def connect(store: dist.Store, rank: int, device: torch.device, link_timeout_s: float,
-            backend: Backend = process_group) -> Endpoint:
+def connect(
+    store: dist.Store, rank: int, device: torch.device, link_timeout_s: float, backend: Backend = process_group
+) -> Endpoint:
     """`rank`'s side of the link over the rendezvous `store`, its group made by `backend` (process_group unless
     a test gives another) within `link_timeout_s` seconds, which also bounds every later wait on it. `device`: where
     this side computes (engine.ssd.placement)."""

@@ -88,9 +88,21 @@ def draft_compact(
     active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
     racing = [b for b, p in enumerate(params.params) if p.invariant] if isinstance(generator, Keys) else []
     later = later and not racing and N * K * V * logits.element_size() <= LATER_RANKING_BYTES
-    for i, (y, q, z, ids) in enumerate(draft_steps(state, logits, K, saguaro_top, C, params, generator, active,
-                                                   fed=active_fed, checks=checks,
-                                                   rank_depth=None if later else depth)):
+    for i, (y, q, z, ids) in enumerate(
+        draft_steps(
+            state,
+            logits,
+            K,
+            saguaro_top,
+            C,
+            params,
+            generator,
+            active,
+            fed=active_fed,
+            checks=checks,
+            rank_depth=None if later else depth,
+        )
+    ):
         ys.append(y)  # ids [N, M]: the ranking, made with y when greedy
         if later:
             zs.append(z)
@@ -130,7 +142,19 @@ def decode_branches(
     else:  # a copy of the row per branch, rolled back to x_1..x_k
         branch_state = state.fork(rows)
         branch_state.rollback([K - kb for kb in ks])  # exactly the state after x_1..x_k
-    tokens, q, ranking = draft_compact(branch_state, t[:, None], None, length, saguaro_top, C, params, generator,
-                                       depth, width=width, checks=checks, later=True)
+    tokens, q, ranking = draft_compact(
+        branch_state,
+        t[:, None],
+        None,
+        length,
+        saguaro_top,
+        C,
+        params,
+        generator,
+        depth,
+        width=width,
+        checks=checks,
+        later=True,
+    )
     on = t.device
     return Branches(branch_state, host.index(row, on), host.index(k, on), t, tokens, q, ranking)

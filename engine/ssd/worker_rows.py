@@ -25,8 +25,12 @@ class Rows:
         return Rows(*([getattr(self, f)[i] for i in rows] for f in ("seq_ids", "contexts", "params", "seeds")))
 
     def __add__(self, other: Rows) -> Rows:
-        return Rows(self.seq_ids + other.seq_ids, self.contexts + other.contexts, self.params + other.params,
-                    self.seeds + other.seeds)
+        return Rows(
+            self.seq_ids + other.seq_ids,
+            self.contexts + other.contexts,
+            self.params + other.params,
+            self.seeds + other.seeds,
+        )
 
     def keys(self, rows: list[int] | None = None, ahead: list[int] | int = 0) -> Keys:
         """Keyed random numbers for these rows (default: all), at the position of each one's next token (the

@@ -35,8 +35,10 @@ class NoDraft:
 
     def propose(self, rows: RowSampling, checks: Checks | None = None) -> Proposal:
         n = len(rows)
-        return Proposal(torch.zeros(n, 0, dtype=torch.long, device=self.device),
-                        torch.zeros(n, 0, self.vocab_size, device=self.device))
+        return Proposal(
+            torch.zeros(n, 0, dtype=torch.long, device=self.device),
+            torch.zeros(n, 0, self.vocab_size, device=self.device),
+        )
 
     def observe(self, result: Verification, verify_ms: float) -> None:
         pass

@@ -51,6 +51,7 @@ class Proposer(Protocol):
     name: str  # "ar", "sd" or "ssd": what the round records say
     K: int
     last_round: RoundTelemetry  # the telemetry of the last `propose`
+
     # What `propose` raises when the proposer is lost; () when it cannot be. A proposer that can be lost also
     # has `fallback(err, what) -> Proposer`: it stops, and returns the proposer that takes its rows over.
     @property

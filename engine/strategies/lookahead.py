@@ -88,8 +88,11 @@ class Lookahead:
             return k
         stamps, now = self._stamps()
         K_max = self._K_max()
-        stale = [k for k in (K - 1, K + 1) if self.spec.K_min <= k <= K_max and k in stamps
-                 and now - max(stamps[k], self.asked_at.get(k, 0)) > REFRESH]
+        stale = [
+            k
+            for k in (K - 1, K + 1)
+            if self.spec.K_min <= k <= K_max and k in stamps and now - max(stamps[k], self.asked_at.get(k, 0)) > REFRESH
+        ]
         if not stale:
             return K
         k = min(stale, key=stamps.get)

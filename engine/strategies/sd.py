@@ -94,9 +94,18 @@ class InProcessDraft:
         fed = self.state.extend(tokens, valid, fed=[len(t) for t in self.tails])  # [B, W, V]
         previous = self._late_ranks(fed) if self.record_outcomes else None
         K, logits = self.lookahead.choose(), fed[:, -1].float()
-        self.x, q, self.z = draft_from(self.state, logits, K, self.spec.saguaro_top(), self.spec.C, rows,
-                                       Keys.of(self.seeds, self.positions), stop_below=self.spec.confidence_stop,
-                                       keep_logits=self.record_outcomes, checks=checks)  # [B, K'], [B, K', V]
+        self.x, q, self.z = draft_from(
+            self.state,
+            logits,
+            K,
+            self.spec.saguaro_top(),
+            self.spec.C,
+            rows,
+            Keys.of(self.seeds, self.positions),
+            stop_below=self.spec.confidence_stop,
+            keep_logits=self.record_outcomes,
+            checks=checks,
+        )  # [B, K'], [B, K', V]
         self.K = self.x.shape[1]
         self.forwards = self.K + (self.K < K)  # the tail's feed included; a stopped block fed its last token to look
         self.interval.stop()
@@ -145,8 +154,11 @@ class InProcessDraft:
         if rejected:
             on = self.z[0].device
             z = torch.stack([self.z[accepted[b]][b] for b in rejected])  # [R, V] the logits where each was rejected
-            ranks = rank_of(z, host.tensor([bonus[b] for b in rejected], torch.long, on),
-                                      host.tensor([x[b][accepted[b]] for b in rejected], torch.long, on))
+            ranks = rank_of(
+                z,
+                host.tensor([bonus[b] for b in rejected], torch.long, on),
+                host.tensor([x[b][accepted[b]] for b in rejected], torch.long, on),
+            )
             self.rejected = (rejected, ranks)
         self.late = [b if kb == K else None for b, kb in enumerate(accepted)]
 

@@ -52,8 +52,15 @@ class DraftWorkerProposer:
     name = "ssd"
     faults = FAULTS
 
-    def __init__(self, open_channel: Callable[[], Channel], spec: SpeculativeConfig, vocab_size: int, pad_id: int,
-                 device: torch.device, draft: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        open_channel: Callable[[], Channel],
+        spec: SpeculativeConfig,
+        vocab_size: int,
+        pad_id: int,
+        device: torch.device,
+        draft: torch.nn.Module | None = None,
+    ):
         self.spec = spec
         self.K = spec.K  # length of the last speculation
         self.K_next: int | None = None  # length announced for the next one (None: not yet chosen)
@@ -82,8 +89,18 @@ class DraftWorkerProposer:
     def admit(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             p = s.params
-            self.rows.append(Join(s.seq_id, _draft_prompt(s), s.output_ids[-1], float(p.temperature),
-                                  p.top_k or 0, p.top_p or 1.0, s.seed, p.invariant))
+            self.rows.append(
+                Join(
+                    s.seq_id,
+                    _draft_prompt(s),
+                    s.output_ids[-1],
+                    float(p.temperature),
+                    p.top_k or 0,
+                    p.top_p or 1.0,
+                    s.seed,
+                    p.invariant,
+                )
+            )
         self.lookahead.admit(len(seqs))
 
     def prefetch(self, seqs: list[Sequence]) -> None:
@@ -126,20 +143,32 @@ class DraftWorkerProposer:
             if spec.tokens.shape == (B, K_miss) and K_miss != K and not any(spec.hits):
                 K = K_miss  # no row hit and the neural backup drafted: the shorter length the worker was offered
             if spec.tokens.shape != (B, K) or tuple(spec.q.shape) != (B, K, self.V):
-                raise MalformedMessage(f"speculation for {tuple(spec.tokens.shape)} tokens, expected ({B}, "
-                                       f"{K}) over V={self.V}")
+                raise MalformedMessage(
+                    f"speculation for {tuple(spec.tokens.shape)} tokens, expected ({B}, {K}) over V={self.V}"
+                )
             hits = iter(spec.hits)
             previous = [next(hits) if a else None for a in alive] if self.worker_rows else None
             self.rows, self.worker_rows, self.exchanges = list(range(B)), B, self.exchanges + 1
             self.accepted = self.bonus = None
             self.K, self.K_next = K, K_next
-            self.lookahead.answered(spec.hits[: sum(alive)], K, spec.backup_ms if spec.source and any(
-                s is Source.NEURAL for s in spec.source) else None, spec.cache_build_ms if any(alive) else None,
-                asked, spec.branches)
+            self.lookahead.answered(
+                spec.hits[: sum(alive)],
+                K,
+                spec.backup_ms if spec.source and any(s is Source.NEURAL for s in spec.source) else None,
+                spec.cache_build_ms if any(alive) else None,
+                asked,
+                spec.branches,
+            )
         backups = sorted({s.name.lower() for s in spec.source if s is not Source.HIT})
         self.last_round = RoundTelemetry(
-            draft_ms=wait_ms, draft_forwards=0, hit=spec.hits, cache_build_ms=spec.cache_build_ms,
-            branches=spec.branches, backup=",".join(backups) or None, backup_ms=spec.backup_ms, fanout=spec.fanout,
+            draft_ms=wait_ms,
+            draft_forwards=0,
+            hit=spec.hits,
+            cache_build_ms=spec.cache_build_ms,
+            branches=spec.branches,
+            backup=",".join(backups) or None,
+            backup_ms=spec.backup_ms,
+            fanout=spec.fanout,
             previous_outcome_hit=previous,
             previous_outcome_rank=[None if r < 0 else r for r in spec.ranks] if spec.ranks else None,
         )
@@ -171,10 +200,17 @@ class DraftWorkerProposer:
     def fallback(self, err: Exception, what: str = "failed") -> Proposer:
         """Stop the worker and return the proposer that goes on in its place (rows still to be admitted)."""
         self.close()
-        how = ("synchronous speculative decoding with the draft in the target process" if self.draft is not None
-               else "autoregressive decoding")
-        log.warning("SSD draft worker %s (%s); stopped it and continuing with %s (the output distribution is "
-                    "unchanged)", what, f"{type(err).__name__}: {err}", how)
+        how = (
+            "synchronous speculative decoding with the draft in the target process"
+            if self.draft is not None
+            else "autoregressive decoding"
+        )
+        log.warning(
+            "SSD draft worker %s (%s); stopped it and continuing with %s (the output distribution is unchanged)",
+            what,
+            f"{type(err).__name__}: {err}",
+            how,
+        )
         if self.draft is not None:
             return InProcessDraft(self.draft, self.spec, self.pad_id, self.device)
         return NoDraft(self.V, self.device)

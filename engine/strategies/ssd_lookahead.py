@@ -137,11 +137,18 @@ class SSDLookahead(Lookahead):
             return (K + 1) * t_forward + K * rows * per_row * t_branch
         if K in self.build_ms or len(self.build_ms) > 1:
             return read_off(self.build_ms, K)
-        (known, ms), = self.build_ms.items()
+        ((known, ms),) = self.build_ms.items()
         return ms * (K + 1) / (known + 1)
 
-    def answered(self, hits: list[bool], K: int, neural_backup_ms: float | None, build_ms: float | None = None,
-                 built_K: int | None = None, branches: int | None = None) -> None:
+    def answered(
+        self,
+        hits: list[bool],
+        K: int,
+        neural_backup_ms: float | None,
+        build_ms: float | None = None,
+        built_K: int | None = None,
+        branches: int | None = None,
+    ) -> None:
         """The worker's answer: the hit flag of each row that looked its outcome up, the length K of the
         speculation, the neural backup's time when it drafted some rows (None otherwise), and the time of the
         build of the cache it looked up, whose `branches` (over those rows) were `built_K` long."""

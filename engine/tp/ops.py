@@ -78,13 +78,14 @@ def on_cpu(op: Op) -> Op:
     return type(op)(**moved)
 
 
-def apply(envelope: Envelope, states: dict[int, KVState], model: torch.nn.Module, device: torch.device
-          ) -> Tensor | None:
+def apply(
+    envelope: Envelope, states: dict[int, KVState], model: torch.nn.Module, device: torch.device
+) -> Tensor | None:
     """Apply one message to this rank's states; an Extend returns the logits (rank 0 uses them)."""
     for sid in envelope.freed:
         states.pop(sid, None)
     op = envelope.op
-    here = (lambda t: None if t is None else t.to(device))  # noqa: E731
+    here = lambda t: None if t is None else t.to(device)  # noqa: E731
     if isinstance(op, NewState):
         states[op.sid] = KVState(model, op.batch_size, device)
     elif isinstance(op, Extend):

@@ -46,14 +46,21 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def join_group(rank: int, ranks: int, host: str, port: int, device: torch.device, start_s: float,
-               store: dist.Store | None = None) -> dist.ProcessGroup:
+def join_group(
+    rank: int, ranks: int, host: str, port: int, device: torch.device, start_s: float, store: dist.Store | None = None
+) -> dist.ProcessGroup:
     """Join the default process group (the shards' collectives) and return the gloo group of rank 0's messages."""
     if store is None:
         store = dist.TCPStore(host, port, ranks, False, timeout=datetime.timedelta(seconds=start_s))
         store.set(f"{JOINED_KEY}/{rank}", str(os.getpid()))
-    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=ranks, timeout=COLLECTIVE,
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        backend_for(device),
+        store=store,
+        rank=rank,
+        world_size=ranks,
+        timeout=COLLECTIVE,
+        device_id=device if device.type == "cuda" else None,
+    )
     return dist.new_group(backend="gloo", timeout=IDLE)
 
 

@@ -34,18 +34,24 @@ def shard_plan(config, ranks: int, speak: bool = True) -> dict[str, str] | None:
     transformers has no plan for."""
     base = getattr(config.get_text_config(), "base_model_tp_plan", None)
     if not base:
-        raise ValueError(f"transformers has no tensor-parallel plan for model type {config.model_type!r}: run "
-                         "this target with tp=1")
+        raise ValueError(
+            f"transformers has no tensor-parallel plan for model type {config.model_type!r}: run this target with tp=1"
+        )
     if heads_divide(config, ranks):
         return None
     text = config.get_text_config()
     prefix = AutoModelForCausalLM._model_mapping[type(config)].base_model_prefix  # the plan's rules sit under it
-    attention = {f"{prefix}.{rule}": "replicate" for rule in base
-                 if any(f".{m}." in f".{rule}." for m in ATTENTION_MODULES)}
+    attention = {
+        f"{prefix}.{rule}": "replicate" for rule in base if any(f".{m}." in f".{rule}." for m in ATTENTION_MODULES)
+    }
     if speak:
-        log.warning("%d attention heads (%s key-value heads) do not divide among %d ranks: every rank runs the "
-                "whole attention, and the MLP, embeddings and output head are sharded", text.num_attention_heads,
-                    getattr(text, "num_key_value_heads", None) or text.num_attention_heads, ranks)
+        log.warning(
+            "%d attention heads (%s key-value heads) do not divide among %d ranks: every rank runs the "
+            "whole attention, and the MLP, embeddings and output head are sharded",
+            text.num_attention_heads,
+            getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+            ranks,
+        )
     return attention
 
 
@@ -56,6 +62,7 @@ def load_shard(folder: str | Path, ranks: int, dtype: torch.dtype, speak: bool) 
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     plan = shard_plan(config, ranks, speak)
     distributed = DistributedConfig(tp_size=ranks, tp_plan=plan) if plan else DistributedConfig(tp_size=ranks)
-    model = AutoModelForCausalLM.from_pretrained(folder, distributed_config=distributed, dtype=dtype,
-                                                 local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, distributed_config=distributed, dtype=dtype, local_files_only=True
+    )
     return model.eval().requires_grad_(False)

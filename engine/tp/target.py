@@ -57,8 +57,15 @@ class TPRankDied(RuntimeError):
 class TPTarget:
     """Rank 0's handle on the target's ranks: its shard (`model`), the other ranks' processes, and the states."""
 
-    def __init__(self, model: PreTrainedModel, device: torch.device, processes: list, ctrl: dist.ProcessGroup,
-                 store: dist.Store, folder: Path | None):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        device: torch.device,
+        processes: list,
+        ctrl: dist.ProcessGroup,
+        store: dist.Store,
+        folder: Path | None,
+    ):
         self.model = model
         self.device = device
         self.processes = processes
@@ -95,8 +102,9 @@ class TPTarget:
         data = torch.frombuffer(bytearray(pickle.dumps(envelope)), dtype=torch.uint8)
 
         def send() -> None:
-            dist.broadcast(torch.tensor([data.numel()], dtype=torch.long), src=0, group=self.ctrl,
-                           async_op=True).wait(SEND)
+            dist.broadcast(torch.tensor([data.numel()], dtype=torch.long), src=0, group=self.ctrl, async_op=True).wait(
+                SEND
+            )
             dist.broadcast(data, src=0, group=self.ctrl, async_op=True).wait(SEND)
 
         self._guarded(send)
@@ -121,8 +129,10 @@ class TPTarget:
         while True:
             for rank, process in enumerate(self.processes, start=1):
                 if not process.is_alive():
-                    return (f"tensor-parallel rank {rank} of {len(self.processes) + 1} (pid {process.pid}) left: "
-                            f"{explain_exit(process.exitcode)}; the run cannot go on")
+                    return (
+                        f"tensor-parallel rank {rank} of {len(self.processes) + 1} (pid {process.pid}) left: "
+                        f"{explain_exit(process.exitcode)}; the run cannot go on"
+                    )
             if time.monotonic() > deadline:
                 return None
             time.sleep(POLL_S)
@@ -179,8 +189,9 @@ class TPState:
     def batch_size(self) -> int:
         return self.local.batch_size
 
-    def extend(self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0,
-               fed: list[int] | None = None) -> Tensor:
+    def extend(
+        self, tokens: Tensor, valid: Tensor | None = None, logits_to_keep: int = 0, fed: list[int] | None = None
+    ) -> Tensor:
         return self.target.run(Extend(self.sid, tokens, valid, logits_to_keep))
 
     def rollback(self, drop: Tensor | list[int]) -> None:
@@ -233,38 +244,74 @@ def start_target(target, config: EngineConfig, device: torch.device) -> tuple[TP
     object). ValueError for a device or a setting tensor parallelism cannot run on."""
     ranks = config.tp
     if dist.is_initialized():
-        raise ValueError("this process already runs a tensor-parallel target (torch.distributed's default group "
-                         "is taken): close that LLM first")
+        raise ValueError(
+            "this process already runs a tensor-parallel target (torch.distributed's default group "
+            "is taken): close that LLM first"
+        )
     if device.type == "cuda":
         if device.index not in (None, 0) or torch.cuda.device_count() < ranks:
-            raise ValueError(f"tp={ranks} puts rank r on cuda:r: use device 'cuda' on a machine with {ranks} "
-                             f"GPUs (it has {torch.cuda.device_count()})")
+            raise ValueError(
+                f"tp={ranks} puts rank r on cuda:r: use device 'cuda' on a machine with {ranks} "
+                f"GPUs (it has {torch.cuda.device_count()})"
+            )
     elif device.type != "cpu" or torch.cuda.is_available():
-        raise ValueError(f"tensor parallelism runs on the CPU (gloo) or on CUDA GPUs (NCCL), on the machine's "
-                         f"accelerator: use device 'cuda' here, not {str(device)!r}")
+        raise ValueError(
+            f"tensor parallelism runs on the CPU (gloo) or on CUDA GPUs (NCCL), on the machine's "
+            f"accelerator: use device 'cuda' here, not {str(device)!r}"
+        )
     refuse_unguarded_main()  # spawn re-runs an unguarded main script in every rank
     folder, temporary, tokenizer = _model_folder(target, config)
     from transformers import PreTrainedModel
 
     dtype = target.dtype if isinstance(target, PreTrainedModel) else TORCH_DTYPES[config.dtype]
     threads = config.threads or max(1, (os.cpu_count() or ranks) // ranks)
-    store = dist.TCPStore("127.0.0.1", 0, ranks, True, timeout=datetime.timedelta(
-        seconds=config.speculative.placement.start_deadline_s), wait_for_workers=False)
-    specs = [RankSpec(r, ranks, "127.0.0.1", store.port, str(_rank_device(device, r)), threads, str(folder), dtype,
-                      os.getpid(), threading.current_thread() is threading.main_thread(),
-                      config.speculative.placement.start_deadline_s) for r in range(1, ranks)]
-    processes = [mp.get_context("spawn").Process(target=serve, args=(s,), name=f"saguaro-tp{s.rank}", daemon=True)
-                 for s in specs]
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        ranks,
+        True,
+        timeout=datetime.timedelta(seconds=config.speculative.placement.start_deadline_s),
+        wait_for_workers=False,
+    )
+    specs = [
+        RankSpec(
+            r,
+            ranks,
+            "127.0.0.1",
+            store.port,
+            str(_rank_device(device, r)),
+            threads,
+            str(folder),
+            dtype,
+            os.getpid(),
+            threading.current_thread() is threading.main_thread(),
+            config.speculative.placement.start_deadline_s,
+        )
+        for r in range(1, ranks)
+    ]
+    processes = [
+        mp.get_context("spawn").Process(target=serve, args=(s,), name=f"saguaro-tp{s.rank}", daemon=True) for s in specs
+    ]
     try:
         for process in processes:
             spawn_with_sigint_blocked(process.start)
-        log.info("starting %d tensor-parallel ranks of the target (pids %s) ...", ranks - 1,
-                 ", ".join(str(p.pid) for p in processes))
+        log.info(
+            "starting %d tensor-parallel ranks of the target (pids %s) ...",
+            ranks - 1,
+            ", ".join(str(p.pid) for p in processes),
+        )
         _await_joined(store, processes, config.speculative.placement.start_deadline_s)
         if device.type == "cuda":
             torch.cuda.set_device(0)
-        ctrl = join_group(0, ranks, "127.0.0.1", store.port, _rank_device(device, 0),
-                          config.speculative.placement.start_deadline_s, store)
+        ctrl = join_group(
+            0,
+            ranks,
+            "127.0.0.1",
+            store.port,
+            _rank_device(device, 0),
+            config.speculative.placement.start_deadline_s,
+            store,
+        )
         from engine.loading.models import quiet_progress
         from engine.tp.shard import load_shard
 
@@ -275,8 +322,10 @@ def start_target(target, config: EngineConfig, device: torch.device) -> tuple[TP
         if isinstance(err, RuntimeError):
             dead = next((p for p in processes if p.exitcode not in (None, 0)), None)
             if dead is not None:
-                raise TPRankDied(f"a tensor-parallel rank (pid {dead.pid}) left while the target loaded: "
-                                 f"{explain_exit(dead.exitcode)}") from None
+                raise TPRankDied(
+                    f"a tensor-parallel rank (pid {dead.pid}) left while the target loaded: "
+                    f"{explain_exit(dead.exitcode)}"
+                ) from None
         raise
     return TPTarget(model, _rank_device(device, 0), processes, ctrl, store, temporary), tokenizer
 
@@ -288,8 +337,10 @@ def _await_joined(store: dist.TCPStore, processes: list, deadline_s: float) -> N
     while not store.check(keys):
         for process in processes:
             if not process.is_alive():
-                raise TPRankDied(f"a tensor-parallel rank (pid {process.pid}) left while it started: "
-                                 f"{explain_exit(process.exitcode)}")
+                raise TPRankDied(
+                    f"a tensor-parallel rank (pid {process.pid}) left while it started: "
+                    f"{explain_exit(process.exitcode)}"
+                )
         if time.monotonic() > deadline:
             raise TPRankDied(f"the tensor-parallel ranks did not start within {deadline_s:g} s")
         time.sleep(POLL_S)

@@ -67,14 +67,20 @@ class Streamed:
         if tokens == measured.output_tokens:
             return measured
         # the server's total disagrees with the chunk counts (no token_ids): TPOT over the reported tokens
-        return replace(measured, tpot_s=time_per_output_token(measured.ttft_s, measured.e2el_s, tokens),
-                       output_tokens=tokens)
+        return replace(
+            measured, tpot_s=time_per_output_token(measured.ttft_s, measured.e2el_s, tokens), output_tokens=tokens
+        )
 
 
 def payload(endpoint: str, model: str, call: Call) -> dict:
     """The JSON body of a streamed completions or chat completions request."""
-    body: dict = {"model": model, "max_tokens": call.max_tokens, "temperature": call.temperature, "stream": True,
-                  "stream_options": {"include_usage": True}}
+    body: dict = {
+        "model": model,
+        "max_tokens": call.max_tokens,
+        "temperature": call.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if call.system is not None and not isinstance(call.prompt, str):
         raise ValueError("a system prompt goes with text prompts: put it in the token ids instead")
     if endpoint == "chat":
@@ -126,7 +132,7 @@ async def _read_stream(response: httpx.Response, record: Streamed) -> None:
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue  # blank separators, comments (':'), event names
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             break
         now = time.perf_counter()
@@ -140,8 +146,14 @@ async def _read_stream(response: httpx.Response, record: Streamed) -> None:
             return
 
 
-async def stream(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float, deadline_s: float = math.inf,
-                 headers: dict[str, str] | None = None) -> Streamed:
+async def stream(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    timeout_s: float,
+    deadline_s: float = math.inf,
+    headers: dict[str, str] | None = None,
+) -> Streamed:
     """POST `body` to `url` and read its event stream to the end, within `timeout_s` in all and before the
     run's `deadline_s` (a time.perf_counter() reading)."""
     record = Streamed(sent_s=time.perf_counter())
@@ -156,8 +168,11 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict, timeout_s: flo
                 else:
                     await _read_stream(response, record)
     except TimeoutError:
-        record.error = ("deadline: the run's time was up before the answer was complete" if by_deadline
-                        else f"timeout: no complete answer within {timeout_s:g} s")
+        record.error = (
+            "deadline: the run's time was up before the answer was complete"
+            if by_deadline
+            else f"timeout: no complete answer within {timeout_s:g} s"
+        )
     except httpx.HTTPError as err:
         record.error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
     record.done_s = time.perf_counter()
@@ -188,5 +203,6 @@ async def served_model(client: httpx.AsyncClient, base_url: str, headers: dict[s
         response.raise_for_status()
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as err:
-        raise ValueError(f"cannot list the models at {base_url}/models ({type(err).__name__}: {err}): "
-                         f"give --model NAME") from None
+        raise ValueError(
+            f"cannot list the models at {base_url}/models ({type(err).__name__}: {err}): give --model NAME"
+        ) from None

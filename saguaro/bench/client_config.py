@@ -76,13 +76,16 @@ class ClientConfig:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "rates", tuple(float(r) for r in self.rates))
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"--url must be an http:// or https:// base URL such as http://127.0.0.1:8000/v1; "
-                             f"got {self.url!r}")
+            raise ValueError(
+                f"--url must be an http:// or https:// base URL such as http://127.0.0.1:8000/v1; got {self.url!r}"
+            )
         if self.endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {self.endpoint!r}; choose from {', '.join(ENDPOINTS)}")
         if bool(self.rates) == bool(self.concurrencies):
-            raise ValueError("give either --rate R ... (open loop, requests/s; inf = all at once) or --concurrency "
-                             "N ... (closed loop), not both and not neither")
+            raise ValueError(
+                "give either --rate R ... (open loop, requests/s; inf = all at once) or --concurrency "
+                "N ... (closed loop), not both and not neither"
+            )
         if any(not r > 0 for r in self.rates):
             raise ValueError(f"request rates must be > 0 per second (or inf); got {list(self.rates)}")
         if any(not isinstance(c, int) or c < 1 for c in self.concurrencies):

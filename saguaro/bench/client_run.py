@@ -28,8 +28,20 @@ from saguaro.formatting import format_table
 from saguaro.reporting.analysis.serving import point_summary
 
 log = logging.getLogger(__name__)
-COLUMNS = ["point", "completed", "failed", "not_sent", "requests_per_s", "output_tokens_per_s", "median_ttft_ms",
-           "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms"]
+COLUMNS = [
+    "point",
+    "completed",
+    "failed",
+    "not_sent",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+]
 SECRET_FLAGS = ("--api-key",)
 
 
@@ -60,14 +72,29 @@ def _line(point: Point, sent: Sent, prompt: Prompt, t0: float) -> dict:
     r = sent.record
     lat = r.latency()
     return {
-        "point": point.name, "rate": rate_json(point.rate_per_s), "concurrency": point.concurrency,
-        "index": sent.index, "prompt_id": prompt.id, "category": prompt.category, "task": prompt.task,
-        "scheduled_s": sent.scheduled_s, "sent_s": r.sent_s - t0, "done_s": r.done_s - t0,
-        "chunk_times_s": [t - t0 for t in r.chunk_times_s], "chunk_tokens": r.chunk_tokens,
-        "token_counts": r.token_counts, "prompt_tokens": r.prompt_tokens, "new_tokens": r.output_tokens,
-        "ttft_s": lat.ttft_s if lat else None, "tpot_s": lat.tpot_s if lat else None,
-        "itl_s": list(lat.itl_s) if lat else [], "e2el_s": lat.e2el_s if lat else None,
-        "chunks": len(r.chunk_times_s), "text": r.text, "finish_reason": r.finish_reason, "status": r.status,
+        "point": point.name,
+        "rate": rate_json(point.rate_per_s),
+        "concurrency": point.concurrency,
+        "index": sent.index,
+        "prompt_id": prompt.id,
+        "category": prompt.category,
+        "task": prompt.task,
+        "scheduled_s": sent.scheduled_s,
+        "sent_s": r.sent_s - t0,
+        "done_s": r.done_s - t0,
+        "chunk_times_s": [t - t0 for t in r.chunk_times_s],
+        "chunk_tokens": r.chunk_tokens,
+        "token_counts": r.token_counts,
+        "prompt_tokens": r.prompt_tokens,
+        "new_tokens": r.output_tokens,
+        "ttft_s": lat.ttft_s if lat else None,
+        "tpot_s": lat.tpot_s if lat else None,
+        "itl_s": list(lat.itl_s) if lat else [],
+        "e2el_s": lat.e2el_s if lat else None,
+        "chunks": len(r.chunk_times_s),
+        "text": r.text,
+        "finish_reason": r.finish_reason,
+        "status": r.status,
         "error": r.error,
     }
 
@@ -75,8 +102,9 @@ def _line(point: Point, sent: Sent, prompt: Prompt, t0: float) -> dict:
 class ClientBench:
     """Runs a ClientConfig against its server; `api_key` is sent as a bearer token and never saved."""
 
-    def __init__(self, config: ClientConfig, run_dir: RunDir, prompts: list[Prompt], model: str,
-                 api_key: str | None = None):
+    def __init__(
+        self, config: ClientConfig, run_dir: RunDir, prompts: list[Prompt], model: str, api_key: str | None = None
+    ):
         self.config, self.run_dir, self.prompts, self.model = config, run_dir, prompts, model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
@@ -95,20 +123,21 @@ class ClientBench:
         url = c.url + ENDPOINTS[c.endpoint]
         for i in range(c.warmup):
             call = self._call(i, self.prompts[i % len(self.prompts)])
-            record = await stream(client, url, payload(c.endpoint, self.model, call), c.timeout_s, deadline_s,
-                                  self._headers)
+            record = await stream(
+                client, url, payload(c.endpoint, self.model, call), c.timeout_s, deadline_s, self._headers
+            )
             if record.error is not None:
                 log.warning("warm-up request %d failed: %s", i, record.error)
 
-    async def _point(self, client: httpx.AsyncClient, point: Point,
-                     deadline_s: float) -> tuple[list[Sent], float, int]:
+    async def _point(self, client: httpx.AsyncClient, point: Point, deadline_s: float) -> tuple[list[Sent], float, int]:
         """The requests sent at this point, the point's start (perf_counter) and the peak in flight."""
         c = self.config
         url = c.url + ENDPOINTS[c.endpoint]
 
         async def send(index: int) -> Streamed:
-            return await stream(client, url, payload(c.endpoint, self.model, self._call(index)), c.timeout_s,
-                                deadline_s, self._headers)
+            return await stream(
+                client, url, payload(c.endpoint, self.model, self._call(index)), c.timeout_s, deadline_s, self._headers
+            )
 
         counted = InFlight(send)
         t0 = time.perf_counter()
@@ -135,9 +164,12 @@ class ClientBench:
                 sent, t0, peak = await self._point(client, point, deadline_s)
                 lines = [_line(point, s, self.prompt(s.index), t0) for s in sent]
                 self.run_dir.append_requests(lines)
-                summary = {**point_summary({**c.to_dict(), "model": self.model}, point.name, lines, c.num_prompts),
-                           "rate": rate_json(point.rate_per_s), "concurrency": point.concurrency,
-                           "peak_in_flight": peak}
+                summary = {
+                    **point_summary({**c.to_dict(), "model": self.model}, point.name, lines, c.num_prompts),
+                    "rate": rate_json(point.rate_per_s),
+                    "concurrency": point.concurrency,
+                    "peak_in_flight": peak,
+                }
                 self.run_dir.write_point(point.load.value, point.value, summary)
                 summaries.append(summary)
                 if on_point is not None:
@@ -146,26 +178,41 @@ class ClientBench:
 
     def run(self, on_point: Callable[[dict], None] | None = None) -> ClientOutcome:
         points, not_run = asyncio.run(self._run(on_point))
-        summary = {"run": self.run_dir.path.name, "kind": self.config.kind, "label": self.config.label,
-                   "url": self.config.url, "model": self.model, "points": points, "not_run": not_run}
+        summary = {
+            "run": self.run_dir.path.name,
+            "kind": self.config.kind,
+            "label": self.config.label,
+            "url": self.config.url,
+            "model": self.model,
+            "points": points,
+            "not_run": not_run,
+        }
         self.run_dir.write_summary(summary, markdown(summary))
         return ClientOutcome(self.run_dir, points, summary)
 
 
 def markdown(summary: dict) -> str:
     label = f" ({summary['label']})" if summary.get("label") else ""
-    lines = [f"# Client bench {summary['run']}{label}", "", f"Model `{summary['model']}` served at {summary['url']}.",
-             "", format_table(summary["points"], COLUMNS, markdown=True), ""]
+    lines = [
+        f"# Client bench {summary['run']}{label}",
+        "",
+        f"Model `{summary['model']}` served at {summary['url']}.",
+        "",
+        format_table(summary["points"], COLUMNS, markdown=True),
+        "",
+    ]
     if summary["not_run"]:
         lines += [f"Not run (the --deadline passed first): {', '.join(summary['not_run'])}.", ""]
     return "\n".join(lines)
 
 
-def start_client(config: ClientConfig, out: str | Path, name: str | None = None,
-                 api_key: str | None = None) -> ClientBench:
+def start_client(
+    config: ClientConfig, out: str | Path, name: str | None = None, api_key: str | None = None
+) -> ClientBench:
     """A ClientBench writing into a new run folder under `out` (the model asked of the server if not given)."""
-    prompts = load_prompts(config.prompts, config.warmup + config.num_prompts, list(config.categories) or None,
-                           config.prompt_order)
+    prompts = load_prompts(
+        config.prompts, config.warmup + config.num_prompts, list(config.categories) or None, config.prompt_order
+    )
     if config.endpoint == "chat" and any(p.text is None for p in prompts):
         raise ValueError("the chat endpoint takes text prompts: use --endpoint completions for token-id prompts")
     model = config.model

@@ -60,15 +60,21 @@ class Settings:
     def label(self) -> str:
         parts = []
         if self.adaptive:
-            parts.append("K=auto" + (f" K_min={self.K_min}" if self.K_min not in (None, 1) else "")
-                         + (f" cost={self.draft_cost:g}" if self.draft_cost is not None else ""))
+            parts.append(
+                "K=auto"
+                + (f" K_min={self.K_min}" if self.K_min not in (None, 1) else "")
+                + (f" cost={self.draft_cost:g}" if self.draft_cost is not None else "")
+            )
         elif self.K is not None:
             parts.append(f"K={self.K}")
         if self.confidence_stop is not None:
             parts.append(f"stop={self.confidence_stop:g}")
         if self.fanout is not None or self.budget == "auto":
-            parts.append(f"B={self.budget} {self.schedule}" if self.schedule != "explicit"
-                         else "F=" + "-".join(map(str, self.fanout)))
+            parts.append(
+                f"B={self.budget} {self.schedule}"
+                if self.schedule != "explicit"
+                else "F=" + "-".join(map(str, self.fanout))
+            )
         if self.C is not None and self.C != 1.0:
             parts.append(f"C={self.C:g}")
         if self.backup is not None:
@@ -173,12 +179,25 @@ class BenchConfig:
     sampling_modes: tuple[str, ...] = ("standard",)  # ar, sd, ssd at T > 0: standard and / or invariant
 
     def __post_init__(self) -> None:
-        for name in ("only", "systems", "categories", "Ks", "budgets", "schedules", "Cs", "backups", "temperatures",
-                     "batch_sizes", "compiled", "sampling_modes"):
+        for name in (
+            "only",
+            "systems",
+            "categories",
+            "Ks",
+            "budgets",
+            "schedules",
+            "Cs",
+            "backups",
+            "temperatures",
+            "batch_sizes",
+            "compiled",
+            "sampling_modes",
+        ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.sampling_modes or set(self.sampling_modes) - set(SAMPLING_MODES):
-            raise ValueError(f"sampling modes must be among {', '.join(SAMPLING_MODES)}, got "
-                             f"{list(self.sampling_modes)}")
+            raise ValueError(
+                f"sampling modes must be among {', '.join(SAMPLING_MODES)}, got {list(self.sampling_modes)}"
+            )
         if self.fanout is not None:
             object.__setattr__(self, "fanout", tuple(int(f) for f in self.fanout))
         unknown = set(self.systems) - set(SYSTEMS)
@@ -187,8 +206,7 @@ class BenchConfig:
         _positive_ints("K (-K)", tuple(k for k in self.Ks if k != AUTO), allow_empty=True)
         if not self.Ks:
             raise ValueError("give at least one value for -K")
-        _positive_ints("fan-out budget (--budget)", tuple(b for b in self.budgets if b != "auto"),
-                       allow_empty=True)
+        _positive_ints("fan-out budget (--budget)", tuple(b for b in self.budgets if b != "auto"), allow_empty=True)
         _positive_ints("batch size (--batch)", self.batch_sizes)
         if not self.compiled or any(not isinstance(c, bool) for c in self.compiled):
             raise ValueError(f"--compile takes off and / or on, got {list(self.compiled)}")
@@ -208,8 +226,11 @@ class BenchConfig:
             raise ValueError("-K auto is implemented for sd and ssd only: add sd or ssd to --systems")
         if self.confidence_stop is not None and "sd" not in self.systems:
             raise ValueError("--confidence-stop is implemented for sd only: add sd to --systems")
-        for name, given, allowed in (("schedule", self.schedules, SCHEDULES), ("backup", self.backups, BACKUPS),
-                                     ("dtype", (self.dtype,), DTYPES)):
+        for name, given, allowed in (
+            ("schedule", self.schedules, SCHEDULES),
+            ("backup", self.backups, BACKUPS),
+            ("dtype", (self.dtype,), DTYPES),
+        ):
             bad = set(given) - set(allowed)
             if bad or not given:
                 raise ValueError(f"unknown {name} {sorted(bad)}; choose from {', '.join(allowed)}")
@@ -217,14 +238,20 @@ class BenchConfig:
             raise ValueError(f"target_quant must be int8, int4 or unset (float weights), got {self.target_quant!r}")
         if self.draft_quant not in (None, "int8", "int4", "int8-dynamic"):
             raise ValueError(f"draft_quant must be int8, int4, int8-dynamic or unset, got {self.draft_quant!r}")
-        for name, head, body in (("target", self.target_head_quant, self.target_quant),
-                                 ("draft", self.draft_head_quant, self.draft_quant)):
+        for name, head, body in (
+            ("target", self.target_head_quant, self.target_quant),
+            ("draft", self.draft_head_quant, self.draft_quant),
+        ):
             if head is not None and (head not in ("int8", "int4") or body not in ("int8", "int4")):
-                raise ValueError(f"--{name}-head-quant takes int8 or int4 and needs --{name}-quant int8 or int4 "
-                                 f"(got head {head!r}, weights {body!r})")
+                raise ValueError(
+                    f"--{name}-head-quant takes int8 or int4 and needs --{name}-quant int8 or int4 "
+                    f"(got head {head!r}, weights {body!r})"
+                )
         if self.draft_int8 and self.draft_quant not in (None, "int8-dynamic"):
-            raise ValueError("--draft-int8 means --draft-quant int8-dynamic; drop one of them "
-                             f"(got --draft-quant {self.draft_quant})")
+            raise ValueError(
+                "--draft-int8 means --draft-quant int8-dynamic; drop one of them "
+                f"(got --draft-quant {self.draft_quant})"
+            )
         if self.quant_group_size not in (32, 64, 128):
             raise ValueError(f"--quant-group-size must be 32, 64 or 128, got {self.quant_group_size}")
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
@@ -246,13 +273,21 @@ class BenchConfig:
         if not 0 < self.fanout_alpha < 1 or not self.fanout_r > 0:
             raise ValueError("the geometric schedule needs 0 < --fanout-alpha < 1 and --fanout-r > 0")
         if any(not isinstance(o, str) or not o.split() for o in self.only):
-            raise ValueError(f"--only takes variant keys or parts of them (e.g. 'ssd K=3 B=8 uniform'), got "
-                             f"{list(self.only)}")
+            raise ValueError(
+                f"--only takes variant keys or parts of them (e.g. 'ssd K=3 B=8 uniform'), got {list(self.only)}"
+            )
         if self.fanout is not None:
-            if (len(self.Ks) != 1 or self.Ks[0] == AUTO or len(self.fanout) != self.Ks[0] + 1
-                    or min(self.fanout) < 0 or sum(self.fanout) < 1):
-                raise ValueError(f"an explicit --fanout needs one K and K+1 non-negative guesses F_0..F_K, "
-                                 f"got K={list(self.Ks)} and fanout {list(self.fanout)}")
+            if (
+                len(self.Ks) != 1
+                or self.Ks[0] == AUTO
+                or len(self.fanout) != self.Ks[0] + 1
+                or min(self.fanout) < 0
+                or sum(self.fanout) < 1
+            ):
+                raise ValueError(
+                    f"an explicit --fanout needs one K and K+1 non-negative guesses F_0..F_K, "
+                    f"got K={list(self.Ks)} and fanout {list(self.fanout)}"
+                )
         if self.only:
             self.grid()  # a pattern that picks nothing is refused now, not after the models have loaded
 
@@ -307,8 +342,10 @@ class BenchConfig:
             missing = [o for o in self.only if not any(matches(o, key) for key in every)]
             if missing:
                 keys = "; ".join(v.key for v in variants) or "none"
-                raise ValueError(f"--only {missing[0]!r} matches no variant of the grid the other flags give "
-                                 f"({keys}): widen the axes (-K, --budget, --schedule, ...) or fix the pattern")
+                raise ValueError(
+                    f"--only {missing[0]!r} matches no variant of the grid the other flags give "
+                    f"({keys}): widen the axes (-K, --budget, --schedule, ...) or fix the pattern"
+                )
             variants = [v for v in variants if any(matches(o, v.key) for o in self.only)]
             skipped = [(v, why) for v, why in skipped if any(matches(o, v.key) for o in self.only)]
         return variants, skipped
@@ -339,14 +376,20 @@ class BenchConfig:
             stop = self.confidence_stop
             return [Settings(T, b, K=K, C=C, confidence_stop=stop) for K in fixed for C in Cs] + [
                 Settings(T, b, K=AUTO_K_MAX, C=C, adaptive=True, confidence_stop=stop, **sd)
-                for C in Cs if AUTO in self.Ks]
+                for C in Cs
+                if AUTO in self.Ks
+            ]
         # ssd -K auto: K_max = AUTO_K_MAX; a fan-out given for K_max serves a shorter K as F_0..F_{K-1}, F_{K_max}
         auto = {"K_min": self.K_min, "draft_cost": self.draft_cost, "adaptive": True}
         return [
             Settings(T, b, K=K, C=C, budget=B, schedule=name, fanout=F, backup=backup)
-            for K in fixed for B, name, F in self.schedules_for(K) for C in Cs for backup in self.backups
+            for K in fixed
+            for B, name, F in self.schedules_for(K)
+            for C in Cs
+            for backup in self.backups
         ] + [
             Settings(T, b, K=AUTO_K_MAX, C=C, budget=B, schedule=name, fanout=F, backup=backup, **auto)
-            for B, name, F in (self.schedules_for(AUTO_K_MAX) if AUTO in self.Ks else []) for C in Cs
+            for B, name, F in (self.schedules_for(AUTO_K_MAX) if AUTO in self.Ks else [])
+            for C in Cs
             for backup in self.backups
         ]

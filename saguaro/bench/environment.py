@@ -10,8 +10,23 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("saguaro-ssd", "torch", "transformers", "tokenizers", "safetensors", "accelerate", "gguf", "numpy",
-            "scipy", "simpy", "matplotlib", "tqdm", "fastapi", "uvicorn", "llama-cpp-python")
+PACKAGES = (
+    "saguaro-ssd",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "accelerate",
+    "gguf",
+    "numpy",
+    "scipy",
+    "simpy",
+    "matplotlib",
+    "tqdm",
+    "fastapi",
+    "uvicorn",
+    "llama-cpp-python",
+)
 REPO = Path(__file__).resolve().parents[2]  # the checkout (this file is saguaro/bench/environment.py)
 
 
@@ -60,6 +75,7 @@ def _memory_gib() -> float | None:
 
 def git_state(repo: Path = REPO) -> dict:
     """The commit and whether the tree had local changes; None fields when git is not available."""
+
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)

@@ -32,8 +32,21 @@ from saguaro.bench.runfolder import RunDir
 from saguaro.formatting import format_table
 from theory.latency import statistics, time_per_output_token
 
-COLUMNS = ["client", "point", "completed", "failed", "requests_per_s", "output_tokens_per_s", "p50_ttft_ms",
-           "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms", "guidellm_itl_ms"]
+COLUMNS = [
+    "client",
+    "point",
+    "completed",
+    "failed",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "p50_ttft_ms",
+    "p99_ttft_ms",
+    "p50_tpot_ms",
+    "p99_tpot_ms",
+    "p50_itl_ms",
+    "p99_itl_ms",
+    "guidellm_itl_ms",
+]
 
 
 def write_data(run_dir: str | Path, max_new_tokens: int, out: str | Path) -> int:
@@ -43,19 +56,34 @@ def write_data(run_dir: str | Path, max_new_tokens: int, out: str | Path) -> int
         raise ValueError(f"{run_dir} has no prompts.jsonl: give a `saguaro bench --url` run folder")
     if any(p.text is None for p in prompts):
         raise ValueError("guidellm sends text prompts: use a prompt set of text (spec_bench, humaneval)")
-    lines = [json.dumps({"prompt": p.text, "output_tokens_count": max_new_tokens}, ensure_ascii=False)
-             for p in prompts]
+    lines = [json.dumps({"prompt": p.text, "output_tokens_count": max_new_tokens}, ensure_ascii=False) for p in prompts]
     Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return len(lines)
 
 
-def _row(client: str, point: str, ttft_s: list[float], tpot_s: list[float], itl_s: list[float],
-         tokens: int, completed: int, failed: int, span_s: float) -> dict:
-    ms = {name: statistics([1e3 * v for v in values]) for name, values in
-          (("ttft", ttft_s), ("tpot", tpot_s), ("itl", itl_s))}
-    row = {"client": client, "point": point, "completed": completed, "failed": failed,
-           "requests_per_s": completed / span_s if span_s > 0 else None,
-           "output_tokens_per_s": tokens / span_s if span_s > 0 else None}
+def _row(
+    client: str,
+    point: str,
+    ttft_s: list[float],
+    tpot_s: list[float],
+    itl_s: list[float],
+    tokens: int,
+    completed: int,
+    failed: int,
+    span_s: float,
+) -> dict:
+    ms = {
+        name: statistics([1e3 * v for v in values])
+        for name, values in (("ttft", ttft_s), ("tpot", tpot_s), ("itl", itl_s))
+    }
+    row = {
+        "client": client,
+        "point": point,
+        "completed": completed,
+        "failed": failed,
+        "requests_per_s": completed / span_s if span_s > 0 else None,
+        "output_tokens_per_s": tokens / span_s if span_s > 0 else None,
+    }
     for name, stats in ms.items():
         for p in ("p50", "p99"):
             value = stats[p]
@@ -71,9 +99,19 @@ def saguaro_rows(run_dir: str | Path) -> list[dict]:
         mine = [r for r in lines if r["point"] == point]
         ok = [r for r in mine if r.get("error") is None]
         span = max((r["done_s"] for r in mine), default=0.0) - min((r["sent_s"] for r in mine), default=0.0)
-        rows.append(_row("saguaro bench", point, [r["ttft_s"] for r in ok],
-                         [r["tpot_s"] for r in ok if r["tpot_s"] is not None], [g for r in ok for g in r["itl_s"]],
-                         sum(r["new_tokens"] for r in ok), len(ok), len(mine) - len(ok), span))
+        rows.append(
+            _row(
+                "saguaro bench",
+                point,
+                [r["ttft_s"] for r in ok],
+                [r["tpot_s"] for r in ok if r["tpot_s"] is not None],
+                [g for r in ok for g in r["itl_s"]],
+                sum(r["new_tokens"] for r in ok),
+                len(ok),
+                len(mine) - len(ok),
+                span,
+            )
+        )
     return rows
 
 
@@ -111,8 +149,9 @@ def guidellm_rows(report: str | Path) -> list[dict]:
         for r in (requests.get("errored") or []) + (requests.get("incomplete") or []):
             starts.append(r["info"]["timings"].get("request_start") or min(starts, default=0.0))
         span = max(ends, default=0.0) - min(starts, default=0.0)
-        row = _row("guidellm", _point_name(bench["config"]["strategy"]), ttft, tpot, [], tokens, len(ttft),
-                   failed, span)
+        row = _row(
+            "guidellm", _point_name(bench["config"]["strategy"]), ttft, tpot, [], tokens, len(ttft), failed, span
+        )
         reported = bench["metrics"].get("inter_token_latency_ms", {}).get("successful", {})
         row["guidellm_itl_ms"] = reported.get("median")
         rows.append(row)
@@ -126,8 +165,11 @@ def compare(saguaro_runs: list[str | Path], guidellm_reports: list[str | Path]) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m saguaro.bench.guidellm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m saguaro.bench.guidellm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     data = sub.add_parser("data", help="guidellm's dataset from a saguaro bench run's prompts")
     data.add_argument("run", type=Path)

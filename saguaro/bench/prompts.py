@@ -39,8 +39,12 @@ def _spec_bench() -> list[Prompt]:
     text = resources.files("saguaro.bench").joinpath("data/spec_bench.jsonl").read_text(encoding="utf-8")
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [
-        Prompt(f"spec_bench/{r['question_id']}", r["category"],
-               r["category"] if r["category"] in SPEC_BENCH_TASKS else "mt_bench", r["turns"][0])
+        Prompt(
+            f"spec_bench/{r['question_id']}",
+            r["category"],
+            r["category"] if r["category"] in SPEC_BENCH_TASKS else "mt_bench",
+            r["turns"][0],
+        )
         for r in rows
     ]
 
@@ -50,8 +54,7 @@ def _humaneval() -> list[Prompt]:
     text = resources.files("saguaro.bench").joinpath("data/humaneval.jsonl").read_text(encoding="utf-8")
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [
-        Prompt(r["task_id"], "humaneval", "humaneval", "Complete this Python function.\n\n" + r["prompt"])
-        for r in rows
+        Prompt(r["task_id"], "humaneval", "humaneval", "Complete this Python function.\n\n" + r["prompt"]) for r in rows
     ]
 
 
@@ -69,11 +72,14 @@ def _jsonl_row(row: object, where: str, default_id: str, default_category: str) 
     elif not isinstance(text, str) or not text.strip():
         raise ValueError(f"{where}: needs a non-empty 'prompt' (or 'turns') text, or an 'ids' list of token ids")
     elif not _encodes(text):
-        raise ValueError(f"{where}: the prompt holds a lone surrogate (an escape such as \\udcff that is not a "
-                         "character): write the text itself in UTF-8")
+        raise ValueError(
+            f"{where}: the prompt holds a lone surrogate (an escape such as \\udcff that is not a "
+            "character): write the text itself in UTF-8"
+        )
     category = str(row.get("category", default_category))
-    return Prompt(str(row.get("id", default_id)), category, str(row.get("task", category)),
-                  None if ids is not None else text, ids)
+    return Prompt(
+        str(row.get("id", default_id)), category, str(row.get("task", category)), None if ids is not None else text, ids
+    )
 
 
 def _read_utf8(path: Path) -> str:
@@ -81,9 +87,11 @@ def _read_utf8(path: Path) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}): "
-                         "save the file as UTF-8 (iconv -t UTF-8)") from None
+        line = raw[: err.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}:{line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}): "
+            "save the file as UTF-8 (iconv -t UTF-8)"
+        ) from None
 
 
 def _jsonl(path: Path) -> list[Prompt]:
@@ -120,8 +128,9 @@ def round_robin(prompts: list[Prompt]) -> list[Prompt]:
     return [p for group in zip_longest(*by_task.values()) for p in group if p is not None]
 
 
-def load_prompts(source: str, n: int | None = None, categories: list[str] | None = None,
-                 order: str = "round-robin") -> list[Prompt]:
+def load_prompts(
+    source: str, n: int | None = None, categories: list[str] | None = None, order: str = "round-robin"
+) -> list[Prompt]:
     """n prompts of a set ("spec_bench", "humaneval") or of a JSONL file.
 
     `order`: "round-robin" (default) takes them across tasks, so a small n covers every task; "file" takes

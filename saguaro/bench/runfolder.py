@@ -130,14 +130,27 @@ class RunDir:
         rows = _read_jsonl(self.path / PROMPTS, repair=False)
         if not rows:
             return None
-        return [Prompt(r["id"], r["category"], r["task"], r.get("text"),
-                       tuple(r["ids"]) if r.get("ids") is not None else None) for r in rows]
+        return [
+            Prompt(
+                r["id"], r["category"], r["task"], r.get("text"), tuple(r["ids"]) if r.get("ids") is not None else None
+            )
+            for r in rows
+        ]
 
     def write_prompts(self, prompts: list[Prompt]) -> None:
-        self._rewrite(PROMPTS, [
-            {"id": p.id, "category": p.category, "task": p.task, "text": p.text,
-             "ids": list(p.ids) if p.ids is not None else None} for p in prompts
-        ])
+        self._rewrite(
+            PROMPTS,
+            [
+                {
+                    "id": p.id,
+                    "category": p.category,
+                    "task": p.task,
+                    "text": p.text,
+                    "ids": list(p.ids) if p.ids is not None else None,
+                }
+                for p in prompts
+            ],
+        )
 
     # -- results and rounds ----------------------------------------------------------------------
     def results(self) -> list[dict]:
@@ -181,8 +194,7 @@ class RunDir:
         """The entries of disturbed.json (none when the run was not marked)."""
         return read_disturbances(self.path)
 
-    def mark_disturbed(self, reason: str, keys: list[str] | None = None,
-                       prompt_ids: list[str] | None = None) -> None:
+    def mark_disturbed(self, reason: str, keys: list[str] | None = None, prompt_ids: list[str] | None = None) -> None:
         """Record that these variants' (None: all) requests for these prompts (None: all) were disturbed."""
         if not reason.strip():
             raise ValueError("say what disturbed the run (e.g. 'a debugging job ran on the worker's core')")
@@ -216,6 +228,8 @@ def read_disturbances(path: Path) -> list[dict]:
     except (json.JSONDecodeError, AttributeError):
         entries = None
     if not isinstance(entries, list) or not all(isinstance(e, dict) and e.get("reason") for e in entries):
-        raise ValueError(f"{file} is malformed: write {{\"disturbed\": [{{\"reason\": \"...\", \"keys\": null, "
-                         f"\"prompt_ids\": null}}]}} (keys, prompt_ids: lists, or null for all)")
+        raise ValueError(
+            f'{file} is malformed: write {{"disturbed": [{{"reason": "...", "keys": null, '
+            f'"prompt_ids": null}}]}} (keys, prompt_ids: lists, or null for all)'
+        )
     return entries

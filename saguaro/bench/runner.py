@@ -60,14 +60,20 @@ class Bench:
     pass a statistical stand-in with the same interface.
     """
 
-    def __init__(self, config: BenchConfig, run_dir: RunDir, models: Models | None = None,
-                 systems: Callable[[BenchConfig], Systems] | None = None):
+    def __init__(
+        self,
+        config: BenchConfig,
+        run_dir: RunDir,
+        models: Models | None = None,
+        systems: Callable[[BenchConfig], Systems] | None = None,
+    ):
         self.config = config
         self.run_dir = run_dir
         self.prompts = run_dir.prompts()
         if self.prompts is None:  # a new run: select the prompts and keep a copy beside the results
-            self.prompts = load_prompts(config.prompts, config.n_prompts, list(config.categories) or None,
-                                        config.prompt_order)
+            self.prompts = load_prompts(
+                config.prompts, config.n_prompts, list(config.categories) or None, config.prompt_order
+            )
             run_dir.write_prompts(self.prompts)
         self._models = models
         self._systems = systems
@@ -93,13 +99,17 @@ class Bench:
             raise ValueError(
                 f"{engines_left + 1} SSD engines would stay alive together (--order interleaved), about "
                 f"{cost / 2**30:.1f} GiB each, and only {left / 2**30:.1f} GiB is left after the first: use "
-                f"--order grouped (one engine at a time) or fewer SSD variants")
+                f"--order grouped (one engine at a time) or fewer SSD variants"
+            )
 
     def params(self, T: float, batch_index: int, warmup: bool = False, mode: str | None = None) -> SamplingParams:
         c = self.config
         return SamplingParams(
-            temperature=T, max_new_tokens=c.warmup_tokens if warmup else c.max_new_tokens,
-            stop_on_eos=c.stop_on_eos, seed=c.seed + batch_index, sampling_mode=mode or "standard",
+            temperature=T,
+            max_new_tokens=c.warmup_tokens if warmup else c.max_new_tokens,
+            stop_on_eos=c.stop_on_eos,
+            seed=c.seed + batch_index,
+            sampling_mode=mode or "standard",
         )
 
     def units(self, variants: list[Variant]) -> list[tuple[Variant, int, list[Prompt]]]:
@@ -140,8 +150,13 @@ class Bench:
             if models is None:
                 c = self.config
                 start = time.perf_counter()
-                say("loading %s (%s) and draft %s (%s) ...", c.target, c.target_quant or c.dtype, c.draft,
-                    c.draft_quant or ("int8-dynamic" if c.draft_int8 else c.draft_dtype or c.dtype))
+                say(
+                    "loading %s (%s) and draft %s (%s) ...",
+                    c.target,
+                    c.target_quant or c.dtype,
+                    c.draft,
+                    c.draft_quant or ("int8-dynamic" if c.draft_int8 else c.draft_dtype or c.dtype),
+                )
                 models = Models.load(c)
                 say("... loaded in %.1f s", time.perf_counter() - start)
             systems = Systems(models, self.config)
@@ -168,8 +183,11 @@ class Bench:
             todo = [u for u in todo if u[0].key not in blocked]
             ssd_engines = {Systems.engine_key(v) for v, _, _ in todo if v.system == "ssd"}
             if not grouped and len(ssd_engines) > MANY_SSD_ENGINES:
-                log.warning("%d SSD engines stay alive together, each with a draft worker process holding the "
-                            "draft: if memory runs short, use --order grouped", len(ssd_engines))
+                log.warning(
+                    "%d SSD engines stay alive together, each with a draft worker process holding the "
+                    "draft: if memory runs short, use --order grouped",
+                    len(ssd_engines),
+                )
             last_of_engine = {Systems.engine_key(v): n for n, (v, _, _) in enumerate(todo)}
             if not grouped:
                 self._warm_up(systems, dict.fromkeys(u[0] for u in todo))
@@ -198,14 +216,20 @@ class Bench:
             self._say("warming up %s ...", v.key)
             for _ in range(self.config.warmup):
                 try:
-                    systems.run(v, prompts, self.params(v.settings.temperature, 0, warmup=True,
-                                                        mode=v.settings.sampling_mode))
+                    systems.run(
+                        v, prompts, self.params(v.settings.temperature, 0, warmup=True, mode=v.settings.sampling_mode)
+                    )
                 except Exception as err:  # noqa: BLE001  recorded when the real call fails the same way
                     log.warning("warm-up of %s failed: %s", v.key, err)
 
     def _run_unit(self, systems: Systems, v: Variant, index: int, prompts: list[Prompt]) -> int:
-        ident = {"key": v.key, "system": v.system, "settings": v.settings.to_dict(), "batch_index": index,
-                 "batch_size": len(prompts)}
+        ident = {
+            "key": v.key,
+            "system": v.system,
+            "settings": v.settings.to_dict(),
+            "batch_index": index,
+            "batch_size": len(prompts),
+        }
         described = [{**ident, "prompt_id": p.id, "category": p.category, "task": p.task} for p in prompts]
         load = OtherLoad.now()
         try:
@@ -227,7 +251,7 @@ class Bench:
 
 
 def progress_line(n: int, total: int, v: Variant, index: int, prompts: list[Prompt], elapsed_s: float) -> str:
-    """"[3/40] ssd K=4 B=12 uniform neural T=0 b=1, batch 2: prompt tiny/3 (12 s so far, about 150 s left) ..."."""
+    """ "[3/40] ssd K=4 B=12 uniform neural T=0 b=1, batch 2: prompt tiny/3 (12 s so far, about 150 s left) ..."."""
     ids = ", ".join(p.id for p in prompts)
     which = f"prompt{'s' if len(prompts) > 1 else ''} {ids}"
     left = f", about {elapsed_s / n * (total - n):.0f} s left" if n else ""
@@ -246,8 +270,10 @@ def _ignored_settings(systems, v: Variant) -> str | None:
     if spec is None:
         return None
     if spec.adaptive != bool(s.adaptive) or spec.confidence_stop != s.confidence_stop:
-        return ("this saguaro/bench/systems.py builds SD without the variant's adaptive K / confidence stop "
-                "(it must pass Settings.speculative_kwargs() to SpeculativeConfig)")
+        return (
+            "this saguaro/bench/systems.py builds SD without the variant's adaptive K / confidence stop "
+            "(it must pass Settings.speculative_kwargs() to SpeculativeConfig)"
+        )
     return None
 
 
@@ -256,12 +282,16 @@ def start(config: BenchConfig, out: str, name: str | None = None, models: Models
     import torch
 
     # "auto" resolved once, here, so the run folder records what loaded and a resumed run loads the same
-    config = replace(config, dtype=resolve_dtype(config.dtype),
-                     draft_dtype=None if config.draft_dtype is None else resolve_dtype(config.draft_dtype))
+    config = replace(
+        config,
+        dtype=resolve_dtype(config.dtype),
+        draft_dtype=None if config.draft_dtype is None else resolve_dtype(config.draft_dtype),
+    )
     if config.threads:
         torch.set_num_threads(config.threads)
-    run_dir = RunDir.create(out, name or config.prompts.rsplit("/", 1)[-1], config.to_dict(),
-                            environment(torch.get_num_threads()))
+    run_dir = RunDir.create(
+        out, name or config.prompts.rsplit("/", 1)[-1], config.to_dict(), environment(torch.get_num_threads())
+    )
     return Bench(config, run_dir, models)
 
 

@@ -42,6 +42,7 @@ class BadRequest:
 
 def bad_requests(model: str) -> list[BadRequest]:
     """Requests the server must refuse, each with the status it must answer."""
+
     def body(**fields) -> bytes:
         return json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4, **fields}).encode()
 
@@ -52,8 +53,14 @@ def bad_requests(model: str) -> list[BadRequest]:
         BadRequest("structured output", 400, body(response_format={"type": "json_object"})),
         BadRequest("temperature a string", 400, body(temperature="hot")),
         BadRequest("over the context", 400, body(max_tokens=10**7)),
-        BadRequest("tools", 400, json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                             "tools": [{"type": "function"}]}).encode(), "/v1/chat/completions"),
+        BadRequest(
+            "tools",
+            400,
+            json.dumps(
+                {"model": model, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}
+            ).encode(),
+            "/v1/chat/completions",
+        ),
     ]
 
 
@@ -65,8 +72,13 @@ def _tokens(event: dict) -> list[int]:
 class Soak:
     """Runs a SoakConfig. `fault` is called once at `fault_at_s`; `rss` returns the server's resident bytes."""
 
-    def __init__(self, config: SoakConfig, *, fault: Callable[[], None] | None = None,
-                 rss: Callable[[], int | None] | None = None):
+    def __init__(
+        self,
+        config: SoakConfig,
+        *,
+        fault: Callable[[], None] | None = None,
+        rss: Callable[[], int | None] | None = None,
+    ):
         self.config = config
         self.fault = fault
         self.rss = rss or (lambda: None)
@@ -74,8 +86,14 @@ class Soak:
 
     def _body(self, prompt: int, stream: bool) -> dict:
         p = self.config.prompts[prompt]
-        return {"model": self.config.model, "prompt": p if isinstance(p, str) else list(p),
-                "max_tokens": self.config.max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+        return {
+            "model": self.config.model,
+            "prompt": p if isinstance(p, str) else list(p),
+            "max_tokens": self.config.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": stream,
+        }
 
     async def _solo(self, client: httpx.AsyncClient) -> list[list[int]]:
         solo = []
@@ -85,8 +103,9 @@ class Soak:
             solo.append(response.json()["choices"][0]["token_ids"])
         return solo
 
-    async def _stream(self, client: httpx.AsyncClient, sent: Sent, solo: list[int], leave_after: int | None,
-                      t0: float) -> None:
+    async def _stream(
+        self, client: httpx.AsyncClient, sent: Sent, solo: list[int], leave_after: int | None, t0: float
+    ) -> None:
         tokens, done = [], False
         async with client.stream("POST", "/v1/completions", json=self._body(sent.prompt, True)) as response:
             sent.status = response.status_code
@@ -136,8 +155,9 @@ class Soak:
         shaped = set(response.json().get("error", {})) >= {"message", "type", "param", "code"}
         sent.outcome = Outcome.REFUSED if response.status_code == bad.status and shaped else Outcome.UNEXPECTED
 
-    async def _one(self, client: httpx.AsyncClient, rng: np.random.Generator, solo: list[list[int]],
-                   start: float) -> Sent:
+    async def _one(
+        self, client: httpx.AsyncClient, rng: np.random.Generator, solo: list[list[int]], start: float
+    ) -> Sent:
         kind = list(Kind)[int(rng.choice(len(Kind), p=self.config.shares))]
         prompt = int(rng.integers(len(self.config.prompts))) if kind is not Kind.BAD else None
         leave_after = int(rng.integers(1, 4)) if kind is Kind.LEAVE else None
@@ -158,8 +178,9 @@ class Soak:
             sent.outcome, sent.detail = Outcome.LOST, f"{type(err).__name__}: {err}"
         return sent
 
-    async def _user(self, client: httpx.AsyncClient, user: int, solo: list[list[int]], start: float,
-                    end: float, out: list[Sent]) -> None:
+    async def _user(
+        self, client: httpx.AsyncClient, user: int, solo: list[list[int]], start: float, end: float, out: list[Sent]
+    ) -> None:
         rng = np.random.default_rng([self.config.seed, user])
         while time.perf_counter() < end:
             out.append(await self._one(client, rng, solo, start))
@@ -193,8 +214,10 @@ class Soak:
             result = SoakResult(c, await self._solo(client))
             result.rss_at_start = self.rss()
             start = time.perf_counter()
-            tasks = [asyncio.create_task(self._user(client, u, result.solo, start, start + c.duration_s,
-                                                    result.requests)) for u in range(c.concurrency)]
+            tasks = [
+                asyncio.create_task(self._user(client, u, result.solo, start, start + c.duration_s, result.requests))
+                for u in range(c.concurrency)
+            ]
             if self.fault is not None and c.fault_at_s is not None and c.fault_at_s < c.duration_s:
                 tasks.append(asyncio.create_task(self._inject(start, result)))
             tasks.append(asyncio.create_task(self._sample_rss(start, start + c.duration_s, result)))
@@ -209,6 +232,9 @@ class Soak:
 
 def _gauge(exposition: str, name: str) -> float | None:
     """The sum of a gauge's samples in Prometheus text (None if absent)."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines()
-              if line.startswith(name + "{") or line.startswith(name + " ")]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in exposition.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    ]
     return sum(values) if values else None

@@ -147,17 +147,26 @@ class SoakResult:
         warm, end = self.config.warmup_end_s, self.config.duration_s
         fault = self.fault_s if self.fault_s is not None else end
         return {
-            "duration_s": self.config.duration_s, "concurrency": self.config.concurrency,
-            "requests": len(self.requests), "by_kind": dict(kinds), "outcomes": dict(outcomes),
-            "failures": self.failures, "fault_s": self.fault_s, "healthy_at_end": self.healthy_at_end,
+            "duration_s": self.config.duration_s,
+            "concurrency": self.config.concurrency,
+            "requests": len(self.requests),
+            "by_kind": dict(kinds),
+            "outcomes": dict(outcomes),
+            "failures": self.failures,
+            "fault_s": self.fault_s,
+            "healthy_at_end": self.healthy_at_end,
             "running_at_end": self.running_at_end,
-            "warmup_s": warm, "rss_at_start_mib": _mib(self.rss_at_start),
-            "rss_after_warmup_mib": _mib(self.rss_after_warmup), "rss_before_fault_mib": _mib(before),
-            "rss_after_fault_mib": _mib(after), "rss_end_mib": _mib(self.rss_end),
+            "warmup_s": warm,
+            "rss_at_start_mib": _mib(self.rss_at_start),
+            "rss_after_warmup_mib": _mib(self.rss_after_warmup),
+            "rss_before_fault_mib": _mib(before),
+            "rss_after_fault_mib": _mib(after),
+            "rss_end_mib": _mib(self.rss_end),
             "rss_growth_before_fault": _growth(self.rss_after_warmup, before),
             "rss_growth_after_fault": _growth(after, self.rss_end),
             "rss_slope_before_fault_mib_min": self.rss_slope((warm + fault) / 2, fault),
-            "rss_slope_after_fault_mib_min": self.rss_slope(fault + SETTLE_S, end) if self.fault_s is not None
+            "rss_slope_after_fault_mib_min": self.rss_slope(fault + SETTLE_S, end)
+            if self.fault_s is not None
             else None,
             "p50_ttft_ms": 1e3 * median(ttfts) if ttfts else None,
             "p99_ttft_ms": 1e3 * float(np.percentile(ttfts, 99)) if ttfts else None,
@@ -182,21 +191,31 @@ def markdown(summary: dict) -> str:
         {"what": "requests in all", "value": summary["requests"]},
         {"what": "failures (lost, hung, mismatched, unexpected status)", "value": summary["failures"]},
         {"what": "draft worker killed at", "value": number(summary["fault_s"], " s")},
-        {"what": "healthy, no request running at the end", "value":
-            "yes" if summary["healthy_at_end"] and not summary["running_at_end"] else "no"},
-        {"what": "server RSS at the start of the load (after the solo pass)",
-         "value": number(summary["rss_at_start_mib"], " MiB")},
-        {"what": f"server RSS after warm-up ({warm:g} s of load)",
-         "value": number(summary["rss_after_warmup_mib"], " MiB")},
+        {
+            "what": "healthy, no request running at the end",
+            "value": "yes" if summary["healthy_at_end"] and not summary["running_at_end"] else "no",
+        },
+        {
+            "what": "server RSS at the start of the load (after the solo pass)",
+            "value": number(summary["rss_at_start_mib"], " MiB"),
+        },
+        {
+            "what": f"server RSS after warm-up ({warm:g} s of load)",
+            "value": number(summary["rss_after_warmup_mib"], " MiB"),
+        },
         {"what": "server RSS just before the fault", "value": number(summary["rss_before_fault_mib"], " MiB")},
         {"what": f"server RSS {SETTLE_S:g} s after the fault", "value": number(summary["rss_after_fault_mib"], " MiB")},
         {"what": "server RSS at the end", "value": number(summary["rss_end_mib"], " MiB")},
         {"what": "RSS growth, warm-up to the fault", "value": percent(summary["rss_growth_before_fault"])},
         {"what": "RSS growth, after the fault to the end", "value": percent(summary["rss_growth_after_fault"])},
-        {"what": "RSS slope, second half of the time before the fault",
-         "value": number(summary["rss_slope_before_fault_mib_min"], " MiB/min")},
-        {"what": f"RSS slope, {SETTLE_S:g} s after the fault to the end",
-         "value": number(summary["rss_slope_after_fault_mib_min"], " MiB/min")},
+        {
+            "what": "RSS slope, second half of the time before the fault",
+            "value": number(summary["rss_slope_before_fault_mib_min"], " MiB/min"),
+        },
+        {
+            "what": f"RSS slope, {SETTLE_S:g} s after the fault to the end",
+            "value": number(summary["rss_slope_after_fault_mib_min"], " MiB/min"),
+        },
         {"what": "TTFT p50 (streams)", "value": number(summary["p50_ttft_ms"], " ms", 0)},
         {"what": "TTFT p99 (streams)", "value": number(summary["p99_ttft_ms"], " ms", 0)},
     ]
@@ -217,7 +236,12 @@ def write(result: SoakResult, out_dir) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     summary = result.summary()
     requests = [{**asdict(r), "kind": r.kind.value, "outcome": r.outcome.value} for r in result.requests]
-    (out / "soak.json").write_text(json.dumps({"summary": summary, "config": asdict(result.config),
-                                               "rss_mib": result.rss_series(), "requests": requests}, indent=1) + "\n")
+    (out / "soak.json").write_text(
+        json.dumps(
+            {"summary": summary, "config": asdict(result.config), "rss_mib": result.rss_series(), "requests": requests},
+            indent=1,
+        )
+        + "\n"
+    )
     (out / "soak.md").write_text(markdown(summary))
     return summary

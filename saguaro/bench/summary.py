@@ -7,9 +7,26 @@ from saguaro.formatting import format_table
 from saguaro.reporting.analysis.load import load_run
 from saguaro.reporting.analysis.variants import category_pivot, category_rows, error_rows, variant_rows
 
-COLUMNS = ["key", "prompts", "errors", "threads", "new_tokens", "wall_s", "tokens_per_s", "speedup_vs_ar",
-           "speedup_vs_hf", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms",
-           "alpha", "tokens_per_round", "hit_rate"]
+COLUMNS = [
+    "key",
+    "prompts",
+    "errors",
+    "threads",
+    "new_tokens",
+    "wall_s",
+    "tokens_per_s",
+    "speedup_vs_ar",
+    "speedup_vs_hf",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "p50_itl_ms",
+    "p99_itl_ms",
+    "alpha",
+    "tokens_per_round",
+    "hit_rate",
+]
 
 
 def summarize(run_dir: RunDir, unavailable: list[dict] | None = None) -> dict:
@@ -30,8 +47,14 @@ def summarize(run_dir: RunDir, unavailable: list[dict] | None = None) -> dict:
 
 
 def markdown(summary: dict) -> str:
-    lines = [f"# Bench {summary['run']}", "", f"Measured on {summary['where']}; models {summary['models']}.", "",
-             format_table(summary["variants"], COLUMNS, markdown=True), ""]
+    lines = [
+        f"# Bench {summary['run']}",
+        "",
+        f"Measured on {summary['where']}; models {summary['models']}.",
+        "",
+        format_table(summary["variants"], COLUMNS, markdown=True),
+        "",
+    ]
     if summary["by_task"]:
         pivot, tasks = category_pivot(summary["by_task"])
         table = format_table(pivot, ["key", *tasks], markdown=True)

@@ -72,8 +72,15 @@ class Models:
         draft = None
         if any(s in ("sd", "ssd", "hf-assisted") for s in config.systems):
             draft = load(config.draft, dtype, draft_quant).model
-        return cls(target.model, draft, target.tokenizer, config.dtype, dtype,
-                   config.draft if draft is not None else None, draft_quant)
+        return cls(
+            target.model,
+            draft,
+            target.tokenizer,
+            config.dtype,
+            dtype,
+            config.draft if draft is not None else None,
+            draft_quant,
+        )
 
 
 @dataclass
@@ -111,19 +118,33 @@ class Systems:
         if v.system == "ssd" and s.budget == "auto":
             return (v.system, s.K, s.C, "auto", s.schedule, s.backup, s.adaptive, s.K_min, s.draft_cost, s.compiled)
         if v.system in ("sd", "ssd"):
-            return (v.system, s.K, s.C, s.fanout, s.backup, s.adaptive, s.K_min, s.draft_cost, s.confidence_stop,
-                    s.compiled)
+            return (
+                v.system,
+                s.K,
+                s.C,
+                s.fanout,
+                s.backup,
+                s.adaptive,
+                s.K_min,
+                s.draft_cost,
+                s.confidence_stop,
+                s.compiled,
+            )
         return (v.system, s.compiled)
 
     def _engine(self, v: Variant) -> LLM:
         key = self.engine_key(v)
         if key not in self._engines:
             s, m = v.settings, self.models
-            spec = (SpeculativeConfig(C=s.C, fanout=s.fanout, backup=s.backup or "neural", **s.speculative_kwargs())
-                    if s.K else None)
+            spec = (
+                SpeculativeConfig(C=s.C, fanout=s.fanout, backup=s.backup or "neural", **s.speculative_kwargs())
+                if s.K
+                else None
+            )
             if v.system == "ssd" and s.budget == "auto":  # sized by the engine from its measured timings
-                spec = SpeculativeConfig(C=s.C, backup=s.backup or "neural", budget="auto", schedule=s.schedule,
-                                         **s.speculative_kwargs())
+                spec = SpeculativeConfig(
+                    C=s.C, backup=s.backup or "neural", budget="auto", schedule=s.schedule, **s.speculative_kwargs()
+                )
             ssd = v.system == "ssd"
             # SD uses the (possibly low-bit) object as it is; SSD's worker loads the draft by its recipe and
             # quantises it there (a low-bit object cannot travel), unless the draft was built in memory
@@ -131,8 +152,14 @@ class Systems:
             draft = None if v.system == "ar" else m.draft_spec if by_recipe else m.draft
             try:
                 self._engines[key] = LLM(
-                    m.target, draft, strategy=v.system, speculative=spec, tokenizer=m.tokenizer,
-                    threads=None if ssd else self.config.threads, dtype=m.dtype, draft_dtype=m.draft_dtype,
+                    m.target,
+                    draft,
+                    strategy=v.system,
+                    speculative=spec,
+                    tokenizer=m.tokenizer,
+                    threads=None if ssd else self.config.threads,
+                    dtype=m.dtype,
+                    draft_dtype=m.draft_dtype,
                     draft_quant=m.draft_quant if by_recipe else None,
                     compile=CompileConfig(max_len=self.config.compile_max_len) if s.compiled else None,
                 )
@@ -145,8 +172,9 @@ class Systems:
         """llama.cpp on the target's GGUF, loaded at the first use, with the target's thread count."""
         if v.system not in self._llamacpp:
             lookup = LOOKUP_NUM_PRED_TOKENS if v.system == "llamacpp-lookup" else None
-            self._llamacpp[v.system] = LlamaCppPeer(gguf_path(self.config.target), threads=self.base_threads,
-                                                    seed=self.config.seed, lookup=lookup)
+            self._llamacpp[v.system] = LlamaCppPeer(
+                gguf_path(self.config.target), threads=self.base_threads, seed=self.config.seed, lookup=lookup
+            )
         return self._llamacpp[v.system]
 
     def release(self, v: Variant) -> None:
@@ -210,13 +238,25 @@ class Systems:
         if v.system in LLAMACPP_SYSTEMS:
             return self._run_llamacpp(v, ids, params)
         assistant = self.models.draft if v.system == "hf-assisted" else None
-        outs, seconds = hf_generate(self.models.target, ids, params, self.encoder.eos_ids, self.encoder.pad_id,
-                                    assistant, None if v.settings.adaptive else v.settings.K)  # auto: its own
+        outs, seconds = hf_generate(
+            self.models.target,
+            ids,
+            params,
+            self.encoder.eos_ids,
+            self.encoder.pad_id,
+            assistant,
+            None if v.settings.adaptive else v.settings.K,
+        )  # auto: its own
         requests = [
             # not streamed: the whole batch's call time is each request's E2EL, and TTFT is unknown
-            {"prompt_tokens": len(i), "new_tokens": len(o.token_ids), "e2el_s": seconds,
-             "tokens_per_s": len(o.token_ids) / seconds if seconds > 0 else 0.0,
-             "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+            {
+                "prompt_tokens": len(i),
+                "new_tokens": len(o.token_ids),
+                "e2el_s": seconds,
+                "tokens_per_s": len(o.token_ids) / seconds if seconds > 0 else 0.0,
+                "token_ids": o.token_ids,
+                "finish_reason": o.finish_reason,
+            }
             for i, o in zip(ids, outs, strict=True)
         ]
         return CallOutput(requests, seconds, [], self.base_threads)

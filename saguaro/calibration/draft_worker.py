@@ -108,8 +108,7 @@ class DraftWorker:
         cores, _ = worker_cores(threads)
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, recipe, threads, cores, ids, K, temperature),
-                                daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, recipe, threads, cores, ids, K, temperature), daemon=True)
         self.proc.start()
         child.close()
 

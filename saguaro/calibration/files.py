@@ -49,8 +49,15 @@ def host_terms(summary: dict):
     return HostTerms.from_dict(data)
 
 
-PRECISION = ("dtype", "draft_dtype", "target_quant", "draft_quant", "target_head_quant", "draft_head_quant",
-             "quant_group_size")
+PRECISION = (
+    "dtype",
+    "draft_dtype",
+    "target_quant",
+    "draft_quant",
+    "target_head_quant",
+    "draft_head_quant",
+    "quant_group_size",
+)
 
 
 def precision(settings: dict) -> dict:
@@ -94,5 +101,7 @@ def check_same_precision(calibrations, runs=()) -> None:
         differ = [k for k in want if want.get(k) != got.get(k)]
         if differ:
             what = ", ".join(f"{k} {got.get(k)} (not {want.get(k)})" for k in differ)
-            raise ValueError(f"{path} has {what} against {first}: a calibration predicts only the precision it "
-                             "timed; calibrate again with the runs' --dtype and quantisation flags")
+            raise ValueError(
+                f"{path} has {what} against {first}: a calibration predicts only the precision it "
+                "timed; calibrate again with the runs' --dtype and quantisation flags"
+            )

@@ -54,8 +54,22 @@ def rows_by_prompt(path: Path) -> tuple[dict, dict, dict]:
                 if row.get(name) is not None:
                     part[name] = [row[name][j] for j in keep]
             found[key][pid].append(part)
-    about = {k: config.get(k) for k in ("target", "draft", "dtype", "draft_int8", "target_quant", "draft_quant",
-                                        "prompts", "n_prompts", "max_new_tokens", "batch_sizes", "Ks")}
+    about = {
+        k: config.get(k)
+        for k in (
+            "target",
+            "draft",
+            "dtype",
+            "draft_int8",
+            "target_quant",
+            "draft_quant",
+            "prompts",
+            "n_prompts",
+            "max_new_tokens",
+            "batch_sizes",
+            "Ks",
+        )
+    }
     return found, task_of, about
 
 
@@ -72,8 +86,14 @@ def pool(runs: list[Path]) -> tuple[dict, dict, list[dict]]:
         for key, per_prompt in found.items():
             for pid, rows in per_prompt.items():
                 if pid in pooled[key]:
-                    log.info("%s: replaces %s's rounds of %s at T=%g C=%g", path.name, pooled[key][pid][0], pid,
-                             key[1], key[2])
+                    log.info(
+                        "%s: replaces %s's rounds of %s at T=%g C=%g",
+                        path.name,
+                        pooled[key][pid][0],
+                        pid,
+                        key[1],
+                        key[2],
+                    )
                 pooled[key][pid] = (path.name, rows)
     return pooled, tasks, abouts
 
@@ -82,8 +102,15 @@ def entry(workload: str, T: float, C: float, per_prompt: dict[str, tuple[str, li
     rows = [r for _, (_, rs) in sorted(per_prompt.items()) for r in rs]
     runs = sorted({run for run, _ in per_prompt.values()})
     model = from_records([parse_record(r) for r in rows], source=f"{' + '.join(runs)}: {workload}, T={T:g}, C={C:g}")
-    return {"workload": workload, "temperature": T, "C": C, "prompts": len(per_prompt),
-            "rounds": sum(len(rs) for _, rs in per_prompt.values()), "runs": runs, "model": model.to_dict()}
+    return {
+        "workload": workload,
+        "temperature": T,
+        "C": C,
+        "prompts": len(per_prompt),
+        "rounds": sum(len(rs) for _, rs in per_prompt.values()),
+        "runs": runs,
+        "model": model.to_dict(),
+    }
 
 
 def build(runs: list[Path], keep: dict | None = None) -> dict:
@@ -140,12 +167,16 @@ def markdown(table: dict, budget: int = 8) -> str:
         fit = m.get("power_law") or {}
         r = f"{fit['r']:.2f} [{fit['r_ci95'][0]:.2f}, {fit['r_ci95'][1]:.2f}]" if fit else "-"
         alpha = np.nanmean(np.array(m["alpha"], dtype=float))
-        lines.append(f"| {e['workload']} | {e['temperature']:g} | {e['C']:g} | {e.get('prompts', '-')} | "
-                     f"{e.get('rounds', '-')} | {m['outcomes']} | {alpha:.2f} | {rate:.3f} "
-                     f"[{centre - half:.3f}, {centre + half:.3f}] | {r} | {fit.get('scale', '-')} |")
-    head = (f"| workload | T | C | prompts | rounds | outcomes | mean α | hit rate, K 4 B {budget} uniform "
-            f"{[int(f) for f in uniform_fanout(4, budget)]} [95%] | r [95%] | scale |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
+        lines.append(
+            f"| {e['workload']} | {e['temperature']:g} | {e['C']:g} | {e.get('prompts', '-')} | "
+            f"{e.get('rounds', '-')} | {m['outcomes']} | {alpha:.2f} | {rate:.3f} "
+            f"[{centre - half:.3f}, {centre + half:.3f}] | {r} | {fit.get('scale', '-')} |"
+        )
+    head = (
+        f"| workload | T | C | prompts | rounds | outcomes | mean α | hit rate, K 4 B {budget} uniform "
+        f"{[int(f) for f in uniform_fanout(4, budget)]} [95%] | r [95%] | scale |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
     return head + "\n" + "\n".join(lines) + "\n"
 
 

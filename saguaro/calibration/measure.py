@@ -47,18 +47,41 @@ def fast_backup_ms(K: int, V: int, reps: int = 20) -> dict:
 
 def _record(strategy: str, K: int, b: int, c: int, verify_ms: float, draft_ms: float = 0.0, **ssd) -> dict:
     """A timing point in the engine's round-record schema (accepted counts are placeholders, not measured)."""
-    rec = dict(strategy=strategy, round=1, batch_size=b, K=K if strategy != "ar" else 0, context_len=c,
-               accepted=[0] * b, emitted=[1] * b, draft_ms=round(draft_ms, 3), verify_ms=round(verify_ms, 3),
-               round_ms=round(verify_ms + draft_ms, 3), draft_forwards=K if draft_ms else 0, phase="decode")
+    rec = dict(
+        strategy=strategy,
+        round=1,
+        batch_size=b,
+        K=K if strategy != "ar" else 0,
+        context_len=c,
+        accepted=[0] * b,
+        emitted=[1] * b,
+        draft_ms=round(draft_ms, 3),
+        verify_ms=round(verify_ms, 3),
+        round_ms=round(verify_ms + draft_ms, 3),
+        draft_forwards=K if draft_ms else 0,
+        phase="decode",
+    )
     if ssd:
         rec.update(ssd)
     return rec
 
 
 def _prefill_record(b: int, tokens: int, target_ms: float, draft_ms: float) -> dict:
-    return dict(strategy="sd", round=0, batch_size=b, K=0, context_len=0, accepted=[0] * b, emitted=[1] * b,
-                draft_ms=round(draft_ms, 3), verify_ms=round(target_ms, 3), round_ms=round(target_ms + draft_ms, 3),
-                draft_forwards=1, phase="prefill", tokens=tokens)
+    return dict(
+        strategy="sd",
+        round=0,
+        batch_size=b,
+        K=0,
+        context_len=0,
+        accepted=[0] * b,
+        emitted=[1] * b,
+        draft_ms=round(draft_ms, 3),
+        verify_ms=round(target_ms, 3),
+        round_ms=round(target_ms + draft_ms, 3),
+        draft_forwards=1,
+        phase="prefill",
+        tokens=tokens,
+    )
 
 
 def _fanout(K: int, per_row: int) -> list[int]:
@@ -103,8 +126,17 @@ def measure(args, target, ids: list[int], worker: DraftWorker, say) -> tuple[lis
     contexts = sorted(set(args.context), reverse=True)  # longest first: shorter ones are roll-backs
     records: list[dict] = []
     med = lambda xs: round(statistics.median(xs), 2)  # noqa: E731
-    summary: dict = {"prefill_ms": {}, "ar_ms": {}, "verify_ms": {}, "verify_busy_ms": {}, "interference": {},
-                     "sd_draft_ms": {}, "sd_step_ms": {}, "backup_ms": {}, "cache_build_ms": {}}
+    summary: dict = {
+        "prefill_ms": {},
+        "ar_ms": {},
+        "verify_ms": {},
+        "verify_busy_ms": {},
+        "interference": {},
+        "sd_draft_ms": {},
+        "sd_step_ms": {},
+        "backup_ms": {},
+        "cache_build_ms": {},
+    }
 
     def prefill(n: int, keep: bool, b: int = 1) -> tuple[KVState, float, float]:
         worker.conn.send(("prefill", n, keep, b))  # the draft prefills on its core meanwhile
@@ -193,21 +225,28 @@ def measure(args, target, ids: list[int], worker: DraftWorker, say) -> tuple[lis
                     if i < alone_builds:  # the build with the target idle: the fit's build line (simulator.fit)
                         worker.ask("build", b, B)
                         lone += _ms(worker.recv())
-                        records.append(_record("ssd", K, b, c, 0.0, cache_build_ms=round(lone[-1], 3),
-                                               level="alone", **hits))
+                        records.append(
+                            _record("ssd", K, b, c, 0.0, cache_build_ms=round(lone[-1], 3), level="alone", **hits)
+                        )
                 summary["cache_build_ms"][f"{key}x{b * B}"] = med(builds)
                 if lone:
                     summary.setdefault("cache_build_alone_ms", {})[f"{key}x{b * B}"] = med(lone)
             # the backup's own time: an SSD round whose every row missed (the worker drafts the whole batch)
             B0 = args.budget[0]
             miss = dict(hit=[False] * b, branches=b * B0, backup="neural", fanout=_fanout(K, B0), cache_build_ms=0.0)
-            records += [_record("ssd", K, b, c, busy_all[i % len(busy_all)], t, wait_ms=round(t, 3),
-                                backup_ms=round(t, 3), **miss) for i, t in enumerate(backup)]
+            records += [
+                _record(
+                    "ssd", K, b, c, busy_all[i % len(busy_all)], t, wait_ms=round(t, 3), backup_ms=round(t, 3), **miss
+                )
+                for i, t in enumerate(backup)
+            ]
             summary["verify_busy_ms"][key] = med(busy_all)
             summary["interference"][key] = round(statistics.median(ratios), 3)  # of pairs a few seconds apart
             points_done += 1
-            say(f"context {c}, batch {b}: verify {med(alone)} ms alone, {med(busy_all)} ms next to the builds"
-                + _time_left(time.perf_counter() - points_started, points_done, n_points))
+            say(
+                f"context {c}, batch {b}: verify {med(alone)} ms alone, {med(busy_all)} ms next to the builds"
+                + _time_left(time.perf_counter() - points_started, points_done, n_points)
+            )
     factors = list(summary["interference"].values())
     summary["interference_factor"] = round(statistics.median(factors), 3)
     return records, summary
@@ -219,15 +258,20 @@ def _time_left(elapsed_s: float, done: int, total: int) -> str:
     if done >= total:
         return ""
     left_s = elapsed_s / done * (total - done)
-    return (f"; point {done} of {total}, about {left_s / 60:.0f} min left at this pace (fewer --context, --batch, "
-            f"--budget or --repeats take less)" if left_s >= 90 else f"; point {done} of {total}")
+    return (
+        f"; point {done} of {total}, about {left_s / 60:.0f} min left at this pace (fewer --context, --batch, "
+        f"--budget or --repeats take less)"
+        if left_s >= 90
+        else f"; point {done} of {total}"
+    )
 
 
 LINK_SPEC = dict(K=1, fanout=(1, 1))  # the link rounds' SSD: its builds (two branches, one step) fit in a verify
 
 
-def _engine_ssd(args, config, llm, spec, batches: list[list[list[int]]], tokens: int,
-                warmup: int = 0) -> list[list[dict]]:
+def _engine_ssd(
+    args, config, llm, spec, batches: list[list[list[int]]], tokens: int, warmup: int = 0
+) -> list[list[dict]]:
     """Per batch of prompts, the decode rounds (JSONL dicts) of the engine's own SSD with `spec`, `tokens` new
     tokens a prompt, one draft worker for all; its prefills are not calibrated ones. `warmup` > 0: first that many
     tokens on the first batch, not kept (a fresh worker's first builds run slow). The draft worker is started as
@@ -239,10 +283,20 @@ def _engine_ssd(args, config, llm, spec, batches: list[list[list[int]]], tokens:
 
     threads = torch.get_num_threads()
     try:
-        with LLM(llm.target, str(args.draft), strategy="ssd", speculative=spec, tokenizer=llm.tokenizer,
-                 dtype=args.dtype, draft_quant=config.draft_quant, cache_dir=args.cache) as ssd:
-            sampling = lambda n: SamplingParams(temperature=args.temperature, max_new_tokens=n,  # noqa: E731
-                                                stop_on_eos=False, seed=0)
+        with LLM(
+            llm.target,
+            str(args.draft),
+            strategy="ssd",
+            speculative=spec,
+            tokenizer=llm.tokenizer,
+            dtype=args.dtype,
+            draft_quant=config.draft_quant,
+            cache_dir=args.cache,
+        ) as ssd:
+
+            def sampling(n: int) -> SamplingParams:
+                return SamplingParams(temperature=args.temperature, max_new_tokens=n, stop_on_eos=False, seed=0)
+
             if warmup:
                 ssd.generate(batches[0], sampling(warmup))
             runs = [ssd.generate(prompts, sampling(tokens)) for prompts in batches]
@@ -263,10 +317,13 @@ def link_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict]
     spec = SpeculativeConfig(**LINK_SPEC, placement=DraftPlacement(draft_threads=args.draft_threads))
     (decode,) = _engine_ssd(args, config, llm, spec, [[prompt]], args.link_tokens)
     waits = link_waits([parse_record(r, "the link rounds") for r in decode])  # the rule the fit's link uses
-    return decode, {"rounds": len(decode), "hits_timed": len(waits),
-                    "hit_wait_ms": round(statistics.median(waits), 3) if waits else None,
-                    "verify_ms": round(statistics.median(r["verify_ms"] for r in decode), 2) if decode else None,
-                    "spec": {"K": LINK_SPEC["K"], "fanout": list(LINK_SPEC["fanout"])}}
+    return decode, {
+        "rounds": len(decode),
+        "hits_timed": len(waits),
+        "hit_wait_ms": round(statistics.median(waits), 3) if waits else None,
+        "verify_ms": round(statistics.median(r["verify_ms"] for r in decode), 2) if decode else None,
+        "spec": {"K": LINK_SPEC["K"], "fanout": list(LINK_SPEC["fanout"])},
+    }
 
 
 def level_budget(budgets: list[int]) -> int:
@@ -291,18 +348,29 @@ def build_rounds(args, config, llm, prompt: list[int]) -> tuple[list[dict], dict
     from theory.glossary import Backup
 
     budget = level_budget(args.budget)
-    spec = SpeculativeConfig(K=args.K, schedule=FanoutSchedule.UNIFORM, budget=budget, backup=Backup.NEURAL,
-                             placement=DraftPlacement(draft_threads=args.draft_threads))
+    spec = SpeculativeConfig(
+        K=args.K,
+        schedule=FanoutSchedule.UNIFORM,
+        budget=budget,
+        backup=Backup.NEURAL,
+        placement=DraftPlacement(draft_threads=args.draft_threads),
+    )
     batches = sorted(set(args.batch))
     prompts = [[prompt[: max(1, len(prompt) - i)] for i in range(b)] for b in batches]
     runs = _engine_ssd(args, config, llm, spec, prompts, args.build_tokens, warmup=BUILD_WARMUP_TOKENS)
     records = [dict(r, level="build") for run in runs for r in run]
     # by the rounds' batch size, as the fit measures them (a row that finished first leaves the batch)
     own = own_batch_builds([parse_record(r, "the build rounds") for r in records])
-    builds = {str(b): round(statistics.median(r.cache_build_ms for r in own[b]), 2) if b in own else None
-              for b in batches}
-    return records, {"K": args.K, "budget": budget, "tokens": args.build_tokens, "rounds": len(records),
-                     "build_ms": builds}
+    builds = {
+        str(b): round(statistics.median(r.cache_build_ms for r in own[b]), 2) if b in own else None for b in batches
+    }
+    return records, {
+        "K": args.K,
+        "budget": budget,
+        "tokens": args.build_tokens,
+        "rounds": len(records),
+        "build_ms": builds,
+    }
 
 
 def fit_summary(path: Path) -> dict:
@@ -313,21 +381,30 @@ def fit_summary(path: Path) -> dict:
     f = fit_timing(read_records(path))
     r = lambda x: round(float(x), 5)  # noqa: E731
     ssd = f.for_strategy("ssd")
-    return {"verify": [r(c) for c in f.verify], "verify_knee": [r(c) for c in f.verify_knee] if f.verify_knee else None,
-            "decode": [r(c) for c in f.decode] if f.decode else None,
-            "decode_one_row": [r(c) for c in f.decode_one_row] if f.decode_one_row else None,
-            "decode_knee": [r(c) for c in f.decode_knee] if f.decode_knee else None,
-            "backup": [r(c) for c in f.backup] if f.backup else None,
-            "prefill_attention": [r(c) for c in f.prefill_attention],
-            "prefill_target": [r(c) for c in f.prefill_target] if f.prefill_target else None,
-            "prefill_draft": [r(c) for c in f.prefill_draft] if f.prefill_draft else None,
-            "draft": [r(c) for c in f.draft] if f.draft else None, "draft_call": r(f.draft_call),
-            "link_latency_ms": r(f.link_latency_ms), "overhead_ms": {k: r(v) for k, v in f.overhead.items()},
-            "build": [r(c) for c in f.build] if f.build else None, "ssd_verify_factor": r(f.ssd_verify_factor),
-            "build_beside": r(f.build_beside),
-            "errors": {k: r(v) for k, v in f.errors.items()},
-            "at_b4_c300_K4_ms": {"verify": r(f.verify_ms(4, 5, 300)), "verify_ssd": r(ssd.verify_ms(4, 5, 300)),
-                                 "sd_draft": r(f.draft_ms(4, 4, 300)) if f.draft else None,
-                                 "build_32": r(f.cache_build_ms(4, 4, 32, 300)) if f.draft else None,
-                                 "build_64": r(f.cache_build_ms(4, 4, 64, 300)) if f.draft else None},
-            "build_level": [[b, r(x)] for b, x in f.build_level]}
+    return {
+        "verify": [r(c) for c in f.verify],
+        "verify_knee": [r(c) for c in f.verify_knee] if f.verify_knee else None,
+        "decode": [r(c) for c in f.decode] if f.decode else None,
+        "decode_one_row": [r(c) for c in f.decode_one_row] if f.decode_one_row else None,
+        "decode_knee": [r(c) for c in f.decode_knee] if f.decode_knee else None,
+        "backup": [r(c) for c in f.backup] if f.backup else None,
+        "prefill_attention": [r(c) for c in f.prefill_attention],
+        "prefill_target": [r(c) for c in f.prefill_target] if f.prefill_target else None,
+        "prefill_draft": [r(c) for c in f.prefill_draft] if f.prefill_draft else None,
+        "draft": [r(c) for c in f.draft] if f.draft else None,
+        "draft_call": r(f.draft_call),
+        "link_latency_ms": r(f.link_latency_ms),
+        "overhead_ms": {k: r(v) for k, v in f.overhead.items()},
+        "build": [r(c) for c in f.build] if f.build else None,
+        "ssd_verify_factor": r(f.ssd_verify_factor),
+        "build_beside": r(f.build_beside),
+        "errors": {k: r(v) for k, v in f.errors.items()},
+        "at_b4_c300_K4_ms": {
+            "verify": r(f.verify_ms(4, 5, 300)),
+            "verify_ssd": r(ssd.verify_ms(4, 5, 300)),
+            "sd_draft": r(f.draft_ms(4, 4, 300)) if f.draft else None,
+            "build_32": r(f.cache_build_ms(4, 4, 32, 300)) if f.draft else None,
+            "build_64": r(f.cache_build_ms(4, 4, 64, 300)) if f.draft else None,
+        },
+        "build_level": [[b, r(x)] for b, x in f.build_level],
+    }

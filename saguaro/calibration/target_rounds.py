@@ -64,16 +64,26 @@ class TargetRounds:
         loop.recorder.release()
         loop.running = []
         for i in range(b):
-            seq = Sequence(seq_id=i, request_id=f"calibrate-{i}", index=i, prompt_ids=self.ids[:c], params=params,
-                           eos_ids=frozenset(), seed=i, arrival_s=time.perf_counter())
+            seq = Sequence(
+                seq_id=i,
+                request_id=f"calibrate-{i}",
+                index=i,
+                prompt_ids=self.ids[:c],
+                params=params,
+                eos_ids=frozenset(),
+                seed=i,
+                arrival_s=time.perf_counter(),
+            )
             loop.running.append(seq)
         loop.state = ragged(base, b)
         loop.batch_changed()
         loop.pending = torch.full((b,), self.ids[c], dtype=torch.long)
         longest = max(self.widths) - 1
         if c + 1 + longest > len(self.ids):
-            raise ValueError(f"the calibration prompt has {len(self.ids)} tokens: too few for a block of {longest} "
-                             f"drafted tokens at context {c}")
+            raise ValueError(
+                f"the calibration prompt has {len(self.ids)} tokens: too few for a block of {longest} "
+                f"drafted tokens at context {c}"
+            )
         x = torch.tensor(self.ids[c + 1 : c + 1 + longest], dtype=torch.long).repeat(b, 1)  # [b, widest K]
         self.sd = {w: FixedDraft(x[:, : w - 1].contiguous(), self.V) for w in self.widths}
 

@@ -37,12 +37,23 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
     if isinstance(timing, RooflineTiming):
         t, d = timing.target, timing.draft
         given = [f"--{f}" for f in ("target", "draft") if getattr(args, f)] + (["--tp"] if args.tp else [])
-        add("pair", f"{args.pair}: target {t.model.name} at TP {t.tp}, draft {d.model.name}",
-            ", ".join(given) + " given" if given else PAIR_SOURCES.get(args.pair, "given"))
-        add("hardware", f"target {t.tp}× {t.hardware.name}, draft 1× {d.hardware.name} (SSD: its own device)"
-            + ("; eager forwards" if t.eager
-               else "; forwards replayed from CUDA graphs" if t.hardware.launch_overhead_us is not None else ""),
-            "simulator/presets.py: datasheet peaks; efficiencies assumed; per-layer and launch overheads calibrated")
+        add(
+            "pair",
+            f"{args.pair}: target {t.model.name} at TP {t.tp}, draft {d.model.name}",
+            ", ".join(given) + " given" if given else PAIR_SOURCES.get(args.pair, "given"),
+        )
+        add(
+            "hardware",
+            f"target {t.tp}× {t.hardware.name}, draft 1× {d.hardware.name} (SSD: its own device)"
+            + (
+                "; eager forwards"
+                if t.eager
+                else "; forwards replayed from CUDA graphs"
+                if t.hardware.launch_overhead_us is not None
+                else ""
+            ),
+            "simulator/presets.py: datasheet peaks; efficiencies assumed; per-layer and launch overheads calibrated",
+        )
         add("timing", f"roofline of the presets, engine {args.engine}", ENGINE_SOURCES[args.engine])
     else:
         add("pair, hardware", "none: the timing model below stands for them", "--timing / --fit")
@@ -53,8 +64,11 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
             if timing.levels:
                 add("timing level", timing.level_text(), f"measured: {' '.join(args.level)}")
         else:
-            add("timing", f"constant: T_v {timing.t_verify_ms:g} ms, T_d {timing.t_draft_ms:g} ms",
-                "--t-verify-ms, --t-draft-ms (given or defaults)")
+            add(
+                "timing",
+                f"constant: T_v {timing.t_verify_ms:g} ms, T_d {timing.t_draft_ms:g} ms",
+                "--t-verify-ms, --t-draft-ms (given or defaults)",
+            )
     acc = scenario.acceptance
     if args.calibrate:
         add("acceptance", f"i.i.d., α = {acc.alpha:.3f}", f"measured: {args.calibrate}")
@@ -73,21 +87,30 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
             src = "--r, --scale defaults: assumed, not measured"
         else:
             src = "--r, --scale given"
-        add("cache hits", f"power law: misses {hits.scale:g}·F^(-{hits.r:g}) per outcome; fan-out rule "
-            f"{args.fanout_rule}", src)
+        add(
+            "cache hits",
+            f"power law: misses {hits.scale:g}·F^(-{hits.r:g}) per outcome; fan-out rule {args.fanout_rule}",
+            src,
+        )
     elif isinstance(hits, ConstantHit):
         add("cache hits", f"constant p_hit = {hits.p_hit:g}", "--p-hit " + _source(args, "p_hit"))
     elif isinstance(hits, EmpiricalHit):
         fit = hits.meta.get("power_law") or {}
         shape = f"; power-law fit r = {fit['r']:g} ({fit['r_ci95'][0]:g}..{fit['r_ci95'][1]:g})" if fit else ""
         why = f"measured: {args.calibrate}" if args.calibrate else hit_choice(args, acc.alpha)[1]
-        add("cache hits", f"measured ranks of the bonus among the draft's guesses{shape}; fan-out rule "
-            f"{args.fanout_rule}", why)
+        add(
+            "cache hits",
+            f"measured ranks of the bonus among the draft's guesses{shape}; fan-out rule {args.fanout_rule}",
+            why,
+        )
     elif isinstance(hits, AlphaHit):
         rate, low, high = hits.interval((3,) * 5)
-        add("cache hits", f"α-model at α {hits.alpha:.3f}, T {hits.temperature:g} "
+        add(
+            "cache hits",
+            f"α-model at α {hits.alpha:.3f}, T {hits.temperature:g} "
             f"(e.g. {rate:.2f}, {low:.2f}-{high:.2f} of outcomes at K 4, F 3); fan-out rule {args.fanout_rule}",
-            hits.source)
+            hits.source,
+        )
     if scenario.saguaro is not None:
         add("Saguaro table", f"C in {scenario.saguaro.C[0]:g}..{scenario.saguaro.C[-1]:g}", args.saguaro_table)
     if getattr(args, "miss_policy", None):
@@ -98,12 +121,22 @@ def assumptions(args: argparse.Namespace, scenario, targets) -> list[dict]:
         link_source = "the draft hardware's interconnect (assumed)"
     else:
         link_source = "fitted" if isinstance(timing, FittedTiming) else "none (constant timing)"
-    add("SSD link", f"{scenario.link.latency_ms:g} ms, {scenario.link.bandwidth_gb_s:g} GB/s; temperature "
-        f"{args.temperature:g}", link_source)
-    add("prompt / output", f"{_lengths_text(scenario.prompt_len)} / {_lengths_text(scenario.output_len)} tokens",
-        "--prompt-len / --output-len")
-    add("arrivals", f"Poisson, {args.rate:g} requests/s in all (rate / replicas each; {args.check_requests} per "
-        f"check); screened in a closed loop at each batch", "--rate, --check-requests")
+    add(
+        "SSD link",
+        f"{scenario.link.latency_ms:g} ms, {scenario.link.bandwidth_gb_s:g} GB/s; temperature {args.temperature:g}",
+        link_source,
+    )
+    add(
+        "prompt / output",
+        f"{_lengths_text(scenario.prompt_len)} / {_lengths_text(scenario.output_len)} tokens",
+        "--prompt-len / --output-len",
+    )
+    add(
+        "arrivals",
+        f"Poisson, {args.rate:g} requests/s in all (rate / replicas each; {args.check_requests} per "
+        f"check); screened in a closed loop at each batch",
+        "--rate, --check-requests",
+    )
     add("SLO", "; ".join(map(str, targets)), "given")
     add("sizing", f"headroom {args.headroom:g}, objective {args.objective}", "--headroom, --objective")
     add("seed / rounds", f"{scenario.seed} / {scenario.rounds} rounds per screen", "--seed / --rounds")

@@ -93,51 +93,95 @@ from saguaro.commands.generate import (
     resolve_dtypes,
 )
 
-PROMPT = ("Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
-          "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "
-          "with pytest, covering n = 0, n = 1, a large n, and a negative n that must raise ValueError. ")
+PROMPT = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively, then explain in a few "
+    "sentences why the iterative version is faster than the naive recursive one. Then write tests for it "
+    "with pytest, covering n = 0, n = 1, a large n, and a negative n that must raise ValueError. "
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("calibrate", help="measure SSD's timings on this machine for the simulator (2-16 minutes)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "calibrate",
+        help="measure SSD's timings on this machine for the simulator (2-16 minutes)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"alias, model folder or .gguf (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"alias, model folder or .gguf (default {DEFAULT_DRAFT})")
     p.add_argument("-K", "--K", type=int, default=4, help="draft tokens per round (default 4)")
-    p.add_argument("--budget", type=int, nargs="+", default=[4, 8, 16],
-                   help="SSD fan-out budgets per sequence; a build holds batch·budget branches (default 4 8 16: "
-                        "a build's cost is not a line in branches, so time the budgets you plan for)")
+    p.add_argument(
+        "--budget",
+        type=int,
+        nargs="+",
+        default=[4, 8, 16],
+        help="SSD fan-out budgets per sequence; a build holds batch·budget branches (default 4 8 16: "
+        "a build's cost is not a line in branches, so time the budgets you plan for)",
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4], help="batch sizes (default 1 4)")
-    p.add_argument("--context", type=int, nargs="+", default=[64, 512],
-                   help="context lengths in tokens to time the decode forwards at; cover the workload's "
-                        "(prompt + output), e.g. 64 512 1024 (default 64 512)")
+    p.add_argument(
+        "--context",
+        type=int,
+        nargs="+",
+        default=[64, 512],
+        help="context lengths in tokens to time the decode forwards at; cover the workload's "
+        "(prompt + output), e.g. 64 512 1024 (default 64 512)",
+    )
     p.add_argument("--prompt", default=PROMPT, help="text repeated to the longest --context (default: a coding task)")
     p.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="token ids instead of --prompt")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="the workload's temperature: the target's verify and the draft's SD proposal, backup and "
-                        "cache build sample at it, as they do in the run (default 0: greedy). At T > 0 sampling "
-                        "the draft's branches costs more; calibrate at each temperature you plan for")
-    p.add_argument("--link-tokens", type=int, default=48,
-                   help="tokens the engine's own SSD generates at the end (K 1, one guess per outcome) to time "
-                        "the wait of a round that hit: the link both ways and the worker's answer, which the "
-                        "timed forwards cannot show (default 48; 0: skip, the fit's link is then 0)")
-    p.add_argument("--build-tokens", type=int, default=0,
-                   help="tokens a row the engine's own SSD generates at the end, at K, the middle --budget and each "
-                        "--batch, whose cache builds the fit measures against its own (an experiment; about 20 s a "
-                        "batch size for 32 tokens here; default 0: skip)")
-    p.add_argument("--builds-alone", action="store_true",
-                   help="also time two builds a point with the target idle; the fit's build line is then fitted on "
-                        "them and scaled by the builds beside the verify (an experiment: about 80 s more at "
-                        "--batch 1 2 4 8 here; see simulator/README.md)")
-    p.add_argument("--host-rounds", type=int, default=32,
-                   help="rounds of AR, SD and SSD at batch 1 and 8 timed with the forwards taken out, for the engine's "
-                        "own work a round (about 15 s at a vocabulary of 151,936; default 32; 0: skip)")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP + " (the target's: calibrate "
-                   "the models as the runs load them)")
-    p.add_argument("--draft-int8", action="store_true",
-                   help="dynamic int8 draft (the same as --draft-quant int8-dynamic)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="the workload's temperature: the target's verify and the draft's SD proposal, backup and "
+        "cache build sample at it, as they do in the run (default 0: greedy). At T > 0 sampling "
+        "the draft's branches costs more; calibrate at each temperature you plan for",
+    )
+    p.add_argument(
+        "--link-tokens",
+        type=int,
+        default=48,
+        help="tokens the engine's own SSD generates at the end (K 1, one guess per outcome) to time "
+        "the wait of a round that hit: the link both ways and the worker's answer, which the "
+        "timed forwards cannot show (default 48; 0: skip, the fit's link is then 0)",
+    )
+    p.add_argument(
+        "--build-tokens",
+        type=int,
+        default=0,
+        help="tokens a row the engine's own SSD generates at the end, at K, the middle --budget and each "
+        "--batch, whose cache builds the fit measures against its own (an experiment; about 20 s a "
+        "batch size for 32 tokens here; default 0: skip)",
+    )
+    p.add_argument(
+        "--builds-alone",
+        action="store_true",
+        help="also time two builds a point with the target idle; the fit's build line is then fitted on "
+        "them and scaled by the builds beside the verify (an experiment: about 80 s more at "
+        "--batch 1 2 4 8 here; see simulator/README.md)",
+    )
+    p.add_argument(
+        "--host-rounds",
+        type=int,
+        default=32,
+        help="rounds of AR, SD and SSD at batch 1 and 8 timed with the forwards taken out, for the engine's "
+        "own work a round (about 15 s at a vocabulary of 151,936; default 32; 0: skip)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed forwards per point (AR, verify, SD draft; SSD builds take two) (default 3)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help=DTYPE_HELP + " (the target's: calibrate the models as the runs load them)",
+    )
+    p.add_argument(
+        "--draft-int8", action="store_true", help="dynamic int8 draft (the same as --draft-quant int8-dynamic)"
+    )
     add_quant_flags(p)  # calibrate the models as the run will load them: a low-bit target has other costs
     p.add_argument("--threads", type=int, default=1, help="target threads (default 1: one core, as in SSD)")
     p.add_argument("--draft-threads", type=int, default=1, help="draft worker threads (default 1)")
@@ -176,25 +220,40 @@ def _config(args):
     before any model loads)."""
     from engine.config import EngineConfig
 
-    return EngineConfig(target=str(args.target), draft=str(args.draft), strategy="ssd", dtype=args.dtype,
-                        threads=args.threads, cache_dir=None if args.cache is None else str(args.cache),
-                        **quant_kwargs(args))
+    return EngineConfig(
+        target=str(args.target),
+        draft=str(args.draft),
+        strategy="ssd",
+        dtype=args.dtype,
+        threads=args.threads,
+        cache_dir=None if args.cache is None else str(args.cache),
+        **quant_kwargs(args),
+    )
 
 
 def quant_inputs(config) -> dict:
     """The low-bit settings as the calibration's inputs record them (the CLI flags' names and values)."""
     target, draft = config.target_quant, config.draft_quant
-    return {"draft_int8": draft is not None and draft.dynamic, "target_quant": target and target.scheme,
-            "target_head_quant": target and target.head, "draft_quant": draft and draft.scheme,
-            "draft_head_quant": draft and draft.head}
+    return {
+        "draft_int8": draft is not None and draft.dynamic,
+        "target_quant": target and target.scheme,
+        "target_head_quant": target and target.head,
+        "draft_quant": draft and draft.scheme,
+        "draft_head_quant": draft and draft.head,
+    }
 
 
 def host_work(args, vocab: int) -> dict:
     """The summary's "host_terms": the engine's rounds with its forwards taken out on a random pair of `vocab`
     (saguaro.calibration.host_terms), or {"error": why} where the measurement failed (the timed points are kept)."""
     try:
-        terms = measure_host_terms(*host_pair(vocab), K=args.K, rounds=args.host_rounds,
-                                   temperature=args.temperature, meta={"command": "saguaro calibrate"})
+        terms = measure_host_terms(
+            *host_pair(vocab),
+            K=args.K,
+            rounds=args.host_rounds,
+            temperature=args.temperature,
+            meta={"command": "saguaro calibrate"},
+        )
     except (ValueError, RuntimeError) as err:
         return {"error": f"{type(err).__name__}: {err}"}
     for line in describe(terms):
@@ -213,8 +272,14 @@ def run(args) -> int:
     say = lambda text: print(f"calibrate: {text} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)  # noqa: E731
     say("loading the target here and the draft in its own process")
     recipe = draft_recipe(None, config)  # the worker loads the draft as SSD's worker does (dtype, low-bit scheme)
-    with LLM(args.target, strategy="ar", dtype=args.dtype, threads=args.threads, cache_dir=args.cache,
-             target_quant=config.target_quant) as llm:
+    with LLM(
+        args.target,
+        strategy="ar",
+        dtype=args.dtype,
+        threads=args.threads,
+        cache_dir=args.cache,
+        target_quant=config.target_quant,
+    ) as llm:
         target = llm.target
         if args.prompt_ids:
             ids = list(args.prompt_ids)
@@ -224,40 +289,53 @@ def run(args) -> int:
             ids = llm.tokenizer.encode(args.prompt, add_special_tokens=False)
         longest = max(args.context)
         if llm.max_context is not None and longest + 2 * args.K + 1 > llm.max_context:
-            raise ValueError(f"--context {longest} + 2K+1 exceeds the target's context window ({llm.max_context} "
-                             f"tokens): give smaller --context values")
+            raise ValueError(
+                f"--context {longest} + 2K+1 exceeds the target's context window ({llm.max_context} "
+                f"tokens): give smaller --context values"
+            )
         ids = long_prompt(ids, longest + 2 * args.K + 1)  # the tail feeds the timed forwards (up to 2K wide)
         vocab = int(target.get_output_embeddings().out_features)
         worker = start_worker(recipe, args.draft_threads, ids, args.K, args.temperature)
         try:
             message = worker.recv(600)
             if message[0] != "ready" or message[1] != vocab:
-                raise ValueError(f"target and draft have different vocabularies ({vocab} vs {message[1]} logits): "
-                                 "calibrate a pair that shares the tokenizer")
+                raise ValueError(
+                    f"target and draft have different vocabularies ({vocab} vs {message[1]} logits): "
+                    "calibrate a pair that shares the tokenizer"
+                )
             say("both models loaded")
             records, summary = measure(args, target, ids, worker, say)
         finally:
             worker.close()
         if args.link_tokens:
-            say(f"the engine's own SSD (K 1, its draft worker started anew) for {args.link_tokens} tokens, "
-                "to time the link")
+            say(
+                f"the engine's own SSD (K 1, its draft worker started anew) for {args.link_tokens} tokens, "
+                "to time the link"
+            )
             try:
-                rounds, summary["link"] = link_rounds(args, config, llm, ids[:min(args.context)])
+                rounds, summary["link"] = link_rounds(args, config, llm, ids[: min(args.context)])
             except Exception as err:  # noqa: BLE001  an extra: the timed points are kept whatever it raises
                 rounds, summary["link"] = [], {"error": f"{type(err).__name__}: {err}"}
                 say(f"the engine's SSD rounds failed ({type(err).__name__}: {err}): the link is not timed")
             records += rounds
             link = summary["link"]
             if rounds:
-                say(f"the engine's SSD at K 1, {link['rounds']} rounds: " + (
-                    f"{link['hits_timed']} hit with the build inside the verify, waiting {link['hit_wait_ms']} ms"
-                    if link["hits_timed"] else "none hit with the build inside the verify: the link is not timed"))
+                say(
+                    f"the engine's SSD at K 1, {link['rounds']} rounds: "
+                    + (
+                        f"{link['hits_timed']} hit with the build inside the verify, waiting {link['hit_wait_ms']} ms"
+                        if link["hits_timed"]
+                        else "none hit with the build inside the verify: the link is not timed"
+                    )
+                )
         if args.build_tokens:
             batches = " ".join(map(str, sorted(set(args.batch))))
-            say(f"the engine's own SSD (K {args.K}, budget {level_budget(args.budget)}, batch {batches}) for "
-                f"{args.build_tokens} tokens a row, to measure its builds against the calibration's")
+            say(
+                f"the engine's own SSD (K {args.K}, budget {level_budget(args.budget)}, batch {batches}) for "
+                f"{args.build_tokens} tokens a row, to measure its builds against the calibration's"
+            )
             try:
-                rounds, summary["build_level"] = build_rounds(args, config, llm, ids[:min(args.context)])
+                rounds, summary["build_level"] = build_rounds(args, config, llm, ids[: min(args.context)])
             except Exception as err:  # noqa: BLE001  an extra, as the link rounds are
                 rounds, summary["build_level"] = [], {"error": f"{type(err).__name__}: {err}"}
                 say(f"the engine's SSD build rounds failed ({type(err).__name__}: {err}): no build level is measured")
@@ -265,30 +343,50 @@ def run(args) -> int:
             if rounds:
                 say(f"the engine's builds, median ms by batch size: {summary['build_level']['build_ms']}")
     if args.host_rounds:
-        say(f"the engine's own work a round, its forwards taken out: AR, SD and SSD at batch 1 and 8, "
-            f"{args.host_rounds} rounds each")
+        say(
+            f"the engine's own work a round, its forwards taken out: AR, SD and SSD at batch 1 and 8, "
+            f"{args.host_rounds} rounds each"
+        )
         summary["host_terms"] = host_work(args, vocab)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary["fast_backup_ms"] = fast_backup_ms(args.K, vocab)
     summary["fit"] = fit_summary(args.out)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
-    summary["inputs"] = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype,
-                         **quant_inputs(config), "quant_group_size": args.quant_group_size,
-                         "threads": args.threads, "draft_threads": args.draft_threads,
-                         "K": args.K, "temperature": args.temperature, "budgets": args.budget,
-                         "batches": args.batch, "contexts": args.context,
-                         "repeats": args.repeats, "link_tokens": args.link_tokens,
-                         "build_tokens": args.build_tokens, "host_rounds": args.host_rounds, "cpu": cpu_model(),
-                         "cpu_flags": machine().get("cpu_flags"),  # "AMD EPYC" names AVX2-only and AVX-512 hosts
-                         "torch": __import__("torch").__version__,
-                         # batch > 1: rows of different lengths (saguaro.calibration.target_rounds.ragged)
-                         "ragged_rows": True}
-    summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                           if not k.startswith("_") and k != "func"}
+    summary["inputs"] = {
+        "target": str(args.target),
+        "draft": str(args.draft),
+        "dtype": args.dtype,
+        **quant_inputs(config),
+        "quant_group_size": args.quant_group_size,
+        "threads": args.threads,
+        "draft_threads": args.draft_threads,
+        "K": args.K,
+        "temperature": args.temperature,
+        "budgets": args.budget,
+        "batches": args.batch,
+        "contexts": args.context,
+        "repeats": args.repeats,
+        "link_tokens": args.link_tokens,
+        "build_tokens": args.build_tokens,
+        "host_rounds": args.host_rounds,
+        "cpu": cpu_model(),
+        "cpu_flags": machine().get("cpu_flags"),  # "AMD EPYC" names AVX2-only and AVX-512 hosts
+        "torch": __import__("torch").__version__,
+        # batch > 1: rows of different lengths (saguaro.calibration.target_rounds.ragged)
+        "ragged_rows": True,
+    }
+    summary["settings"] = {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in vars(args).items()
+        if not k.startswith("_") and k != "func"
+    }
     summary_path = args.out.with_suffix(".summary.json")
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "settings"}, indent=1))
-    print(f"wrote {args.out} ({len(records)} timing points) and {summary_path}; use: saguaro simulate --fit "
-          f"{args.out} [SD_RECORDS]", file=sys.stderr)
+    print(
+        f"wrote {args.out} ({len(records)} timing points) and {summary_path}; use: saguaro simulate --fit "
+        f"{args.out} [SD_RECORDS]",
+        file=sys.stderr,
+    )
     return 0

@@ -14,8 +14,17 @@ from saguaro import DISTRIBUTION
 # Each extra and the modules (import names) it installs that this project imports; keep in step with
 # [project.optional-dependencies] in pyproject.toml (tests/saguaro/test_packaging.py checks it).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "engine": ("torch", "transformers", "tokenizers", "safetensors", "gguf", "accelerate", "tqdm", "filelock",
-               "psutil"),
+    "engine": (
+        "torch",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "gguf",
+        "accelerate",
+        "tqdm",
+        "filelock",
+        "psutil",
+    ),
     # starlette and pydantic come with fastapi; the server imports them directly.
     "serve": ("fastapi", "uvicorn", "prometheus_client", "httpx", "starlette", "pydantic"),
     "cluster": ("ray",),

@@ -38,8 +38,9 @@ def alpha_choice(args: argparse.Namespace) -> tuple[float, str]:
         return args.alpha, "--alpha given"
     if getattr(args, "timing", "roofline") != "constant" and not args.target and not args.draft:
         if args.pair in PAIR_ALPHA and not getattr(args, "fit", None):
-            return PAIR_ALPHA[args.pair], (f"fitted to {args.pair}'s published SD figure (saguaro validate paper, "
-                                           "simulator.presets.PAIR_ALPHA)")
+            return PAIR_ALPHA[args.pair], (
+                f"fitted to {args.pair}'s published SD figure (saguaro validate paper, simulator.presets.PAIR_ALPHA)"
+            )
         if measured_pair(args):
             table = measured(args.hit_table, args.temperature)
             alphas = [a for a in table.meta.get("alpha", []) if a == a]
@@ -62,8 +63,9 @@ def hit_choice(args: argparse.Namespace, alpha: float):
     Cs = getattr(args, "C", None) or [1.0]
     if kind == "measured" or (kind == "auto" and measured_pair(args)):
         table = measured(args.hit_table, args.temperature, Cs[0] if len(Cs) == 1 else 1.0)
-        why = ("measured on this pair" if measured_pair(args)
-               else "--hit-model measured: applied to this pair on purpose")
+        why = (
+            "measured on this pair" if measured_pair(args) else "--hit-model measured: applied to this pair on purpose"
+        )
         return table, f"{table.source} ({why})"
     model = AlphaHit(min(alpha, 0.999), args.temperature)
     return model, f"{model.source} (no rank table was measured on this pair)"

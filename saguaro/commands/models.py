@@ -34,25 +34,46 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     actions = p.add_subparsers(dest="models_action", required=True, metavar="ACTION")
-    prov = actions.add_parser("provision", help="assemble, verify and convert models into the cache",
-                              formatter_class=HelpFormatter)
-    prov.add_argument("--which", choices=GROUP_CHOICES + ALIAS_CHOICES, default="default",
-                      help="default = the Qwen-Coder 1.5B/0.5B pair, smoke = SmolLM2-135M")
-    prov.add_argument("--gguf", type=Path, metavar="FILE",
-                      help="convert (or repair the cache entry of) a local .gguf file instead of --which")
+    prov = actions.add_parser(
+        "provision", help="assemble, verify and convert models into the cache", formatter_class=HelpFormatter
+    )
+    prov.add_argument(
+        "--which",
+        choices=GROUP_CHOICES + ALIAS_CHOICES,
+        default="default",
+        help="default = the Qwen-Coder 1.5B/0.5B pair, smoke = SmolLM2-135M",
+    )
+    prov.add_argument(
+        "--gguf",
+        type=Path,
+        metavar="FILE",
+        help="convert (or repair the cache entry of) a local .gguf file instead of --which",
+    )
     prov.add_argument("--rebuild", action="store_true", help="convert again even if the cache is valid")
-    prov.add_argument("--lowbit", choices=["int4", "int8"],
-                      help="build the low-bit form straight from the GGUF instead of the float32 one (int4: the "
-                           "GGUF's 4-bit blocks kept as int4 group-32, other layers int8; for --target-quant / "
-                           "--draft-quant); no float32 copy is written")
-    prov.add_argument("--group-size", type=int, choices=[32, 64, 128], default=32,
-                      help="int4 group size of --lowbit (32 keeps Q4_K blocks exactly)")
+    prov.add_argument(
+        "--lowbit",
+        choices=["int4", "int8"],
+        help="build the low-bit form straight from the GGUF instead of the float32 one (int4: the "
+        "GGUF's 4-bit blocks kept as int4 group-32, other layers int8; for --target-quant / "
+        "--draft-quant); no float32 copy is written",
+    )
+    prov.add_argument(
+        "--group-size",
+        type=int,
+        choices=[32, 64, 128],
+        default=32,
+        help="int4 group size of --lowbit (32 keeps Q4_K blocks exactly)",
+    )
     actions.add_parser("list", help="the model aliases, whether provisioned, and where", formatter_class=HelpFormatter)
     actions.add_parser("verify", help="re-hash every cached file against its manifest", formatter_class=HelpFormatter)
     actions.add_parser("clean", help="remove temp folders left by interrupted builds", formatter_class=HelpFormatter)
     for action in actions.choices.values():
-        action.add_argument("--cache", type=Path, metavar="DIR",
-                            help="model cache folder (default: $SAGUARO_CACHE, else ~/.cache/saguaro)")
+        action.add_argument(
+            "--cache",
+            type=Path,
+            metavar="DIR",
+            help="model cache folder (default: $SAGUARO_CACHE, else ~/.cache/saguaro)",
+        )
     _add_hit_tables(actions)
     return p
 
@@ -61,15 +82,20 @@ def _add_hit_tables(actions) -> None:
     from saguaro.cli import HelpFormatter
 
     hits = actions.add_parser(
-        "hit-tables", formatter_class=HelpFormatter,
+        "hit-tables",
+        formatter_class=HelpFormatter,
         help="build the simulator's hit tables from SD bench runs (where each bonus stood among the draft's guesses)",
         description="Pool SD (or SSD) `saguaro bench` run folders into the hit table the simulator ships: one entry "
-                    "per (prompt set, T, C) and per task; a later run replaces an earlier one's rounds of the same "
-                    "prompt.")
+        "per (prompt set, T, C) and per task; a later run replaces an earlier one's rounds of the same "
+        "prompt.",
+    )
     hits.add_argument("runs", nargs="+", type=Path, help="saguaro bench run folders")
     hits.add_argument("--keep", type=Path, help="an existing table whose entries the runs do not measure are kept")
-    hits.add_argument("--out", type=Path, help="where the table goes (default: the simulator's shipped "
-                                               "simulator/data/hit_tables.json)")
+    hits.add_argument(
+        "--out",
+        type=Path,
+        help="where the table goes (default: the simulator's shipped simulator/data/hit_tables.json)",
+    )
     hits.add_argument("--markdown", type=Path, help="also write the per-entry Markdown table here")
 
 
@@ -144,8 +170,9 @@ def _provision_lowbit(provision, root: Path, args: argparse.Namespace) -> int:
             provision.locate_parts(provision.PACKAGED[model])  # every missing package named before minutes pass
     for model in models:
         t0 = time.perf_counter()
-        folder = lowbit_cache.provision_lowbit(model, root, lowbit=args.lowbit, group_size=args.group_size,
-                                               rebuild=args.rebuild)
+        folder = lowbit_cache.provision_lowbit(
+            model, root, lowbit=args.lowbit, group_size=args.group_size, rebuild=args.rebuild
+        )
         print(f"{model}: {args.lowbit} (group {args.group_size}) in {folder} ({time.perf_counter() - t0:.1f} s)")
     return 0
 
@@ -191,8 +218,10 @@ def _list(provision, model_cache, root: Path) -> int:
     from engine.loading.leftovers import find_leftovers
 
     for leftover in find_leftovers(root):
-        print(f"{'(leftover)':16} {_gib(leftover.size):16} {leftover.path}: temp folder of an interrupted "
-              "build; `saguaro models clean` removes it")
+        print(
+            f"{'(leftover)':16} {_gib(leftover.size):16} {leftover.path}: temp folder of an interrupted "
+            "build; `saguaro models clean` removes it"
+        )
     return 0
 
 
@@ -227,9 +256,11 @@ def _hit_tables(args: argparse.Namespace) -> int:
     for e in table["entries"]:
         m = e["model"]
         fit = m.get("power_law") or {}
-        print(f"{e['workload']:<32} T={e['temperature']:<4g} C={e['C']:<4g} prompts={e.get('prompts', '-'):<3} "
-              f"rounds={e.get('rounds', '-'):<5} outcomes={m['outcomes']:<5} alpha={m['alpha']} r={fit.get('r')} "
-              f"r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}")
+        print(
+            f"{e['workload']:<32} T={e['temperature']:<4g} C={e['C']:<4g} prompts={e.get('prompts', '-'):<3} "
+            f"rounds={e.get('rounds', '-'):<5} outcomes={m['outcomes']:<5} alpha={m['alpha']} r={fit.get('r')} "
+            f"r_ci95={fit.get('r_ci95')} scale={fit.get('scale')}"
+        )
     print(f"wrote {out}")
     if args.markdown:
         print(f"wrote {args.markdown}")

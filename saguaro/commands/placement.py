@@ -23,18 +23,36 @@ from saguaro.formatting import write_json
 
 
 def add_flags(g) -> None:
-    g.add_argument("--placement", action="store_true",
-                   help="answer where SSD pays instead of a capacity plan (no --rate needed): SSD with a device or "
-                        "core of its own against AR and SD with everything for the target")
-    g.add_argument("--devices", type=int, help="--placement on presets: devices in all (GPUs, or CPU cores; "
-                                               "default: the pair's TP + 1)")
-    g.add_argument("--fit-all-cores", metavar="RECORDS", nargs="+",
-                   help="--placement with --fit: saguaro calibrate --threads N records, the target with every core")
-    g.add_argument("--compare-forwards", action="store_true",
-                   help="--placement on presets: answer with graph-captured forwards (--compile on) and with eager "
-                        "ones, and say what compiling buys")
-    g.add_argument("--runs", metavar="RUN_DIR", nargs="+", type=Path,
-                   help="--placement, measured: saguaro bench run folders (SSD split; AR and SD with every core)")
+    g.add_argument(
+        "--placement",
+        action="store_true",
+        help="answer where SSD pays instead of a capacity plan (no --rate needed): SSD with a device or "
+        "core of its own against AR and SD with everything for the target",
+    )
+    g.add_argument(
+        "--devices",
+        type=int,
+        help="--placement on presets: devices in all (GPUs, or CPU cores; default: the pair's TP + 1)",
+    )
+    g.add_argument(
+        "--fit-all-cores",
+        metavar="RECORDS",
+        nargs="+",
+        help="--placement with --fit: saguaro calibrate --threads N records, the target with every core",
+    )
+    g.add_argument(
+        "--compare-forwards",
+        action="store_true",
+        help="--placement on presets: answer with graph-captured forwards (--compile on) and with eager "
+        "ones, and say what compiling buys",
+    )
+    g.add_argument(
+        "--runs",
+        metavar="RUN_DIR",
+        nargs="+",
+        type=Path,
+        help="--placement, measured: saguaro bench run folders (SSD split; AR and SD with every core)",
+    )
 
 
 def _best(rows: list[dict]) -> dict | None:
@@ -49,8 +67,11 @@ def _verdict(rows: list[dict]) -> str:
     if best is None:
         return "none meets the SLO: relax it"
     ran = [r for r in rows if r["tok/s"] == r["tok/s"]]
-    by = ", ".join(f"{best['tok/s'] / r['tok/s']:.2f}× {r['strategy'].upper()}"
-                   + ("" if r["meets_slo"] else " (misses the SLO)") for r in ran if r is not best)
+    by = ", ".join(
+        f"{best['tok/s'] / r['tok/s']:.2f}× {r['strategy'].upper()}" + ("" if r["meets_slo"] else " (misses the SLO)")
+        for r in ran
+        if r is not best
+    )
     return f"{best['strategy'].upper()} wins" + (f": {by} tokens/s" if by else "")
 
 
@@ -76,9 +97,17 @@ def _simulated_rows(outcomes, percentile: int) -> list[dict]:
             if o.result is not None and o.result.settings.get("fanout"):
                 parts.append(f"fan-out {o.result.settings['fanout']}")
             settings = ", ".join(parts) or "one token a step"
-        rows.append({"strategy": o.option.strategy.value, "where": o.option.where, "settings": settings,
-                     "tok/s": o.tokens_per_s, "meets_slo": o.meets, "reason": o.reason,
-                     "tpot_ms": o.result.tpot_ms[f"p{percentile}"] if o.result is not None else float("nan")})
+        rows.append(
+            {
+                "strategy": o.option.strategy.value,
+                "where": o.option.where,
+                "settings": settings,
+                "tok/s": o.tokens_per_s,
+                "meets_slo": o.meets,
+                "reason": o.reason,
+                "tpot_ms": o.result.tpot_ms[f"p{percentile}"] if o.result is not None else float("nan"),
+            }
+        )
     return rows
 
 
@@ -100,8 +129,10 @@ def _presets(args) -> tuple[str, list[dict]]:
     devices = args.devices or (args.tp or PAIRS[args.pair][2]) + 1
     outcomes = compare(preset_options(scenario, devices), args.batch[0], _targets(args))
     t = scenario.timing
-    label = (f"predicted ({args.hardware} preset, engine {args.engine}): {t.target.model.name} + {t.draft.model.name} "
-             f"on {devices} × {t.target.hardware.name}, batch {args.batch[0]}")
+    label = (
+        f"predicted ({args.hardware} preset, engine {args.engine}): {t.target.model.name} + {t.draft.model.name} "
+        f"on {devices} × {t.target.hardware.name}, batch {args.batch[0]}"
+    )
     return label, _simulated_rows(outcomes, args.percentile)
 
 
@@ -117,11 +148,15 @@ def _calibrated(args) -> tuple[str, list[dict]]:
     options = [Option(Strategy.SSD, "target on one core, draft worker on another (calibrated)", split)]
     if args.fit_all_cores:
         every = replace(split, timing=fit_all(args.fit_all_cores))
-        options += [Option(Strategy.SD, "target and draft with every core (calibrated)", every),
-                    Option(Strategy.AR, "target with every core (calibrated)", every)]
+        options += [
+            Option(Strategy.SD, "target and draft with every core (calibrated)", every),
+            Option(Strategy.AR, "target with every core (calibrated)", every),
+        ]
     else:
-        options += [Option(Strategy.SD, "target and draft on one core (no --fit-all-cores)", split),
-                    Option(Strategy.AR, "target on one core (no --fit-all-cores)", split)]
+        options += [
+            Option(Strategy.SD, "target and draft on one core (no --fit-all-cores)", split),
+            Option(Strategy.AR, "target on one core (no --fit-all-cores)", split),
+        ]
     outcomes = compare(options, args.batch[0], _targets(args))
     label = f"predicted (this machine, calibrated: {' '.join(args.fit)}), batch {args.batch[0]}"
     return label, _simulated_rows(outcomes, args.percentile)
@@ -136,13 +171,21 @@ def measured_rows(runs: list[Path], percentile: int, targets, batch: int = 1) ->
         if not path.is_file():
             raise ValueError(f"{run} has no summary.json: give saguaro bench run folders")
         summary = json.loads(path.read_text())
-        variants += [v for v in summary["variants"] if v.get("tokens_per_s") and v["system"] in ("ar", "sd", "ssd")
-                     and (v.get("batch") or 1) == batch]
+        variants += [
+            v
+            for v in summary["variants"]
+            if v.get("tokens_per_s") and v["system"] in ("ar", "sd", "ssd") and (v.get("batch") or 1) == batch
+        ]
     if not variants:
-        raise ValueError(f"no AR, SD or SSD results at batch {batch} in {' '.join(map(str, runs))}: give saguaro "
-                         f"bench run folders (or --batch)")
-    most = max(v.get("threads") or 1 for v in variants if v["system"] != "ssd") if any(
-        v["system"] != "ssd" for v in variants) else None
+        raise ValueError(
+            f"no AR, SD or SSD results at batch {batch} in {' '.join(map(str, runs))}: give saguaro "
+            f"bench run folders (or --batch)"
+        )
+    most = (
+        max(v.get("threads") or 1 for v in variants if v["system"] != "ssd")
+        if any(v["system"] != "ssd" for v in variants)
+        else None
+    )
     rows = []
     for system in ("ssd", "sd", "ar"):
         pool = [v for v in variants if v["system"] == system and (system == "ssd" or (v.get("threads") or 1) == most)]
@@ -150,12 +193,25 @@ def measured_rows(runs: list[Path], percentile: int, targets, batch: int = 1) ->
             continue
         best = max(pool, key=lambda v: v["tokens_per_s"])
         threads = best.get("threads") or 1
-        where = (f"target on {threads} core(s), draft worker on another" if system == "ssd"
-                 else f"{threads} thread(s) for the target" + (" and its draft" if system == "sd" else ""))
+        where = (
+            f"target on {threads} core(s), draft worker on another"
+            if system == "ssd"
+            else f"{threads} thread(s) for the target" + (" and its draft" if system == "sd" else "")
+        )
         tpot = best.get(f"p{percentile}_tpot_ms", float("nan"))
         meets = all(best.get(f"p{t.percentile}_{t.metric}_ms", float("inf")) <= t.ms for t in targets)
-        rows.append({"strategy": system, "where": where, "settings": best["key"], "tok/s": best["tokens_per_s"],
-                     "meets_slo": meets, "reason": "", "tpot_ms": tpot, "run": best.get("run")})
+        rows.append(
+            {
+                "strategy": system,
+                "where": where,
+                "settings": best["key"],
+                "tok/s": best["tokens_per_s"],
+                "meets_slo": meets,
+                "reason": "",
+                "tpot_ms": tpot,
+                "run": best.get("run"),
+            }
+        )
     return rows
 
 
@@ -168,8 +224,10 @@ def _compare_forwards(args: argparse.Namespace) -> int:
     if args.runs or args.fit:
         raise ValueError("--compare-forwards compares presets (--pair, --hardware): drop --runs and --fit")
     if engine_preset(args.engine).eager:
-        raise ValueError(f"engine {args.engine} is eager by definition: --compare-forwards needs an engine whose "
-                         f"forwards can be either (saguaro, reference)")
+        raise ValueError(
+            f"engine {args.engine} is eager by definition: --compare-forwards needs an engine whose "
+            f"forwards can be either (saguaro, reference)"
+        )
     blocks = []
     for eager in (False, True):
         variant = copy(args)
@@ -181,16 +239,25 @@ def _compare_forwards(args: argparse.Namespace) -> int:
     if best_graphs is None:
         verdict = "no placement meets the SLO even with graph-captured forwards: relax it"
     elif best_eager is None:
-        verdict = (f"only graph-captured forwards meet the SLO: compile ({best_graphs['strategy'].upper()}, "
-                   f"{best_graphs['tok/s']:.1f} tok/s)")
+        verdict = (
+            f"only graph-captured forwards meet the SLO: compile ({best_graphs['strategy'].upper()}, "
+            f"{best_graphs['tok/s']:.1f} tok/s)"
+        )
     else:
-        verdict = (f"graph-captured forwards: {best_graphs['strategy'].upper()} {best_graphs['tok/s']:.1f} tok/s "
-                   f"against eager {best_eager['strategy'].upper()} {best_eager['tok/s']:.1f}: compiling pays "
-                   f"{best_graphs['tok/s'] / best_eager['tok/s']:.2f}×")
+        verdict = (
+            f"graph-captured forwards: {best_graphs['strategy'].upper()} {best_graphs['tok/s']:.1f} tok/s "
+            f"against eager {best_eager['strategy'].upper()} {best_eager['tok/s']:.1f}: compiling pays "
+            f"{best_graphs['tok/s'] / best_eager['tok/s']:.2f}×"
+        )
     if args.json:
-        write_json(args.json, {"blocks": [{"label": label, "rows": rows, "verdict": _verdict(rows)}
-                                           for label, rows in blocks],
-                                "verdict": verdict, "slo": [str(t) for t in _targets(args)]})
+        write_json(
+            args.json,
+            {
+                "blocks": [{"label": label, "rows": rows, "verdict": _verdict(rows)} for label, rows in blocks],
+                "verdict": verdict,
+                "slo": [str(t) for t in _targets(args)],
+            },
+        )
     if args.json != "-":
         for label, rows in blocks:
             print("\n".join(_lines(label, rows, args.percentile)))
@@ -209,8 +276,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         label, rows = _presets(args)
     if args.json:
-        write_json(args.json, {"label": label, "rows": rows, "verdict": _verdict(rows),
-                                "slo": [str(t) for t in _targets(args)]})
+        write_json(
+            args.json,
+            {"label": label, "rows": rows, "verdict": _verdict(rows), "slo": [str(t) for t in _targets(args)]},
+        )
     if args.json != "-":
         print("\n".join(_lines(label, rows, args.percentile)))
     return 0

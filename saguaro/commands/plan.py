@@ -35,35 +35,60 @@ SOURCED = ("alpha", "r", "scale", "p_hit")  # flags whose defaults the assumptio
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("plan", help="capacity plan: best SD/SSD settings and replicas for latency targets",
-                       description=__doc__, formatter_class=HelpFormatter)
+    p = sub.add_parser(
+        "plan",
+        help="capacity plan: best SD/SSD settings and replicas for latency targets",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     g = p.add_argument_group("demand and targets")
-    g.add_argument("--rate", type=float, help="arrival rate, requests per second (all replicas); needed for a "
-                                              "capacity plan, not with --placement")
-    g.add_argument("--metric", choices=METRICS, default="itl",
-                   help="the primary metric, limited by --target-ms: itl (per streamed chunk), tpot, "
-                        "ttft or e2el")
+    g.add_argument(
+        "--rate",
+        type=float,
+        help="arrival rate, requests per second (all replicas); needed for a capacity plan, not with --placement",
+    )
+    g.add_argument(
+        "--metric",
+        choices=METRICS,
+        default="itl",
+        help="the primary metric, limited by --target-ms: itl (per streamed chunk), tpot, ttft or e2el",
+    )
     g.add_argument("--target-ms", type=float, help="the primary metric's limit in milliseconds")
     for metric in METRICS:
         g.add_argument(f"--{metric}-ms", type=float, metavar="MS", help=f"a limit on {metric} as well (ms)")
     g.add_argument("--percentile", type=int, choices=[50, 90, 99], default=99, help="of every target")
-    g.add_argument("--objective", choices=["accelerators", "latency"], default="accelerators",
-                   help="fewest accelerators or lowest primary latency among plans that meet the SLO")
+    g.add_argument(
+        "--objective",
+        choices=["accelerators", "latency"],
+        default="accelerators",
+        help="fewest accelerators or lowest primary latency among plans that meet the SLO",
+    )
     g.add_argument("--headroom", type=float, default=0.85, help="plan for this fraction of capacity")
     g.add_argument("--check-top", type=int, default=3, help="open-loop checks of the best N")
     g.add_argument("--check-requests", type=int, default=300, help="requests per open-loop check")
     g = p.add_argument_group("candidates (space-separated lists)")
-    g.add_argument("--strategy", nargs="+", default=["ar", "sd", "ssd"], choices=["ar", "sd", "ssd"],
-                   help="strategies")
-    g.add_argument("-K", "--K", dest="K", type=int_or_auto, nargs="+", default=[2, 4, 6],
-                   help="draft tokens per round (auto: the fastest K in 1..8, as the engine's K auto settles)")
-    g.add_argument("--budget", type=int_or_auto, nargs="+", default=[6, 12, 24],
-                   help="SSD fan-out budgets B = Σ F_k (auto: the engine's rule, the build within 90%% of a verify)")
-    g.add_argument("--backup", nargs="+", default=["neural", "random"], choices=["neural", "random", "lookup"],
-                   help="SSD backups")
+    g.add_argument("--strategy", nargs="+", default=["ar", "sd", "ssd"], choices=["ar", "sd", "ssd"], help="strategies")
+    g.add_argument(
+        "-K",
+        "--K",
+        dest="K",
+        type=int_or_auto,
+        nargs="+",
+        default=[2, 4, 6],
+        help="draft tokens per round (auto: the fastest K in 1..8, as the engine's K auto settles)",
+    )
+    g.add_argument(
+        "--budget",
+        type=int_or_auto,
+        nargs="+",
+        default=[6, 12, 24],
+        help="SSD fan-out budgets B = Σ F_k (auto: the engine's rule, the build within 90%% of a verify)",
+    )
+    g.add_argument(
+        "--backup", nargs="+", default=["neural", "random"], choices=["neural", "random", "lookup"], help="SSD backups"
+    )
     g.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16], help="max batch per replica")
-    g.add_argument("--C", type=float, nargs="+", default=[1.0],
-                   help="Saguaro constants (C ≠ 1 needs --saguaro-table)")
+    g.add_argument("--C", type=float, nargs="+", default=[1.0], help="Saguaro constants (C ≠ 1 needs --saguaro-table)")
     add_scenario_flags(p, rounds=2000)
     g = p.add_argument_group("placement: where SSD pays (saguaro/commands/placement.py)")
     add_placement_flags(g)
@@ -85,12 +110,16 @@ def targets_from_args(args: argparse.Namespace) -> list:
         limits = {args.metric: limits[args.metric], **limits}
     if args.target_ms is not None:
         if limits.get(args.metric, args.target_ms) != args.target_ms:
-            raise ValueError(f"--target-ms {args.target_ms:g} and --{args.metric}-ms {limits[args.metric]:g} set "
-                             f"two limits on {args.metric}: give one")
+            raise ValueError(
+                f"--target-ms {args.target_ms:g} and --{args.metric}-ms {limits[args.metric]:g} set "
+                f"two limits on {args.metric}: give one"
+            )
         limits = {args.metric: args.target_ms, **limits}
     if not limits:
-        raise ValueError("give a latency target: --target-ms MS (on --metric, default itl) or --ttft-ms, "
-                         "--tpot-ms, --itl-ms, --e2el-ms")
+        raise ValueError(
+            "give a latency target: --target-ms MS (on --metric, default itl) or --ttft-ms, "
+            "--tpot-ms, --itl-ms, --e2el-ms"
+        )
     return [LatencyTarget(m, args.percentile, ms) for m, ms in limits.items()]
 
 
@@ -103,10 +132,15 @@ def _latencies(result, percentile: int) -> dict:
 def _row(candidate, targets, percentile: int) -> dict:
     """A candidate's settings, every latency at full load, the primary's checked value and the sizing (numbers)."""
     primary = targets[0]
-    return {**{k: candidate.settings.get(k) for k in SETTINGS}, **_latencies(candidate.screened, percentile),
-            f"checked_{primary.metric}_p{primary.percentile}_ms": candidate.checked_latency_ms,
-            "capacity_rps": candidate.capacity_per_s, "replicas": candidate.replicas,
-            "accelerators": candidate.accelerators, "tok/s/acc": candidate.screened.tokens_per_s_per_accelerator}
+    return {
+        **{k: candidate.settings.get(k) for k in SETTINGS},
+        **_latencies(candidate.screened, percentile),
+        f"checked_{primary.metric}_p{primary.percentile}_ms": candidate.checked_latency_ms,
+        "capacity_rps": candidate.capacity_per_s,
+        "replicas": candidate.replicas,
+        "accelerators": candidate.accelerators,
+        "tok/s/acc": candidate.screened.tokens_per_s_per_accelerator,
+    }
 
 
 def _limits(targets) -> dict[str, float]:
@@ -130,10 +164,21 @@ def slo_table(candidate, targets, percentile: int) -> tuple[list[dict], list[str
         raw.append((m, limits.get(m), full, checked))
     unit, factor, decimals = latency_unit([v for row in raw for v in row[1:] if v is not None])
     columns = ["metric", f"limit_{unit}", f"full_load_{unit}", f"checked_{unit}"]
-    rows = [dict(zip(columns, (f"{m} p{percentile}", number(limit, decimals, factor),
-                               number(full, decimals, factor, limit), number(checked, decimals, factor, limit)),
-                     strict=True))
-            for m, limit, full, checked in raw]
+    rows = [
+        dict(
+            zip(
+                columns,
+                (
+                    f"{m} p{percentile}",
+                    number(limit, decimals, factor),
+                    number(full, decimals, factor, limit),
+                    number(checked, decimals, factor, limit),
+                ),
+                strict=True,
+            )
+        )
+        for m, limit, full, checked in raw
+    ]
     return rows, columns
 
 
@@ -141,18 +186,30 @@ def _describe(candidate, targets, args) -> list[str]:
     from simulator.plan import EXTRA_REPLICAS
 
     settings = {k: v for k, v in candidate.settings.items() if k in SETTINGS or k == "miss_policy"}
-    sizing = {"replicas": candidate.replicas, "accelerators/replica": candidate.accelerators // candidate.replicas,
-              "accelerators": candidate.accelerators, "capacity_rps": candidate.capacity_per_s,
-              "tok/s/acc": candidate.screened.tokens_per_s_per_accelerator}
+    sizing = {
+        "replicas": candidate.replicas,
+        "accelerators/replica": candidate.accelerators // candidate.replicas,
+        "accelerators": candidate.accelerators,
+        "capacity_rps": candidate.capacity_per_s,
+        "tok/s/acc": candidate.screened.tokens_per_s_per_accelerator,
+    }
     per_replica = args.rate / candidate.replicas
-    where = "not checked" if candidate.checked is None else (
-        f"Poisson arrivals at {per_replica:.3g} requests/s per replica"
-        + ("" if candidate.passed else f", the last of {EXTRA_REPLICAS + 1} replica counts tried"))
+    where = (
+        "not checked"
+        if candidate.checked is None
+        else (
+            f"Poisson arrivals at {per_replica:.3g} requests/s per replica"
+            + ("" if candidate.passed else f", the last of {EXTRA_REPLICAS + 1} replica counts tried")
+        )
+    )
     rows, columns = slo_table(candidate, targets, args.percentile)
-    return [table([{**settings, **sizing}], [*settings, *sizing], markdown=args.markdown), "",
-            f"SLO at p{args.percentile}: full load = closed loop at batch {candidate.settings['batch']}; "
-            f"checked = {where}; ! = violated",
-            table(rows, columns, markdown=args.markdown)]
+    return [
+        table([{**settings, **sizing}], [*settings, *sizing], markdown=args.markdown),
+        "",
+        f"SLO at p{args.percentile}: full load = closed loop at batch {candidate.settings['batch']}; "
+        f"checked = {where}; ! = violated",
+        table(rows, columns, markdown=args.markdown),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,26 +229,55 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("planning needs finite --output-len (requests must finish)")
     progress = Progress("plan", args)
     try:
-        result = plan(scenario, _grid(args), args.rate, targets, objective=args.objective, headroom=args.headroom,
-                      check_top=args.check_top, check_requests=args.check_requests, progress=progress)
+        result = plan(
+            scenario,
+            _grid(args),
+            args.rate,
+            targets,
+            objective=args.objective,
+            headroom=args.headroom,
+            check_top=args.check_top,
+            check_requests=args.check_requests,
+            progress=progress,
+        )
     finally:
         progress.close()
     rows = assumptions(args, scenario, targets)  # saguaro.commands.assumptions
     pct = args.percentile
     if args.json:
+
         def detail(c):
-            return None if c is None else {**_row(c, targets, pct), "settings": c.settings,
-                                           "checked": c.checked.to_dict() if c.checked else None}
-        inputs = {**scenario_inputs(args, scenario), "rate_per_s": args.rate, "slo": [str(t) for t in targets],
-                  "objective": args.objective, "headroom": args.headroom}
-        write_json(args.json, {
-            "inputs": inputs,
-            "assumptions": rows, "slo": [str(t) for t in targets], "rate_per_s": args.rate,
-            "best": detail(result.best), "closest": detail(result.closest),
-            "candidates": [_row(c, targets, pct) for c in result.candidates],
-            "rejected": [_row(c, targets, pct) for c in result.rejected],
-            "infeasible": [{**i.settings, "reason": i.reason} for i in result.infeasible],
-        })
+            return (
+                None
+                if c is None
+                else {
+                    **_row(c, targets, pct),
+                    "settings": c.settings,
+                    "checked": c.checked.to_dict() if c.checked else None,
+                }
+            )
+
+        inputs = {
+            **scenario_inputs(args, scenario),
+            "rate_per_s": args.rate,
+            "slo": [str(t) for t in targets],
+            "objective": args.objective,
+            "headroom": args.headroom,
+        }
+        write_json(
+            args.json,
+            {
+                "inputs": inputs,
+                "assumptions": rows,
+                "slo": [str(t) for t in targets],
+                "rate_per_s": args.rate,
+                "best": detail(result.best),
+                "closest": detail(result.closest),
+                "candidates": [_row(c, targets, pct) for c in result.candidates],
+                "rejected": [_row(c, targets, pct) for c in result.rejected],
+                "infeasible": [{**i.settings, "reason": i.reason} for i in result.infeasible],
+            },
+        )
     if args.json == "-":
         return 0
 
@@ -201,8 +287,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     if result.best is not None:
         best = result.best
-        print(f"best: {best.replicas} replica(s) × {best.accelerators // best.replicas} accelerator(s) = "
-              f"{best.accelerators} accelerator(s)")
+        print(
+            f"best: {best.replicas} replica(s) × {best.accelerators // best.replicas} accelerator(s) = "
+            f"{best.accelerators} accelerator(s)"
+        )
         print("\n".join(_describe(best, targets, args)))
     else:
         print("no configuration meets the SLO: relax it, add smaller batches, or faster hardware")
@@ -211,10 +299,18 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(_describe(result.closest, targets, args)))
     latencies = [f"{m}_p{pct}_ms" for m in METRICS]
     checked = f"checked_{targets[0].metric}_p{targets[0].percentile}_ms"
-    print(f"\ncandidates that meet the SLO at full load ({len(result.candidates)}; {len(result.rejected)} missed "
-          f"it, {len(result.infeasible)} cannot run); latencies at full load, ! = violated:")
-    print(table([_row(c, targets, pct) for c in result.candidates[: args.show]],
-                [*SETTINGS, *latencies, checked, *FIGURES], markdown=args.markdown, limits=_limits(targets)))
+    print(
+        f"\ncandidates that meet the SLO at full load ({len(result.candidates)}; {len(result.rejected)} missed "
+        f"it, {len(result.infeasible)} cannot run); latencies at full load, ! = violated:"
+    )
+    print(
+        table(
+            [_row(c, targets, pct) for c in result.candidates[: args.show]],
+            [*SETTINGS, *latencies, checked, *FIGURES],
+            markdown=args.markdown,
+            limits=_limits(targets),
+        )
+    )
     if result.infeasible:
         print(f"\n{len(result.infeasible)} configuration(s) cannot run (dropped):")
         for i in result.infeasible[: args.show]:

@@ -20,10 +20,18 @@ from pathlib import Path
 def add_parser(sub) -> argparse.ArgumentParser:
     from saguaro.cli import HelpFormatter
 
-    p = sub.add_parser("report", help="Markdown report with figures from bench run folders",
-                       description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                   help="run folders written by `saguaro bench` (engine or --url client runs)")
+    p = sub.add_parser(
+        "report",
+        help="Markdown report with figures from bench run folders",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders written by `saguaro bench` (engine or --url client runs)",
+    )
     p.add_argument("--out", help="folder for report.md, the PNGs and CSVs (default: RUN_DIR/report of the first)")
     return p
 

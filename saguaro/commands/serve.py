@@ -33,33 +33,53 @@ log = logging.getLogger(__name__)
 def add_parser(sub) -> argparse.ArgumentParser:
     from saguaro.cli import HelpFormatter
 
-    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__,
-                       formatter_class=HelpFormatter)
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, model folder or .gguf file")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="alias, model folder or .gguf file (sd, ssd)")
     p.add_argument("--strategy", choices=["ar", "sd", "ssd"], default="sd")
     add_speculation_flags(p)
     add_model_flags(p)
     p.add_argument("--draft-threads", type=int, default=1, help="SSD draft worker threads (own cores on CPU)")
-    p.add_argument("--draft-deadline", type=float, default=30.0,
-                   help="seconds SSD waits for one answer of its draft worker before it falls back to SD: the "
-                        "outer bound of a stall (a worker process that has stopped is found by its heartbeat in "
-                        "about 5 s; one whose loop hangs stalls the streams this long)")
+    p.add_argument(
+        "--draft-deadline",
+        type=float,
+        default=30.0,
+        help="seconds SSD waits for one answer of its draft worker before it falls back to SD: the "
+        "outer bound of a stall (a worker process that has stopped is found by its heartbeat in "
+        "about 5 s; one whose loop hangs stalls the streams this long)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0 = a free port)")
     key = p.add_mutually_exclusive_group()
-    key.add_argument("--api-key-file", type=Path, help="require 'Authorization: Bearer KEY' on /v1/*, KEY being "
-                                                       f"this file's first line (default: ${API_KEY_VARIABLE} if set)")
+    key.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="require 'Authorization: Bearer KEY' on /v1/*, KEY being "
+        f"this file's first line (default: ${API_KEY_VARIABLE} if set)",
+    )
     key.add_argument("--api-key", help="as --api-key-file, the key given on the command line (visible in `ps`)")
     p.add_argument("--served-model-name", help="the model name clients ask for (default: --target)")
     add_batch_flag(p, 8, "requests decoded together (batch rows)")
-    p.add_argument("--max-prefill-tokens", type=int, default=2048,
-                   help="prompt tokens prefilled per step; a longer prompt is prefilled in chunks of this many, "
-                        "between the decode rounds of the running requests")
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=2048,
+        help="prompt tokens prefilled per step; a longer prompt is prefilled in chunks of this many, "
+        "between the decode rounds of the running requests",
+    )
     p.add_argument("--max-waiting", type=int, default=64, help="requests queued beyond free rows before 503")
     p.add_argument("--max-request-bytes", type=int, help="largest request body taken, 413 beyond it (default 2 MiB)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds requests in flight get to finish on SIGTERM/SIGINT")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds requests in flight get to finish on SIGTERM/SIGINT",
+    )
     p.add_argument("--rounds-out", type=Path, help="append per-round records (JSONL) here, for the simulator")
     serve_replicas.add_flags(p)
     return p
@@ -77,8 +97,9 @@ def api_key(args, environ: Mapping[str, str]) -> str | None:
             raise ValueError(f"--api-key-file {args.api_key_file} is empty: its first line is the key")
         return key
     if args.api_key is not None:
-        log.warning("--api-key shows the key to every user of this host (ps); prefer --api-key-file or $%s",
-                    API_KEY_VARIABLE)
+        log.warning(
+            "--api-key shows the key to every user of this host (ps); prefer --api-key-file or $%s", API_KEY_VARIABLE
+        )
         return args.api_key
     return environ.get(API_KEY_VARIABLE) or None
 
@@ -111,8 +132,12 @@ def run(args) -> int:
         sock.close()
         raise
     app = create_app(llm, aengine, settings)
-    server = HTTPServer(app, sock, shutdown_timeout_s=args.shutdown_timeout,
-                        on_ready=lambda url: print(f"saguaro serve: listening on {url}", flush=True))
+    server = HTTPServer(
+        app,
+        sock,
+        shutdown_timeout_s=args.shutdown_timeout,
+        on_ready=lambda url: print(f"saguaro serve: listening on {url}", flush=True),
+    )
     server.run()
     return 0 if server.clean_exit else 1
 

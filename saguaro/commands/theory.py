@@ -22,8 +22,12 @@ MISS_POLICIES = ("per-row", "whole-batch")  # theory.MissPolicy's values (kept h
 
 def add_parser(sub) -> argparse.ArgumentParser:
     formatter = HelpFormatter
-    parser = sub.add_parser("theory", help="closed-form SD/SSD/Saguaro theory for given inputs", description=__doc__,
-                            formatter_class=formatter)
+    parser = sub.add_parser(
+        "theory",
+        help="closed-form SD/SSD/Saguaro theory for given inputs",
+        description=__doc__,
+        formatter_class=formatter,
+    )
     theory_sub = parser.add_subparsers(dest="theory_command", required=True, metavar="WHAT")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -38,10 +42,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         p.add_argument("--p-hit", type=float, required=True, help="probability the outcome is in the cache")
         p.add_argument("--t-p", type=float, default=1.0, help="cache-build time T_p (1: fits a verify)")
         p.add_argument("--alpha-hit", type=float, help="acceptance after a hit (default: --alpha)")
-        p.add_argument("--miss-policy", choices=MISS_POLICIES, default=MISS_POLICIES[0],
-                       help="at batch > 1 when some rows miss: per-row (this engine: the build "
-                            "completes, hit rows keep their branch, missed rows share one backup) or "
-                            "whole-batch (the reference engine: any miss drops the build and backs up every row)")
+        p.add_argument(
+            "--miss-policy",
+            choices=MISS_POLICIES,
+            default=MISS_POLICIES[0],
+            help="at batch > 1 when some rows miss: per-row (this engine: the build "
+            "completes, hit rows keep their branch, missed rows share one backup) or "
+            "whole-batch (the reference engine: any miss drops the build and backs up every row)",
+        )
 
     p = command("speedup", "E(α, K), SD and SSD speedups over AR (Thm 7, Cor. 16) and the Cor. 8/9 bounds")
     round_flags(p)
@@ -53,15 +61,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate α")
     p.add_argument("-K", "--K", dest="K", type=int, required=True, help="lookahead: outcomes are k = 0..K")
     p.add_argument("--B", "--budget", dest="B", type=int, required=True, help="cache budget B = Σ_k F_k")
-    p.add_argument("--r", type=float,
-                   help="power-law exponent of the miss rate; without it the α-model of hits (the default of "
-                        "simulate and plan for pairs without measured ranks: simulator/alpha_hits.py) or, with "
-                        "--hit-table, the default pair's measured ranks give the hit probabilities, and the "
-                        "model's r the real-valued optimum")
+    p.add_argument(
+        "--r",
+        type=float,
+        help="power-law exponent of the miss rate; without it the α-model of hits (the default of "
+        "simulate and plan for pairs without measured ranks: simulator/alpha_hits.py) or, with "
+        "--hit-table, the default pair's measured ranks give the hit probabilities, and the "
+        "model's r the real-valued optimum",
+    )
     p.add_argument("--scale", type=float, default=1.0, help="a in miss ≈ a·F^(−r) with --r (1 as in the docs)")
-    p.add_argument("--hit-table", metavar="WORKLOAD",
-                   help="the default pair's measured ranks instead (qwen-coder 1.5B + 0.5B): spec_bench, "
-                        "humaneval, spec_bench/<task>")
+    p.add_argument(
+        "--hit-table",
+        metavar="WORKLOAD",
+        help="the default pair's measured ranks instead (qwen-coder 1.5B + 0.5B): spec_bench, "
+        "humaneval, spec_bench/<task>",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="the hit model's temperature")
     p.add_argument("--C", type=float, default=1.0, help="measured hit model's Saguaro constant")
 
@@ -147,9 +161,15 @@ def _speedup(args: argparse.Namespace) -> tuple[dict, list[str]]:
     for b in args.batch:
         ssd = ssd_speedup(args.p_hit, q["E_hit"], E_miss, args.t_p, T_b, b, miss_policy=args.miss_policy)
         rows.append({"b": b, "all_hit": args.p_hit**b, "ssd_speedup": ssd, "ssd_over_sd": ssd / sd})
-    summary = {**q, "E_miss": E_miss, "T_b": T_b, "miss_policy": args.miss_policy, "sd_speedup": sd,
-               "cor9_ceiling_ssd_over_sd": ceiling,
-               "cor8_never_slower_than_sd": cor8}
+    summary = {
+        **q,
+        "E_miss": E_miss,
+        "T_b": T_b,
+        "miss_policy": args.miss_policy,
+        "sd_speedup": sd,
+        "cor9_ceiling_ssd_over_sd": ceiling,
+        "cor8_never_slower_than_sd": cor8,
+    }
     tables = [_pairs(summary), _fixed(rows, ["b", "all_hit", "ssd_speedup", "ssd_over_sd"])]
     return {"inputs": _inputs(args), **summary, "by_batch": rows}, tables
 
@@ -187,10 +207,18 @@ def _fanout(args: argparse.Namespace) -> tuple[dict, list[str]]:
     rows = [{"k": k, "P(k)": P[k], **{name: F[k] for name, F in schedules.items()}} for k in range(args.K + 1)]
     hits = {name: float(hit_of(F)) for name, F in schedules.items()}
     hit_rows = [{"schedule": name, "hit_probability": h, "miss_rate": 1 - h} for name, h in hits.items()]
-    tables = [f"hit model: {source}", _fixed(rows, ["k", "P(k)", *schedules]),
-              _fixed(hit_rows, ["schedule", "hit_probability", "miss_rate"])]
-    return {"inputs": _inputs(args), "hit_model": source, "P": P, "schedules": schedules,
-            "hit_probability": hits}, tables
+    tables = [
+        f"hit model: {source}",
+        _fixed(rows, ["k", "P(k)", *schedules]),
+        _fixed(hit_rows, ["schedule", "hit_probability", "miss_rate"]),
+    ]
+    return {
+        "inputs": _inputs(args),
+        "hit_model": source,
+        "P": P,
+        "schedules": schedules,
+        "hit_probability": hits,
+    }, tables
 
 
 def _fit_r(args: argparse.Namespace) -> tuple[dict, list[str]]:
@@ -199,11 +227,19 @@ def _fit_r(args: argparse.Namespace) -> tuple[dict, list[str]]:
     from theory import fit_r, miss_rate
 
     fit = fit_r(args.fanout, args.miss, confidence=args.confidence, fix_scale=args.fix_scale)
-    points = [{"F": F, "measured_miss": m, "fitted_miss": miss_rate(F, fit.r, fit.scale)}
-              for F, m in zip(args.fanout, args.miss, strict=True)]
-    summary = {"r": fit.r, "r_stderr": fit.r_stderr, f"r_ci_{args.confidence:g}": f"[{fit.r_ci[0]:.4g}, "
-               f"{fit.r_ci[1]:.4g}]", "scale_a": fit.scale, "points": fit.n_points, "dof": fit.dof,
-               "method": fit.method}
+    points = [
+        {"F": F, "measured_miss": m, "fitted_miss": miss_rate(F, fit.r, fit.scale)}
+        for F, m in zip(args.fanout, args.miss, strict=True)
+    ]
+    summary = {
+        "r": fit.r,
+        "r_stderr": fit.r_stderr,
+        f"r_ci_{args.confidence:g}": f"[{fit.r_ci[0]:.4g}, {fit.r_ci[1]:.4g}]",
+        "scale_a": fit.scale,
+        "points": fit.n_points,
+        "dof": fit.dof,
+        "method": fit.method,
+    }
     tables = [_pairs(summary), _fixed(points, ["F", "measured_miss", "fitted_miss"])]
     return {"inputs": _inputs(args), **asdict(fit), "points": points}, tables
 
@@ -215,12 +251,23 @@ def _backup(args: argparse.Namespace) -> tuple[dict, list[str]]:
     neural = BackupOption(Backup.NEURAL, E_miss=q["E_sd"], T_b=args.t_sd)
     fast = BackupOption(Backup(args.fast), E_miss=args.fast_e_miss, T_b=args.fast_t_b)
     speeds = backup_speedups(args.p_hit, q["E_hit"], args.t_p, [neural, fast], args.batch, args.miss_policy)
-    rows = [{"b": b, "neural": speeds[0, i], args.fast: speeds[1, i],
-             "choice": args.fast if speeds[1, i] > speeds[0, i] else "neural"} for i, b in enumerate(args.batch)]
-    b_star = critical_batch_size(args.p_hit, q["E_hit"], args.t_p, neural, fast, b_max=args.b_max,
-                                 miss_policy=args.miss_policy)
-    summary = {**q, "miss_policy": args.miss_policy,
-               "b_star": b_star if b_star is not None else f"none up to {args.b_max}"}
+    rows = [
+        {
+            "b": b,
+            "neural": speeds[0, i],
+            args.fast: speeds[1, i],
+            "choice": args.fast if speeds[1, i] > speeds[0, i] else "neural",
+        }
+        for i, b in enumerate(args.batch)
+    ]
+    b_star = critical_batch_size(
+        args.p_hit, q["E_hit"], args.t_p, neural, fast, b_max=args.b_max, miss_policy=args.miss_policy
+    )
+    summary = {
+        **q,
+        "miss_policy": args.miss_policy,
+        "b_star": b_star if b_star is not None else f"none up to {args.b_max}",
+    }
     tables = [_pairs(summary), _fixed(rows, ["b", "neural", args.fast, "choice"])]
     return {"inputs": _inputs(args), **q, "b_star": b_star, "by_batch": rows}, tables
 
@@ -242,15 +289,24 @@ def _saguaro(args: argparse.Namespace) -> tuple[dict, list[str]]:
     for C in args.C:
         pos = saguaro_position(p, q, args.F, C)
         sigmas.append(pos.sigma)
-        rows.append({"C": C, "acceptance": pos.acceptance, "reject": pos.reject,
-                     "hit_given_reject": pos.hit_given_reject, "hit_and_reject": pos.hit_and_reject,
-                     "bonus_in_saguaro_set": pos.bonus_in_saguaro_set,
-                     "sigma": "[" + ", ".join(f"{s:.3g}" for s in pos.sigma) + "]"})
+        rows.append(
+            {
+                "C": C,
+                "acceptance": pos.acceptance,
+                "reject": pos.reject,
+                "hit_given_reject": pos.hit_given_reject,
+                "hit_and_reject": pos.hit_and_reject,
+                "bonus_in_saguaro_set": pos.bonus_in_saguaro_set,
+                "sigma": "[" + ", ".join(f"{s:.3g}" for s in pos.sigma) + "]",
+            }
+        )
     all_accepted = all_accepted_hit_probability(p, q, args.F)
     columns = ["C", "acceptance", "reject", "hit_given_reject", "hit_and_reject", "bonus_in_saguaro_set", "sigma"]
-    tables = [_fixed(rows, columns),
-              f"saguaro set: top {args.F + 1} tokens of q (F + 1; ties to the lower id); "
-              f"hit if all accepted (bonus from p, guesses top {args.F} of q): {all_accepted:.4g}"]
+    tables = [
+        _fixed(rows, columns),
+        f"saguaro set: top {args.F + 1} tokens of q (F + 1; ties to the lower id); "
+        f"hit if all accepted (bonus from p, guesses top {args.F} of q): {all_accepted:.4g}",
+    ]
     json_rows = [{**row, "sigma": sigma} for row, sigma in zip(rows, sigmas, strict=True)]
     return {"inputs": _inputs(args), "by_C": json_rows, "hit_if_all_accepted": all_accepted}, tables
 

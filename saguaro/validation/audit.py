@@ -56,17 +56,23 @@ def audit_set(held_out: HeldOutSet, root: Path, out: Path, rounds: int) -> SetRe
     served = held_out.served
     if served is not None:
         calibrations = served.calibrations or held_out.calibrations
-        sd_run, = paths(root, (served.sd_run,))
-        server_rounds, = paths(root, (served.server_rounds,))
-        table = validate_served(paths(root, served.client_runs), paths(root, calibrations), sd_run, server_rounds,
-                                served.max_num_seqs)
+        (sd_run,) = paths(root, (served.sd_run,))
+        (server_rounds,) = paths(root, (served.server_rounds,))
+        table = validate_served(
+            paths(root, served.client_runs), paths(root, calibrations), sd_run, server_rounds, served.max_num_seqs
+        )
         (out / f"{held_out.name}-served.json").write_text(json.dumps(table.to_json(), indent=1) + "\n")
         result.served_errors = table.errors()
     return result
 
 
-def run_audit(reports: Path = REPORTS, out: Path | None = None, only: list[str] | None = None,
-              rounds: int = 4000, work: Path | None = None) -> list[SetResult]:
+def run_audit(
+    reports: Path = REPORTS,
+    out: Path | None = None,
+    only: list[str] | None = None,
+    rounds: int = 4000,
+    work: Path | None = None,
+) -> list[SetResult]:
     """Every chosen set predicted again; `work` is where the studies' archives are unpacked (`out` when None),
     `out` where each validation's JSON goes."""
     chosen = choose(held_out_sets(reports), only)
@@ -114,35 +120,45 @@ def _by_strategy(rows: list[dict]) -> str:
         counts = within[row["configuration"].split()[0]]
         counts[0] += abs(row["error"]) <= ENGINE_TOLERANCE
         counts[1] += 1
-    return ", ".join(f"{name.upper()} {a}/{n}" for name in ("ar", "sd", "ssd") if name in within
-                     for a, n in [within[name]])
+    return ", ".join(
+        f"{name.upper()} {a}/{n}" for name in ("ar", "sd", "ssd") if name in within for a, n in [within[name]]
+    )
 
 
 def markdown(results: list[SetResult]) -> str:
     """The summary per set, per host speed and over all; then every held-out row."""
-    summary = ["| set | host | SD verifies' time over the fit | engine rows within 10% | served within 15% | note |",
-               "|---|---|---|---|---|---|"]
+    summary = [
+        "| set | host | SD verifies' time over the fit | engine rows within 10% | served within 15% | note |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         s = r.held_out
-        summary.append(f"| {s.name} | {s.host} | {drift(r.engine_rows)} | "
-                       f"{share([row['error'] for row in r.engine_rows], ENGINE_TOLERANCE)} | "
-                       f"{share(r.served_errors, SERVED_TOLERANCE)} | {s.note} |")
+        summary.append(
+            f"| {s.name} | {s.host} | {drift(r.engine_rows)} | "
+            f"{share([row['error'] for row in r.engine_rows], ENGINE_TOLERANCE)} | "
+            f"{share(r.served_errors, SERVED_TOLERANCE)} | {s.note} |"
+        )
     groups = ["| hosts | engine rows within 10% | of them by strategy | served within 15% |", "|---|---|---|---|"]
     for speed in ("steady", "drifting"):
         part = [r for r in results if r.held_out.host_speed == speed]
         if part:
             rows, served = _once(part)
-            groups.append(f"| {speed} ({len(part)} sets) | {share([r['error'] for r in rows], ENGINE_TOLERANCE)} | "
-                          f"{_by_strategy(rows)} | {share(served, SERVED_TOLERANCE)} |")
+            groups.append(
+                f"| {speed} ({len(part)} sets) | {share([r['error'] for r in rows], ENGINE_TOLERANCE)} | "
+                f"{_by_strategy(rows)} | {share(served, SERVED_TOLERANCE)} |"
+            )
     rows, served = _once(results)
-    groups.append(f"| all ({len(results)} sets) | {share([r['error'] for r in rows], ENGINE_TOLERANCE)} | "
-                  f"{_by_strategy(rows)} | {share(served, SERVED_TOLERANCE)} |")
+    groups.append(
+        f"| all ({len(results)} sets) | {share([r['error'] for r in rows], ENGINE_TOLERANCE)} | "
+        f"{_by_strategy(rows)} | {share(served, SERVED_TOLERANCE)} |"
+    )
     detail = ["| set | configuration | measured tok/s | predicted | error |", "|---|---|---|---|---|"]
     for r in results:
         for row in r.engine_rows:
             mark = " (level source)" if row["level_source"] else ""
-            detail.append(f"| {r.held_out.name} | {row['configuration']}{mark} | {row['measured']:.3f} | "
-                          f"{row['predicted']:.3f} | {row['error']:+.1%} |")
-    note = ("Each run's configuration counts once in a group's total (a run two sets validated: the first "
-            "set's).")
+            detail.append(
+                f"| {r.held_out.name} | {row['configuration']}{mark} | {row['measured']:.3f} | "
+                f"{row['predicted']:.3f} | {row['error']:+.1%} |"
+            )
+    note = "Each run's configuration counts once in a group's total (a run two sets validated: the first set's)."
     return "\n".join(summary) + "\n\n" + "\n".join(groups) + "\n\n" + note + "\n\n" + "\n".join(detail) + "\n"

@@ -29,8 +29,9 @@ DEFAULT_KEYS = {"sd": ("K=auto",), "ssd": ("K=auto", "B=auto geometric", "neural
 def is_default(variant: dict) -> bool:
     """The variant is what the command line runs for its system without speculation flags."""
     parts = DEFAULT_KEYS.get(variant["system"])
-    return parts is not None and all(p in variant["key"].split(" T=")[0] for p in parts) and (
-        " C=" not in variant["key"])
+    return (
+        parts is not None and all(p in variant["key"].split(" T=")[0] for p in parts) and (" C=" not in variant["key"])
+    )
 
 
 def check(runs: list[Path]) -> list[dict]:
@@ -50,8 +51,10 @@ def check(runs: list[Path]) -> list[dict]:
             for (temperature, batch), group in sorted(groups.items(), key=lambda g: str(g[0])):
                 defaults = [v for v in group if is_default(v)]
                 if not defaults:
-                    raise ValueError(f"{run}: no {system} variant runs the default ({', '.join(DEFAULT_KEYS[system])}) "
-                                     f"at T={temperature:g}: add it to the bench's axes")
+                    raise ValueError(
+                        f"{run}: no {system} variant runs the default ({', '.join(DEFAULT_KEYS[system])}) "
+                        f"at T={temperature:g}: add it to the bench's axes"
+                    )
                 ranked = sorted(group, key=lambda v: -v["tokens_per_s"])  # stable: the first of equals stays first
                 default, best = defaults[0], ranked[0]
                 ratio = default["tokens_per_s"] / best["tokens_per_s"]
@@ -59,17 +62,31 @@ def check(runs: list[Path]) -> list[dict]:
                 rival = next((v for v in ranked if v is not default), None)
                 interval = paired_interval(Path(run), default["key"], rival["key"]) if rival else None
                 low, high = interval or (None, None)
-                rows.append({"run": Path(run).name, "prompts": config.get("prompts"), "system": system,
-                             "temperature": temperature, "batch": batch, "default": default["key"],
-                             "default_tokens_per_s": default["tokens_per_s"], "best": best["key"],
-                             "best_tokens_per_s": best["tokens_per_s"], "ratio": ratio,
-                             "within": ratio >= 1 - TOLERANCE, "variants": len(group), "low": low, "high": high,
-                             "rival": rival["key"] if rival else None})
+                rows.append(
+                    {
+                        "run": Path(run).name,
+                        "prompts": config.get("prompts"),
+                        "system": system,
+                        "temperature": temperature,
+                        "batch": batch,
+                        "default": default["key"],
+                        "default_tokens_per_s": default["tokens_per_s"],
+                        "best": best["key"],
+                        "best_tokens_per_s": best["tokens_per_s"],
+                        "ratio": ratio,
+                        "within": ratio >= 1 - TOLERANCE,
+                        "variants": len(group),
+                        "low": low,
+                        "high": high,
+                        "rival": rival["key"] if rival else None,
+                    }
+                )
     return rows
 
 
-def paired_interval(run: Path, default: str, best: str, draws: int = BOOTSTRAP, seed: int = 0
-                    ) -> tuple[float, float] | None:
+def paired_interval(
+    run: Path, default: str, best: str, draws: int = BOOTSTRAP, seed: int = 0
+) -> tuple[float, float] | None:
     """The LEVEL interval of (default tokens/s) / (best tokens/s) with the run's prompts resampled, or None
     without per-call results (or without a prompt both answered)."""
     path = run / "results.jsonl"
@@ -94,13 +111,17 @@ def paired_interval(run: Path, default: str, best: str, draws: int = BOOTSTRAP, 
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| run | prompts | T | system | default tok/s | best variant | best tok/s | default / best | "
-             f"{LEVEL:.0%} interval of default / best (default best: / runner-up), prompts resampled | within 5% |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | prompts | T | system | default tok/s | best variant | best tok/s | default / best | "
+        f"{LEVEL:.0%} interval of default / best (default best: / runner-up), prompts resampled | within 5% |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         interval = "-" if r.get("low") is None else f"{r['low']:.3f}-{r['high']:.3f}"
-        lines.append(f"| {r['run']} | {r['prompts']} | {r['temperature']:g} | {r['system'].upper()} | "
-                     f"{r['default_tokens_per_s']:.2f} | {r['best']} | {r['best_tokens_per_s']:.2f} | "
-                     f"{r['ratio']:.3f} | "
-                     f"{interval} | {'yes' if r['within'] else 'NO'} |")
+        lines.append(
+            f"| {r['run']} | {r['prompts']} | {r['temperature']:g} | {r['system'].upper()} | "
+            f"{r['default_tokens_per_s']:.2f} | {r['best']} | {r['best_tokens_per_s']:.2f} | "
+            f"{r['ratio']:.3f} | "
+            f"{interval} | {'yes' if r['within'] else 'NO'} |"
+        )
     return "\n".join(lines) + "\n"

@@ -78,10 +78,16 @@ class EngineValidation:
         return [r for r in self.rows if not r["reference"]]
 
     def to_json(self) -> dict:
-        fits = {f"{t:g}": {"calibration": str(path), "ssd_verify_factor": timing.ssd_verify_factor,
-                           "fit_errors": timing.errors, "build_level": timing.build_level,
-                           "build_level_applied": bool(timing.build_scale)}
-                for t, (path, timing) in self.calibrations.items()}
+        fits = {
+            f"{t:g}": {
+                "calibration": str(path),
+                "ssd_verify_factor": timing.ssd_verify_factor,
+                "fit_errors": timing.errors,
+                "build_level": timing.build_level,
+                "build_level_applied": bool(timing.build_scale),
+            }
+            for t, (path, timing) in self.calibrations.items()
+        }
         return {"rows": self.rows, "calibrations": fits, "levels": {f"{t:g}": v for t, v in self.levels.items()}}
 
 
@@ -107,8 +113,12 @@ def timing_at(calibrations: dict[float, tuple[str, object]], temperature: float,
     """The calibration at this temperature, else the nearest one (a warning when `say`)."""
     nearest = min(calibrations, key=lambda t: (abs(t - temperature), t))
     if say and nearest != temperature:
-        log.warning("T = %g: no calibration at this temperature; the one at T = %g (%s) stands in",
-                    temperature, nearest, calibrations[nearest][0])
+        log.warning(
+            "T = %g: no calibration at this temperature; the one at T = %g (%s) stands in",
+            temperature,
+            nearest,
+            calibrations[nearest][0],
+        )
     return calibrations[nearest][1]
 
 
@@ -117,21 +127,34 @@ def is_auto(settings: dict) -> bool:
     return bool(settings.get("adaptive")) or settings.get("budget") == "auto"
 
 
-def predict_auto(timing, settings: dict, acceptance, hits, prompt: int, output: int, batch: int, rounds: int,
-                 seed: int) -> tuple[object, str]:
+def predict_auto(
+    timing, settings: dict, acceptance, hits, prompt: int, output: int, batch: int, rounds: int, seed: int
+) -> tuple[object, str]:
     """A K / budget "auto" variant: settled as the engine would (simulator.scenario.Scenario.resolve); α per
     position beyond the reference's K is its last measured rate."""
     if isinstance(acceptance, PerPositionAcceptance) and len(acceptance.alphas) < AUTO_K_MAX:
         pad = (acceptance.alphas[-1],) * (AUTO_K_MAX - len(acceptance.alphas))
         acceptance = replace(acceptance, alphas=acceptance.alphas + pad)
     strategy = settings["system"]
-    scenario = Scenario(timing=timing, acceptance=acceptance, hits=hits, prompt_len=Lengths(prompt),
-                        output_len=Lengths(output), rounds=rounds, seed=seed,
-                        link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)),
-                        fanout_rule="uniform" if settings.get("schedule") == "uniform" else "geometric")
-    point = {"strategy": strategy, "K": AUTO if settings.get("adaptive") else settings["K"],
-             "budget": settings.get("budget") if strategy == "ssd" else 0,
-             "backup": Backup(settings.get("backup") or "neural"), "batch": batch, "C": 1.0}
+    scenario = Scenario(
+        timing=timing,
+        acceptance=acceptance,
+        hits=hits,
+        prompt_len=Lengths(prompt),
+        output_len=Lengths(output),
+        rounds=rounds,
+        seed=seed,
+        link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)),
+        fanout_rule="uniform" if settings.get("schedule") == "uniform" else "geometric",
+    )
+    point = {
+        "strategy": strategy,
+        "K": AUTO if settings.get("adaptive") else settings["K"],
+        "budget": settings.get("budget") if strategy == "ssd" else 0,
+        "backup": Backup(settings.get("backup") or "neural"),
+        "batch": batch,
+        "C": 1.0,
+    }
     point, chosen = scenario.resolve(point)
     return simulate(scenario.config(**point)), chosen or ""
 
@@ -145,18 +168,26 @@ def predict(timing, settings: dict, rows: list, acceptance, hits, rounds: int, s
     output = max(2, round(sum(sum(r.emitted) for r in rows) / (calls * first.batch_size)) + 1)
     strategy = settings["system"]
     if is_auto(settings):
-        result, chosen = predict_auto(timing, settings, acceptance, hits, prompt, output, first.batch_size,
-                                      rounds, seed)
+        result, chosen = predict_auto(
+            timing, settings, acceptance, hits, prompt, output, first.batch_size, rounds, seed
+        )
         if say:
             log.info("  %s: %s", label(settings, rows), chosen)
         return result
     backup = Backup(settings.get("backup") or "neural")
-    policy = Policy(strategy, K=settings.get("K") or 0, fanout=first.fanout if strategy == "ssd" else None,
-                    backup=backup)
-    config = SimConfig(policy=policy, timing=timing, acceptance=acceptance,
-                       hits=hits if strategy == "ssd" else None,
-                       workload=ClosedLoop(first.batch_size, Lengths(prompt), Lengths(output)),
-                       link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)), rounds=rounds, seed=seed)
+    policy = Policy(
+        strategy, K=settings.get("K") or 0, fanout=first.fanout if strategy == "ssd" else None, backup=backup
+    )
+    config = SimConfig(
+        policy=policy,
+        timing=timing,
+        acceptance=acceptance,
+        hits=hits if strategy == "ssd" else None,
+        workload=ClosedLoop(first.batch_size, Lengths(prompt), Lengths(output)),
+        link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)),
+        rounds=rounds,
+        seed=seed,
+    )
     return simulate(config)
 
 
@@ -174,12 +205,17 @@ def terms(timing, rows: list) -> dict:
             pairs["draft"].append((r.draft_ms, timing.draft_ms(b, K, c, width)))
         if r.strategy is Strategy.SSD and r.cache_build_ms:
             pairs["cache_build"].append((r.cache_build_ms, timing.cache_build_ms(b, K, r.branches, c)))
-        if (r.strategy is Strategy.SSD and r.backup is Backup.NEURAL and r.backup_time_ms and r.hit
-                and not all(r.hit)):
+        if r.strategy is Strategy.SSD and r.backup is Backup.NEURAL and r.backup_time_ms and r.hit and not all(r.hit):
             pairs["backup"].append((r.backup_time_ms, timing.backup_ms(Backup.NEURAL, b, K, c)))
-    return {name: {"measured": round(float(np.median([m for m, _ in v])), 1),
-                   "predicted": round(float(np.median([q for _, q in v])), 1), "rounds": len(v)}
-            for name in TERMS if (v := pairs.get(name))}
+    return {
+        name: {
+            "measured": round(float(np.median([m for m, _ in v])), 1),
+            "predicted": round(float(np.median([q for _, q in v])), 1),
+            "rounds": len(v),
+        }
+        for name in TERMS
+        if (v := pairs.get(name))
+    }
 
 
 def _references(found: dict) -> dict[float, tuple[str, dict, list]]:
@@ -193,8 +229,10 @@ def _references(found: dict) -> dict[float, tuple[str, dict, list]]:
             if best is None or (rows[0].batch_size, -s["K"]) < (best[2][0].batch_size, -best[1]["K"]):
                 reference[s["temperature"]] = (key, s, rows)
     if not reference:
-        raise ValueError("the runs have no SD variant (one K, not adaptive) to take α and hits from: add an SD run "
-                         "of the same prompts, e.g. saguaro bench --systems sd -K 5")
+        raise ValueError(
+            "the runs have no SD variant (one K, not adaptive) to take α and hits from: add an SD run "
+            "of the same prompts, e.g. saguaro bench --systems sd -K 5"
+        )
     return reference
 
 
@@ -211,13 +249,20 @@ def _run_levels(found: dict, calibrations: dict) -> dict[tuple[str, float], obje
             levels[(run, temperature)] = timing_at(calibrations, temperature).leveled(rows)
         except ValueError as e:
             raise ValueError(f"{run}, T = {temperature:g}: {e}") from None
-        log.info("%s, T = %g: level from its own SD variants: %s", run, temperature,
-                 levels[(run, temperature)].level_text())
+        log.info(
+            "%s, T = %g: level from its own SD variants: %s", run, temperature, levels[(run, temperature)].level_text()
+        )
     return levels
 
 
-def validate_runs(runs: list[Path], calibrations: list[Path], rounds: int = 4000, seed: int = 0,
-                  level: bool = True, build_level: bool = False) -> EngineValidation:
+def validate_runs(
+    runs: list[Path],
+    calibrations: list[Path],
+    rounds: int = 4000,
+    seed: int = 0,
+    level: bool = True,
+    build_level: bool = False,
+) -> EngineValidation:
     """Every configuration of `runs` (bench run folders) predicted from `calibrations` and the runs' SD
     variants; ValueError (what to do) on calibrations of another precision, a folder whose SD rounds cannot
     set a level, or runs without an SD variant. `build_level`: scale the fit's builds to the calibration's
@@ -236,22 +281,42 @@ def validate_runs(runs: list[Path], calibrations: list[Path], rounds: int = 4000
         timing = timing_at(by_temperature, temperature, say=True)
         own = (run_levels.get((s["run"], temperature)) or timing.leveled(rows)) if level else timing
         levels[temperature] = own.levels
-        from_sd[temperature] = (hits, PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
-                                replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms), own)
+        from_sd[temperature] = (
+            hits,
+            PerPositionAcceptance(tuple(float(a) for a in hits.meta["alpha"])),
+            replace(fit_timing(rows), fast_backup_ms=timing.fast_backup_ms),
+            own,
+        )
         leveled = f"; level: {own.level_text()}" if own.levels else ""
-        log.info("T = %g: α per position and hits from %s (α %s)%s", temperature, key,
-                 ", ".join(f"{a:.3f}" for a in hits.meta["alpha"]), leveled)
+        log.info(
+            "T = %g: α per position and hits from %s (α %s)%s",
+            temperature,
+            key,
+            ", ".join(f"{a:.3f}" for a in hits.meta["alpha"]),
+            leveled,
+        )
     table = []
     for key, (settings, rows) in found.items():
         if settings["temperature"] not in from_sd:
             continue
-        table.append(_row(key, settings, rows, from_sd[settings["temperature"]], run_levels,
-                          reference[settings["temperature"]][0], rounds, seed))
+        table.append(
+            _row(
+                key,
+                settings,
+                rows,
+                from_sd[settings["temperature"]],
+                run_levels,
+                reference[settings["temperature"]][0],
+                rounds,
+                seed,
+            )
+        )
     return EngineValidation(rows=table, calibrations=by_temperature, levels=levels)
 
 
-def _row(key: str, settings: dict, rows: list, sources: tuple, run_levels: dict, reference_key: str,
-         rounds: int, seed: int) -> dict:
+def _row(
+    key: str, settings: dict, rows: list, sources: tuple, run_levels: dict, reference_key: str, rounds: int, seed: int
+) -> dict:
     hits, acceptance, old_timing, own_timing = sources
     measured = measured_tokens_per_s(rows)
     own = settings.get("backup") == "lookup"
@@ -263,15 +328,24 @@ def _row(key: str, settings: dict, rows: list, sources: tuple, run_levels: dict,
     result = predict(own_timing, settings, rows, acceptance, hits, rounds, seed)
     predicted, hit = result.decode_tokens_per_s, measured_hit_rate(rows)
     full = full_batch_tokens_per_s(rows)
-    old = predict(old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), rounds, seed,
-                  say=False).decode_tokens_per_s
-    return {"configuration": label(settings, rows) + (" (own lookup α)" if own else ""), "run": settings["run"],
-            "reference": key == reference_key, "level_source": level_source,
-            "level": own_timing.levels or None, "rounds": len(rows), "measured": round(measured, 3),
-            "predicted": round(predicted, 3), "error": round(predicted / measured - 1, 4),
-            "measured_full_batch": None if full is None else round(full, 3),
-            "error_full_batch": round(predicted / (full or measured) - 1, 4),
-            "former_predicted": round(old, 3), "former_error": round(old / measured - 1, 4),
-            "hit_rate": None if hit is None else round(hit, 4),
-            "predicted_hit_rate": None if hit is None else round(result.hit_rate, 4),
-            "terms": terms(own_timing, rows)}
+    old = predict(
+        old_timing, settings, rows, acceptance, PowerLawHit(1.0, 0.5), rounds, seed, say=False
+    ).decode_tokens_per_s
+    return {
+        "configuration": label(settings, rows) + (" (own lookup α)" if own else ""),
+        "run": settings["run"],
+        "reference": key == reference_key,
+        "level_source": level_source,
+        "level": own_timing.levels or None,
+        "rounds": len(rows),
+        "measured": round(measured, 3),
+        "predicted": round(predicted, 3),
+        "error": round(predicted / measured - 1, 4),
+        "measured_full_batch": None if full is None else round(full, 3),
+        "error_full_batch": round(predicted / (full or measured) - 1, 4),
+        "former_predicted": round(old, 3),
+        "former_error": round(old / measured - 1, 4),
+        "hit_rate": None if hit is None else round(hit, 4),
+        "predicted_hit_rate": None if hit is None else round(result.hit_rate, 4),
+        "terms": terms(own_timing, rows),
+    }

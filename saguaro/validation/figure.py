@@ -22,16 +22,30 @@ def predicted_vs_measured(ax, results: list[SetResult]) -> int:
                 continue
             seen.add((row["run"], row["configuration"]))
             strategy = row["configuration"].split()[0]
-            ax.scatter(row["measured"], row["predicted"], s=18, marker=MARKERS.get(strategy, "o"),
-                       color=COLOURS[r.held_out.host_speed], alpha=0.75, linewidths=0)
+            ax.scatter(
+                row["measured"],
+                row["predicted"],
+                s=18,
+                marker=MARKERS.get(strategy, "o"),
+                color=COLOURS[r.held_out.host_speed],
+                alpha=0.75,
+                linewidths=0,
+            )
             low, high = min(low, row["measured"], row["predicted"]), max(high, row["measured"], row["predicted"])
             points += 1
     if not points:
         return 0
     line = [low * 0.9, high * 1.1]
     ax.plot(line, line, color="black", linewidth=0.8)
-    ax.fill_between(line, [v * (1 - TOLERANCE) for v in line], [v * (1 + TOLERANCE) for v in line],
-                    color="grey", alpha=0.15, linewidth=0, label=f"±{TOLERANCE:.0%}")
+    ax.fill_between(
+        line,
+        [v * (1 - TOLERANCE) for v in line],
+        [v * (1 + TOLERANCE) for v in line],
+        color="grey",
+        alpha=0.15,
+        linewidth=0,
+        label=f"±{TOLERANCE:.0%}",
+    )
     for speed, colour in COLOURS.items():
         ax.scatter([], [], color=colour, s=18, label=f"{speed} host")
     for strategy, marker in MARKERS.items():

@@ -44,26 +44,42 @@ def draft_layer_overhead_us(pair: str = "llama") -> tuple[float, float]:
     step_ms = (sd_round_ms - timing.verify_ms(1, K + 1, context)) / (K + 1)
     draft = timing.draft
     bare_ms = replace(draft, hardware=replace(draft.hardware, single_device_layer_overhead_us=0.0)).forward_ms(
-        1, context, context)
+        1, context, context
+    )
     return 1e3 * (step_ms - bare_ms) / draft.model.layers, alpha
 
 
 def _cycles(layer_us: float, step_ms: float, row_us: float, rounds: int) -> list[float]:
-    engine = replace(engine_preset("reference-log"), draft_layer_overhead_us=layer_us, tree_step_overhead_ms=step_ms,
-                     build_row_us=row_us)
+    engine = replace(
+        engine_preset("reference-log"),
+        draft_layer_overhead_us=layer_us,
+        tree_step_overhead_ms=step_ms,
+        build_row_us=row_us,
+    )
     setup = paper.Setup("llama", "reference-log", rounds, 0, costs=engine)
     alpha = paper.fit_alpha(setup, Run(Strategy.SD, K), SD_TPS)
-    return [paper.draft_cycle_ms(paper.simulate_run(setup, Run(Strategy.SSD, K, F, batch, backup), alpha))
-            for batch, backup in CYCLES]
+    return [
+        paper.draft_cycle_ms(paper.simulate_run(setup, Run(Strategy.SSD, K, F, batch, backup), alpha))
+        for batch, backup in CYCLES
+    ]
 
 
 def calibrate(rounds: int = 3000) -> dict:
     """The "reference-log" preset's constants, derived as the module docstring says."""
     layer_us, alpha = draft_layer_overhead_us()
     published = np.array(list(CYCLES.values()))
-    fit = least_squares(lambda p: np.array(_cycles(layer_us, p[0], p[1], rounds)) / published - 1,
-                        x0=[1.0, 5.0], bounds=([0.0, 0.0], [10.0, 50.0]), diff_step=0.05)
+    fit = least_squares(
+        lambda p: np.array(_cycles(layer_us, p[0], p[1], rounds)) / published - 1,
+        x0=[1.0, 5.0],
+        bounds=([0.0, 0.0], [10.0, 50.0]),
+        diff_step=0.05,
+    )
     step_ms, row_us = (float(v) for v in fit.x)
-    return {"draft_layer_overhead_us": layer_us, "alpha": alpha, "tree_step_overhead_ms": step_ms,
-            "build_row_us": row_us, "cycles_ms": _cycles(layer_us, step_ms, row_us, rounds),
-            "published_cycles_ms": published.tolist()}
+    return {
+        "draft_layer_overhead_us": layer_us,
+        "alpha": alpha,
+        "tree_step_overhead_ms": step_ms,
+        "build_row_us": row_us,
+        "cycles_ms": _cycles(layer_us, step_ms, row_us, rounds),
+        "published_cycles_ms": published.tolist(),
+    }

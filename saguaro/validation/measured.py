@@ -17,8 +17,9 @@ from simulator.records import parse_record
 def variants(path: Path) -> dict[str, tuple[dict, list]]:
     """key -> (settings, decode records in order), the key prefixed with the run folder's name."""
     run = RunDir.open(path)
-    settings = {r["key"]: r["settings"] | {"system": r["system"], "run": path.name}
-                for r in run.results() if "settings" in r}
+    settings = {
+        r["key"]: r["settings"] | {"system": r["system"], "run": path.name} for r in run.results() if "settings" in r
+    }
     records: dict[str, list] = defaultdict(list)
     for row in run.rounds():  # parse_record ignores the bench's own keys (key, batch_index, prompt_ids)
         if row.get("phase") == "decode":
@@ -78,6 +79,8 @@ def label(settings: dict, rows: list) -> str:
         parts += [f"B=auto {s.get('schedule') or 'uniform'}", s.get("backup") or "neural"]
     elif s["system"] == "ssd":
         fanout = rows[0].fanout
-        parts += [f"{s.get('schedule') or 'uniform'} B={sum(fanout)} F={'-'.join(map(str, fanout))}",
-                  s.get("backup") or "neural"]
+        parts += [
+            f"{s.get('schedule') or 'uniform'} B={sum(fanout)} F={'-'.join(map(str, fanout))}",
+            s.get("backup") or "neural",
+        ]
     return " ".join(parts)

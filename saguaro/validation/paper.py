@@ -62,8 +62,11 @@ def timing(pair: str, engine: str | EngineCosts, eager: bool = False) -> Rooflin
     target, draft, tp = PAIRS[pair]
     hw = hardware_preset(HARDWARE)
     costs = engine_preset(engine) if isinstance(engine, str) else engine
-    return RooflineTiming(Deployment(model_preset(target), hw, tp, eager=eager),
-                          Deployment(model_preset(draft), hw, 1, eager=eager), engine=costs)
+    return RooflineTiming(
+        Deployment(model_preset(target), hw, tp, eager=eager),
+        Deployment(model_preset(draft), hw, 1, eager=eager),
+        engine=costs,
+    )
 
 
 def scenario(setup: Setup, alpha: float, eager: bool = False) -> Scenario:
@@ -71,16 +74,25 @@ def scenario(setup: Setup, alpha: float, eager: bool = False) -> Scenario:
     before it serves the next request (the per-row policy's timeline, which the reference's loop has)."""
     hw = hardware_preset(HARDWARE)
     target_tp = PAIRS[setup.pair][2]
-    return Scenario(timing=timing(setup.pair, setup.engine_costs, eager), acceptance=IidAcceptance(alpha),
-                    hits=setup.hits, fanout_rule="uniform", miss_policy=MissPolicy.PER_ROW,
-                    prompt_len=Lengths(PROMPT_TOKENS), output_len=Lengths(OUTPUT_TOKENS),
-                    link=LinkSpec(hw.interconnect_latency_us / 1e3, hw.interconnect_gb_s), target_devices=target_tp,
-                    rounds=setup.rounds, seed=setup.seed)
+    return Scenario(
+        timing=timing(setup.pair, setup.engine_costs, eager),
+        acceptance=IidAcceptance(alpha),
+        hits=setup.hits,
+        fanout_rule="uniform",
+        miss_policy=MissPolicy.PER_ROW,
+        prompt_len=Lengths(PROMPT_TOKENS),
+        output_len=Lengths(OUTPUT_TOKENS),
+        link=LinkSpec(hw.interconnect_latency_us / 1e3, hw.interconnect_gb_s),
+        target_devices=target_tp,
+        rounds=setup.rounds,
+        seed=setup.seed,
+    )
 
 
 def simulate_run(setup: Setup, run: Run, alpha: float) -> SimResult:
-    config = scenario(setup, alpha, run.eager).config(run.strategy, K=run.K, budget=max(run.budget, 1),
-                                                       backup=run.backup, batch=run.batch)
+    config = scenario(setup, alpha, run.eager).config(
+        run.strategy, K=run.K, budget=max(run.budget, 1), backup=run.backup, batch=run.batch
+    )
     check(config)  # context, TP and memory: ValueError if the run could not happen as set up
     return simulate(config)
 
@@ -90,8 +102,10 @@ def fit_alpha(setup: Setup, sd: Run, sd_tps: float) -> float:
     gap = lambda a: simulate_run(setup, sd, a).decode_tokens_per_s - sd_tps  # noqa: E731
     low, high = gap(0.01), gap(0.99)
     if low > 0 or high < 0:
-        raise ValueError(f"{setup.pair} {sd.label()}: SD decodes at {low + sd_tps:.1f}..{high + sd_tps:.1f} tok/s "
-                         f"for α in [0.01, 0.99], so {sd_tps:.1f} tok/s cannot be fitted: change K or the presets")
+        raise ValueError(
+            f"{setup.pair} {sd.label()}: SD decodes at {low + sd_tps:.1f}..{high + sd_tps:.1f} tok/s "
+            f"for α in [0.01, 0.99], so {sd_tps:.1f} tok/s cannot be fitted: change K or the presets"
+        )
     return float(brentq(gap, 0.01, 0.99, xtol=ALPHA_XTOL))
 
 
@@ -105,8 +119,9 @@ def draft_cycle_ms(result: SimResult) -> float:
     return (draft.get("cache_build", 0.0) + draft.get("backup", 0.0)) / max(result.rounds, 1)
 
 
-def run_fit(fit: Fit, rounds: int, seed: int, hits: Callable[[float], object] | None = None,
-            engine: str | None = None) -> dict:
+def run_fit(
+    fit: Fit, rounds: int, seed: int, hits: Callable[[float], object] | None = None, engine: str | None = None
+) -> dict:
     """Fit α to the SD figure, then simulate every row's runs with it. `hits(α)`: another hit model (a
     variant; default the α-model at α); `engine`: another engine preset (a variant)."""
     setup = Setup(fit.pair, engine or fit.engine, rounds, seed)
@@ -129,21 +144,43 @@ def run_fit(fit: Fit, rounds: int, seed: int, hits: Callable[[float], object] | 
             value /= result(row.over).decode_tokens_per_s
         res = result(row.run)
         error = _error(value, row.published)
-        rows.append({"figure": row.figure, "run": row.run.label(), "over": row.over.label() if row.over else None,
-                     "batch": row.run.batch, "published": row.published, "predicted": value, "error": error,
-                     "role": row.role,
-                     "hit_rate": res.hit_rate, "tokens_per_round": res.tokens_per_round,
-                     "cycle_ms": row.cycle_ms,
-                     "simulated_cycle_ms": draft_cycle_ms(res) if row.run.strategy is Strategy.SSD else None,
-                     "blocked": row.blocked if abs(error) > TOLERANCE and row.role.startswith("predicted") else ""})
+        rows.append(
+            {
+                "figure": row.figure,
+                "run": row.run.label(),
+                "over": row.over.label() if row.over else None,
+                "batch": row.run.batch,
+                "published": row.published,
+                "predicted": value,
+                "error": error,
+                "role": row.role,
+                "hit_rate": res.hit_rate,
+                "tokens_per_round": res.tokens_per_round,
+                "cycle_ms": row.cycle_ms,
+                "simulated_cycle_ms": draft_cycle_ms(res) if row.run.strategy is Strategy.SSD else None,
+                "blocked": row.blocked if abs(error) > TOLERANCE and row.role.startswith("predicted") else "",
+            }
+        )
     by_fanout: dict[tuple[int, int], list[str]] = {}
     for run in dict.fromkeys(r.run for r in fit.rows if r.run.strategy is Strategy.SSD):
         by_fanout.setdefault((run.K, run.F), []).append(run.label())
-    schedules = {", ".join(labels): hit_line(hit_model, Run(Strategy.SSD, K, F))
-                 for (K, F), labels in by_fanout.items()}
-    return {"fit": fit.key, "source": fit.source, "pair": fit.pair, "engine": setup.engine,
-            "engine_source": ENGINE_SOURCES[setup.engine], "sd": fit.sd.label(), "sd_target_tps": sd_tps,
-            "alpha": alpha, "hit_model": schedules, "rows": rows, "rounds": rounds, "seed": seed}
+    schedules = {
+        ", ".join(labels): hit_line(hit_model, Run(Strategy.SSD, K, F)) for (K, F), labels in by_fanout.items()
+    }
+    return {
+        "fit": fit.key,
+        "source": fit.source,
+        "pair": fit.pair,
+        "engine": setup.engine,
+        "engine_source": ENGINE_SOURCES[setup.engine],
+        "sd": fit.sd.label(),
+        "sd_target_tps": sd_tps,
+        "alpha": alpha,
+        "hit_model": schedules,
+        "rows": rows,
+        "rounds": rounds,
+        "seed": seed,
+    }
 
 
 def hit_line(model, run: Run) -> str:
@@ -197,16 +234,19 @@ def variants(rounds: int, seed: int, keys: tuple[str, ...] = ("paper-llama", "pa
     out = []
     for fit in (f for f in FITS if f.key in keys):
         fanout = (SSD_RUN_F,) * (max(r.run.K for r in fit.rows) + 1)
-        moves = [("α-model, low end of its 90% interval", fit,
-                  {"hits": lambda a, F=fanout: _interval_end(a, F, 0.05)}),
-                 ("α-model, high end of its 90% interval", fit,
-                  {"hits": lambda a, F=fanout: _interval_end(a, F, 0.95)}),
-                 ("the default pair's measured table (Spec-Bench, T 0), applied on purpose", fit,
-                  {"hits": lambda a: measured()}),
-                 ("every outcome cached (Cor. 9's ceiling)", fit, {"hits": lambda a: ConstantHit(1.0)}),
-                 ("engine saguaro (SD drafts K forwards)", fit, {"engine": "saguaro"}),
-                 ("engine reference-log (the test log's draft costs)", fit, {"engine": "reference-log"}),
-                 ("K 4 for SD and SSD", _with_K(fit, 4), {})]
+        moves = [
+            ("α-model, low end of its 90% interval", fit, {"hits": lambda a, F=fanout: _interval_end(a, F, 0.05)}),
+            ("α-model, high end of its 90% interval", fit, {"hits": lambda a, F=fanout: _interval_end(a, F, 0.95)}),
+            (
+                "the default pair's measured table (Spec-Bench, T 0), applied on purpose",
+                fit,
+                {"hits": lambda a: measured()},
+            ),
+            ("every outcome cached (Cor. 9's ceiling)", fit, {"hits": lambda a: ConstantHit(1.0)}),
+            ("engine saguaro (SD drafts K forwards)", fit, {"engine": "saguaro"}),
+            ("engine reference-log (the test log's draft costs)", fit, {"engine": "reference-log"}),
+            ("K 4 for SD and SSD", _with_K(fit, 4), {}),
+        ]
         for label, moved, kwargs in moves:
             res = run_fit(moved, rounds, seed, **kwargs)
             out.append({**res, "variant": label})
@@ -216,8 +256,11 @@ def variants(rounds: int, seed: int, keys: tuple[str, ...] = ("paper-llama", "pa
 def variant_table(results: list[dict]) -> str:
     lines = ["| fit | variant | α (fitted) | " + "figure: predicted (error) |", "|---|---|---|---|"]
     for res in results:
-        cells = "; ".join(f"{row['figure']} {_fmt(row['predicted'])} ({100 * row['error']:+.1f}%)"
-                          for row in res["rows"] if row["role"].startswith("predicted"))
+        cells = "; ".join(
+            f"{row['figure']} {_fmt(row['predicted'])} ({100 * row['error']:+.1f}%)"
+            for row in res["rows"]
+            if row["role"].startswith("predicted")
+        )
         lines.append(f"| {res['fit']} | {res['variant']} | {res['alpha']:.3f} | {cells} |")
     return "\n".join(lines)
 
@@ -229,30 +272,38 @@ def _fmt(value: float) -> str:
 
 def table(results: list[dict]) -> str:
     """One Markdown row per published figure: published, predicted, error, and what the row is."""
-    lines = ["| source | pair | α (fitted) | figure | run | published | predicted | error | role |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| source | pair | α (fitted) | figure | run | published | predicted | error | role |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for res in results:
         for row in res["rows"]:
             run = row["run"] + (f" / {row['over']}" if row["over"] else "")
-            lines.append(f"| {res['source']} | {res['pair']} | {res['alpha']:.3f} | {row['figure']} | {run} | "
-                         f"{_fmt(row['published'])} | {_fmt(row['predicted'])} | {100 * row['error']:+.1f}% | "
-                         f"{row['role']} |")
+            lines.append(
+                f"| {res['source']} | {res['pair']} | {res['alpha']:.3f} | {row['figure']} | {run} | "
+                f"{_fmt(row['published'])} | {_fmt(row['predicted'])} | {100 * row['error']:+.1f}% | "
+                f"{row['role']} |"
+            )
     return "\n".join(lines)
 
 
 def cycle_table(results: list[dict]) -> str:
     """The SSD draft's cycle a round, published (the log's "avg draft step") against simulated."""
-    lines = ["| pair | run | published cycle (ms) | simulated (ms) | error | simulated hit rate | "
-             "tokens a round a sequence: published (tok/s × cycle ÷ batch) | simulated |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| pair | run | published cycle (ms) | simulated (ms) | error | simulated hit rate | "
+        "tokens a round a sequence: published (tok/s × cycle ÷ batch) | simulated |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for res in results:
         for row in res["rows"]:
             if row["cycle_ms"] is None:
                 continue
             published = row["published"] * row["cycle_ms"] / 1e3 / row["batch"]
-            lines.append(f"| {res['pair']} | {row['run']} | {row['cycle_ms']:.2f} | {row['simulated_cycle_ms']:.2f} | "
-                         f"{100 * _error(row['simulated_cycle_ms'], row['cycle_ms']):+.1f}% | {row['hit_rate']:.3f} | "
-                         f"{published:.2f} | {row['tokens_per_round']:.2f} |")
+            lines.append(
+                f"| {res['pair']} | {row['run']} | {row['cycle_ms']:.2f} | {row['simulated_cycle_ms']:.2f} | "
+                f"{100 * _error(row['simulated_cycle_ms'], row['cycle_ms']):+.1f}% | {row['hit_rate']:.3f} | "
+                f"{published:.2f} | {row['tokens_per_round']:.2f} |"
+            )
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -260,8 +311,10 @@ def inputs_text(results: list[dict]) -> str:
     """What each fit rests on: its source, engine, α and the hit model of each SSD run."""
     lines = []
     for res in results:
-        lines.append(f"- {res['fit']} ({SOURCES[res['source']]}): engine {res['engine']} ({res['engine_source']}); "
-                     f"α {res['alpha']:.4f} fitted to SD {res['sd']} at {res['sd_target_tps']:.1f} tok/s")
+        lines.append(
+            f"- {res['fit']} ({SOURCES[res['source']]}): engine {res['engine']} ({res['engine_source']}); "
+            f"α {res['alpha']:.4f} fitted to SD {res['sd']} at {res['sd_target_tps']:.1f} tok/s"
+        )
         for run, line in res["hit_model"].items():
             lines.append(f"  - hit model of {run}: {line}")
     return "\n".join(lines)
@@ -288,8 +341,13 @@ def git_commit() -> dict:
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "simulator", "theory", "saguaro/validation"],
-                               cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "simulator", "theory", "saguaro/validation"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError) as err:
         log.warning("no git commit recorded: %s", err)
         return {"commit": None, "sources_modified": None}
@@ -298,6 +356,14 @@ def git_commit() -> dict:
 
 def payload(results: list[dict], spread: list[dict], command: str) -> dict:
     within, predicted = summary(results)
-    return {"command": command, "git": git_commit(), "hardware": HARDWARE, "prompt_tokens": PROMPT_TOKENS,
-            "output_tokens": OUTPUT_TOKENS, "sources": SOURCES, "predicted_within_10_percent": [within, predicted],
-            "fits": results, "variants": spread}
+    return {
+        "command": command,
+        "git": git_commit(),
+        "hardware": HARDWARE,
+        "prompt_tokens": PROMPT_TOKENS,
+        "output_tokens": OUTPUT_TOKENS,
+        "sources": SOURCES,
+        "predicted_within_10_percent": [within, predicted],
+        "fits": results,
+        "variants": spread,
+    }

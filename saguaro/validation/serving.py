@@ -61,8 +61,13 @@ class ServedValidation:
         return [e for r in self.rows for e in r["error"].values()]
 
     def to_json(self) -> dict:
-        return {"rows": self.rows, "policy": str(self.policy), "levels": self.timing.levels,
-                "build_level": self.timing.build_level, "build_level_applied": bool(self.timing.build_scale)}
+        return {
+            "rows": self.rows,
+            "policy": str(self.policy),
+            "levels": self.timing.levels,
+            "build_level": self.timing.build_level,
+            "build_level_applied": bool(self.timing.build_scale),
+        }
 
 
 def client_points(path: Path) -> dict[str, list[dict]]:
@@ -98,11 +103,12 @@ def reference_sd(run: Path, temperature: float) -> list:
     for row in bench.rounds():
         if row.get("phase") == "decode" and row["key"] in settings:
             records[row["key"]].append(parse_record(row))
-    keys = [k for k, rows in records.items()
-            if rows[0].batch_size == 1 and settings[k]["temperature"] == temperature]
+    keys = [k for k, rows in records.items() if rows[0].batch_size == 1 and settings[k]["temperature"] == temperature]
     if not keys:
-        raise ValueError(f"{run} has no SD variant at batch 1 and temperature {temperature:g}: give an SD bench "
-                         "run of the served prompts, e.g. saguaro bench --systems sd -K 5")
+        raise ValueError(
+            f"{run} has no SD variant at batch 1 and temperature {temperature:g}: give an SD bench "
+            "run of the served prompts, e.g. saguaro bench --systems sd -K 5"
+        )
     return records[max(keys, key=lambda k: settings[k]["K"])]
 
 
@@ -125,8 +131,10 @@ def closed_loop_concurrency(requests: list[dict]) -> int | None:
         return None
     n = requests[0].get("concurrency")
     if n is None or int(n) < 1:
-        raise ValueError(f"point {requests[0].get('point')!r} has neither a schedule nor a concurrency: "
-                         "give a `saguaro bench --url` run's folder")
+        raise ValueError(
+            f"point {requests[0].get('point')!r} has neither a schedule nor a concurrency: "
+            "give a `saguaro bench --url` run's folder"
+        )
     return int(n)
 
 
@@ -134,23 +142,43 @@ def _stats(result) -> dict[str, float]:
     return {f"{m}_{s}": getattr(result, f"{m}_ms")[s] for m in METRICS for s in STATS}
 
 
-def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_num_seqs: int,
-            seeds: int, prefill_overlap: bool = True) -> dict[str, float]:
+def predict(
+    timing,
+    policy: Policy,
+    acceptance,
+    hits,
+    requests: list[dict],
+    max_num_seqs: int,
+    seeds: int,
+    prefill_overlap: bool = True,
+) -> dict[str, float]:
     concurrency = closed_loop_concurrency(requests)
     prompts = tuple(int(r["prompt_tokens"]) for r in requests)
     outputs = tuple(int(r["new_tokens"]) for r in requests)
 
     def run(workload, seed: int, limit: int | None = None):
-        return simulate(SimConfig(policy=policy, timing=timing, acceptance=acceptance,
-                                  hits=hits if policy.strategy.value == "ssd" else None, workload=workload,
-                                  link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)), rounds=10**9,
-                                  requests=limit, seed=seed, prefill_overlap=prefill_overlap))
+        return simulate(
+            SimConfig(
+                policy=policy,
+                timing=timing,
+                acceptance=acceptance,
+                hits=hits if policy.strategy.value == "ssd" else None,
+                workload=workload,
+                link=LinkSpec(latency_ms=getattr(timing, "link_latency_ms", 0.0)),
+                rounds=10**9,
+                requests=limit,
+                seed=seed,
+                prefill_overlap=prefill_overlap,
+            )
+        )
 
     runs = []
     for seed in range(seeds):
         if concurrency == 1:  # one request at a time: each alone in the server, with its own lengths
-            alone = [run(Replayed((0.0,), (p,), (o,), max_num_seqs), seed * len(requests) + i)
-                     for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+            alone = [
+                run(Replayed((0.0,), (p,), (o,), max_num_seqs), seed * len(requests) + i)
+                for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+            ]
             got = {}
             for metric in METRICS:
                 values = [v for a in alone if np.isfinite(v := getattr(a, f"{metric}_ms")["p50"])]
@@ -158,8 +186,9 @@ def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_
                 got.update({f"{metric}_{s}": stats[s] for s in STATS})
             runs.append(got)
         elif concurrency is not None:
-            workload = ClosedLoop(min(concurrency, max_num_seqs), Lengths(min(prompts), max(prompts)),
-                                  Lengths(min(outputs), max(outputs)))
+            workload = ClosedLoop(
+                min(concurrency, max_num_seqs), Lengths(min(prompts), max(prompts)), Lengths(min(outputs), max(outputs))
+            )
             runs.append(_stats(run(workload, seed, limit=len(requests))))
         else:
             t0 = requests[0]["arrival_s"]
@@ -168,9 +197,18 @@ def predict(timing, policy: Policy, acceptance, hits, requests: list[dict], max_
     return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
 
 
-def validate_served(client_runs: list[Path], calibrations: list[Path], sd_run: Path, server_rounds: Path,
-                    max_num_seqs: int, temperature: float = 0.0, seeds: int = 20, level: bool = True,
-                    prefill_overlap: bool = True, build_level: bool = False) -> ServedValidation:
+def validate_served(
+    client_runs: list[Path],
+    calibrations: list[Path],
+    sd_run: Path,
+    server_rounds: Path,
+    max_num_seqs: int,
+    temperature: float = 0.0,
+    seeds: int = 20,
+    level: bool = True,
+    prefill_overlap: bool = True,
+    build_level: bool = False,
+) -> ServedValidation:
     """Every load point of `client_runs` predicted; ValueError (what to do) on a calibration of another precision
     than the SD run, an SD run without a batch-1 SD variant at `temperature`, or server rounds that say no one
     policy. `build_level`: scale the fit's builds to the calibration's engine build rounds, an experiment."""
@@ -193,6 +231,14 @@ def validate_served(client_runs: list[Path], calibrations: list[Path], sd_run: P
         for point, requests in client_points(Path(run)).items():
             got = measured(requests)
             want = predict(timing, policy, acceptance, hits, requests, max_num_seqs, seeds, prefill_overlap)
-            rows.append({"run": Path(run).name, "point": point, "requests": len(requests), "measured": got,
-                         "predicted": want, "error": {k: want[k] / got[k] - 1 for k in got}})
+            rows.append(
+                {
+                    "run": Path(run).name,
+                    "point": point,
+                    "requests": len(requests),
+                    "measured": got,
+                    "predicted": want,
+                    "error": {k: want[k] / got[k] - 1 for k in got},
+                }
+            )
     return ServedValidation(rows=rows, policy=policy, timing=timing)

@@ -65,14 +65,23 @@ def _held_out(study: str, entry: dict) -> HeldOutSet:
         raise ValueError(f"{where}: host_speed must be one of {', '.join(HOST_SPEEDS)}")
     served = entry.get("served")
     if served is not None:
-        served = ServedSet(client_runs=_strings(served.get("client_runs"), f"{where}: served.client_runs"),
-                           sd_run=str(served["sd_run"]), server_rounds=str(served["server_rounds"]),
-                           max_num_seqs=int(served["max_num_seqs"]),
-                           calibrations=tuple(served.get("calibrations") or ()))
-    return HeldOutSet(name=str(entry["name"]), study=study, host=str(entry.get("host", "")),
-                      host_speed=entry["host_speed"], runs=_strings(entry.get("runs"), f"{where}: runs"),
-                      calibrations=_strings(entry.get("calibrations"), f"{where}: calibrations"), served=served,
-                      note=str(entry.get("note", "")))
+        served = ServedSet(
+            client_runs=_strings(served.get("client_runs"), f"{where}: served.client_runs"),
+            sd_run=str(served["sd_run"]),
+            server_rounds=str(served["server_rounds"]),
+            max_num_seqs=int(served["max_num_seqs"]),
+            calibrations=tuple(served.get("calibrations") or ()),
+        )
+    return HeldOutSet(
+        name=str(entry["name"]),
+        study=study,
+        host=str(entry.get("host", "")),
+        host_speed=entry["host_speed"],
+        runs=_strings(entry.get("runs"), f"{where}: runs"),
+        calibrations=_strings(entry.get("calibrations"), f"{where}: calibrations"),
+        served=served,
+        note=str(entry.get("note", "")),
+    )
 
 
 def manifests(reports: Path = REPORTS) -> dict[str, dict]:
@@ -91,8 +100,11 @@ def manifests(reports: Path = REPORTS) -> dict[str, dict]:
 
 def held_out_sets(reports: Path = REPORTS) -> list[HeldOutSet]:
     """Every study's held-out sets, in the order of the studies' names and then of their manifests."""
-    return [_held_out(study, entry) for study, manifest in manifests(reports).items()
-            for entry in manifest.get("held_out", [])]
+    return [
+        _held_out(study, entry)
+        for study, manifest in manifests(reports).items()
+        for entry in manifest.get("held_out", [])
+    ]
 
 
 def archives(reports: Path, study: str) -> list[Path]:

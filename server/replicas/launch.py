@@ -47,8 +47,9 @@ class ClusterSettings:
 
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:
-            raise ValueError(f"--port must be in 1..65535 with --replicas (Ray Serve's proxy needs a port), "
-                             f"got {self.port}")
+            raise ValueError(
+                f"--port must be in 1..65535 with --replicas (Ray Serve's proxy needs a port), got {self.port}"
+            )
         if not self.shutdown_timeout_s >= 0:
             raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout_s}")
 
@@ -64,8 +65,10 @@ def start_ray(cluster: ClusterSettings) -> bool:
     """Connect to Ray: join `cluster.address`, or start a local Ray bound to loopback. True when started here."""
     if cluster.address is None:
         if "ray" in sys.modules and os.environ.get(SINGLE_HOST_VARIABLE) != "0":
-            raise ValueError(f"ray was imported before the local Ray started, so its node would listen on every "
-                             f"interface: set {SINGLE_HOST_VARIABLE}=0 before importing ray, or import it later")
+            raise ValueError(
+                f"ray was imported before the local Ray started, so its node would listen on every "
+                f"interface: set {SINGLE_HOST_VARIABLE}=0 before importing ray, or import it later"
+            )
         os.environ[SINGLE_HOST_VARIABLE] = "0"  # read when ray is imported, and by the processes it starts
     import ray
 
@@ -73,8 +76,14 @@ def start_ray(cluster: ClusterSettings) -> bool:
     if cluster.address is not None:
         ray.init(address=cluster.address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
         return False
-    ray.init(num_cpus=cluster.num_cpus, include_dashboard=False, namespace=NAMESPACE, logging_level=logging.ERROR,
-             object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False)
+    ray.init(
+        num_cpus=cluster.num_cpus,
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        logging_level=logging.ERROR,
+        object_store_memory=OBJECT_STORE_BYTES,
+        log_to_driver=False,
+    )
     return True
 
 
@@ -106,9 +115,14 @@ class Stop:
             pass
 
 
-def serve_replicas(build: Callable[[], LLM], options, settings: ServerSettings | None = None,
-                   cluster: ClusterSettings | None = None, on_ready: Callable[[str], None] | None = None,
-                   stop: Stop | None = None) -> int:
+def serve_replicas(
+    build: Callable[[], LLM],
+    options,
+    settings: ServerSettings | None = None,
+    cluster: ClusterSettings | None = None,
+    on_ready: Callable[[str], None] | None = None,
+    stop: Stop | None = None,
+) -> int:
     """Serve `options.replicas` engines built by `build()` (picklable: it runs in each replica) on Ray Serve until
     SIGTERM / SIGINT (or `stop`), then stop what was started. Returns the exit status (0)."""
     from server.replicas.options import ReplicaOptions
@@ -180,8 +194,11 @@ def _drain(timeout_s: float) -> None:
     from server.replicas.application import APP_NAME, INGRESS
 
     try:
-        left = serve.get_deployment_handle(INGRESS, app_name=APP_NAME).drain.remote(timeout_s).result(
-            timeout_s=timeout_s + 10)
+        left = (
+            serve.get_deployment_handle(INGRESS, app_name=APP_NAME)
+            .drain.remote(timeout_s)
+            .result(timeout_s=timeout_s + 10)
+        )
         if left:
             log.warning("%d requests still in flight after %.0f s: they are cut", left, timeout_s)
     except Exception as err:  # noqa: BLE001  the ingress is gone already: nothing to drain

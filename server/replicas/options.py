@@ -42,10 +42,12 @@ class ReplicaOptions:
         if self.batch < 1 or self.max_waiting < 1:
             raise ValueError(f"batch and max_waiting must be >= 1, got {self.batch} and {self.max_waiting}")
         if self.prefix_tokens < 1 or self.load_bound < 0:
-            raise ValueError(f"--prefix-tokens must be >= 1 and --load-bound >= 0, got {self.prefix_tokens} and "
-                             f"{self.load_bound}")
+            raise ValueError(
+                f"--prefix-tokens must be >= 1 and --load-bound >= 0, got {self.prefix_tokens} and {self.load_bound}"
+            )
         try:
             object.__setattr__(self, "routing", Routing(self.routing))
         except ValueError:
-            raise ValueError(f"--routing must be one of {', '.join(r.value for r in Routing)}, "
-                             f"got {self.routing!r}") from None
+            raise ValueError(
+                f"--routing must be one of {', '.join(r.value for r in Routing)}, got {self.routing!r}"
+            ) from None

@@ -147,8 +147,11 @@ class RemoteStream:
                 cause = _unwrapped(err)
                 if _dead_replica(cause):
                     if self._chunks == 0 and self._calls < SEND_ATTEMPTS:
-                        log.warning("the replica died before %s began (%s): sending it again",
-                                    self._request.request_id, type(cause).__name__)
+                        log.warning(
+                            "the replica died before %s began (%s): sending it again",
+                            self._request.request_id,
+                            type(cause).__name__,
+                        )
                         self._replies = None
                         continue
                     self._end()
@@ -185,8 +188,9 @@ class RemoteEngine:
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> RemoteStream:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        stream = RemoteStream(self.handle, EngineRequest(request_id, list(prompt_ids), params),
-                              lambda rid: self._streams.pop(rid, None))
+        stream = RemoteStream(
+            self.handle, EngineRequest(request_id, list(prompt_ids), params), lambda rid: self._streams.pop(rid, None)
+        )
         self._streams[request_id] = stream
         return stream
 
@@ -207,4 +211,3 @@ class RemoteEngine:
     @property
     def in_flight(self) -> int:
         return len(self._streams)
-

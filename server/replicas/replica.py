@@ -67,14 +67,25 @@ class EngineReplica:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._ingress_name, self._app_name = ingress_name, app_name
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
-        log.info("replica %s (pid %d) serves %s with %s", self.replica, os.getpid(), self.llm.model_name,
-                 self.llm.strategy_in_use)
+        log.info(
+            "replica %s (pid %d) serves %s with %s",
+            self.replica,
+            os.getpid(),
+            self.llm.model_name,
+            self.llm.strategy_in_use,
+        )
 
     def facts(self) -> ModelFacts:
         llm = self.llm
-        return ModelFacts(model_name=llm.model_name, tokenizer=llm.tokenizer, vocab_size=llm.vocab_size,
-                          max_context=llm.max_context, lookahead=llm.lookahead, strategy=llm.strategy_in_use,
-                          config=llm.config)
+        return ModelFacts(
+            model_name=llm.model_name,
+            tokenizer=llm.tokenizer,
+            vocab_size=llm.vocab_size,
+            max_context=llm.max_context,
+            lookahead=llm.lookahead,
+            strategy=llm.strategy_in_use,
+            config=llm.config,
+        )
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Chunk]:
         """The request's chunks as the engine emits them. Ray cancels this generator when the caller goes away:

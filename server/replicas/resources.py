@@ -49,8 +49,10 @@ class ReplicaResources:
         if self.device == "cuda":
             return "2 GPUs (target and SSD draft worker)" if self.draft_worker else "1 GPU"
         if self.draft_worker:
-            return f"{self.threads + self.draft_threads} CPUs (target {self.threads}, SSD draft worker " \
-                   f"{self.draft_threads})"
+            return (
+                f"{self.threads + self.draft_threads} CPUs (target {self.threads}, SSD draft worker "
+                f"{self.draft_threads})"
+            )
         return f"{self.threads} CPU{'s' if self.threads > 1 else ''}"
 
 
@@ -67,6 +69,8 @@ def check_fit(replicas: int, resources: ReplicaResources, nodes: Sequence[Mappin
     fit = replicas_that_fit(resources, nodes)
     if fit < replicas:
         have = ", ".join(f"{node.get('CPU', 0):g} CPUs and {node.get('GPU', 0):g} GPUs" for node in nodes)
-        raise ValueError(f"{replicas} replicas need {resources.describe()} each on one node, and the Ray cluster "
-                         f"holds {fit} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}: {have}): lower --replicas "
-                         "or --threads, or add nodes")
+        raise ValueError(
+            f"{replicas} replicas need {resources.describe()} each on one node, and the Ray cluster "
+            f"holds {fit} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}: {have}): lower --replicas "
+            "or --threads, or add nodes"
+        )

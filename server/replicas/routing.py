@@ -31,8 +31,10 @@ def router_config(routing: Routing, prefix_tokens: int = PREFIX_TOKENS, load_bou
 
     if Routing(routing) is Routing.POWER_OF_TWO:
         return RequestRouterConfig()  # Ray Serve's PowerOfTwoChoicesRequestRouter
-    return RequestRouterConfig(request_router_class=f"{__name__}:PrefixAffinityRouter",
-                               request_router_kwargs={"prefix_tokens": prefix_tokens, "load_bound": load_bound})
+    return RequestRouterConfig(
+        request_router_class=f"{__name__}:PrefixAffinityRouter",
+        request_router_kwargs={"prefix_tokens": prefix_tokens, "load_bound": load_bound},
+    )
 
 
 def prefix_key(prompt_ids: list[int], prefix_tokens: int) -> bytes | None:
@@ -44,6 +46,7 @@ def prefix_key(prompt_ids: list[int], prefix_tokens: int) -> bytes | None:
 
 def rendezvous_order(key: bytes, replica_ids: list[str]) -> list[str]:
     """The replicas by their rendezvous score for `key`, highest first (the home is the first)."""
+
     def score(replica: str) -> bytes:
         return hashlib.blake2b(key + replica.encode(), digest_size=8).digest()
 
@@ -64,8 +67,9 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self.prefix_tokens = prefix_tokens
         self.load_bound = load_bound
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         ids = prompt_ids_of(pending_request)

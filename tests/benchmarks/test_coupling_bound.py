@@ -71,24 +71,40 @@ def _run(tmp_path, results: list[dict]):
 
 
 def _result(system, prompt, tokens, mode=None, T=0.7):
-    return {"system": system, "prompt_id": prompt, "token_ids": tokens,
-            "settings": {"temperature": T, "sampling_mode": mode}}
+    return {
+        "system": system,
+        "prompt_id": prompt,
+        "token_ids": tokens,
+        "settings": {"temperature": T, "sampling_mode": mode},
+    }
 
 
 def test_same_texts_counts_the_prompts_on_which_every_system_agrees(tmp_path):
-    run = _run(tmp_path, [
-        _result("ar", "a", [1, 2], "invariant"), _result("sd", "a", [1, 2], "invariant"),
-        _result("ssd", "a", [1, 2], "invariant"),
-        _result("ar", "b", [1, 2], "invariant"), _result("sd", "b", [1, 3], "invariant"),
-        _result("ssd", "b", [1, 2], "invariant"),
-        _result("sd", "a", [4], None), _result("ssd", "a", [4], None),
-    ])
+    run = _run(
+        tmp_path,
+        [
+            _result("ar", "a", [1, 2], "invariant"),
+            _result("sd", "a", [1, 2], "invariant"),
+            _result("ssd", "a", [1, 2], "invariant"),
+            _result("ar", "b", [1, 2], "invariant"),
+            _result("sd", "b", [1, 3], "invariant"),
+            _result("ssd", "b", [1, 2], "invariant"),
+            _result("sd", "a", [4], None),
+            _result("ssd", "a", [4], None),
+        ],
+    )
     rows = {r["mode"]: r for r in cb.same_texts([run])}
     assert (rows["invariant"]["systems"], rows["invariant"]["prompts"], rows["invariant"]["same_text"]) == (
-        ["ar", "sd", "ssd"], 2, 1)
+        ["ar", "sd", "ssd"],
+        2,
+        1,
+    )
     assert rows["invariant"]["sd_ssd_same_text"] == 1
     assert (rows["standard"]["prompts"], rows["standard"]["same_text"], rows["standard"]["sd_ssd_same_text"]) == (
-        1, 1, 1)
+        1,
+        1,
+        1,
+    )
 
 
 def test_a_folder_that_is_not_a_run_exits_2(tmp_path, capsys):

@@ -18,8 +18,14 @@ SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 
 
 def run_script(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "GPU_CHECK_DEVICE": "cpu",
-            "GPU_CHECK_QUICK": "1", **env}
+    full = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "OUT": str(tmp_path / "out"),
+        "GPU_CHECK_DEVICE": "cpu",
+        "GPU_CHECK_QUICK": "1",
+        **env,
+    }
     return subprocess.run(["bash", str(SCRIPT)], env=full, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -76,8 +82,14 @@ def test_timings_give_every_forward_a_time_at_every_batch(tmp_path):
     rows = results(tmp_path)["timings"]["rows"]["tiny/tiny"]
     assert [r["batch"] for r in rows] == [1, 8]
     for row in rows:
-        for key in ("verify K+1=2 ms", "verify K+1=4 ms", "draft step ms", "cache build budget 4 ms",
-                    "cache build budget 16 ms", "backup round (neural, K 4) ms"):
+        for key in (
+            "verify K+1=2 ms",
+            "verify K+1=4 ms",
+            "draft step ms",
+            "cache build budget 4 ms",
+            "cache build budget 16 ms",
+            "backup round (neural, K 4) ms",
+        ):
             assert isinstance(row[key], float) and row[key] > 0, (key, row)
 
 

@@ -45,8 +45,12 @@ def _slowed(src: Path, dst: Path, key: str, factor: float) -> Path:
 def test_rows_are_the_measured_speeds_of_the_configurations_both_runs_have(interleaved, k235):
     rows = {r["configuration"]: r for r in repeatability.table([interleaved, k235])}
     # k235 also ran K 2 and budget 16: only what both ran is compared
-    assert set(rows) == {"sd K=3 T=0 b=1", "sd K=5 T=0 b=1", "ssd K=3 B=8 geometric neural T=0 b=1",
-                         "ssd K=5 B=8 geometric neural T=0 b=1"}
+    assert set(rows) == {
+        "sd K=3 T=0 b=1",
+        "sd K=5 T=0 b=1",
+        "ssd K=3 B=8 geometric neural T=0 b=1",
+        "ssd K=5 B=8 geometric neural T=0 b=1",
+    }
     for run in (interleaved, k235):
         speeds = {key.split("/", 1)[1]: measured_tokens_per_s(r) for key, (_, r) in variants(run).items()}
         for name, row in rows.items():

@@ -119,8 +119,9 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def top_level_flags() -> set[str]:
-    return {s for a in build_parser()._actions if not isinstance(a, argparse._SubParsersAction)
-            for s in a.option_strings}
+    return {
+        s for a in build_parser()._actions if not isinstance(a, argparse._SubParsersAction) for s in a.option_strings
+    }
 
 
 def example_argv(line: str) -> list[str]:
@@ -172,14 +173,19 @@ def unknown_flags(text: str) -> list[str]:
         own = command_of(section)
         if section.title == SHARED_TABLES:
             for number, flags, names in shared_flag_rows(section):
-                problems += [f"line {number}: saguaro {name} has no {flag}" for name in names
-                             for flag in sorted(flags - parser_flags(parsers[name]))]
+                problems += [
+                    f"line {number}: saguaro {name} has no {flag}"
+                    for name in names
+                    for flag in sorted(flags - parser_flags(parsers[name]))
+                ]
         for number, line in section.lines:
             for command, flags in named_flags(line):
                 command = command or own
                 known = anywhere if command is None else parser_flags(parsers[command]) | top
-                problems += [f"line {number}: {'saguaro ' + command if command else 'no command'} has no {flag}"
-                             for flag in sorted(flags - known)]
+                problems += [
+                    f"line {number}: {'saguaro ' + command if command else 'no command'} has no {flag}"
+                    for flag in sorted(flags - known)
+                ]
     return problems
 
 
@@ -187,16 +193,21 @@ def undocumented_flags(text: str) -> list[str]:
     """A line for each option of a command's parser that the text does not name (an option whose help is
     suppressed, an old spelling kept working, needs none; one of an option's spellings is enough)."""
     documented = documented_flags(text)
-    return [f"saguaro {name}: {'/'.join(action.option_strings)}" for name, parser in command_parsers().items()
-            for action in options(parser)
-            if action.help != argparse.SUPPRESS and action.dest != "help"
-            and not set(action.option_strings) & documented[name]]
+    return [
+        f"saguaro {name}: {'/'.join(action.option_strings)}"
+        for name, parser in command_parsers().items()
+        for action in options(parser)
+        if action.help != argparse.SUPPRESS
+        and action.dest != "help"
+        and not set(action.option_strings) & documented[name]
+    ]
 
 
 def missing_sections(text: str) -> list[str]:
     documented = {command_of(s) for s in sections(text)} - {None}
     return [f"no section for saguaro {name}" for name in COMMANDS if name not in documented] + [
-        f"a section for saguaro {name}, which is no command" for name in sorted(documented - set(COMMANDS))]
+        f"a section for saguaro {name}, which is no command" for name in sorted(documented - set(COMMANDS))
+    ]
 
 
 def bad_examples(text: str) -> list[str]:

@@ -15,8 +15,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("engine", "simulator", "theory", "saguaro", "server", "benchmarks", "tests")
-TOP_LEVEL = PACKAGES + ("docs", "reports", "scripts", "requirements", "README.md", "CHANGELOG.md",
-                        "CONTRIBUTING.md", "pyproject.toml")
+TOP_LEVEL = PACKAGES + (
+    "docs",
+    "reports",
+    "scripts",
+    "requirements",
+    "README.md",
+    "CHANGELOG.md",
+    "CONTRIBUTING.md",
+    "pyproject.toml",
+)
 PLACEHOLDER = re.compile(r"[<>*{}…]|\.\.\.|\bX\b|\bNAME\b")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -75,8 +83,11 @@ def references(doc: Path) -> list[Reference]:
     name = doc.relative_to(ROOT).as_posix()
     found: list[Reference] = []
     for number, span, fenced in _spans(text):
-        found += [Reference(name, number, "python -m", module) for module in RUN_MODULE.findall(span)
-                  if not PLACEHOLDER.search(module)]
+        found += [
+            Reference(name, number, "python -m", module)
+            for module in RUN_MODULE.findall(span)
+            if not PLACEHOLDER.search(module)
+        ]
         for word in re.split(r"[\s,;=()'\"]+", span):
             word = word.rstrip(".:")
             if not word or PLACEHOLDER.search(word) or word.startswith(("http", "-")):
@@ -137,15 +148,20 @@ def _module(name: str):
 
 
 def _has(obj, name: str) -> bool:
-    return (hasattr(obj, name) or name in getattr(obj, "__dataclass_fields__", {})
-            or name in getattr(obj, "__annotations__", {}))
+    return (
+        hasattr(obj, name)
+        or name in getattr(obj, "__dataclass_fields__", {})
+        or name in getattr(obj, "__annotations__", {})
+    )
 
 
 def _defined_in(path: Path, name: str) -> bool:
     """`name` is a function or class (at any depth) of the Python file `path`."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
-               for node in ast.walk(tree))
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name
+        for node in ast.walk(tree)
+    )
 
 
 def exists(ref: Reference) -> bool:

@@ -22,9 +22,12 @@ TEXT = API_MD.read_text(encoding="utf-8")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 # the documented example's variables and what they hold
 RECEIVERS = {
-    "llm": ("engine.llm", "LLM"), "llm.config": ("engine.config", "EngineConfig"),
-    "out": ("engine.outputs", "Generation"), "out.metrics": ("engine.metrics", "RunMetrics"),
-    "o": ("engine.outputs", "RequestOutput"), "o.metrics": ("engine.metrics", "RequestMetrics"),
+    "llm": ("engine.llm", "LLM"),
+    "llm.config": ("engine.config", "EngineConfig"),
+    "out": ("engine.outputs", "Generation"),
+    "out.metrics": ("engine.metrics", "RunMetrics"),
+    "o": ("engine.outputs", "RequestOutput"),
+    "o.metrics": ("engine.metrics", "RequestMetrics"),
     "chunk": ("engine.outputs", "Chunk"),
 }
 BUILT = ("SamplingParams", "SpeculativeConfig", "QuantConfig", "CompileConfig")  # cheap to build: built
@@ -104,8 +107,11 @@ def calls(text: str = TEXT) -> list[tuple[str, ast.Call]]:
             tree = None if prose and "/" in code else ast.parse(code.replace("...,", "Ellipsis,"))
         except SyntaxError:
             tree = None
-        out += [(ast.unparse(node), node) for node in (ast.walk(tree) if tree else ())
-                if isinstance(node, ast.Call) and not (prose and not node.args and not node.keywords)]
+        out += [
+            (ast.unparse(node), node)
+            for node in (ast.walk(tree) if tree else ())
+            if isinstance(node, ast.Call) and not (prose and not node.args and not node.keywords)
+        ]
     return out
 
 
@@ -126,8 +132,12 @@ def test_every_name_the_doc_says_engine_exports_is_exported():
 
 
 def test_every_import_the_doc_shows_runs():
-    imports = [node for code in example_code() for node in ast.walk(ast.parse(code))
-               if isinstance(node, (ast.Import, ast.ImportFrom))]
+    imports = [
+        node
+        for code in example_code()
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
     assert imports
     for node in imports:
         exec(compile(ast.Module([node], []), "<docs/api.md>", "exec"), {})
@@ -161,8 +171,11 @@ def check_call(source: str, call: ast.Call, names: dict) -> None:
     args = [value(a, names) for a in call.args if not isinstance(a, ast.Starred)]
     kwargs = {k.arg: value(k.value, names) for k in call.keywords if k.arg is not None}
     signature.bind(*args, **kwargs)
-    if isinstance(call.func, ast.Name) and call.func.id in BUILT and not any(
-            isinstance(v, Placeholder) for v in [*args, *kwargs.values()]):
+    if (
+        isinstance(call.func, ast.Name)
+        and call.func.id in BUILT
+        and not any(isinstance(v, Placeholder) for v in [*args, *kwargs.values()])
+    ):
         names[call.func.id](*args, **kwargs)
 
 
@@ -176,8 +189,12 @@ def test_every_documented_call_fits_the_signature_of_what_it_calls(source, call)
 
 def test_every_attribute_the_example_reads_exists():
     """`o.text`, `o.finish_reason`, `chunk.text`: fields of what the example's variables hold."""
-    read = [node for code in example_code() for node in ast.walk(ast.parse(code))
-            if isinstance(node, ast.Attribute) and receiver(node.value) is not None]
+    read = [
+        node
+        for code in example_code()
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Attribute) and receiver(node.value) is not None
+    ]
     assert len(read) >= 3
     for node in read:
         cls = receiver(node.value)
@@ -204,22 +221,33 @@ def test_every_keyword_the_doc_shows_alone_is_an_argument_of_the_api():
     keywords = [m.group(1) for span in inline_code() if (m := re.fullmatch(r"(\w+)=.+", span))]
     assert keywords
     for keyword in keywords:
-        assert any(keyword in inspect.signature(t).parameters for t in takers) or keyword in REMOVED_QUANT_ARGUMENTS, \
+        assert any(keyword in inspect.signature(t).parameters for t in takers) or keyword in REMOVED_QUANT_ARGUMENTS, (
             keyword
+        )
 
 
 def test_the_calls_cover_the_example():
     sources = [source for source, _ in calls()]
-    for expected in ("LLM(", "llm.generate(", "llm.stream(", "SamplingParams(", "SpeculativeConfig(",
-                     "out.metrics.write_rounds("):
+    for expected in (
+        "LLM(",
+        "llm.generate(",
+        "llm.stream(",
+        "SamplingParams(",
+        "SpeculativeConfig(",
+        "out.metrics.write_rounds(",
+    ):
         assert any(s.startswith(expected) for s in sources), expected
 
 
-@pytest.mark.parametrize("old, new, call, error", [
-    ("top_p=0.9", "top_pp=0.9", "SamplingParams(", TypeError),  # a keyword the API does not take
-    ("SpeculativeConfig(K=4)", "SpeculativeConfig(K=0)", "SpeculativeConfig(", ValueError),  # a refused value
-    ("llm.stream(", "llm.streams(", "llm.streams(", NameError),  # a method the API does not have
-], ids=["renamed keyword", "refused value", "missing method"])
+@pytest.mark.parametrize(
+    "old, new, call, error",
+    [
+        ("top_p=0.9", "top_pp=0.9", "SamplingParams(", TypeError),  # a keyword the API does not take
+        ("SpeculativeConfig(K=4)", "SpeculativeConfig(K=0)", "SpeculativeConfig(", ValueError),  # a refused value
+        ("llm.stream(", "llm.streams(", "llm.streams(", NameError),  # a method the API does not have
+    ],
+    ids=["renamed keyword", "refused value", "missing method"],
+)
 def test_a_call_that_no_longer_fits_is_caught(old, new, call, error):
     """The negative control: the same checks on the example with one thing changed."""
     assert old in TEXT

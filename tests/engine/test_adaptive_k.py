@@ -21,12 +21,16 @@ def test_K_auto_is_adaptive_with_the_default_maximum():
     assert spec.adaptive and spec.K == AUTO_K_MAX
 
 
-@pytest.mark.parametrize("spec", [
-    SpeculativeConfig(K="auto"),  # measured timings
-    SpeculativeConfig(K=6, adaptive=True, draft_cost=0.05),
-    SpeculativeConfig(K=6, confidence_stop=0.6),
-    SpeculativeConfig(K=6, adaptive=True, draft_cost=0.05, confidence_stop=0.6),
-], ids=["auto", "adaptive", "confidence stop", "both"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpeculativeConfig(K="auto"),  # measured timings
+        SpeculativeConfig(K=6, adaptive=True, draft_cost=0.05),
+        SpeculativeConfig(K=6, confidence_stop=0.6),
+        SpeculativeConfig(K=6, adaptive=True, draft_cost=0.05, confidence_stop=0.6),
+    ],
+    ids=["auto", "adaptive", "confidence stop", "both"],
+)
 def test_greedy_sd_with_a_varying_K_equals_ar(target, ar_tokens, spec):
     draft = noisy_copy(target, noise=1.0)
     out = LLM(target, draft, strategy="sd", speculative=spec).generate(PROMPTS, GREEDY)
@@ -61,8 +65,9 @@ def test_K_follows_the_draft_cost(target):
 
 def test_confidence_stop_shortens_blocks(target, ar_tokens):
     draft = noisy_copy(target, noise=1.0)
-    out = LLM(target, draft, strategy="sd", speculative=SpeculativeConfig(K=6, confidence_stop=0.99)) \
-        .generate(PROMPTS, GREEDY)
+    out = LLM(target, draft, strategy="sd", speculative=SpeculativeConfig(K=6, confidence_stop=0.99)).generate(
+        PROMPTS, GREEDY
+    )
     assert [o.token_ids for o in out] == ar_tokens
     Ks = decode_Ks(out)
     assert min(Ks) < 6

@@ -121,8 +121,10 @@ def test_the_rounds_file_holds_each_sd_rounds_outcome_ranks(target, tmp_path):
     from tests.engine.tiny import noisy_copy
 
     spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
-    engine = AsyncLLM(LLM(target, noisy_copy(target, 1.0), strategy="sd", speculative=spec, max_num_seqs=4),
-                      rounds_path=tmp_path / "rounds.jsonl")
+    engine = AsyncLLM(
+        LLM(target, noisy_copy(target, 1.0), strategy="sd", speculative=spec, max_num_seqs=4),
+        rounds_path=tmp_path / "rounds.jsonl",
+    )
 
     async def main():
         return await asyncio.gather(*(collect(engine.generate(p, GREEDY, f"r{i}")) for i, p in enumerate(PROMPTS)))

@@ -72,8 +72,10 @@ def test_prompt_plus_new_tokens_beyond_context_is_refused(target):
 
 
 def test_one_batch_may_mix_sampling_settings(target):
-    params = [SamplingParams(temperature=0, max_new_tokens=2),
-              SamplingParams(temperature=1.0, top_k=3, max_new_tokens=3)]
+    params = [
+        SamplingParams(temperature=0, max_new_tokens=2),
+        SamplingParams(temperature=1.0, top_k=3, max_new_tokens=3),
+    ]
     assert [len(o.token_ids) for o in LLM(target).generate([[1, 2], [3, 4]], params)] == [2, 3]
 
 
@@ -110,7 +112,9 @@ def test_cli_bad_input_exits_2_with_one_line(args, message, capsys):
 def test_cli_process_exits_2_without_traceback():
     result = subprocess.run(
         [sys.executable, "-m", "saguaro.cli", "generate", "hi", "--strategy", "ar", "--target", "/no/such/model"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 2, result.stderr
     assert "/no/such/model" in result.stderr and "Traceback" not in result.stderr

@@ -56,8 +56,9 @@ def test_a_prompts_argument_of_the_wrong_kind_is_refused(llm):
 
 def test_a_lone_surrogate_in_text_is_refused_before_the_tokenizer(llm):
     text = b"caf\xff".decode("utf-8", errors="surrogateescape")  # what argv / surrogateescape give
-    with pytest.raises(ValueError,
-                       match=r"not valid Unicode text: it holds the lone surrogate '\\udcff' at character 3"):
+    with pytest.raises(
+        ValueError, match=r"not valid Unicode text: it holds the lone surrogate '\\udcff' at character 3"
+    ):
         llm.generate(text, ONE)
     with pytest.raises(ValueError, match="lone surrogate"):
         llm.encode("ok \ud800 then")

@@ -95,8 +95,7 @@ def test_an_unlisted_copy_left_by_a_killed_load_is_replaced(packaged, tmp_path):
     assert files[COPY_WEIGHTS]["size"] == (folder / COPY_WEIGHTS).stat().st_size > len(b"half written")
 
 
-def test_a_cache_that_cannot_be_written_still_loads_with_a_warning(
-        packaged, tmp_path, monkeypatch, caplog):  # noqa: F811
+def test_a_cache_that_cannot_be_written_still_loads_with_a_warning(packaged, tmp_path, monkeypatch, caplog):  # noqa: F811
     root = tmp_path / "cache"
     folder = provision.provision(ALIAS, root).folder
 

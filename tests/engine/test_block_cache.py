@@ -274,8 +274,14 @@ def test_greedy_output_is_the_same_with_the_prefix_cache_on_and_off():
     for strategy in ("ar", "sd", "ssd"):
         for caching in (True, False):
             spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
-            with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec,
-                     prefix_caching=caching, max_num_seqs=2) as llm:
+            with LLM(
+                target,
+                None if strategy == "ar" else draft,
+                strategy=strategy,
+                speculative=spec,
+                prefix_caching=caching,
+                max_num_seqs=2,
+            ) as llm:
                 first = llm.generate(prompts, params)  # the later prompts join after the first ones finish
                 again = llm.generate(prompts, params)
                 outs[strategy, caching] = [o.token_ids for o in first], [o.token_ids for o in again]

@@ -45,8 +45,9 @@ def hold_elsewhere():
     children: list[subprocess.Popen] = []
 
     def start(path: Path) -> subprocess.Popen:
-        child = subprocess.Popen([sys.executable, "-c", HOLDER_SCRIPT, str(path)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", HOLDER_SCRIPT, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         children.append(child)
         assert child.stdout.readline().strip() == "held"
         return child
@@ -101,8 +102,13 @@ def test_a_waiter_gives_up_after_the_timeout_naming_lock_holder_and_remedy(other
             pytest.fail("took a lock that another process holds")
     assert 0.3 <= time.monotonic() - start < 10
     message = str(caught.value)
-    for needle in ("gave up after 0.3 s", str(lock_path(root)), f"pid {child.pid}", f"kill {child.pid}",
-                   "SAGUARO_LOCK_TIMEOUT"):
+    for needle in (
+        "gave up after 0.3 s",
+        str(lock_path(root)),
+        f"pid {child.pid}",
+        f"kill {child.pid}",
+        "SAGUARO_LOCK_TIMEOUT",
+    ):
         assert needle in message, message
     assert isinstance(caught.value, ValueError) and "\n" not in message
 
@@ -135,13 +141,15 @@ def test_cli_gives_up_with_one_line_and_exit_2(hold_elsewhere, tmp_path, monkeyp
     lines = err.strip().splitlines()
     waiting = [x for x in lines if x.startswith("warning: waiting for the model cache lock")]
     assert len(waiting) <= 1 and len(lines) == 1 + len(waiting)
-    assert_one_line_error(status, lines[-1] + "\n", "gave up after 0.2 s", str(lock_path(root, key)),
-                          f"pid {child.pid}")
+    assert_one_line_error(
+        status, lines[-1] + "\n", "gave up after 0.2 s", str(lock_path(root, key)), f"pid {child.pid}"
+    )
     assert sum(WAIT_MESSAGE in r.getMessage() for r in caplog.records) == 1
 
 
-@pytest.mark.parametrize(("raw", "expected"), [(None, 600.0), ("", 600.0), ("2.5", 2.5), ("0", 0.0),
-                                               ("inf", float("inf"))])
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, 600.0), ("", 600.0), ("2.5", 2.5), ("0", 0.0), ("inf", float("inf"))]
+)
 def test_lock_timeout_comes_from_the_environment(raw, expected):
     env = {} if raw is None else {cache_lock.ENV_LOCK_TIMEOUT: raw}
     assert cache_lock.lock_timeout_s(env) == expected

@@ -28,8 +28,9 @@ def engine(target, draft, strategy, **kwargs):
 
 
 @pytest.mark.parametrize("strategy", ["ar", "sd", "ssd"])
-def test_a_long_prompt_is_fed_a_chunk_a_step_while_the_running_row_gets_a_round_each_step(target, draft, solo,
-                                                                                          strategy):
+def test_a_long_prompt_is_fed_a_chunk_a_step_while_the_running_row_gets_a_round_each_step(
+    target, draft, solo, strategy
+):
     with engine(target, draft, strategy, max_prefill_tokens=CHUNK) as llm:
         running = llm.make_sequence(SHORT, GREEDY, request_id="running")
         llm.loop.submit(running)
@@ -68,18 +69,22 @@ def test_an_abort_during_a_chunked_prefill_ends_the_request_and_frees_the_loop(t
 
 def test_min_tokens_holds_back_eos_and_stop_tokens_until_reached(target, solo):
     stop = solo["short"][2]  # greedy would stop at its third token
-    without = LLM(target).generate([SHORT], SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False,
-                                                           stop_token_ids=(stop,)))[0]
-    held = LLM(target).generate([SHORT], SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False,
-                                                        stop_token_ids=(stop,), min_tokens=6))[0]
+    without = LLM(target).generate(
+        [SHORT], SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False, stop_token_ids=(stop,))
+    )[0]
+    held = LLM(target).generate(
+        [SHORT],
+        SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False, stop_token_ids=(stop,), min_tokens=6),
+    )[0]
     assert len(without.token_ids) == 3 and without.finish_reason == "stop"
     assert stop not in held.token_ids[:6] and len(held.token_ids) >= 6
 
 
 @pytest.mark.parametrize("strategy", ["sd", "ssd"])
 def test_min_tokens_greedy_speculation_gives_the_ar_tokens(target, draft, solo, strategy):
-    params = SamplingParams(temperature=0, max_new_tokens=12, stop_on_eos=False, stop_token_ids=(solo["short"][2],),
-                            min_tokens=6)
+    params = SamplingParams(
+        temperature=0, max_new_tokens=12, stop_on_eos=False, stop_token_ids=(solo["short"][2],), min_tokens=6
+    )
     reference = LLM(target).generate([SHORT], params)[0].token_ids
     with engine(target, draft, strategy) as llm:
         assert llm.generate([SHORT], params)[0].token_ids == reference

@@ -136,8 +136,7 @@ def test_abort_of_a_running_request_frees_its_row_and_ends_its_stream(target, dr
 @pytest.mark.parametrize("strategy", ["ar", "sd", "ssd"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_logprobs_are_the_models_own_log_softmax_whatever_the_temperature(target, draft, strategy, temperature):
-    params = SamplingParams(temperature=temperature, top_k=20, max_new_tokens=8, stop_on_eos=False, seed=3,
-                            logprobs=3)
+    params = SamplingParams(temperature=temperature, top_k=20, max_new_tokens=8, stop_on_eos=False, seed=3, logprobs=3)
     with engine(target, draft, strategy) as llm:
         out = llm.generate([PROMPTS[0]], params)[0]
     ids = PROMPTS[0] + out.token_ids
@@ -157,8 +156,15 @@ def test_processed_logprobs_are_the_targets_warped_log_probabilities(target, dra
     from engine.sampling import warp
     from engine.sampling_params import LogprobsMode
 
-    params = SamplingParams(temperature=0.8, top_k=20, max_new_tokens=8, stop_on_eos=False, seed=3, logprobs=3,
-                            logprobs_mode=LogprobsMode.PROCESSED)
+    params = SamplingParams(
+        temperature=0.8,
+        top_k=20,
+        max_new_tokens=8,
+        stop_on_eos=False,
+        seed=3,
+        logprobs=3,
+        logprobs_mode=LogprobsMode.PROCESSED,
+    )
     with engine(target, draft, strategy) as llm:
         out = llm.generate([PROMPTS[0]], params)[0]
     assert len(out.logprobs) == len(out.token_ids) == 8

@@ -64,8 +64,9 @@ def llama_style() -> PreTrainedTokenizerFast:
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "▁Hello": 3, "▁world": 4, "!": 5, "▁a": 6, "nd": 7}
     vocab |= {f"<0x{b:02X}>": len(vocab) + b for b in range(256)}
     backend = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
@@ -224,8 +225,17 @@ def test_a_length_finish_inside_a_character_ends_the_text_with_its_replacement(s
 @pytest.mark.parametrize("path", PATHS)
 def test_abort_streams_the_held_back_text(smol, path):
     ids = smol("one two three ☕")["input_ids"][:-1]  # ends inside ☕
-    seq = Sequence(0, "r", 0, [1], SamplingParams(max_new_tokens=64, stop=("three!",)), frozenset(), 0, 0.0,
-                   tokenizer=through(smol, path))
+    seq = Sequence(
+        0,
+        "r",
+        0,
+        [1],
+        SamplingParams(max_new_tokens=64, stop=("three!",)),
+        frozenset(),
+        0,
+        0.0,
+        tokenizer=through(smol, path),
+    )
     sent = seq.append(ids, None, 0.0).text
     assert sent == "one two th"  # the last 5 characters may begin "three!", and the last is incomplete
     last = seq.abort(0.0)
@@ -299,8 +309,12 @@ def requests(draw, tokenizer, byte_ids, text_ids):
     """Token ids (any id, lone bytes of multi-byte characters, pieces of real text, special tokens), round sizes,
     and sampling parameters with stop strings that often occur in the text."""
     vocab_size = len(tokenizer)
-    token = st.one_of(st.integers(0, vocab_size - 1), st.sampled_from(byte_ids), st.sampled_from(text_ids),
-                      st.sampled_from([ENDOFTEXT, IM_START, IM_END]))
+    token = st.one_of(
+        st.integers(0, vocab_size - 1),
+        st.sampled_from(byte_ids),
+        st.sampled_from(text_ids),
+        st.sampled_from([ENDOFTEXT, IM_START, IM_END]),
+    )
     ids = draw(st.lists(token, min_size=1, max_size=40))
     sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=8))
     text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -313,9 +327,13 @@ def requests(draw, tokenizer, byte_ids, text_ids):
             stops.append(draw(st.text(alphabet=" ae😀世\n.", min_size=1, max_size=4)))
     stops = tuple(s for s in stops if REPLACEMENT not in s)
     max_new = draw(st.integers(1, len(ids)))
-    params = SamplingParams(max_new_tokens=max_new, stop=stops, min_tokens=draw(st.integers(0, min(3, max_new))),
-                            stop_on_eos=draw(st.booleans()),
-                            stop_token_ids=tuple(draw(st.lists(st.sampled_from(ids), max_size=1))))
+    params = SamplingParams(
+        max_new_tokens=max_new,
+        stop=stops,
+        min_tokens=draw(st.integers(0, min(3, max_new))),
+        stop_on_eos=draw(st.booleans()),
+        stop_token_ids=tuple(draw(st.lists(st.sampled_from(ids), max_size=1))),
+    )
     return rounds_of(ids, sizes), params
 
 

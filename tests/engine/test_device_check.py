@@ -20,8 +20,9 @@ def test_llm_refuses_a_missing_target_device_before_loading(device, message):
         LLM(MISSING_MODEL, device=device)
 
 
-@pytest.mark.parametrize("device, message", [("gpu7", "draft device: unknown device 'gpu7'"),
-                                             ("cuda:99", "draft device: .*cuda:99")])
+@pytest.mark.parametrize(
+    "device, message", [("gpu7", "draft device: unknown device 'gpu7'"), ("cuda:99", "draft device: .*cuda:99")]
+)
 def test_llm_refuses_a_missing_draft_device_before_loading(device, message):
     spec = SpeculativeConfig(placement=DraftPlacement(draft_device=device))
     with pytest.raises(ValueError, match=message):
@@ -36,8 +37,9 @@ def test_generate_refuses_a_missing_device_in_one_line(flag, device, capsys):
     from saguaro.cli import main
 
     start = time.monotonic()
-    status = main(["generate", "--strategy", "ssd", "--target", MISSING_MODEL, "--draft", MISSING_MODEL, flag,
-                   device, "Hi"])
+    status = main(
+        ["generate", "--strategy", "ssd", "--target", MISSING_MODEL, "--draft", MISSING_MODEL, flag, device, "Hi"]
+    )
     err = capsys.readouterr().err
     assert status == 2
     assert "Traceback" not in err
@@ -48,9 +50,24 @@ def test_generate_refuses_a_missing_device_in_one_line(flag, device, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="cuda exists here")
 def test_the_cli_process_refuses_a_missing_device_with_exit_2_and_one_line():
     out = subprocess.run(
-        [sys.executable, "-m", "saguaro.cli", "generate", "--strategy", "ssd", "--target", MISSING_MODEL,
-         "--draft", MISSING_MODEL, "--draft-device", "cuda", "Hi"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "saguaro.cli",
+            "generate",
+            "--strategy",
+            "ssd",
+            "--target",
+            MISSING_MODEL,
+            "--draft",
+            MISSING_MODEL,
+            "--draft-device",
+            "cuda",
+            "Hi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr

@@ -80,5 +80,11 @@ def test_llm_loads_a_folder_in_what_auto_chose_and_says_so(fast, expected, tmp_p
     with LLM(str(folder)) as llm:  # dtype left at its default, auto
         assert llm.config.dtype == str(expected).removeprefix("torch.")
         assert {p.dtype for p in llm.target.parameters()} == {expected}
-        assert len(llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=2,
-                                                            stop_on_eos=False))[0].token_ids) == 2
+        assert (
+            len(
+                llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=2, stop_on_eos=False))[
+                    0
+                ].token_ids
+            )
+            == 2
+        )

@@ -73,8 +73,9 @@ def test_plain_reader_parses_every_field_part_for_part_as_gguf_does():
         if field.types[0] == GGUFValueType.ARRAY:
             arrays.add(field.types[1])
     assert {GGUFValueType.STRING, GGUFValueType.INT32} <= arrays  # both fast paths were exercised
-    assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == \
-        [(t.name, t.tensor_type, t.data_offset) for t in theirs.tensors]
+    assert [(t.name, t.tensor_type, t.data_offset) for t in ours.tensors] == [
+        (t.name, t.tensor_type, t.data_offset) for t in theirs.tensors
+    ]
 
 
 def test_float32_conversion_parses_once(tmp_path, parses):

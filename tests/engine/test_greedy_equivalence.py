@@ -48,8 +48,9 @@ def test_same_seed_same_output_at_temperature():
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=20, seed=7)
     runs = [LLM(target, draft, strategy="sd").generate(PROMPTS, params) for _ in range(2)]
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
-    other = LLM(target, draft, strategy="sd").generate(PROMPTS, SamplingParams(
-        temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=20, seed=8))
+    other = LLM(target, draft, strategy="sd").generate(
+        PROMPTS, SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=20, seed=8)
+    )
     assert [o.token_ids for o in other] != [o.token_ids for o in runs[0]]
 
 
@@ -65,5 +66,6 @@ def test_eos_and_length_limits_truncate_the_output(target, ar_tokens):
     finally:
         target.generation_config.eos_token_id = None
     out = LLM(target, target, strategy="sd").generate(
-        PROMPTS, SamplingParams(temperature=0, max_new_tokens=7, stop_on_eos=False))
+        PROMPTS, SamplingParams(temperature=0, max_new_tokens=7, stop_on_eos=False)
+    )
     assert all(len(o.token_ids) == 7 and o.finish_reason == "length" for o in out)

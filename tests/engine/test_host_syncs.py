@@ -18,21 +18,31 @@ from engine.config import DraftPlacement
 from engine.ssd.draft_worker import DraftWorker
 from tests.engine.tiny import noisy_copy, tiny_lm
 
-SAMPLINGS = {"greedy": dict(temperature=0.0), "top-k": dict(temperature=1.0, top_k=20),
-             "plain": dict(temperature=1.0), "invariant": dict(temperature=1.0, sampling_mode="invariant")}
+SAMPLINGS = {
+    "greedy": dict(temperature=0.0),
+    "top-k": dict(temperature=1.0, top_k=20),
+    "plain": dict(temperature=1.0),
+    "invariant": dict(temperature=1.0, sampling_mode="invariant"),
+}
 TARGET_BUDGET = 1  # every strategy: the round's one read
 WORKER_BUDGET = 2  # SSD's worker: its answer and its build
 WARM_UP, STEPS = 3, 12
 
 
-def steady_step_syncs(strategy: str, sampling: str, rows: int, monkeypatch, compiled: bool = False
-                      ) -> list[tuple[int, int, str]]:
+def steady_step_syncs(
+    strategy: str, sampling: str, rows: int, monkeypatch, compiled: bool = False
+) -> list[tuple[int, int, str]]:
     """Per steady step: (the target's reads, the worker's reads, what was read)."""
     target = tiny_lm(0, scale=4.0)
     spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
     compile = CompileConfig(max_len=256, compiled=False) if compiled else False
-    llm = LLM(target, None if strategy == "ar" else noisy_copy(target, 1.0), strategy=strategy, speculative=spec,
-              compile=compile)
+    llm = LLM(
+        target,
+        None if strategy == "ar" else noisy_copy(target, 1.0),
+        strategy=strategy,
+        speculative=spec,
+        compile=compile,
+    )
     params = SamplingParams(**SAMPLINGS[sampling], max_new_tokens=80, stop_on_eos=False, seed=1)
     for b in range(rows):
         llm.loop.submit(llm.make_sequence([1, 2, 3, 4 + b], params, index=b))
@@ -48,6 +58,7 @@ def steady_step_syncs(strategy: str, sampling: str, rows: int, monkeypatch, comp
             finally:
                 if counting["count"] is not None:
                     counting["worker"] += counting["count"].total - before
+
         return counted
 
     for name in ("respond", "build_cache"):

@@ -32,7 +32,8 @@ def counts(target, draft, strategy: str, spec: dict, sampling: dict):
     params = SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=11, sampling_mode="invariant", **sampling)
     spec = SpeculativeConfig(placement=IN_PROCESS, **spec)
     out = LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec).generate(
-        [PROMPT] * N, params)
+        [PROMPT] * N, params
+    )
     return sequence_counts(out), out.metrics.summary(), params
 
 
@@ -50,6 +51,7 @@ def test_invariant_sampling_matches_the_target_distribution(target8, draft8, reg
 def test_negative_control_emitting_the_drafts_winner_is_detected(target8, draft8, monkeypatch):
     """A coupling that keeps every draft token (the draft's race winner, distributed as q) and only then the
     target's winner: biased towards the draft."""
+
     def accept_all(draft_tokens, p, keys, checks=None):
         B, K = draft_tokens.shape
         real = verify_invariant(draft_tokens, p, keys, checks)
@@ -68,7 +70,8 @@ def test_negative_control_noise_reused_across_positions_is_detected(target8, dra
     import engine.invariant
 
     real = engine.invariant.token_uniforms
-    monkeypatch.setattr(engine.invariant, "token_uniforms",
-                        lambda seeds, positions, V, ids=None: real(seeds, positions * 0, V, ids))
+    monkeypatch.setattr(
+        engine.invariant, "token_uniforms", lambda seeds, positions, V, ids=None: real(seeds, positions * 0, V, ids)
+    )
     observed, _, params = counts(target8, draft8, "ar", {}, dict(temperature=1.0))
     assert chi_square_p(observed, exact_distribution(target8, params)) < 1e-12

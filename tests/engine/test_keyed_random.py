@@ -32,8 +32,12 @@ from engine.keyed_random import (
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
-KEY = st.tuples(st.integers(0, SEED_LIMIT - 1), st.integers(0, POSITION_LIMIT - 1), st.sampled_from(Purpose),
-                st.integers(0, POSITION_LIMIT - 1))
+KEY = st.tuples(
+    st.integers(0, SEED_LIMIT - 1),
+    st.integers(0, POSITION_LIMIT - 1),
+    st.sampled_from(Purpose),
+    st.integers(0, POSITION_LIMIT - 1),
+)
 KEYS = st.lists(KEY, min_size=1, max_size=8)
 
 
@@ -52,8 +56,13 @@ def columns(keys, device):
 def test_the_finaliser_reproduces_published_splitmix64_outputs():
     # The first five outputs of SplitMix64 seeded with 1234567, as published (Rosetta Code, "Pseudo-random
     # numbers/Splitmix64"): output x of the stream from state h is reference_absorb(h, x).
-    published = [6457827717110365317, 3203168211198807973, 9817491932198370423, 4593380528125082431,
-                 16408922859458223821]
+    published = [
+        6457827717110365317,
+        3203168211198807973,
+        9817491932198370423,
+        4593380528125082431,
+        16408922859458223821,
+    ]
     assert [reference_absorb(1234567, x) for x in range(5)] == published
 
 
@@ -114,8 +123,13 @@ def test_a_uniform_does_not_depend_on_the_batch_it_is_drawn_in(device, keys, dat
     seeds = torch.tensor([k[0] for k in shuffled], device=device)
     # each row's key sits in a random column among other positions of the same seed
     column = data.draw(st.lists(st.integers(0, width - 1), min_size=len(keys), max_size=len(keys)))
-    positions = torch.tensor([[k[1] if c == column[r] else (k[1] + 1 + c) % POSITION_LIMIT for c in range(width)]
-                              for r, k in enumerate(shuffled)], device=device)
+    positions = torch.tensor(
+        [
+            [k[1] if c == column[r] else (k[1] + 1 + c) % POSITION_LIMIT for c in range(width)]
+            for r, k in enumerate(shuffled)
+        ],
+        device=device,
+    )
     index = torch.tensor([[k[3]] for k in shuffled], device=device).expand(-1, width)
     for purpose in Purpose:
         rows = [r for r, k in enumerate(shuffled) if k[2] == purpose]
@@ -143,8 +157,9 @@ def test_broadcast_positions_and_index_give_the_same_values_as_full_ones(device)
     assert torch.equal(keyed_bits(seeds, shared, Purpose.DRAFT, 3), keyed_bits(seeds, full, Purpose.DRAFT, 3))
     per_row = torch.tensor([[9], [10], [11]], device=device)  # [B, 1]
     index = torch.full((3, 1), 3, device=device)
-    assert torch.equal(keyed_bits(seeds, per_row, Purpose.TARGET, index)[:, 0],
-                       keyed_bits(seeds, per_row, Purpose.TARGET, 3)[:, 0])
+    assert torch.equal(
+        keyed_bits(seeds, per_row, Purpose.TARGET, index)[:, 0], keyed_bits(seeds, per_row, Purpose.TARGET, 3)[:, 0]
+    )
 
 
 def test_purposes_keep_their_numbers():
@@ -172,16 +187,20 @@ def test_gumbel_noise_at_the_extreme_words_is_finite(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gumbel_noise_over_a_whole_vocabulary_is_finite(device):
-    noise = keyed_gumbel(torch.tensor([0, 2**63 - 1], device=device), torch.tensor([[0, 2**40 - 1]], device=device),
-                         151936)  # [2, 2, V]
+    noise = keyed_gumbel(
+        torch.tensor([0, 2**63 - 1], device=device), torch.tensor([[0, 2**40 - 1]], device=device), 151936
+    )  # [2, 2, V]
     assert noise.shape == (2, 2, 151936) and torch.isfinite(noise).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_outputs_stay_on_the_inputs_device(device):
     seeds, positions = torch.tensor([1, 2], device=device), torch.tensor([[3, 4]], device=device)
-    outputs = [keyed_bits(seeds, positions, Purpose.DRAFT), keyed_uniforms(seeds, positions, Purpose.ACCEPT),
-               keyed_gumbel(seeds, positions, 8)]
+    outputs = [
+        keyed_bits(seeds, positions, Purpose.DRAFT),
+        keyed_uniforms(seeds, positions, Purpose.ACCEPT),
+        keyed_gumbel(seeds, positions, 8),
+    ]
     assert {o.device.type for o in outputs} == {device}
 
 
@@ -204,11 +223,16 @@ def test_cuda_and_cpu_give_the_same_words_uniforms_and_gumbel_noise():
     cuda = [seeds.cuda(), positions.cuda()]
     assert torch.equal(keyed_bits(*cuda, Purpose.DRAFT).cpu(), keyed_bits(seeds, positions, Purpose.DRAFT))
     for dtype in (torch.float32, torch.float64):
-        assert torch.equal(keyed_uniforms(*cuda, Purpose.ACCEPT, dtype).cpu(),
-                           keyed_uniforms(seeds, positions, Purpose.ACCEPT, dtype))
+        assert torch.equal(
+            keyed_uniforms(*cuda, Purpose.ACCEPT, dtype).cpu(), keyed_uniforms(seeds, positions, Purpose.ACCEPT, dtype)
+        )
     # float64 log may differ in its last bit between the CPU's and CUDA's libraries
-    torch.testing.assert_close(keyed_gumbel(*cuda, 1000, torch.float64).cpu(),
-                               keyed_gumbel(seeds, positions, 1000, torch.float64), rtol=1e-14, atol=0)
+    torch.testing.assert_close(
+        keyed_gumbel(*cuda, 1000, torch.float64).cpu(),
+        keyed_gumbel(seeds, positions, 1000, torch.float64),
+        rtol=1e-14,
+        atol=0,
+    )
 
 
 def test_the_extreme_valid_keys_pass_the_check():
@@ -220,18 +244,32 @@ BAD_CALLS = {
     "negative position": (lambda: keyed_uniforms(torch.tensor([1]), torch.tensor([[-1]]), Purpose.DRAFT), ">= 0"),
     "position of 2^40": (lambda: keyed_gumbel(torch.tensor([1]), torch.tensor([[2**40]]), 4), "< 2\\^40"),
     "negative index": (lambda: keyed_bits(torch.tensor([1]), torch.tensor([[0]]), Purpose.DRAFT, -1), "index"),
-    "index tensor of 2^40": (lambda: keyed_bits(torch.tensor([1]), torch.tensor([[0]]), Purpose.DRAFT,
-                                                torch.tensor([[2**40]])), "< 2\\^40"),
-    "int32 seeds": (lambda: keyed_uniforms(torch.tensor([1], dtype=torch.int32), torch.tensor([[0]]),
-                                           Purpose.DRAFT), "torch.int64"),
-    "one-dimensional positions": (lambda: keyed_uniforms(torch.tensor([1, 2]), torch.tensor([0, 1]), Purpose.DRAFT),
-                                  "positions\\[None, :\\]"),
-    "positions of another batch size": (lambda: keyed_uniforms(torch.tensor([1, 2]), torch.tensor([[0], [1], [2]]),
-                                                               Purpose.DRAFT), "\\[B, n\\]"),
-    "index of the wrong shape": (lambda: keyed_bits(torch.tensor([1, 2]), torch.tensor([[0, 1]]), Purpose.DRAFT,
-                                                    torch.zeros(3, dtype=torch.int64)), "broadcast"),
-    "half-precision uniforms": (lambda: keyed_uniforms(torch.tensor([1]), torch.tensor([[0]]), Purpose.DRAFT,
-                                                       torch.float16), "float32 or torch.float64"),
+    "index tensor of 2^40": (
+        lambda: keyed_bits(torch.tensor([1]), torch.tensor([[0]]), Purpose.DRAFT, torch.tensor([[2**40]])),
+        "< 2\\^40",
+    ),
+    "int32 seeds": (
+        lambda: keyed_uniforms(torch.tensor([1], dtype=torch.int32), torch.tensor([[0]]), Purpose.DRAFT),
+        "torch.int64",
+    ),
+    "one-dimensional positions": (
+        lambda: keyed_uniforms(torch.tensor([1, 2]), torch.tensor([0, 1]), Purpose.DRAFT),
+        "positions\\[None, :\\]",
+    ),
+    "positions of another batch size": (
+        lambda: keyed_uniforms(torch.tensor([1, 2]), torch.tensor([[0], [1], [2]]), Purpose.DRAFT),
+        "\\[B, n\\]",
+    ),
+    "index of the wrong shape": (
+        lambda: keyed_bits(
+            torch.tensor([1, 2]), torch.tensor([[0, 1]]), Purpose.DRAFT, torch.zeros(3, dtype=torch.int64)
+        ),
+        "broadcast",
+    ),
+    "half-precision uniforms": (
+        lambda: keyed_uniforms(torch.tensor([1]), torch.tensor([[0]]), Purpose.DRAFT, torch.float16),
+        "float32 or torch.float64",
+    ),
     "empty vocabulary": (lambda: keyed_gumbel(torch.tensor([1]), torch.tensor([[0]]), 0), "vocab"),
     "unknown purpose": (lambda: keyed_uniforms(torch.tensor([1]), torch.tensor([[0]]), 9), "Purpose"),
 }
@@ -250,8 +288,10 @@ def test_unchecked_calls_trace_into_one_graph():
     seeds, positions = torch.tensor([1, 2]), torch.tensor([[3, 4]])
 
     def draws(seeds, positions):
-        return (keyed_uniforms(seeds, positions, Purpose.ACCEPT, check=False),
-                keyed_gumbel(seeds, positions, 8, check=False))
+        return (
+            keyed_uniforms(seeds, positions, Purpose.ACCEPT, check=False),
+            keyed_gumbel(seeds, positions, 8, check=False),
+        )
 
     compiled = torch.compile(draws, fullgraph=True, backend="eager")
     for got, expected in zip(compiled(seeds, positions), draws(seeds, positions), strict=True):

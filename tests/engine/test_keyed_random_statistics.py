@@ -58,7 +58,7 @@ def test_float32_uniforms_are_uniform():
 
 def test_the_uniformity_test_rejects_a_biased_transform():
     u = keyed_uniforms(SEEDS, POSITIONS, Purpose.ACCEPT, torch.float64)
-    assert uniformity_p(u ** 1.1) < FALSE_ALARM
+    assert uniformity_p(u**1.1) < FALSE_ALARM
 
 
 def adjacent_positions_p(uniforms) -> float:
@@ -167,7 +167,7 @@ def test_the_gumbel_argmax_test_rejects_reused_noise_and_a_biased_p(noise, flaw)
     if flaw == "noise reused across positions":
         noise, p = noise[:, :1].expand_as(noise), P
     else:
-        p = P ** 1.1 / (P ** 1.1).sum()
+        p = P**1.1 / (P**1.1).sum()
     assert argmax_fit_p(noise, p) < FALSE_ALARM
 
 

@@ -74,7 +74,8 @@ def test_logits_to_keep_gives_the_last_positions_through_a_contiguous_head_input
     full = KVState(model, 2, torch.device("cpu")).extend(tokens)
     seen = []
     hook = model.get_output_embeddings().register_forward_pre_hook(
-        lambda module, args: seen.append(args[0].is_contiguous()))
+        lambda module, args: seen.append(args[0].is_contiguous())
+    )
     try:
         for k in (1, 2):
             kept = KVState(model, 2, torch.device("cpu")).extend(tokens, logits_to_keep=k)
@@ -102,8 +103,12 @@ def test_a_one_token_step_without_holes_still_gives_attention_a_mask_and_the_sam
     before.extend(torch.tensor([[1, 2, 3, 4, 5, 6]]), logits_to_keep=1)
     calls.clear()
     with torch.inference_mode():
-        plain = model(input_ids=torch.tensor([[7]]), attention_mask=torch.ones(1, 7, dtype=torch.long),
-                      position_ids=torch.tensor([[6]]), use_cache=True,
-                      **{cache_keyword(model): before.cache}).logits[:, -1]
+        plain = model(
+            input_ids=torch.tensor([[7]]),
+            attention_mask=torch.ones(1, 7, dtype=torch.long),
+            position_ids=torch.tensor([[6]]),
+            use_cache=True,
+            **{cache_keyword(model): before.cache},
+        ).logits[:, -1]
     assert calls and all(no_mask and gqa for no_mask, gqa in calls)
     assert torch.allclose(logits, plain, atol=ATOL)

@@ -56,13 +56,15 @@ def test_q4_blocks_map_exactly_onto_int4_group_32(qtype):
     q, scale, zero = gguf_blocks.q4_codes(raw, qtype)
     assert q.shape == (32, 512) and q.dtype == np.uint8 and q.max() <= 15
     # In float32 the int4 form is the GGUF's value (only the order of float operations differs).
-    as_int4 = (torch.from_numpy(q).float() - 8) * torch.from_numpy(scale).repeat_interleave(32, 1) \
-        + torch.from_numpy(zero).repeat_interleave(32, 1)
+    as_int4 = (torch.from_numpy(q).float() - 8) * torch.from_numpy(scale).repeat_interleave(32, 1) + torch.from_numpy(
+        zero
+    ).repeat_interleave(32, 1)
     # (near-zero values come from cancellation, so the tolerance is relative to the largest value)
     torch.testing.assert_close(as_int4, expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
     # Through the kernel's layer, only bf16 rounding of scale and zero is left.
     layer = WeightOnlyLinear.from_quantized(
-        "int4", torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), None, 32)
+        "int4", torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), None, 32
+    )
     assert torch.equal(layer.unpacked_int4(), torch.from_numpy(q).to(torch.int32))
     err = (layer.dequantized_weight() - expected).abs()
     assert (err <= bf16_bound(layer)).all(), err.max()
@@ -149,8 +151,10 @@ def smoke_gguf():
     try:
         return provision.locate_parts(provision.PACKAGED[provision.SMOKE_MODEL])[0]
     except provision.MissingPackageError:
-        pytest.skip(f"{provision.SMOKE_MODEL}'s data wheel is not installed "
-                    f"({provision.PACKAGED[provision.SMOKE_MODEL].install_command})")
+        pytest.skip(
+            f"{provision.SMOKE_MODEL}'s data wheel is not installed "
+            f"({provision.PACKAGED[provision.SMOKE_MODEL].install_command})"
+        )
 
 
 @pytest.fixture(scope="module")

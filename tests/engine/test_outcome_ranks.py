@@ -78,8 +78,11 @@ def test_an_sd_run_records_the_ranks_an_ssd_run_sees():
     greedy = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
     sd, ssd = records(target, draft, "sd", greedy), records(target, draft, "ssd", greedy)
     assert [r.accepted for r in sd] == [r.accepted for r in ssd]  # same speculations, same outcomes
-    pairs = [(a, b) for r, s in zip(sd[:-1], ssd[:-1], strict=True)
-             for a, b in zip(r.outcome_rank, s.outcome_rank, strict=True)]
+    pairs = [
+        (a, b)
+        for r, s in zip(sd[:-1], ssd[:-1], strict=True)
+        for a, b in zip(r.outcome_rank, s.outcome_rank, strict=True)
+    ]
     # SD learns an all-accepted outcome's rank one round late, so not for a row that finished then
     assert all(a == b for a, b in pairs if a is not None) and sum(a is None for a, _ in pairs) <= len(PROMPTS)
     assert len({a for a, _ in pairs}) > 2

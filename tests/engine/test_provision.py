@@ -38,8 +38,14 @@ def fake_package(site: Path, chunks=CHUNKS, *, pinned=None) -> PackagedGguf:
         pin = f"{stem}{i}==1.0".replace("_", "-")
         parts.append(GgufPart(f"{stem}{i}", pin, f"data/part{i:02d}.bin", len(data), sha))
     whole = b"".join(pinned or chunks)
-    return PackagedGguf("fake-model", "a fake model", tuple(parts), len(whole),
-                        hashlib.sha256(whole).hexdigest(), "requirements/models-default.txt")
+    return PackagedGguf(
+        "fake-model",
+        "a fake model",
+        tuple(parts),
+        len(whole),
+        hashlib.sha256(whole).hexdigest(),
+        "requirements/models-default.txt",
+    )
 
 
 @pytest.fixture
@@ -244,8 +250,11 @@ def test_load_model_converts_a_local_gguf_once_keyed_by_hash(tmp_path, converter
     gguf.write_bytes(b"GGUF not really")
     first = load_model(gguf, cache_dir=tmp_path / "cache")
     second = load_model(gguf, cache_dir=tmp_path / "cache")
-    assert first.source == second.source == tmp_path / "cache" / provision.gguf_file_key(
-        hashlib.sha256(b"GGUF not really").hexdigest())
+    assert (
+        first.source
+        == second.source
+        == tmp_path / "cache" / provision.gguf_file_key(hashlib.sha256(b"GGUF not really").hexdigest())
+    )
     assert len(converter) == 1 and first.name == "weights"
     assert torch.equal(first.model.lm_head.weight, tiny_model().lm_head.weight)
 
@@ -300,5 +309,5 @@ def test_default_pair_provisions_loads_shares_vocab_and_generates():
     text = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = target.tokenizer(text, return_tensors="pt").input_ids  # [1, T]
     out = target.model.generate(ids, max_new_tokens=12, do_sample=False)
-    reply = target.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    reply = target.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "def" in reply or "python" in reply.lower(), reply

@@ -203,8 +203,9 @@ def test_a_scheme_name_is_its_quant_config_with_the_defaults():
     named = EngineConfig(target="t", draft="d", strategy="sd", target_quant="int4", draft_quant="int8-dynamic")
     assert named.target_quant == QuantConfig("int4", group_size=32, head=None)
     assert named.draft_quant.dynamic and named.draft_float_dtype == "float32"
-    assert named == EngineConfig(target="t", draft="d", strategy="sd", target_quant=QuantConfig("int4"),
-                                 draft_quant=QuantConfig("int8-dynamic"))
+    assert named == EngineConfig(
+        target="t", draft="d", strategy="sd", target_quant=QuantConfig("int4"), draft_quant=QuantConfig("int8-dynamic")
+    )
     with pytest.raises(ValueError, match="int8-dynamic is for the draft only"):
         EngineConfig(target="t", target_quant="int8-dynamic")
 
@@ -215,10 +216,13 @@ def test_the_cli_draft_int8_flag_is_draft_quant_int8_dynamic():
     from engine.config import QuantConfig
     from saguaro.commands.generate import quant_kwargs
 
-    flags = dict(target_quant=None, draft_quant=None, quant_group_size=32, target_head_quant=None,
-                 draft_head_quant=None)
-    assert quant_kwargs(Namespace(**flags, draft_int8=True)) == {"target_quant": None,
-                                                                "draft_quant": QuantConfig("int8-dynamic")}
+    flags = dict(
+        target_quant=None, draft_quant=None, quant_group_size=32, target_head_quant=None, draft_head_quant=None
+    )
+    assert quant_kwargs(Namespace(**flags, draft_int8=True)) == {
+        "target_quant": None,
+        "draft_quant": QuantConfig("int8-dynamic"),
+    }
     assert quant_kwargs(Namespace(**{**flags, "draft_quant": "int8-dynamic"}, draft_int8=True))["draft_quant"].dynamic
     with pytest.raises(ValueError, match="--draft-int8 means --draft-quant int8-dynamic: drop one of them"):
         quant_kwargs(Namespace(**{**flags, "draft_quant": "int4"}, draft_int8=True))
@@ -242,8 +246,14 @@ def inspect_default(function, name):
 def test_llm_quantises_target_and_draft_by_the_settings():
     target, draft = tiny_pair(vocab_size=48, seed=0)
     spec = SpeculativeConfig(K=2)
-    with LLM(target, draft, strategy="sd", speculative=spec, target_quant=QuantConfig("int4", group_size=64),
-             draft_quant="int8") as llm:
+    with LLM(
+        target,
+        draft,
+        strategy="sd",
+        speculative=spec,
+        target_quant=QuantConfig("int4", group_size=64),
+        draft_quant="int8",
+    ) as llm:
         t_layers = [m for m in llm.target.modules() if isinstance(m, WeightOnlyLinear)]
         d_layers = [m for m in llm.draft.modules() if isinstance(m, WeightOnlyLinear)]
         # group 64 fits only the [32, 64] down_proj of each layer; the other 12 layers have K = 32

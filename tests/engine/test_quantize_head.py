@@ -60,8 +60,9 @@ def test_quantize_weights_and_the_cache_path_give_the_same_head():
 
 def test_load_quantized_passes_head_quant_on_the_at_load_path(tmp_path):
     tiny_model(vocab_size=48, seed=2).save_pretrained(tmp_path / "m")
-    loaded = load_quantized(tmp_path / "m", QuantConfig("int4", head="int4"), dtype=torch.bfloat16,
-                            cache_dir=tmp_path / "c")
+    loaded = load_quantized(
+        tmp_path / "m", QuantConfig("int4", head="int4"), dtype=torch.bfloat16, cache_dir=tmp_path / "c"
+    )
     assert isinstance(loaded.model.lm_head, WeightOnlyLinear) and loaded.model.lm_head.scheme is Scheme.INT4
     assert loaded.model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert loaded.model.quantization["head_quant"] == "int4"
@@ -89,9 +90,11 @@ def test_bad_head_settings_are_refused_with_what_to_do(tmp_path):
 def low_bit_pair():
     """An int4 target with an int4 head and an int8 draft with an int8 head, quantised once (deterministic)."""
     target, draft = tiny_pair(vocab_size=48, seed=0, logit_scale=4.0)
-    return (quantize_model(copy.deepcopy(target), QuantConfig("int4", head="int4")),
-            quantize_model(copy.deepcopy(draft), QuantConfig("int8", head="int8")),
-            quantize_model(copy.deepcopy(target), "int4"))
+    return (
+        quantize_model(copy.deepcopy(target), QuantConfig("int4", head="int4")),
+        quantize_model(copy.deepcopy(draft), QuantConfig("int8", head="int8")),
+        quantize_model(copy.deepcopy(target), "int4"),
+    )
 
 
 @pytest.fixture(scope="module")

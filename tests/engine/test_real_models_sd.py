@@ -11,8 +11,14 @@ def test_smollm2_as_its_own_draft_equals_its_greedy_output():
     params = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
     prompts = ["def fibonacci(n):", "The three primary colours are"]
     expected = LLM("smollm2-135m", dtype="float32", chat_template=False).generate(prompts, params)
-    with LLM("smollm2-135m", "smollm2-135m", strategy="sd", dtype="float32", chat_template=False,
-             speculative=SpeculativeConfig(K=3)) as llm:
+    with LLM(
+        "smollm2-135m",
+        "smollm2-135m",
+        strategy="sd",
+        dtype="float32",
+        chat_template=False,
+        speculative=SpeculativeConfig(K=3),
+    ) as llm:
         out = llm.generate(prompts, params)
     assert [o.token_ids for o in out] == [o.token_ids for o in expected]
     assert set(out.metrics.accepted_hist) == {3}  # a model always agrees with itself
@@ -26,8 +32,9 @@ def test_default_pair_greedy_sd_equals_ar_on_ten_spec_bench_prompts():
     params = SamplingParams(temperature=0, max_new_tokens=32)
     with LLM("qwen-coder-1.5b", dtype="float32") as ar:
         expected = ar.generate(prompts, params)
-    with LLM("qwen-coder-1.5b", "qwen-coder-0.5b", strategy="sd", dtype="float32",
-             speculative=SpeculativeConfig(K=4)) as sd:
+    with LLM(
+        "qwen-coder-1.5b", "qwen-coder-0.5b", strategy="sd", dtype="float32", speculative=SpeculativeConfig(K=4)
+    ) as sd:
         out = sd.generate(prompts, params)
     assert [o.token_ids for o in out] == [o.token_ids for o in expected]
     assert out.metrics.acceptance_rate > 0.3  # a real draft: not a degenerate run

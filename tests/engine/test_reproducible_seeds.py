@@ -41,8 +41,10 @@ def alone(llm: LLM, sampling: SamplingParams) -> list[list[int]]:
 
 def with_joins(llm: LLM, sampling: SamplingParams) -> list[list[int]]:
     """All requests in one ragged batch, joining at different steps (the last first)."""
-    seqs = [(llm.make_sequence(p, sampling, seed=s, index=i), 3 * (len(PROMPTS) - 1 - i))
-            for i, (p, s) in enumerate(zip(PROMPTS, SEEDS, strict=True))]
+    seqs = [
+        (llm.make_sequence(p, sampling, seed=s, index=i), 3 * (len(PROMPTS) - 1 - i))
+        for i, (p, s) in enumerate(zip(PROMPTS, SEEDS, strict=True))
+    ]
     return run(llm, seqs)
 
 
@@ -63,13 +65,17 @@ def engine(pair, strategy: str, **spec) -> LLM:
     return LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec)
 
 
-@pytest.mark.parametrize("strategy, spec", [
-    ("ar", {}),
-    ("sd", dict(K=3)),
-    ("ssd", dict(K=3, backup="neural")),
-    ("ssd", dict(K=3, backup="random")),
-    ("ssd", dict(K=3, backup="lookup")),
-], ids=["ar", "sd", "ssd-neural", "ssd-random", "ssd-lookup"])
+@pytest.mark.parametrize(
+    "strategy, spec",
+    [
+        ("ar", {}),
+        ("sd", dict(K=3)),
+        ("ssd", dict(K=3, backup="neural")),
+        ("ssd", dict(K=3, backup="random")),
+        ("ssd", dict(K=3, backup="lookup")),
+    ],
+    ids=["ar", "sd", "ssd-neural", "ssd-random", "ssd-lookup"],
+)
 def test_a_seed_gives_one_text_alone_and_in_a_ragged_batch_with_joins(pair, strategy, spec):
     with engine(pair, strategy, **spec) as llm:
         solo = alone(llm, params())
@@ -104,9 +110,14 @@ def test_invariant_sampling_gives_ar_s_text_for_every_strategy_K_and_backup(pair
     sampling = params(T, "invariant")
     with engine(pair, "ar") as llm:
         ar = with_joins(llm, sampling)
-    for strategy, spec in [("sd", dict(K=2)), ("sd", dict(K=5)), ("sd", dict(K="auto")),
-                           ("ssd", dict(K=3, backup="neural")), ("ssd", dict(K=3, backup="random")),
-                           ("ssd", dict(K="auto", budget="auto", backup="lookup"))]:
+    for strategy, spec in [
+        ("sd", dict(K=2)),
+        ("sd", dict(K=5)),
+        ("sd", dict(K="auto")),
+        ("ssd", dict(K=3, backup="neural")),
+        ("ssd", dict(K=3, backup="random")),
+        ("ssd", dict(K="auto", budget="auto", backup="lookup")),
+    ]:
         with engine(pair, strategy, **spec) as llm:
             assert alone(llm, sampling) == ar, (strategy, spec)
 
@@ -131,19 +142,31 @@ def test_a_killed_worker_leaves_the_text_as_it_was(pair):
     assert got == expected
 
 
-@pytest.mark.parametrize("strategy, spec, sampling, reproducible", [
-    ("ar", {}, params(), True),
-    ("sd", dict(K=3), params(), True),
-    ("sd", dict(K="auto"), params(), False),
-    ("sd", dict(K="auto"), params(0.0), True),
-    ("sd", dict(K=3, confidence_stop=0.6), params(), False),
-    ("ssd", dict(K=3, backup="neural"), params(), True),
-    ("ssd", dict(K=3, backup="random"), params(), False),
-    ("ssd", dict(K=3, backup="neural", C=0.5), params(), False),
-    ("ssd", dict(K="auto", backup="auto"), params(mode="invariant"), True),
-], ids=["ar", "sd", "sd-adaptive", "sd-adaptive-greedy", "sd-confidence-stop", "ssd-neural", "ssd-random",
+@pytest.mark.parametrize(
+    "strategy, spec, sampling, reproducible",
+    [
+        ("ar", {}, params(), True),
+        ("sd", dict(K=3), params(), True),
+        ("sd", dict(K="auto"), params(), False),
+        ("sd", dict(K="auto"), params(0.0), True),
+        ("sd", dict(K=3, confidence_stop=0.6), params(), False),
+        ("ssd", dict(K=3, backup="neural"), params(), True),
+        ("ssd", dict(K=3, backup="random"), params(), False),
+        ("ssd", dict(K=3, backup="neural", C=0.5), params(), False),
+        ("ssd", dict(K="auto", backup="auto"), params(mode="invariant"), True),
+    ],
+    ids=[
+        "ar",
+        "sd",
+        "sd-adaptive",
+        "sd-adaptive-greedy",
+        "sd-confidence-stop",
+        "ssd-neural",
+        "ssd-random",
         "ssd-saguaro",
-        "ssd-invariant"])
+        "ssd-invariant",
+    ],
+)
 def test_each_output_says_whether_its_seed_reproduces_it(pair, strategy, spec, sampling, reproducible):
     with engine(pair, strategy, **spec) as llm:
         out = llm.generate([PROMPTS[0]], sampling)[0]

@@ -4,9 +4,20 @@ from engine.metrics import RoundRecord, RunMetrics
 
 
 def _round(K: int, accepted: list[int], phase: str = "decode") -> RoundRecord:
-    return RoundRecord(strategy="sd", round=0, batch_size=len(accepted), K=K, context_len=10,
-                       accepted=accepted, emitted=[k + 1 for k in accepted], draft_ms=1.0, verify_ms=1.0,
-                       round_ms=2.0, draft_forwards=K, phase=phase)
+    return RoundRecord(
+        strategy="sd",
+        round=0,
+        batch_size=len(accepted),
+        K=K,
+        context_len=10,
+        accepted=accepted,
+        emitted=[k + 1 for k in accepted],
+        draft_ms=1.0,
+        verify_ms=1.0,
+        round_ms=2.0,
+        draft_forwards=K,
+        phase=phase,
+    )
 
 
 def _metrics(rounds: list[RoundRecord], K: int) -> RunMetrics:

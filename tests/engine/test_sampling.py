@@ -194,8 +194,10 @@ def test_saguaro_top_set_is_the_head_of_a_stable_descending_sort(data):
     # The top set is found without sorting the vocabulary; it must be exactly the first n of a stable
     # sort (ties -> lowest id), including ties across the boundary, zeros, and n beyond the vocabulary.
     rows, V = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 9))
-    weights = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 3), min_size=V, max_size=V),
-                                              min_size=rows, max_size=rows)), dtype=torch.float32)
+    weights = torch.tensor(
+        data.draw(st.lists(st.lists(st.integers(0, 3), min_size=V, max_size=V), min_size=rows, max_size=rows)),
+        dtype=torch.float32,
+    )
     weights[:, 0] += 1  # no all-zero row
     q = weights / weights.sum(-1, keepdim=True)
     n = torch.tensor(data.draw(st.lists(st.integers(0, V + 1), min_size=rows, max_size=rows)))

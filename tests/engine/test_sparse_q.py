@@ -67,8 +67,12 @@ def _draft(params, C, compact, depth=7):
 
 
 def test_compact_drafting_draws_the_same_tokens_from_the_same_q():
-    for params, C in [(SamplingParams(temperature=0.0), 1.0), (SamplingParams(temperature=0.7), 1.0),
-                      (SamplingParams(temperature=0.7, top_k=5), 0.5), (SamplingParams(temperature=1.0), 0.3)]:
+    for params, C in [
+        (SamplingParams(temperature=0.0), 1.0),
+        (SamplingParams(temperature=0.7), 1.0),
+        (SamplingParams(temperature=0.7, top_k=5), 0.5),
+        (SamplingParams(temperature=1.0), 0.3),
+    ]:
         tokens, q, logits = _draft(params, C, compact=False)
         c_tokens, c_q, ranking = _draft(params, C, compact=True)
         assert torch.equal(tokens, c_tokens)

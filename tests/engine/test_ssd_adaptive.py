@@ -29,12 +29,16 @@ def ssd(target, draft, **spec):
     return LLM(target, draft, strategy="ssd", speculative=SpeculativeConfig(**spec))
 
 
-@pytest.mark.parametrize("spec", [
-    dict(K="auto"),  # measured timings
-    dict(K=6, adaptive=True, draft_cost=0.05),
-    dict(K=6, adaptive=True, draft_cost=0.05, budget="auto"),
-    dict(K=5, adaptive=True, draft_cost=0.05, backup="lookup", schedule="geometric", budget=8),
-], ids=["auto", "fixed cost", "budget auto", "lookup backup, geometric"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(K="auto"),  # measured timings
+        dict(K=6, adaptive=True, draft_cost=0.05),
+        dict(K=6, adaptive=True, draft_cost=0.05, budget="auto"),
+        dict(K=5, adaptive=True, draft_cost=0.05, backup="lookup", schedule="geometric", budget=8),
+    ],
+    ids=["auto", "fixed cost", "budget auto", "lookup backup, geometric"],
+)
 def test_greedy_ssd_with_adaptive_K_equals_ar(target, ar_tokens, spec):
     out = ssd(target, noisy_copy(target, noise=1.0), placement=IN_PROCESS, **spec).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in out] == ar_tokens
@@ -66,8 +70,9 @@ def test_K_grows_to_the_maximum_and_every_round_hits_when_the_draft_is_the_targe
 
 
 def test_K_drops_to_the_minimum_with_a_draft_that_never_agrees(target, ar_tokens):
-    out = ssd(target, tiny_lm(5, scale=4.0), K=6, K_min=1, adaptive=True, draft_cost=0.05,
-              placement=IN_PROCESS).generate(PROMPTS, GREEDY)
+    out = ssd(
+        target, tiny_lm(5, scale=4.0), K=6, K_min=1, adaptive=True, draft_cost=0.05, placement=IN_PROCESS
+    ).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in out] == ar_tokens
     assert [r.K for r in decode_rounds(out)][-1] == 1
 
@@ -184,8 +189,7 @@ def test_the_round_carries_the_miss_length_and_it_is_checked():
 
 
 @pytest.mark.parametrize("backup, length", [("neural", 1), ("random", 3)])
-def test_a_round_where_every_row_misses_is_drafted_at_the_miss_length_by_the_neural_backup_only(target, backup,
-                                                                                                length):
+def test_a_round_where_every_row_misses_is_drafted_at_the_miss_length_by_the_neural_backup_only(target, backup, length):
     from engine.ssd.draft_worker import DraftWorker
 
     worker = DraftWorker(target, SpeculativeConfig(K=3, adaptive=True, backup=backup), 0, torch.device("cpu"))

@@ -38,8 +38,10 @@ def cycling_K(monkeypatch):
     # The length offered for a round where no row hits: K itself here (the schedule alone decides), or 1 in the
     # test of that path (set `miss_length[0]`).
     miss_length = [None]
-    monkeypatch.setattr("engine.strategies.ssd.DraftWorkerProposer._miss_length",
-                        lambda self, K: K if miss_length[0] is None else min(K, miss_length[0]))
+    monkeypatch.setattr(
+        "engine.strategies.ssd.DraftWorkerProposer._miss_length",
+        lambda self, K: K if miss_length[0] is None else min(K, miss_length[0]),
+    )
     return miss_length
 
 
@@ -50,10 +52,14 @@ def run(target, draft, params: SamplingParams, **spec):
     return sequence_counts(out), rounds
 
 
-@pytest.mark.parametrize("spec, sampling", [
-    (dict(schedule="given", fanout=(3, 3, 3, 3)), dict(temperature=1.0)),
-    (dict(C=0.3, schedule="geometric", budget=6), dict(temperature=0.7, top_k=5)),
-], ids=["uniform fan-out, T=1", "Saguaro C=0.3, geometric, top-k, T=0.7"])
+@pytest.mark.parametrize(
+    "spec, sampling",
+    [
+        (dict(schedule="given", fanout=(3, 3, 3, 3)), dict(temperature=1.0)),
+        (dict(C=0.3, schedule="geometric", budget=6), dict(temperature=0.7, top_k=5)),
+    ],
+    ids=["uniform fan-out, T=1", "Saguaro C=0.3, geometric, top-k, T=0.7"],
+)
 def test_ssd_with_a_changing_K_matches_the_target_distribution(target8, draft8, cycling_K, spec, sampling):
     params = SamplingParams(max_new_tokens=STEPS, stop_on_eos=False, seed=11, **sampling)
     counts, rounds = run(target8, draft8, params, **spec)
@@ -76,8 +82,9 @@ def test_a_round_where_no_row_hits_may_draft_fewer_tokens_and_still_matches(targ
 
 
 @pytest.mark.parametrize("miss_length", [None, 1], ids=["K", "shorter on a miss"])
-def test_negative_control_biased_verifier_is_detected_under_a_changing_K(target8, draft8, cycling_K, monkeypatch,
-                                                                         miss_length):
+def test_negative_control_biased_verifier_is_detected_under_a_changing_K(
+    target8, draft8, cycling_K, monkeypatch, miss_length
+):
     cycling_K[0] = miss_length
     monkeypatch.setattr("engine.verifier.verify", argmax_verifier)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)

@@ -6,7 +6,6 @@ critical path. A round with a miss or a joiner needs the KV for its backup or pr
 The tokens must not change either way (greedy SSD equals AR).
 """
 
-
 from engine import LLM, SamplingParams, SpeculativeConfig
 from engine.blocks import BlockState
 from engine.config import DraftPlacement
@@ -27,6 +26,7 @@ def spy(monkeypatch) -> list[tuple[int, list[bool], int]]:
         def counted_fork(self, rows):
             forks[0] += 1
             return fork(self, rows)
+
         return counted_fork
 
     def watched_respond(self, msg):

@@ -44,8 +44,9 @@ def test_every_round_with_a_miss_asks_the_policy_once_and_an_all_hit_round_never
         return reply
 
     monkeypatch.setattr(DraftWorker, "respond", counted)
-    spec = SpeculativeConfig(K=4, adaptive=True, draft_cost=0.05, backup="auto",
-                             placement=DraftPlacement(in_process=True))
+    spec = SpeculativeConfig(
+        K=4, adaptive=True, draft_cost=0.05, backup="auto", placement=DraftPlacement(in_process=True)
+    )
     params = SamplingParams(temperature=0, max_new_tokens=25, stop_on_eos=False)
     with LLM(target, noisy_copy(target, noise=1.0), strategy="ssd", speculative=spec) as llm:
         llm.generate([[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]], params)

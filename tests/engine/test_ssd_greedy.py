@@ -45,8 +45,9 @@ def test_greedy_ssd_with_an_unrelated_draft_equals_ar(target, ar_tokens):
 
 
 def test_forced_misses_equal_ar(target, partly_agreeing, ar_tokens):
-    out = ssd(target, partly_agreeing, K=2, fanout=(0, 0, 0), schedule="given",
-              backup="random").generate(PROMPTS, GREEDY)
+    out = ssd(target, partly_agreeing, K=2, fanout=(0, 0, 0), schedule="given", backup="random").generate(
+        PROMPTS, GREEDY
+    )
     assert [o.token_ids for o in out] == ar_tokens
     assert out.metrics.summary()["hit_rate"] == 0.0
 

@@ -10,8 +10,9 @@ TIMEOUT_S = 10.0
 
 
 def listening(port: int) -> list[str]:
-    return [c.laddr.ip for c in psutil.Process().net_connections("inet")
-            if c.status == "LISTEN" and c.laddr.port == port]
+    return [
+        c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port
+    ]
 
 
 def test_the_store_listens_on_loopback_only():

@@ -31,12 +31,16 @@ def observe(p: DraftPolicy, k: int, rank: int, times: int, K: int) -> None:
 @given(st.integers(0, 3), st.integers(1, 4), st.data())
 def test_separable_fanout_is_the_brute_force_optimum(K, cap, data):
     B = data.draw(st.integers(0, (K + 1) * cap))
-    gain = np.array(data.draw(st.lists(st.lists(st.floats(0, 1), min_size=cap + 1, max_size=cap + 1),
-                                       min_size=K + 1, max_size=K + 1)))
+    gain = np.array(
+        data.draw(
+            st.lists(st.lists(st.floats(0, 1), min_size=cap + 1, max_size=cap + 1), min_size=K + 1, max_size=K + 1)
+        )
+    )
     F = separable_fanout(gain, B)
     assert F.sum() == B and (F <= cap).all() and (F >= 0).all()
-    best = max(sum(gain[k, f] for k, f in enumerate(c))
-               for c in itertools.product(range(cap + 1), repeat=K + 1) if sum(c) == B)
+    best = max(
+        sum(gain[k, f] for k, f in enumerate(c)) for c in itertools.product(range(cap + 1), repeat=K + 1) if sum(c) == B
+    )
     assert sum(gain[k, f] for k, f in enumerate(F)) == pytest.approx(best, abs=1e-12)
 
 
@@ -136,7 +140,7 @@ def test_greedy_ssd_with_one_measured_guess_hits_after_all_accepted_and_equals_a
         out = LLM(target, target, strategy="ssd", speculative=spec).generate(PROMPTS, greedy)
         assert [o.token_ids for o in out] == ar
         runs[schedule] = [r for r in out.metrics.rounds if r.phase == "decode"]
-    late = runs["geometric"][len(runs["geometric"]) // 2:]
+    late = runs["geometric"][len(runs["geometric"]) // 2 :]
     assert late and all(all(r.hit) for r in late)
     assert all(r.fanout == [0, 0, 0, 1] for r in late)
     assert not any(any(r.hit) for r in runs["uniform"][1:])

@@ -57,11 +57,14 @@ def answer(target, joins, announce=None):
     return worker.respond(Round(0, [], [], [], 0.0, joins, K=3, V=V))
 
 
-@pytest.mark.parametrize("announced, prefills", [
-    ([1, 2, 3], [3]),  # every announced prompt joins: one prefill, ahead
-    ([3, 1, 2], [3]),  # in another order: its rows are picked
-    ([1, 2], [2, 2]),  # a joiner was not announced: both joiners prefilled anew
-])
+@pytest.mark.parametrize(
+    "announced, prefills",
+    [
+        ([1, 2, 3], [3]),  # every announced prompt joins: one prefill, ahead
+        ([3, 1, 2], [3]),  # in another order: its rows are picked
+        ([1, 2], [2, 2]),  # a joiner was not announced: both joiners prefilled anew
+    ],
+)
 def test_the_round_takes_the_announced_prefill_when_it_holds_every_joiner(monkeypatch, announced, prefills):
     target = tiny_lm(0, vocab_size=V)
     joins = [join(1, PROMPTS[1], 11), join(3, PROMPTS[3], 12)]  # 2 was announced and finished at its first token

@@ -160,10 +160,12 @@ def test_smollm2_as_its_own_draft_in_a_worker_process_equals_greedy():
     params = SamplingParams(temperature=0, max_new_tokens=24, stop_on_eos=False)
     prompt = "def fibonacci(n):"
     expected = LLM("smollm2-135m", dtype="float32", chat_template=False).generate(
-        [prompt, "The capital of France"], params)
+        [prompt, "The capital of France"], params
+    )
     spec = SpeculativeConfig(K=3)
-    with LLM("smollm2-135m", "smollm2-135m", strategy="ssd", speculative=spec, dtype="float32",
-             chat_template=False) as llm:
+    with LLM(
+        "smollm2-135m", "smollm2-135m", strategy="ssd", speculative=spec, dtype="float32", chat_template=False
+    ) as llm:
         out = llm.generate([prompt, "The capital of France"], params)
     assert [o.token_ids for o in out] == [o.token_ids for o in expected]
     assert out.metrics.summary()["hit_rate"] > 0.5
@@ -177,8 +179,13 @@ def test_default_pair_greedy_ssd_equals_ar_on_ten_spec_bench_prompts():
     params = SamplingParams(temperature=0, max_new_tokens=32)
     with LLM("qwen-coder-1.5b", dtype="float32") as ar:
         expected = ar.generate(prompts, params)
-    with LLM("qwen-coder-1.5b", "qwen-coder-0.5b", strategy="ssd", dtype="float32",
-             speculative=SpeculativeConfig(K=3, fanout=(2, 2, 2, 2))) as llm:
+    with LLM(
+        "qwen-coder-1.5b",
+        "qwen-coder-0.5b",
+        strategy="ssd",
+        dtype="float32",
+        speculative=SpeculativeConfig(K=3, fanout=(2, 2, 2, 2)),
+    ) as llm:
         out = llm.generate(prompts, params)
     assert [o.token_ids for o in out] == [o.token_ids for o in expected]
     summary = out.metrics.summary()

@@ -41,16 +41,32 @@ def _speculation(B: int, S: int, seed: int = 0) -> Speculation:
         dense = torch.rand(B, K, V, generator=g) + 1e-3
         q = SparseQ(V, None, dense / dense.sum(-1, keepdim=True))
         tokens = torch.randint(0, V, (B, K), generator=g)
-    return Speculation(4, [Source.HIT, Source.NEURAL][:B] + [Source.LOOKUP] * max(0, B - 2), tokens, q, 1.5,
-                       2.5, 9, [3, 2, 1, 1], list(range(B)))
+    return Speculation(
+        4,
+        [Source.HIT, Source.NEURAL][:B] + [Source.LOOKUP] * max(0, B - 2),
+        tokens,
+        q,
+        1.5,
+        2.5,
+        9,
+        [3, 2, 1, 1],
+        list(range(B)),
+    )
 
 
 def _messages() -> list:
     join = Join(7, list(range(1, 40)), 4, 0.7, 5, 0.9, 2**62)
-    return [Stop(), KeepAlive(), Prefill([4, 9], [[1, 2, 3], [7]], V),
-            Round(3, [1, 2], [9, 9], [True, False], 12.5, [join], K=2, V=V),
-            Round(5, [0], [1], [True], 1.0, [Join(8, [3] * 5000, 1, 0.0, 0, 1.0, 0)], K=3, V=V),
-            _speculation(2, 1), _speculation(4, 7), _speculation(3, 0), _speculation(0, 0)]
+    return [
+        Stop(),
+        KeepAlive(),
+        Prefill([4, 9], [[1, 2, 3], [7]], V),
+        Round(3, [1, 2], [9, 9], [True, False], 12.5, [join], K=2, V=V),
+        Round(5, [0], [1], [True], 1.0, [Join(8, [3] * 5000, 1, 0.0, 0, 1.0, 0)], K=3, V=V),
+        _speculation(2, 1),
+        _speculation(4, 7),
+        _speculation(3, 0),
+        _speculation(0, 0),
+    ]
 
 
 def _through_wire(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
@@ -103,14 +119,22 @@ def test_a_frame_whose_header_is_not_one_is_refused():
 def _dense_check(q: torch.Tensor, tokens: torch.Tensor) -> bool:
     """The check on the dense q (a [B, K, V] mask): the reference the checks on the support must agree with."""
     B, K = tokens.shape
-    return not B or (bool(torch.isfinite(q).all()) and not bool((q < 0).any())
-                     and torch.allclose(q.sum(-1), torch.ones(B, K), atol=1e-3)
-                     and bool((q.gather(-1, tokens[..., None]) > 0).all()))
+    return not B or (
+        bool(torch.isfinite(q).all())
+        and not bool((q < 0).any())
+        and torch.allclose(q.sum(-1), torch.ones(B, K), atol=1e-3)
+        and bool((q.gather(-1, tokens[..., None]) > 0).all())
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**31), st.sampled_from([0, 1, 4]), st.sampled_from(["none", "nan", "inf", "-inf", "negative",
-       "mass", "zero at token", "token off support", "padding at token"]))
+@given(
+    st.integers(0, 2**31),
+    st.sampled_from([0, 1, 4]),
+    st.sampled_from(
+        ["none", "nan", "inf", "-inf", "negative", "mass", "zero at token", "token off support", "padding at token"]
+    ),
+)
 def test_q_is_checked_on_its_support_as_strictly_as_dense(seed, S, fault):
     msg = _speculation(2, S, seed)
     g = torch.Generator().manual_seed(seed)

@@ -48,8 +48,9 @@ def _sigint_default() -> None:
 
 
 def ssd(target, faults=None, start_deadline_s=300.0, **placement):
-    spec = SpeculativeConfig(K=3, placement=DraftPlacement(faults=faults, start_deadline_s=start_deadline_s,
-                                                           **placement))
+    spec = SpeculativeConfig(
+        K=3, placement=DraftPlacement(faults=faults, start_deadline_s=start_deadline_s, **placement)
+    )
     return LLM(target, noisy_copy(target, 1.0), strategy="ssd", speculative=spec)
 
 
@@ -185,6 +186,7 @@ def _interrupt_in_verify(llm, monkeypatch, at_call: int) -> None:
             if len(calls) == at_call:
                 raise KeyboardInterrupt
             return real_verify(*args, **kwargs)
+
         return verify
 
     for name in ("verify_rows", "verify_greedy"):  # rows sampling at T > 0, and all-greedy rows
@@ -193,8 +195,9 @@ def _interrupt_in_verify(llm, monkeypatch, at_call: int) -> None:
 
 # The interrupted call has three rows where the worker's last speculation had at most two: a stale outcome
 # would not fit.
-@pytest.mark.parametrize("where, at_call", [(_interrupt_in_exchange, 2), (_interrupt_in_verify, 1)],
-                         ids=["exchange", "verify"])
+@pytest.mark.parametrize(
+    "where, at_call", [(_interrupt_in_exchange, 2), (_interrupt_in_verify, 1)], ids=["exchange", "verify"]
+)
 @pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_ctrl_c_inside_generate_leaves_ssd_running_with_exact_output(target, ar_tokens, monkeypatch, where, at_call):
     with ssd(target, deadline_s=10.0) as llm:
@@ -216,8 +219,10 @@ def test_ctrl_c_inside_generate_leaves_ssd_running_with_exact_output(target, ar_
 # -- a Ctrl-C while the worker is being started -----------------------------------------------------------
 # The child sends itself a Ctrl-C at start-up, as a terminal's can reach a worker still importing: born with
 # SIGINT blocked (or ignored) it lives on to write "alive"; born taking it, it dies of a KeyboardInterrupt.
-CHILD_SIGINT = ("import os, signal, sys, time; os.kill(os.getpid(), signal.SIGINT); time.sleep(0.1); "
-                "open(sys.argv[1], 'w').write('alive')")
+CHILD_SIGINT = (
+    "import os, signal, sys, time; os.kill(os.getpid(), signal.SIGINT); time.sleep(0.1); "
+    "open(sys.argv[1], 'w').write('alive')"
+)
 
 
 @pytest.mark.usefixtures("sigint_as_in_a_terminal")
@@ -308,6 +313,7 @@ def test_without_a_python_handler_the_child_is_still_born_deaf_to_sigint(tmp_pat
     child_saw = tmp_path / "sigint"
     previous = signal.signal(signal.SIGINT, disposition)
     try:
+
         def start():
             child = [sys.executable, "-c", CHILD_SIGINT, str(child_saw)]
             assert os.waitpid(mp_util.spawnv_passfds(os.fsencode(sys.executable), child, []), 0)[1] == 0
@@ -382,8 +388,20 @@ def test_a_port_taken_after_the_check_is_refused_the_same_way(taken_port):
 
 
 def test_a_taken_port_on_the_command_line_is_one_line_and_exit_2(taken_port, capsys):
-    code = cli(["generate", "--strategy", "ssd", "--init-method", f"tcp://127.0.0.1:{taken_port}",
-                "--target", "/no/such/target", "--draft", "/no/such/draft", "Hi"])
+    code = cli(
+        [
+            "generate",
+            "--strategy",
+            "ssd",
+            "--init-method",
+            f"tcp://127.0.0.1:{taken_port}",
+            "--target",
+            "/no/such/target",
+            "--draft",
+            "/no/such/draft",
+            "Hi",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and f"port {taken_port}" in err and "Traceback" not in err
@@ -408,16 +426,38 @@ def cli_args(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
     save_tiny(folder / "model", vocab_size=64)
     (folder / "prompts.jsonl").write_text('{"ids": [1, 2, 3]}\n')
-    return [sys.executable, "-m", "saguaro.cli", "generate", "--strategy", "ssd", "--target", str(folder / "model"),
-            "--draft", str(folder / "model"), "--dtype", "float32", "-K", "2", "--ignore-eos",
-            "--prompts-file", str(folder / "prompts.jsonl")]
+    return [
+        sys.executable,
+        "-m",
+        "saguaro.cli",
+        "generate",
+        "--strategy",
+        "ssd",
+        "--target",
+        str(folder / "model"),
+        "--draft",
+        str(folder / "model"),
+        "--dtype",
+        "float32",
+        "-K",
+        "2",
+        "--ignore-eos",
+        "--prompts-file",
+        str(folder / "prompts.jsonl"),
+    ]
 
 
 @pytest.mark.parametrize("when", ["worker starting", "generating"])
 def test_ctrl_c_of_generate_ssd_prints_one_line(cli_args, when):
     """A terminal's Ctrl-C reaches the whole process group, the worker included."""
-    proc = subprocess.Popen(cli_args + ["--max-new-tokens", "200", "--stream"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, cwd=ROOT, preexec_fn=_sigint_default)
+    proc = subprocess.Popen(
+        cli_args + ["--max-new-tokens", "200", "--stream"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=ROOT,
+        preexec_fn=_sigint_default,
+    )
     try:
         if when == "generating":
             proc.stdout.read(1)
@@ -432,6 +472,7 @@ def test_ctrl_c_of_generate_ssd_prints_one_line(cli_args, when):
 
 
 def test_a_normal_close_prints_nothing(cli_args):
-    run = subprocess.run(cli_args + ["--max-new-tokens", "16", "--json"], capture_output=True, text=True,
-                         timeout=240, cwd=ROOT)
+    run = subprocess.run(
+        cli_args + ["--max-new-tokens", "16", "--json"], capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     assert run.returncode == 0 and run.stderr == ""

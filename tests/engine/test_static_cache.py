@@ -43,8 +43,9 @@ def test_a_block_in_a_bucket_is_padded_and_gives_every_position_of_each_row():
     runner = slot_model(1)
     state = new_state(runner, 3, CPU)  # 3 rows run in the bucket of 4
     state.extend(torch.tensor([[1, 2], [3, 4], [5, 6]]))
-    logits = state.extend(torch.tensor([[0, 7], [8, 9], [0, 10]]), torch.tensor([[False, True], [True] * 2,
-                                                                                    [False, True]]))
+    logits = state.extend(
+        torch.tensor([[0, 7], [8, 9], [0, 10]]), torch.tensor([[False, True], [True] * 2, [False, True]])
+    )
     assert logits.shape[:2] == (3, 2)  # a 2-token block runs padded to 3 tokens, holes on the left
     assert torch.allclose(logits[0, -1], alone(runner.model, [1, 2, 7]), atol=ATOL)
     assert torch.allclose(logits[1, 0], alone(runner.model, [3, 4, 8]), atol=ATOL)
@@ -135,8 +136,13 @@ def test_a_request_as_long_as_the_cache_allows_runs_to_its_end_and_a_longer_one_
     target = tiny_lm(0, scale=4.0)
     spec = SpeculativeConfig(K=3, placement=DraftPlacement(in_process=True))
     settings = CompileConfig(max_len=24, batch_buckets=(2,), compiled=False)
-    llm = LLM(target, None if strategy == "ar" else noisy_copy(target, 1.0), strategy=strategy, speculative=spec,
-              compile=settings)
+    llm = LLM(
+        target,
+        None if strategy == "ar" else noisy_copy(target, 1.0),
+        strategy=strategy,
+        speculative=spec,
+        compile=settings,
+    )
     room = llm.room([1, 2, 3])  # SSD's branch rows draft K past the speculation: its room is K shorter
     longest = SamplingParams(temperature=0, max_new_tokens=room, stop_on_eos=False)
     assert llm.generate([[1, 2, 3]], longest)[0].token_ids == LLM(target).generate([[1, 2, 3]], longest)[0].token_ids

@@ -30,8 +30,9 @@ def test_stop_strings_cut_the_text_before_them_and_streams_add_up(ar, greedy_tex
     if strategy == "ar":
         llm = ar
     else:
-        llm = LLM(ar.target, ar.target, strategy=strategy, speculative=SPEC, tokenizer=ar.tokenizer,
-                  chat_template=False)
+        llm = LLM(
+            ar.target, ar.target, strategy=strategy, speculative=SPEC, tokenizer=ar.tokenizer, chat_template=False
+        )
     chunks = list(llm.stream(PROMPT, params))
     out = llm.generate(PROMPT, params)[0]
     assert out.finish_reason == "stop"

@@ -107,8 +107,9 @@ TINY = SamplingParams(temperature=1e-40)
     F=st.integers(0, 4),
     C=st.floats(0.01, 1.0),
 )
-def test_one_round_at_tiny_temperature_emits_exactly_the_target_distribution(kind, seed, vocab_size, K, temperature,
-                                                                             top_k, F, C):
+def test_one_round_at_tiny_temperature_emits_exactly_the_target_distribution(
+    kind, seed, vocab_size, K, temperature, top_k, F, C
+):
     # ties=True: integer logits, so the target and draft often have several tied maxima.
     params = SamplingParams(temperature=temperature, top_k=top_k)
     target, proposal, _ = toy_round(seed, vocab_size, K, params, kind, F, C, ties=True)

@@ -15,8 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SIDE = Path(sys.prefix) / "transformers-lower"
 PINS = ROOT / "requirements" / "transformers-lower.txt"
-TESTS = ["tests/engine/test_kv_cache.py", "tests/engine/test_static_cache.py",
-         "tests/engine/test_greedy_equivalence.py", "tests/engine/test_ssd_greedy.py"]
+TESTS = [
+    "tests/engine/test_kv_cache.py",
+    "tests/engine/test_static_cache.py",
+    "tests/engine/test_greedy_equivalence.py",
+    "tests/engine/test_ssd_greedy.py",
+]
 
 
 def _pinned_version() -> str:
@@ -40,14 +44,26 @@ def side_folder() -> Path:
 
 
 def test_the_side_folder_holds_the_pinned_lower_bound(side_folder):
-    out = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
-                         env=_child_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", "import transformers; print(transformers.__version__)"],
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == _pinned_version()
 
 
 def test_kv_cache_and_greedy_tests_pass_on_the_lower_bound(side_folder):
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *TESTS],
-                         env=_child_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *TESTS],
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert " passed" in out.stdout

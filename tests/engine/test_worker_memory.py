@@ -34,8 +34,10 @@ def test_the_tree_estimate_counts_the_rows_kv_once_and_each_branchs_own_blocks()
     # the context is charged once, not per branch: a longer context costs the same whatever the budget
     longer = worker_bytes_per_sequence(model, K, branches, context + 1000)
     assert longer - worker_bytes_per_sequence(model, K, branches, context) == 1000 * kv
-    assert (worker_bytes_per_sequence(model, K, branches, context + 1000, tree=False)
-            - worker_bytes_per_sequence(model, K, branches, context, tree=False)) == 1000 * kv * branches
+    assert (
+        worker_bytes_per_sequence(model, K, branches, context + 1000, tree=False)
+        - worker_bytes_per_sequence(model, K, branches, context, tree=False)
+    ) == 1000 * kv * branches
 
 
 @pytest.mark.parametrize("tree", [True, False])
@@ -55,8 +57,12 @@ def test_llm_refuses_the_budget_before_starting_the_worker():
     spec = SpeculativeConfig(K=4, budget=10**9, placement=DraftPlacement(in_process=True))
     with pytest.raises(ValueError, match="lower --budget to at most"):
         LLM(target, tiny_lm(1), strategy="ssd", speculative=spec)
-    with LLM(target, tiny_lm(1), strategy="ssd", speculative=SpeculativeConfig(K=4, budget=12,
-             placement=DraftPlacement(in_process=True))) as llm:
+    with LLM(
+        target,
+        tiny_lm(1),
+        strategy="ssd",
+        speculative=SpeculativeConfig(K=4, budget=12, placement=DraftPlacement(in_process=True)),
+    ) as llm:
         assert llm.strategy_in_use == "ssd"
 
 
@@ -120,7 +126,8 @@ def test_an_int8_draft_is_estimated_like_its_float_self_and_ssd_starts_with_it()
     expected = worker_bytes_per_sequence(draft, 3, 6)
     assert worker_bytes_per_sequence(int8_dynamic(tiny_lm(seed=1)), 3, 6) == expected
     spec = SpeculativeConfig(K=2, budget=4, placement=DraftPlacement(in_process=True))
-    with LLM(tiny_lm(seed=0), tiny_lm(seed=1), strategy="ssd", speculative=spec, draft_quant="int8-dynamic",
-             threads=1) as llm:
+    with LLM(
+        tiny_lm(seed=0), tiny_lm(seed=1), strategy="ssd", speculative=spec, draft_quant="int8-dynamic", threads=1
+    ) as llm:
         out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=6, stop_on_eos=False))
         assert llm.strategy_in_use == "ssd" and len(out[0].token_ids) == 6

@@ -26,9 +26,14 @@ def tiny_lm(seed: int, vocab_size: int = 50, layers: int = 2, hidden: int = 32, 
     """A random Qwen2 causal LM; `scale` multiplies the output head (sharper distributions)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
     )
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():

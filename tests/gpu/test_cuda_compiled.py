@@ -50,8 +50,14 @@ def test_cuda_graphs_with_a_join_mid_run_give_the_eager_tokens(solo, strategy, p
     if placement == "own process":
         placement = DraftPlacement(draft_device=worker_device("cuda"), deadline_s=60.0)
     spec = None if strategy == "ar" else SpeculativeConfig(K=3, placement=placement or DraftPlacement())
-    with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec, device=TARGET_DEVICE,
-             compile=GRAPHS) as llm:
+    with LLM(
+        target,
+        None if strategy == "ar" else draft,
+        strategy=strategy,
+        speculative=spec,
+        device=TARGET_DEVICE,
+        compile=GRAPHS,
+    ) as llm:
         seqs, _ = staggered(llm, PROMPTS, GREEDY, join_at=[0, 2, 3])
         assert llm.strategy_in_use == strategy
         assert llm._fed_target.cudagraphs and llm._fed_target.first_call_s  # compiled buckets ran
@@ -62,7 +68,14 @@ def test_compiled_sd_on_cuda_matches_the_target_distribution():
     target, draft = models(vocab_size=V, hidden=16, scale=6.0)
     params = SamplingParams(temperature=1.0, max_new_tokens=STEPS, stop_on_eos=False, seed=11)
     settings = CompileConfig(max_len=16, batch_buckets=(1024,))
-    with LLM(target, draft, strategy="sd", speculative=SpeculativeConfig(K=2), device=TARGET_DEVICE,
-             compile=settings, max_num_seqs=1024) as llm:
+    with LLM(
+        target,
+        draft,
+        strategy="sd",
+        speculative=SpeculativeConfig(K=2),
+        device=TARGET_DEVICE,
+        compile=settings,
+        max_num_seqs=1024,
+    ) as llm:
         counts = sequence_counts(llm.generate([PROMPT] * 20_000, params))
     assert chi_square_p(counts, exact_distribution(target.cpu(), params)) > FALSE_ALARM

@@ -46,8 +46,7 @@ def exact():
 
 def counts(device: str, strategy: str, spec: SpeculativeConfig, rows: int) -> tuple[np.ndarray, dict]:
     target, draft = models()
-    with LLM(target, draft, strategy=strategy, speculative=spec, device=target_device(device),
-             dtype="float32") as llm:
+    with LLM(target, draft, strategy=strategy, speculative=spec, device=target_device(device), dtype="float32") as llm:
         out = llm.generate([PROMPT] * rows, PARAMS)
     index = [np.ravel_multi_index(o.token_ids, (V,) * STEPS) for o in out]
     return np.bincount(index, minlength=V**STEPS), out.metrics.summary()

@@ -30,8 +30,9 @@ def ar_tokens(device):
 
 def test_sd_gives_the_ar_tokens(device, ar_tokens):
     target, draft = models()
-    with LLM(target, draft, strategy="sd", speculative=SpeculativeConfig(K=3), device=target_device(device),
-             dtype="float32") as llm:
+    with LLM(
+        target, draft, strategy="sd", speculative=SpeculativeConfig(K=3), device=target_device(device), dtype="float32"
+    ) as llm:
         out = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in out] == ar_tokens
 

@@ -20,9 +20,20 @@ def _messages() -> list:
     g = torch.Generator().manual_seed(0)
     q = torch.rand(2, 3, V, generator=g) + 1e-3
     tokens = torch.randint(0, V, (2, 3), generator=g)
-    return [Round(round=2, accepted=[0, 2], bonus=[5, 6], alive=[True, False], verify_ms=1.5, joins=[join], K=3, V=V),
-            Speculation(2, [Source.HIT, Source.NEURAL], tokens, SparseQ(V, None, q / q.sum(-1, keepdim=True)), 1.0,
-                        2.0, 4, [1, 1, 1, 1], [0, 3])]
+    return [
+        Round(round=2, accepted=[0, 2], bonus=[5, 6], alive=[True, False], verify_ms=1.5, joins=[join], K=3, V=V),
+        Speculation(
+            2,
+            [Source.HIT, Source.NEURAL],
+            tokens,
+            SparseQ(V, None, q / q.sum(-1, keepdim=True)),
+            1.0,
+            2.0,
+            4,
+            [1, 1, 1, 1],
+            [0, 3],
+        ),
+    ]
 
 
 def test_messages_cross_to_another_process_and_back(device):

@@ -27,8 +27,11 @@ def subparser(name: str, parser: argparse.ArgumentParser | None = None) -> argpa
 
 def dests(parser: argparse.ArgumentParser) -> dict[str, object]:
     """dest -> default of every visible option (hidden aliases left out)."""
-    return {a.dest: a.default for a in parser._actions
-            if a.option_strings and a.help != argparse.SUPPRESS and a.dest != "help"}
+    return {
+        a.dest: a.default
+        for a in parser._actions
+        if a.option_strings and a.help != argparse.SUPPRESS and a.dest != "help"
+    }
 
 
 def scalar(value):
@@ -61,9 +64,20 @@ def api_defaults() -> dict[str, tuple[str, object]]:
 
 
 # CLI dest of an API setting, where the names differ; "not:" = the flag says the opposite of the setting
-RENAMED = {"stop_on_eos": "not:ignore_eos", "chat_template": "not:no_chat_template", "cache_dir": "cache",
-           "external": "external_draft", "stop_token_ids": "stop_token_id", "K": "Ks", "C": "C", "backup": "backup",
-           "schedule": "schedule", "budget": "budget", "batch": "batch_size", "group_size": "quant_group_size"}
+RENAMED = {
+    "stop_on_eos": "not:ignore_eos",
+    "chat_template": "not:no_chat_template",
+    "cache_dir": "cache",
+    "external": "external_draft",
+    "stop_token_ids": "stop_token_id",
+    "K": "Ks",
+    "C": "C",
+    "backup": "backup",
+    "schedule": "schedule",
+    "budget": "budget",
+    "batch": "batch_size",
+    "group_size": "quant_group_size",
+}
 # API settings a command has no flag for, or sets on purpose to something else: the reason
 NOT_FLAGS = {
     "strategy": "LLM picks SD when a draft is given; the CLI always has a draft, and says sd",
@@ -122,13 +136,35 @@ def test_every_shared_setting_has_the_api_default(command):
         compared.append(name)
     # the settings every one of these commands shares with the API
     # (K, budget and schedule: the strategy's command-line defaults, tested below)
-    assert {"dtype", "C", "K_min", "draft_cost", "confidence_stop", "draft_dtype", "draft_quant",
-            "group_size", "threads"} <= set(compared)
+    assert {
+        "dtype",
+        "C",
+        "K_min",
+        "draft_cost",
+        "confidence_stop",
+        "draft_dtype",
+        "draft_quant",
+        "group_size",
+        "threads",
+    } <= set(compared)
     if command in ("generate", "bench"):
         assert {"temperature", "max_new_tokens"} <= set(compared)
     if command == "generate":
-        assert {"top_k", "top_p", "seed", "stop", "stop_token_ids", "logprobs", "stop_on_eos", "device",
-                "max_num_seqs", "chat_template", "draft_threads", "init_method", "external"} <= set(compared)
+        assert {
+            "top_k",
+            "top_p",
+            "seed",
+            "stop",
+            "stop_token_ids",
+            "logprobs",
+            "stop_on_eos",
+            "device",
+            "max_num_seqs",
+            "chat_template",
+            "draft_threads",
+            "init_method",
+            "external",
+        } <= set(compared)
 
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
@@ -148,11 +184,14 @@ def test_a_given_flag_keeps_its_value_and_the_rest_their_defaults():
     from engine.config import DraftPlacement, FanoutSchedule
     from saguaro.commands.generate import speculative_config
 
-    spec = speculative_config(subparser("generate").parse_args(["--strategy", "ssd", "-K", "3", "hi"]),
-                              DraftPlacement())
+    spec = speculative_config(
+        subparser("generate").parse_args(["--strategy", "ssd", "-K", "3", "hi"]), DraftPlacement()
+    )
     assert (spec.K, spec.adaptive, spec.budget, spec.schedule) == (3, False, "auto", FanoutSchedule.GEOMETRIC)
-    given = speculative_config(subparser("generate").parse_args(["hi", "--strategy", "ssd", "-K", "2", "--fanout", "2",
-                                                                  "1", "1"]), DraftPlacement())
+    given = speculative_config(
+        subparser("generate").parse_args(["hi", "--strategy", "ssd", "-K", "2", "--fanout", "2", "1", "1"]),
+        DraftPlacement(),
+    )
     assert given.fanout == (2, 1, 1) and given.budget is None and given.schedule is FanoutSchedule.UNIFORM
 
 
@@ -206,8 +245,12 @@ def test_help_shows_every_default(name, parser):
     checked = 0
     for action in parser._actions:
         default = action.default
-        if (not action.option_strings or action.help == argparse.SUPPRESS or default in (None, False, [])
-                or default is argparse.SUPPRESS):
+        if (
+            not action.option_strings
+            or action.help == argparse.SUPPRESS
+            or default in (None, False, [])
+            or default is argparse.SUPPRESS
+        ):
             continue
         formatter = parser._get_formatter()
         formatter.add_argument(action)
@@ -266,8 +309,9 @@ def test_adaptive_flags_reach_the_speculative_config():
     from saguaro.commands.generate import speculative_config
 
     p = build_parser()
-    args = p.parse_args(["generate", "hi", "-K", "auto", "--K-min", "2", "--draft-cost", "0.25",
-                         "--confidence-stop", "0.4"])
+    args = p.parse_args(
+        ["generate", "hi", "-K", "auto", "--K-min", "2", "--draft-cost", "0.25", "--confidence-stop", "0.4"]
+    )
     spec = speculative_config(args, DraftPlacement())
     assert (spec.adaptive, spec.K, spec.K_min, spec.draft_cost, spec.confidence_stop) == (True, 8, 2, 0.25, 0.4)
     fixed = speculative_config(p.parse_args(["serve", "-K", "5"]), DraftPlacement())
@@ -275,17 +319,20 @@ def test_adaptive_flags_reach_the_speculative_config():
 
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
-@pytest.mark.parametrize("flags, message", [
-    (["-K", "lots"], "-K must be a whole number of draft tokens per round (>= 1) or auto"),
-    (["-K", "0"], "K (draft tokens per round) must be"),
-    (["-K", "auto", "--strategy", "ar"], "-K auto (adaptive K) is implemented for --strategy sd and ssd only"),
-    (["--confidence-stop", "0.5", "--strategy", "ssd"], "--confidence-stop is implemented for --strategy sd"),
-    (["-K", "4", "--K-min", "2"], "add -K auto"),  # without -K the default is auto (sd, ssd): --K-min applies
-    (["-K", "4", "--draft-cost", "0.5"], "add -K auto"),
-    (["-K", "auto", "--K-min", "9"], "--K-min must be in 1..8"),
-    (["-K", "auto", "--draft-cost", "-1"], "draft_cost (T_d / T_v) must be >= 0"),
-    (["--confidence-stop", "0"], "confidence_stop must be a probability in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["-K", "lots"], "-K must be a whole number of draft tokens per round (>= 1) or auto"),
+        (["-K", "0"], "K (draft tokens per round) must be"),
+        (["-K", "auto", "--strategy", "ar"], "-K auto (adaptive K) is implemented for --strategy sd and ssd only"),
+        (["--confidence-stop", "0.5", "--strategy", "ssd"], "--confidence-stop is implemented for --strategy sd"),
+        (["-K", "4", "--K-min", "2"], "add -K auto"),  # without -K the default is auto (sd, ssd): --K-min applies
+        (["-K", "4", "--draft-cost", "0.5"], "add -K auto"),
+        (["-K", "auto", "--K-min", "9"], "--K-min must be in 1..8"),
+        (["-K", "auto", "--draft-cost", "-1"], "draft_cost (T_d / T_v) must be >= 0"),
+        (["--confidence-stop", "0"], "confidence_stop must be a probability in (0, 1]"),
+    ],
+)
 def test_bad_adaptive_values_exit_2_with_one_line_before_loading(command, flags, message, capsys):
     argv = [command, *NO_MODEL, *flags] + (["hi"] if command == "generate" else ["--port", "0"])
     assert main(argv) == 2
@@ -308,9 +355,25 @@ def tiny_folder(tmp_path_factory):
 def generate(tiny_folder, capsys, *flags, top: tuple[str, ...] = ()) -> tuple[dict, str]:
     """`saguaro [top] generate ... --json [flags]` on the tiny model (as target and draft): (JSON, stderr)."""
     model = str(tiny_folder / "model")
-    argv = [*top, "generate", "--target", model, "--draft", model, "--dtype", "float32", "--json",
-            "--prompts-file", str(tiny_folder / "prompts.jsonl"), "--max-new-tokens", "12", "--ignore-eos",
-            "--seed", "3", *flags]
+    argv = [
+        *top,
+        "generate",
+        "--target",
+        model,
+        "--draft",
+        model,
+        "--dtype",
+        "float32",
+        "--json",
+        "--prompts-file",
+        str(tiny_folder / "prompts.jsonl"),
+        "--max-new-tokens",
+        "12",
+        "--ignore-eos",
+        "--seed",
+        "3",
+        *flags,
+    ]
     assert main(argv) == 0
     out = capsys.readouterr()
     return json.loads(out.out), out.err
@@ -319,8 +382,22 @@ def generate(tiny_folder, capsys, *flags, top: tuple[str, ...] = ()) -> tuple[di
 def test_generate_K_auto_gives_ar_s_greedy_tokens(tiny_folder, capsys, tmp_path):
     ar, _ = generate(tiny_folder, capsys, "--strategy", "ar", "--temperature", "0")
     rounds = tmp_path / "rounds.jsonl"
-    auto, _ = generate(tiny_folder, capsys, "--strategy", "sd", "-K", "auto", "--K-min", "2",
-                       "--draft-cost", "0.1", "--temperature", "0", "--rounds-out", str(rounds))
+    auto, _ = generate(
+        tiny_folder,
+        capsys,
+        "--strategy",
+        "sd",
+        "-K",
+        "auto",
+        "--K-min",
+        "2",
+        "--draft-cost",
+        "0.1",
+        "--temperature",
+        "0",
+        "--rounds-out",
+        str(rounds),
+    )
     assert [o["token_ids"] for o in auto["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
     decode = [json.loads(line) for line in rounds.read_text().splitlines()]
     decode = [r for r in decode if r.get("phase", "decode") == "decode"]
@@ -368,8 +445,10 @@ def test_generate_logs_loading_and_the_ssd_worker_start_with_v(tiny_folder, caps
         configure_logging(quiet=True)
     assert len(out["outputs"]) == 1
     lines = err.splitlines()
-    assert any(re.search(r"loading .*model \(float32\) and draft .* \(float32\) in the SSD draft worker \.\.\.$", x)
-               for x in lines), err
+    assert any(
+        re.search(r"loading .*model \(float32\) and draft .* \(float32\) in the SSD draft worker \.\.\.$", x)
+        for x in lines
+    ), err
     assert any(re.search(r"\.\.\. loaded in \d+\.\d s$", x) for x in lines), err
     assert any(re.search(r"starting the draft worker \(pid \d+\) on cpu \.\.\.$", x) for x in lines), err
     assert any(re.search(r"draft worker ready in \d+\.\d s$", x) for x in lines), err

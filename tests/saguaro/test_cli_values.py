@@ -18,10 +18,16 @@ def test_whole_or_auto_refuses_the_rest_with_what_the_flag_takes(text):
         whole_or_auto(text, "-K takes K")
 
 
-@pytest.mark.parametrize("text, separators, value", [
-    ("4", ",", [4]), ("4,3,2", ",", [4, 3, 2]), ("4,,3,", ",", [4, 3]),
-    ("4-3-2", ",-", [4, 3, 2]), ("4,3-2", ",-", [4, 3, 2]),
-])
+@pytest.mark.parametrize(
+    "text, separators, value",
+    [
+        ("4", ",", [4]),
+        ("4,3,2", ",", [4, 3, 2]),
+        ("4,,3,", ",", [4, 3]),
+        ("4-3-2", ",-", [4, 3, 2]),
+        ("4,3-2", ",-", [4, 3, 2]),
+    ],
+)
 def test_numbers_reads_one_word_in_the_spaced_or_the_old_form(text, separators, value):
     assert numbers(text, int, "F", separators=separators) == value
 

@@ -15,8 +15,9 @@ def test_lowbit_provisioning_builds_each_model_of_the_group(tmp_path, monkeypatc
     monkeypatch.setattr(lowbit_cache, "provision_lowbit", fake)
     monkeypatch.setattr(provision, "locate_parts", lambda packaged: [])
     assert main(["models", "provision", "--which", "default", "--lowbit", "int4", "--cache", str(tmp_path)]) == 0
-    assert ([(m, lowbit, g, r) for m, _, lowbit, g, r in calls]
-            == [(a, "int4", 32, False) for a in provision.GROUPS["default"]])
+    assert [(m, lowbit, g, r) for m, _, lowbit, g, r in calls] == [
+        (a, "int4", 32, False) for a in provision.GROUPS["default"]
+    ]
     out = capsys.readouterr().out
     assert all(f"{a}: int4 (group 32)" in out for a in provision.GROUPS["default"])
 
@@ -26,8 +27,10 @@ def test_lowbit_provisioning_of_the_smoke_model_loads_as_a_low_bit_model(tmp_pat
     from engine.loading.models import load_quantized
     from engine.loading.weight_only import WeightOnlyLinear
 
-    assert main(["models", "provision", "--which", provision.SMOKE_MODEL, "--lowbit", "int4",
-                 "--cache", str(tmp_path)]) == 0
+    assert (
+        main(["models", "provision", "--which", provision.SMOKE_MODEL, "--lowbit", "int4", "--cache", str(tmp_path)])
+        == 0
+    )
     loaded = load_quantized(provision.SMOKE_MODEL, "int4", cache_dir=tmp_path)
     assert any(isinstance(m, WeightOnlyLinear) for m in loaded.model.modules())
     assert not (tmp_path / provision.PACKAGED[provision.SMOKE_MODEL].key / "model.safetensors").exists()

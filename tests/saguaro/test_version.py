@@ -60,8 +60,11 @@ def installed_from_this_checkout() -> bool:
     return url.get("url") == ROOT.as_uri()
 
 
-@pytest.mark.skipif(not installed_from_this_checkout(),
-                    reason="the installed saguaro-ssd was not installed from this checkout (or not at all)")
+@pytest.mark.skipif(
+    not installed_from_this_checkout(),
+    reason="the installed saguaro-ssd was not installed from this checkout (or not at all)",
+)
 def test_the_installed_version_is_this_checkouts():
     assert metadata.version(saguaro.DISTRIBUTION) == PYPROJECT_VERSION, (
-        "the installed metadata is older than pyproject.toml: reinstall (bash scripts/venv.sh)")
+        "the installed metadata is older than pyproject.toml: reinstall (bash scripts/venv.sh)"
+    )

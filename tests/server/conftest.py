@@ -17,8 +17,9 @@ STOP_TIMEOUT_S = 30.0
 
 
 @contextmanager
-def running(model, engine, settings: ServerSettings | None = None,
-            shutdown_timeout_s: float = 5.0) -> Iterator[HTTPServer]:
+def running(
+    model, engine, settings: ServerSettings | None = None, shutdown_timeout_s: float = 5.0
+) -> Iterator[HTTPServer]:
     """Serve (model, engine) until the block ends, then drain and join the server's thread."""
     app = create_app(model, engine, settings or ServerSettings(disconnect_poll_s=0.02))
     server = HTTPServer(app, bind("127.0.0.1", 0), shutdown_timeout_s=shutdown_timeout_s)

@@ -32,8 +32,13 @@ class FakeTokenizer:
 
 def fake_config(**speculative) -> EngineConfig:
     """The settings the fake model says it runs with: SSD with K = 4, or `speculative`'s (SpeculativeConfig's)."""
-    return EngineConfig(target="fake-model", draft="fake-draft", strategy="ssd", dtype="float32",
-                        speculative=SpeculativeConfig(**{"K": 4, **speculative}))
+    return EngineConfig(
+        target="fake-model",
+        draft="fake-draft",
+        strategy="ssd",
+        dtype="float32",
+        speculative=SpeculativeConfig(**{"K": 4, **speculative}),
+    )
 
 
 class FakeModel:
@@ -42,8 +47,9 @@ class FakeModel:
     strategy_in_use = "ssd"
     fault = None
 
-    def __init__(self, tokenizer: FakeTokenizer | None = None, encode_s: float = 0.0,
-                 config: EngineConfig | None = None):
+    def __init__(
+        self, tokenizer: FakeTokenizer | None = None, encode_s: float = 0.0, config: EngineConfig | None = None
+    ):
         self.tokenizer = tokenizer if tokenizer is not None else FakeTokenizer()
         self.config = config if config is not None else fake_config()
         self.chats: list[list[dict]] = []
@@ -93,8 +99,10 @@ class FakeEngine:
             err, self.refuse = self.refuse, None
             raise err
         if len(prompt_ids) + params.max_new_tokens > self.max_context:
-            raise ValueError(f"prompt 0 has {len(prompt_ids)} tokens; with max_new_tokens={params.max_new_tokens} "
-                             f"it exceeds the model's context of {self.max_context}")
+            raise ValueError(
+                f"prompt 0 has {len(prompt_ids)} tokens; with max_new_tokens={params.max_new_tokens} "
+                f"it exceeds the model's context of {self.max_context}"
+            )
         self.requests.append((request_id, list(prompt_ids), params))
         return self._chunks(prompt_ids, params, request_id)
 
@@ -108,28 +116,46 @@ class FakeEngine:
                 await asyncio.sleep(self.delay_s)
                 if self.fail_after is not None and sent == self.fail_after:
                     raise RuntimeError("the fake engine broke")
-                ids = [(next_id + 1 + i) % VOCAB
-                       for i in range(min(TOKENS_PER_CHUNK, params.max_new_tokens - len(tokens)))]
+                ids = [
+                    (next_id + 1 + i) % VOCAB for i in range(min(TOKENS_PER_CHUNK, params.max_new_tokens - len(tokens)))
+                ]
                 next_id = ids[-1]
                 tokens += ids
                 delta = "".join(word(t) for t in ids)
                 reason = "length" if len(tokens) == params.max_new_tokens else None
                 for stop in params.stop:
                     if stop in text + delta:
-                        delta, reason = (text + delta).split(stop)[0][len(text):], "stop"
+                        delta, reason = (text + delta).split(stop)[0][len(text) :], "stop"
                 if self.abort_all:
                     ids, delta, reason = [], "", "abort"
                 text += delta
                 done = reason is not None
-                logprobs = None if params.logprobs is None else [
-                    TokenLogprob(t, float("-inf") if t % 2 else -0.5,
-                                 tuple((t + j, -1.0 - j) for j in range(params.logprobs)))
-                    for t in ids
-                ]
+                logprobs = (
+                    None
+                    if params.logprobs is None
+                    else [
+                        TokenLogprob(
+                            t,
+                            float("-inf") if t % 2 else -0.5,
+                            tuple((t + j, -1.0 - j) for j in range(params.logprobs)),
+                        )
+                        for t in ids
+                    ]
+                )
                 sent += 1
-                yield Chunk(request_id=request_id, index=0, token_ids=ids, text=delta, logprobs=logprobs,
-                            time_s=time.perf_counter(), finished=done, finish_reason=reason,
-                            prompt_tokens=len(prompt_ids), output_tokens=len(tokens), scheduled_s=scheduled_s)
+                yield Chunk(
+                    request_id=request_id,
+                    index=0,
+                    token_ids=ids,
+                    text=delta,
+                    logprobs=logprobs,
+                    time_s=time.perf_counter(),
+                    finished=done,
+                    finish_reason=reason,
+                    prompt_tokens=len(prompt_ids),
+                    output_tokens=len(tokens),
+                    scheduled_s=scheduled_s,
+                )
         finally:
             self.stats_now.running -= 1
             if not done:

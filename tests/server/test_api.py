@@ -35,8 +35,19 @@ def test_completion_returns_the_text_and_usage(client, fake):
 
 
 def test_sampling_parameters_reach_the_engine(client, fake):
-    client.post("/v1/completions", json={**COMPLETION, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 3,
-                                         "stop": "w9", "ignore_eos": True, "unknown_field": 1})
+    client.post(
+        "/v1/completions",
+        json={
+            **COMPLETION,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 20,
+            "seed": 3,
+            "stop": "w9",
+            "ignore_eos": True,
+            "unknown_field": 1,
+        },
+    )
     params = fake.requests[0][2]
     assert (params.temperature, params.top_p, params.top_k, params.seed) == (0.7, 0.9, 20, 3)
     assert params.stop == ("w9",) and params.stop_on_eos is False
@@ -91,12 +102,21 @@ def test_stream_ends_with_a_usage_chunk_when_asked(client):
 
 
 def test_chat_messages_go_through_the_chat_template_system_prompt_included(client, model, fake):
-    messages = [{"role": "system", "content": "be brief"}, {"role": "developer", "content": "really"},
-                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]
-    body = client.post("/v1/chat/completions", json={"model": "fake-model", "messages": messages,
-                                                     "max_completion_tokens": 3}).json()
-    assert model.chats == [[{"role": "system", "content": "be brief"}, {"role": "system", "content": "really"},
-                            {"role": "user", "content": "hi there"}]]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "developer", "content": "really"},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+    ]
+    body = client.post(
+        "/v1/chat/completions", json={"model": "fake-model", "messages": messages, "max_completion_tokens": 3}
+    ).json()
+    assert model.chats == [
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "system", "content": "really"},
+            {"role": "user", "content": "hi there"},
+        ]
+    ]
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["choices"][0]["message"] == {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
     assert body["usage"]["completion_tokens"] == 3 and fake.requests[0][2].max_new_tokens == 3
@@ -109,8 +129,11 @@ def test_chat_without_max_tokens_gets_the_rest_of_the_context(client, fake):
 
 
 def test_chat_stream_puts_the_role_on_the_first_chunk(client):
-    events = stream(client, "/v1/chat/completions", {"model": "fake-model", "max_tokens": 4,
-                                                     "messages": [{"role": "user", "content": "hi"}]})
+    events = stream(
+        client,
+        "/v1/chat/completions",
+        {"model": "fake-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    )
     chunks = events[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -129,9 +152,16 @@ def test_completion_logprobs_are_parallel_lists_with_minus_infinity_as_minus_999
 
 
 def test_chat_logprobs_are_entries_with_top_logprobs(client, fake):
-    body = client.post("/v1/chat/completions", json={
-        "model": "fake-model", "max_tokens": 1, "logprobs": True, "top_logprobs": 1,
-        "messages": [{"role": "user", "content": "hi"}]}).json()
+    body = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "fake-model",
+            "max_tokens": 1,
+            "logprobs": True,
+            "top_logprobs": 1,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ).json()
     entry = body["choices"][0]["logprobs"]["content"][0]
     assert entry["token"] == body["choices"][0]["message"]["content"]
     assert entry["bytes"] == list(entry["token"].encode())
@@ -139,8 +169,15 @@ def test_chat_logprobs_are_entries_with_top_logprobs(client, fake):
 
 
 def test_chat_logprobs_true_without_top_logprobs_asks_for_the_chosen_token_only(client, fake):
-    client.post("/v1/chat/completions", json={"model": "fake-model", "max_tokens": 1, "logprobs": True,
-                                              "messages": [{"role": "user", "content": "hi"}]})
+    client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "fake-model",
+            "max_tokens": 1,
+            "logprobs": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
     assert fake.requests[0][2].logprobs == 0
 
 
@@ -151,6 +188,7 @@ def test_the_openai_client_reads_streamed_and_whole_completions(server):
     whole = client.completions.create(model="fake-model", prompt="aa bbb", max_tokens=5, temperature=0)
     parts = client.completions.create(model="fake-model", prompt="aa bbb", max_tokens=5, temperature=0, stream=True)
     assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text == expected_text(3, 5)
-    chat = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=2)
+    chat = client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
     assert chat.choices[0].message.content and chat.usage.completion_tokens == 2

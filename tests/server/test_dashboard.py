@@ -21,8 +21,13 @@ def queries(dashboard: dict) -> list[str]:
 
 def exported(client, fake) -> set[str]:
     """The sample names of a scrape once every labelled series has something to show."""
-    fake.stats_now = dataclasses.replace(fake.stats_now, accepted_per_position=(3, 1), ssd_lookups_by_k=(2, 1),
-                                         ssd_hits_by_k=(1, 1), cache_capacity_tokens=128)
+    fake.stats_now = dataclasses.replace(
+        fake.stats_now,
+        accepted_per_position=(3, 1),
+        ssd_lookups_by_k=(2, 1),
+        ssd_hits_by_k=(1, 1),
+        cache_capacity_tokens=128,
+    )
     client.post("/v1/completions", json={"model": "fake-model", "prompt": "aa bbb", "max_tokens": 5})
     text = client.get("/metrics").text
     return {s.name for family in text_string_to_metric_families(text) for s in family.samples}

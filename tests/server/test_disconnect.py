@@ -42,8 +42,10 @@ def test_leaving_before_a_whole_response_aborts_its_request():
         host, port = server.url.removeprefix("http://").split(":")
         body = json.dumps(BODY).encode()
         with socket.create_connection((host, int(port)), timeout=5) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             assert wait_for(lambda: fake.requests)
         assert wait_for(lambda: fake.aborted == [fake.requests[0][0]])
         assert wait_for(lambda: fake.stats_now.running == 0)

@@ -29,47 +29,55 @@ def error_of(response, status: int) -> dict:
     return error
 
 
-@pytest.mark.parametrize(("change", "param"), [
-    ({"temperature": "hot"}, "temperature"),
-    ({"temperature": 2.5}, "temperature"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": "5"}, "max_tokens"),
-    ({"top_p": 0}, "top_p"),
-    ({"seed": -1}, "seed"),
-    ({"seed": 2**63}, "seed"),
-    ({"temperature": float("nan")}, "temperature"),
-    ({"top_p": float("inf")}, "top_p"),
-    ({"logprobs": 6}, "logprobs"),
-    ({"n": 2}, "n"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"stop": 3}, "stop"),
-    ({"stream": "yes"}, "stream"),
-    ({"echo": True}, "echo"),
-    ({"best_of": 3}, "best_of"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"prompt": ["one", "two"]}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"prompt": [1, "x"]}, "prompt"),
-    ({"prompt": None}, "prompt"),
-    ({"model": None}, "model"),
-])
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"top_p": 0}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**63}, "seed"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("inf")}, "top_p"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": 3}, "stop"),
+        ({"stream": "yes"}, "stream"),
+        ({"echo": True}, "echo"),
+        ({"best_of": 3}, "best_of"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, "x"]}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"model": None}, "model"),
+    ],
+)
 def test_a_bad_completion_parameter_is_a_400_naming_it(client, change, param):
     error = error_of(post_json(client, "/v1/completions", {**COMPLETION, **change}), 400)
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert error["message"].startswith(f"{param}: ")
 
 
-@pytest.mark.parametrize(("change", "param"), [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages.0.content"),
-    ({"top_logprobs": 2}, "top_logprobs"),
-    ({"logprobs": True, "top_logprobs": 9}, "top_logprobs"),
-    ({"max_completion_tokens": 0}, "max_completion_tokens"),
-    ({"tools": [{"type": "function"}]}, "tools"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"),
-])
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages.0.content",
+        ),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 9}, "top_logprobs"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
 def test_a_bad_chat_parameter_is_a_400_naming_it(client, change, param):
     error = error_of(client.post("/v1/chat/completions", json={**CHAT, **change}), 400)
     assert error["param"] == param
@@ -101,9 +109,11 @@ def test_a_body_that_is_not_json_is_a_400(client):
 
 
 def test_a_body_that_is_not_a_json_object_says_how_to_send_one(client):
-    for response in (client.post("/v1/completions", content=b'{"model": "fake-model"}'),  # no content type
-                     client.post("/v1/completions", json=[1, 2]),
-                     client.post("/v1/completions")):
+    for response in (
+        client.post("/v1/completions", content=b'{"model": "fake-model"}'),  # no content type
+        client.post("/v1/completions", json=[1, 2]),
+        client.post("/v1/completions"),
+    ):
         assert "must be a JSON object" in error_of(response, 400)["message"]
 
 
@@ -116,8 +126,10 @@ def test_the_engines_value_error_is_passed_through_as_a_400(client, fake):
 def test_a_request_over_the_context_is_openais_context_length_exceeded(client):
     error = error_of(client.post("/v1/completions", json={**COMPLETION, "max_tokens": 63}), 400)
     assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
-    assert error["message"].startswith("This model's maximum context length is 64 tokens. However, you requested "
-                                       "65 tokens (2 in the prompt, 63 in the completion).")
+    assert error["message"].startswith(
+        "This model's maximum context length is 64 tokens. However, you requested "
+        "65 tokens (2 in the prompt, 63 in the completion)."
+    )
 
 
 def test_chat_messages_over_the_context_name_the_messages(client):
@@ -210,8 +222,9 @@ def keyed():
         yield s
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"},
-                                     {"Authorization": "Basic sekret"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}, {"Authorization": "Basic sekret"}]
+)
 def test_a_missing_or_bad_key_is_a_401(keyed, headers):
     import httpx
 

@@ -25,8 +25,9 @@ def small_bodies():
 
 
 def test_a_body_over_the_limit_is_a_413_the_client_reads(small_bodies):
-    response = httpx.post(small_bodies.url + "/v1/completions", json={**COMPLETION, "prompt": "a " * 100_000},
-                          timeout=10)
+    response = httpx.post(
+        small_bodies.url + "/v1/completions", json={**COMPLETION, "prompt": "a " * 100_000}, timeout=10
+    )
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 
@@ -37,12 +38,15 @@ def test_a_chunked_body_over_the_limit_is_the_same_413(small_bodies):
             yield b"a " * 100
         yield b'"}'
 
-    response = httpx.post(small_bodies.url + "/v1/completions", content=chunks(),
-                          headers={"content-type": "application/json"}, timeout=10)
+    response = httpx.post(
+        small_bodies.url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=10
+    )
     assert "content-length" not in response.request.headers  # sent chunked: the limit is found while reading
     error = response.json()["error"]
-    assert response.status_code == 413 and (error["type"], error["code"]) == ("invalid_request_error",
-                                                                               "request_too_large")
+    assert response.status_code == 413 and (error["type"], error["code"]) == (
+        "invalid_request_error",
+        "request_too_large",
+    )
 
 
 def test_a_body_within_the_limit_is_served(small_bodies):
@@ -91,20 +95,23 @@ def test_a_draining_server_says_when_to_retry(server, client):
     assert response.status_code == 503 and response.headers["retry-after"].isdigit()
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("tool_choice", "auto"),
-    ("functions", [{"name": "f"}]),
-    ("function_call", "auto"),
-    ("audio", {"voice": "alloy", "format": "wav"}),
-    ("modalities", ["text", "audio"]),
-    ("prediction", {"type": "content", "content": "x"}),
-    ("guided_json", {"type": "object"}),
-    ("use_beam_search", True),
-    ("repetition_penalty", 1.2),
-    ("min_p", 0.1),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ("tool_choice", "auto"),
+        ("functions", [{"name": "f"}]),
+        ("function_call", "auto"),
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("modalities", ["text", "audio"]),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("guided_json", {"type": "object"}),
+        ("use_beam_search", True),
+        ("repetition_penalty", 1.2),
+        ("min_p", 0.1),
+    ],
+)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_a_field_the_server_cannot_honour_is_a_400_naming_it(client, fake, path, field, value):
     body = CHAT if path.endswith("chat/completions") else COMPLETION
@@ -114,15 +121,25 @@ def test_a_field_the_server_cannot_honour_is_a_400_naming_it(client, fake, path,
     assert fake.requests == []
 
 
-@pytest.mark.parametrize(("field", "value"), [("response_format", {"type": "text"}), ("tool_choice", "none"),
-                                              ("modalities", ["text"]), ("repetition_penalty", 1.0), ("audio", None)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("response_format", {"type": "text"}),
+        ("tool_choice", "none"),
+        ("modalities", ["text"]),
+        ("repetition_penalty", 1.0),
+        ("audio", None),
+    ],
+)
 def test_a_neutral_value_of_such_a_field_is_accepted(client, field, value):
     assert client.post("/v1/chat/completions", json={**CHAT, field: value}).status_code == 200
 
 
 def test_min_tokens_stop_token_ids_and_logprobs_mode_reach_the_engine(client, fake):
-    client.post("/v1/completions", json={**COMPLETION, "min_tokens": 3, "stop_token_ids": [7],
-                                         "logprobs_mode": "processed_logprobs"})
+    client.post(
+        "/v1/completions",
+        json={**COMPLETION, "min_tokens": 3, "stop_token_ids": [7], "logprobs_mode": "processed_logprobs"},
+    )
     params = fake.requests[0][2]
     assert (params.min_tokens, params.stop_token_ids, params.logprobs_mode.value) == (3, (7,), "processed_logprobs")
 

@@ -14,8 +14,10 @@ from server import ServerSettings
 from tests.server.conftest import running
 
 NAME = "smollm2"
-MESSAGES = [{"role": "system", "content": "You answer in one short sentence."},
-            {"role": "user", "content": "What colour is the sky on a clear day?"}]
+MESSAGES = [
+    {"role": "system", "content": "You answer in one short sentence."},
+    {"role": "user", "content": "What colour is the sky on a clear day?"},
+]
 PROMPT = "The three primary colours are"
 MAX_NEW = 20
 
@@ -23,8 +25,14 @@ MAX_NEW = 20
 @pytest.fixture(scope="module", params=["ar", "ssd"])
 def served(request):
     draft = None if request.param == "ar" else "smollm2-135m"  # SmolLM2 as its own draft
-    llm = LLM("smollm2-135m", draft, strategy=request.param, speculative=SpeculativeConfig(K=2), dtype="float32",
-              max_num_seqs=4)
+    llm = LLM(
+        "smollm2-135m",
+        draft,
+        strategy=request.param,
+        speculative=SpeculativeConfig(K=2),
+        dtype="float32",
+        max_num_seqs=4,
+    )
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     chat_ids = llm.encode_chat(MESSAGES)
     expected = {
@@ -47,8 +55,16 @@ def test_chat_goes_through_the_chat_template_system_prompt_included(served):
 
 def test_streamed_chat_is_the_whole_chat(served):
     client, expected = served
-    parts = list(client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=MAX_NEW, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}))
+    parts = list(
+        client.chat.completions.create(
+            model=NAME,
+            messages=MESSAGES,
+            max_tokens=MAX_NEW,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == expected["chat"].text
     assert parts[-1].usage.completion_tokens == len(expected["chat"].token_ids)
 
@@ -65,7 +81,7 @@ def test_a_stop_string_cuts_the_text_before_it(served):
     stop = text.split()[2]  # a word from the middle of the greedy continuation
     answer = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=MAX_NEW, temperature=0, stop=[stop])
     assert answer.choices[0].finish_reason == "stop"
-    assert answer.choices[0].text == text[:text.index(stop)]
+    assert answer.choices[0].text == text[: text.index(stop)]
 
 
 def test_logprobs_come_with_token_strings(served):
@@ -80,8 +96,9 @@ def test_logprobs_come_with_token_strings(served):
 
 def test_chat_logprob_bytes_join_into_the_answers_utf8(served):
     client, expected = served
-    answer = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=MAX_NEW, temperature=0,
-                                            logprobs=True)
+    answer = client.chat.completions.create(
+        model=NAME, messages=MESSAGES, max_tokens=MAX_NEW, temperature=0, logprobs=True
+    )
     entries = answer.choices[0].logprobs.content
     if answer.choices[0].finish_reason == "stop":
         entries = entries[:-1]  # the end-of-sequence token, which the text leaves out

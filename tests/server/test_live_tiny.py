@@ -68,8 +68,14 @@ def serving(llm: LLM, max_waiting: int = 8, shutdown_timeout_s: float = 5.0):
 
 def engine(pair, strategy: str, **kw) -> LLM:
     target, draft = pair
-    return LLM(target, None if strategy == "ar" else draft, strategy=strategy,
-               speculative=kw.pop("speculative", SpeculativeConfig(K=3)), max_num_seqs=4, **kw)
+    return LLM(
+        target,
+        None if strategy == "ar" else draft,
+        strategy=strategy,
+        speculative=kw.pop("speculative", SpeculativeConfig(K=3)),
+        max_num_seqs=4,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module", params=["ar", "sd", "ssd"])
@@ -113,8 +119,13 @@ def test_streamed_equals_whole_equals_the_ar_engines_greedy_tokens(live, expecte
 def sampled(server, seed: int, mode: str = "standard"):
     """A seeded completion at TEMPERATURE through the openai client."""
     return openai_client(server).completions.create(
-        model=NAME, prompt=PROMPTS[1], max_tokens=SHORT, temperature=TEMPERATURE, seed=seed,
-        extra_body={"ignore_eos": True, "sampling_mode": mode})
+        model=NAME,
+        prompt=PROMPTS[1],
+        max_tokens=SHORT,
+        temperature=TEMPERATURE,
+        seed=seed,
+        extra_body={"ignore_eos": True, "sampling_mode": mode},
+    )
 
 
 def token_ids(completion) -> list[int]:
@@ -161,8 +172,14 @@ def test_requests_joining_a_running_batch_get_their_solo_outputs(live, expected)
             results[i] = client.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
 
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "ignore_eos": True,
-                "stream": True}
+        body = {
+            "model": NAME,
+            "prompt": PROMPTS[0],
+            "max_tokens": LONG,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with client.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
             first = next(lines)  # the long request is running: the others join its batch
@@ -181,8 +198,15 @@ def test_requests_joining_a_running_batch_get_their_solo_outputs(live, expected)
 def test_logprobs_are_the_targets(live, ar):
     server, _ = live
     n, temperature = 6, 0.8
-    body = {"model": NAME, "prompt": PROMPTS[3], "max_tokens": n, "temperature": temperature, "seed": 7,
-            "logprobs": 3, "ignore_eos": True}
+    body = {
+        "model": NAME,
+        "prompt": PROMPTS[3],
+        "max_tokens": n,
+        "temperature": temperature,
+        "seed": 7,
+        "logprobs": 3,
+        "ignore_eos": True,
+    }
     with httpx.Client(base_url=server.url, timeout=60) as client:
         choice = client.post("/v1/completions", json=body).json()["choices"][0]
     tokens, logprobs = choice["token_ids"], choice["logprobs"]
@@ -211,8 +235,13 @@ def test_the_advertised_context_is_what_prompt_and_max_tokens_may_fill(live):
     server, _ = live
     with httpx.Client(base_url=server.url, timeout=60) as client:
         card = client.get(f"/v1/models/{NAME}").json()
-        fill = {"model": NAME, "prompt": PROMPTS[2], "max_tokens": card["max_model_len"] - len(PROMPTS[2]),
-                "temperature": 0, "ignore_eos": True}
+        fill = {
+            "model": NAME,
+            "prompt": PROMPTS[2],
+            "max_tokens": card["max_model_len"] - len(PROMPTS[2]),
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         fits = client.post("/v1/completions", json=fill)
         over = client.post("/v1/completions", json={**fill, "max_tokens": fill["max_tokens"] + 1})
     assert card["id"] == NAME and card["max_model_len"] == server.ctx.model.room([])
@@ -223,8 +252,14 @@ def test_the_advertised_context_is_what_prompt_and_max_tokens_may_fill(live):
 def test_closing_a_stream_frees_its_row(live):
     server, aengine = live
     aborted = aengine.stats().requests_aborted
-    body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": LONG + 100, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": NAME,
+        "prompt": PROMPTS[0],
+        "max_tokens": LONG + 100,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.Client(base_url=server.url, timeout=60) as client:
         with client.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()  # held: dropping it would close the connection
@@ -238,14 +273,21 @@ def test_a_full_queue_is_a_503(pair):
     # One row, one waiting place: a running stream and a waiting one fill the engine.
     llm = LLM(pair[0], max_num_seqs=1)
     with serving(llm, max_waiting=1, shutdown_timeout_s=0) as (server, aengine):
-        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": 480, "temperature": 0, "ignore_eos": True,
-                "stream": True}
+        body = {
+            "model": NAME,
+            "prompt": PROMPTS[0],
+            "max_tokens": 480,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with httpx.Client(base_url=server.url, timeout=60) as client:
             with client.stream("POST", "/v1/completions", json=body) as running_one:
                 lines = running_one.iter_lines()  # held: dropping it would close the connection
                 next(lines)
-                waiting = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=body,
-                                                                     timeout=60))
+                waiting = threading.Thread(
+                    target=lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+                )
                 waiting.start()
                 assert wait_for(lambda: aengine.stats().waiting == 1)
                 refused = client.post("/v1/completions", json={**body, "stream": False})
@@ -259,11 +301,20 @@ def test_a_killed_ssd_worker_mid_stream_still_gives_the_ar_tokens(pair, expected
     spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=120.0, faults=WorkerFaults(hang_at_round=2)))
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     with caplog.at_level(logging.WARNING), serving(engine(pair, "ssd", speculative=spec)) as (server, aengine):
-        workers = [c for c in psutil.Process().children(recursive=True)
-                   if c.pid not in before and "spawn_main" in " ".join(c.cmdline())]
+        workers = [
+            c
+            for c in psutil.Process().children(recursive=True)
+            if c.pid not in before and "spawn_main" in " ".join(c.cmdline())
+        ]
         assert len(workers) == 1
-        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "ignore_eos": True,
-                "stream": True}
+        body = {
+            "model": NAME,
+            "prompt": PROMPTS[0],
+            "max_tokens": LONG,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with httpx.Client(base_url=server.url, timeout=60) as client:
             with client.stream("POST", "/v1/completions", json=body) as response:
                 lines = response.iter_lines()
@@ -282,10 +333,19 @@ def test_a_stopped_ssd_worker_stalls_the_stream_about_its_deadline_then_the_ar_t
     spec = SpeculativeConfig(K=3, placement=DraftPlacement(deadline_s=deadline_s))
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     with serving(engine(pair, "ssd", speculative=spec)) as (server, aengine):
-        worker = next(c for c in psutil.Process().children(recursive=True)
-                      if c.pid not in before and "spawn_main" in " ".join(c.cmdline()))
-        body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "ignore_eos": True,
-                "stream": True}
+        worker = next(
+            c
+            for c in psutil.Process().children(recursive=True)
+            if c.pid not in before and "spawn_main" in " ".join(c.cmdline())
+        )
+        body = {
+            "model": NAME,
+            "prompt": PROMPTS[0],
+            "max_tokens": LONG,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         arrivals = []
         with httpx.Client(base_url=server.url, timeout=60) as client:
             with client.stream("POST", "/v1/completions", json=body) as response:

@@ -17,7 +17,7 @@ from tests.server.fake import FakeEngine, FakeModel
 
 VOCAB = 64
 HEAD, TAIL = 10, 11  # the ids of the emoji's two halves
-EMOJI = "\U0001F600"
+EMOJI = "\U0001f600"
 
 
 def byte_level_tokenizer() -> PreTrainedTokenizerFast:
@@ -34,8 +34,9 @@ def byte_level_tokenizer() -> PreTrainedTokenizerFast:
 def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
     """SentencePiece's layout: `▁`-marked words and byte tokens <0x00>..<0xFF> for what the vocabulary lacks."""
     pieces = ["<unk>", "▁a", *(f"<0x{b:02X}>" for b in range(256))]
-    backend = Tokenizer(models.BPE({piece: i for i, piece in enumerate(pieces)}, [], unk_token="<unk>",
-                                   byte_fallback=True))
+    backend = Tokenizer(
+        models.BPE({piece: i for i, piece in enumerate(pieces)}, [], unk_token="<unk>", byte_fallback=True)
+    )
     backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
 
@@ -57,8 +58,13 @@ def chat_logprobs(server) -> list[dict]:
 
     # The fake engine continues a prompt ending in id t with t+1, t+2; a word of n letters is id n, so a last word
     # of HEAD - 1 letters makes the answer HEAD, TAIL.
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": "a" * (HEAD - 1)}],
-            "max_tokens": 2, "logprobs": True, "top_logprobs": 2}
+    body = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "a" * (HEAD - 1)}],
+        "max_tokens": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=10)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["logprobs"]["content"]

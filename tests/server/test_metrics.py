@@ -43,10 +43,18 @@ def test_latency_histograms_count_each_finished_request(client):
     client.post("/v1/completions", json=BODY)
     client.post("/v1/completions", json={**BODY, "stream": True})
     families = scrape(client)
-    for name in ("time_to_first_token_seconds", "request_time_per_output_token_seconds", "e2e_request_latency_seconds",
-                 "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
-                 "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens",
-                 "request_params_max_tokens"):
+    for name in (
+        "time_to_first_token_seconds",
+        "request_time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_inference_time_seconds",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "request_params_max_tokens",
+    ):
         assert value(families[f"saguaro:{name}"], f"saguaro:{name}_count", **MODEL) == 2, name
     # three chunks per request (2 + 2 + 1 tokens): two gaps each
     assert value(families["saguaro:inter_token_latency_seconds"], "saguaro:inter_token_latency_seconds_count") == 4
@@ -62,9 +70,18 @@ def test_finished_requests_are_counted_by_reason(client):
 
 
 def test_speculative_counters_are_vllms_from_the_engines_stats(client, fake):
-    fake.stats_now = dataclasses.replace(fake.stats_now, waiting=3, prompt_tokens=11, generation_tokens=40,
-                                         drafts=10, draft_tokens=40, accepted=25, accepted_per_position=(9, 8, 5, 3),
-                                         fallbacks=1, strategy="sd")
+    fake.stats_now = dataclasses.replace(
+        fake.stats_now,
+        waiting=3,
+        prompt_tokens=11,
+        generation_tokens=40,
+        drafts=10,
+        draft_tokens=40,
+        accepted=25,
+        accepted_per_position=(9, 8, 5, 3),
+        fallbacks=1,
+        strategy="sd",
+    )
     families = scrape(client)
     assert value(families["saguaro:num_requests_waiting"], "saguaro:num_requests_waiting", **MODEL) == 3
     assert value(families["saguaro:prompt_tokens"], "saguaro:prompt_tokens_total", **MODEL) == 11
@@ -81,8 +98,9 @@ def test_speculative_counters_are_vllms_from_the_engines_stats(client, fake):
 
 
 def test_ssd_lookups_and_hits_are_counted_by_k(client, fake):
-    fake.stats_now = dataclasses.replace(fake.stats_now, ssd_lookups_by_k=(4, 2, 0), ssd_hits_by_k=(3, 1, 0),
-                                         backup_s=1.5)
+    fake.stats_now = dataclasses.replace(
+        fake.stats_now, ssd_lookups_by_k=(4, 2, 0), ssd_hits_by_k=(3, 1, 0), backup_s=1.5
+    )
     families = scrape(client)
     assert {s.labels["k"]: s.value for s in families["saguaro:ssd_cache_lookups"]} == {"0": 4, "1": 2, "2": 0}
     assert {s.labels["k"]: s.value for s in families["saguaro:ssd_cache_hits"]} == {"0": 3, "1": 1, "2": 0}
@@ -116,4 +134,5 @@ def test_a_fallback_is_logged_once(client, fake, caplog):
         client.post("/v1/completions", json=BODY)
         client.post("/v1/completions", json=BODY)
     assert [r.getMessage() for r in caplog.records if "fell back" in r.getMessage()] == [
-        "engine fell back to strategy sd (fallback 1): see the engine's warning above"]
+        "engine fell back to strategy sd (fallback 1): see the engine's warning above"
+    ]

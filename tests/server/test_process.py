@@ -37,11 +37,34 @@ def serve_process(tmp_path: Path):
     """`saguaro serve` with SSD on SmolLM2 as its own draft; killed (with its children) if a test leaves it."""
     log = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen(
-        [*SAGUARO, "serve", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--strategy", "ssd", "-K", "2",
-         "--dtype", "float32", "--threads", "1", "--port", "0", "--served-model-name", "smol",
-         "--shutdown-timeout", "60",
-         "--rounds-out", str(tmp_path / "rounds.jsonl")],
-        stdout=subprocess.PIPE, stderr=log, text=True, cwd=Path(__file__).parents[2],
+        [
+            *SAGUARO,
+            "serve",
+            "--target",
+            "smollm2-135m",
+            "--draft",
+            "smollm2-135m",
+            "--strategy",
+            "ssd",
+            "-K",
+            "2",
+            "--dtype",
+            "float32",
+            "--threads",
+            "1",
+            "--port",
+            "0",
+            "--served-model-name",
+            "smol",
+            "--shutdown-timeout",
+            "60",
+            "--rounds-out",
+            str(tmp_path / "rounds.jsonl"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=Path(__file__).parents[2],
     )
     try:
         line = first_line(proc.stdout, START_TIMEOUT_S)
@@ -61,8 +84,14 @@ def test_sigterm_lets_the_request_in_flight_finish_refuses_new_ones_and_exits_0(
     proc, url, rounds = serve_process
     children = psutil.Process(proc.pid).children(recursive=True)
     assert any("spawn_main" in " ".join(c.cmdline()) for c in children)  # SSD's draft worker
-    body = {"model": "smol", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": "smol",
+        "prompt": "Once upon a time",
+        "max_tokens": 48,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     events: list = []
     started = threading.Event()
 

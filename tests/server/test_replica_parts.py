@@ -136,8 +136,15 @@ def test_a_replica_not_heard_from_is_dropped():
 
 
 def test_the_ingress_checks_prompts_against_the_models_facts():
-    facts = ModelFacts(model_name="m", tokenizer=None, vocab_size=64, max_context=100, lookahead=4, strategy="sd",
-                       config=EngineConfig(target="m", draft="d", strategy="sd"))
+    facts = ModelFacts(
+        model_name="m",
+        tokenizer=None,
+        vocab_size=64,
+        max_context=100,
+        lookahead=4,
+        strategy="sd",
+        config=EngineConfig(target="m", draft="d", strategy="sd"),
+    )
     model = RemoteModel(facts, ReplicaBoard())
     assert model.room([1, 2, 3]) == 100 - 3 - 4 and model.encode([1, 63]) == [1, 63]
     with pytest.raises(ValueError, match=r"\[0, 64\)"):

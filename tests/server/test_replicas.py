@@ -59,10 +59,35 @@ class Served:
         self.port = free_port()
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "saguaro.cli", "serve", "--replicas", "2", "--target", str(folder),
-             "--strategy", "ar", "--served-model-name", NAME, "--batch", "4", "--threads", "1", "--ray-cpus", "2",
-             "--port", str(self.port), "--shutdown-timeout", "5"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            [
+                sys.executable,
+                "-m",
+                "saguaro.cli",
+                "serve",
+                "--replicas",
+                "2",
+                "--target",
+                str(folder),
+                "--strategy",
+                "ar",
+                "--served-model-name",
+                NAME,
+                "--batch",
+                "4",
+                "--threads",
+                "1",
+                "--ray-cpus",
+                "2",
+                "--port",
+                str(self.port),
+                "--shutdown-timeout",
+                "5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.url = self._wait_for_url()
         self.seen: set[int] = set()
         self.note_processes()
@@ -143,16 +168,22 @@ def client_of(url: str) -> OpenAI:
 
 
 def answer(client: OpenAI, prompt: tuple[int, ...]) -> tuple[str, list[int]]:
-    choice = client.completions.create(model=NAME, prompt=list(prompt), max_tokens=MAX_NEW, temperature=0,
-                                       extra_body=NO_EOS).choices[0]
+    choice = client.completions.create(
+        model=NAME, prompt=list(prompt), max_tokens=MAX_NEW, temperature=0, extra_body=NO_EOS
+    ).choices[0]
     return choice.text, choice.model_extra["token_ids"]
 
 
 def sampled(url: str, seed: int, mode: str) -> tuple[list[int], str, bool]:
     """A seeded completion at temperature 0.8: its token ids, system_fingerprint and `reproducible`."""
-    completion = client_of(url).completions.create(model=NAME, prompt=list(PROMPTS[1]), max_tokens=MAX_NEW,
-                                                   temperature=0.8, seed=seed,
-                                                   extra_body={**NO_EOS, "sampling_mode": mode})
+    completion = client_of(url).completions.create(
+        model=NAME,
+        prompt=list(PROMPTS[1]),
+        max_tokens=MAX_NEW,
+        temperature=0.8,
+        seed=seed,
+        extra_body={**NO_EOS, "sampling_mode": mode},
+    )
     extra = completion.choices[0].model_extra
     return extra["token_ids"], completion.system_fingerprint, completion.model_extra["reproducible"]
 
@@ -185,9 +216,13 @@ def test_the_openai_client_gets_the_plain_servers_greedy_text(served, plain):
     client = client_of(served.url)
     for prompt, (text, token_ids) in plain.items():
         assert answer(client, prompt) == (text, token_ids) and len(token_ids) == MAX_NEW
-        parts = [part.choices[0] for part in client.completions.create(
-            model=NAME, prompt=list(prompt), max_tokens=MAX_NEW, temperature=0, stream=True, extra_body=NO_EOS)
-            if part.choices]
+        parts = [
+            part.choices[0]
+            for part in client.completions.create(
+                model=NAME, prompt=list(prompt), max_tokens=MAX_NEW, temperature=0, stream=True, extra_body=NO_EOS
+            )
+            if part.choices
+        ]
         assert "".join(p.text for p in parts) == text
         assert [t for p in parts for t in p.model_extra["token_ids"]] == token_ids
 
@@ -220,8 +255,12 @@ def test_concurrent_streams_are_spread_over_both_replicas(served):
 
 def test_every_listener_binds_loopback(served):
     served.note_processes()
-    listeners = {(c.laddr.ip, c.laddr.port, p.name()) for p in [psutil.Process(served.process.pid), *served.processes()]
-                 for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    listeners = {
+        (c.laddr.ip, c.laddr.port, p.name())
+        for p in [psutil.Process(served.process.pid), *served.processes()]
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    }
     assert listeners
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip, _, _ in listeners), sorted(listeners)
 

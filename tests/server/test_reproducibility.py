@@ -17,8 +17,13 @@ from tests.server.fake import FakeEngine, FakeModel, fake_config
 from tests.server.sse import DONE, stream
 
 SEEDED = {"model": "fake-model", "prompt": "aa bbb", "max_tokens": 5, "temperature": 0.8, "seed": 7}
-CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.8,
-        "seed": 7}
+CHAT = {
+    "model": "fake-model",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 3,
+    "temperature": 0.8,
+    "seed": 7,
+}
 FINAL_FIELDS = ("reproducible", "unreproducible_reason")
 
 
@@ -110,14 +115,24 @@ def test_the_openai_client_reads_the_fingerprint_and_the_extra_fields():
     with served_with(fake_config(K="auto")) as server:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=10)
         completion = client.completions.create(model="fake-model", prompt="aa bbb", max_tokens=3, seed=7)
-        chat = client.chat.completions.create(model="fake-model", messages=CHAT["messages"], max_tokens=3, seed=7,
-                                              extra_body={"sampling_mode": "invariant"})
-        chunks = list(client.chat.completions.create(model="fake-model", messages=CHAT["messages"], max_tokens=3,
-                                                     seed=7, stream=True))
+        chat = client.chat.completions.create(
+            model="fake-model",
+            messages=CHAT["messages"],
+            max_tokens=3,
+            seed=7,
+            extra_body={"sampling_mode": "invariant"},
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model="fake-model", messages=CHAT["messages"], max_tokens=3, seed=7, stream=True
+            )
+        )
     standard = system_fingerprint(fake_config(K="auto"), SamplingMode.STANDARD)
     assert completion.system_fingerprint == chunks[-1].system_fingerprint == standard
-    assert completion.model_extra["reproducible"] is False and "adaptive K" in completion.model_extra[
-        "unreproducible_reason"]
+    assert (
+        completion.model_extra["reproducible"] is False
+        and "adaptive K" in completion.model_extra["unreproducible_reason"]
+    )
     assert chat.system_fingerprint == system_fingerprint(fake_config(K="auto"), SamplingMode.INVARIANT)
     assert chat.model_extra["reproducible"] is True
     assert chunks[-1].model_extra["reproducible"] is False and "reproducible" not in chunks[0].model_extra
@@ -126,32 +141,51 @@ def test_the_openai_client_reads_the_fingerprint_and_the_extra_fields():
 # -- the fingerprint's rule ---------------------------------------------------------------------------------------
 def config(strategy: str = "ssd", **kw) -> EngineConfig:
     speculative = SpeculativeConfig(**{"K": 4, **kw.pop("speculative", {})})
-    return EngineConfig(**{"target": "t", "draft": "d", "strategy": strategy, "dtype": "float32",
-                           "speculative": speculative, **kw})
+    return EngineConfig(
+        **{"target": "t", "draft": "d", "strategy": strategy, "dtype": "float32", "speculative": speculative, **kw}
+    )
 
 
 def test_invariant_fingerprints_ignore_the_strategy_and_the_draft():
-    invariant = {system_fingerprint(c, SamplingMode.INVARIANT) for c in (
-        config("ar", draft=None), config("sd"), config(speculative={"K": "auto"}, draft="other"),
-        config(speculative={"backup": "random", "C": 0.5}))}
+    invariant = {
+        system_fingerprint(c, SamplingMode.INVARIANT)
+        for c in (
+            config("ar", draft=None),
+            config("sd"),
+            config(speculative={"K": "auto"}, draft="other"),
+            config(speculative={"backup": "random", "C": 0.5}),
+        )
+    }
     assert len(invariant) == 1
 
 
-@pytest.mark.parametrize("change", [
-    {"strategy": "sd"}, {"strategy": "ar", "draft": None}, {"speculative": {"K": 3}},
-    {"speculative": {"backup": "random"}}, {"speculative": {"C": 0.5}}, {"draft": "other"},
-    {"draft_dtype": "bfloat16"}, {"target": "other"}, {"dtype": "bfloat16"}, {"target_quant": "int8"},
-    {"draft_quant": "int8-dynamic"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"strategy": "sd"},
+        {"strategy": "ar", "draft": None},
+        {"speculative": {"K": 3}},
+        {"speculative": {"backup": "random"}},
+        {"speculative": {"C": 0.5}},
+        {"draft": "other"},
+        {"draft_dtype": "bfloat16"},
+        {"target": "other"},
+        {"dtype": "bfloat16"},
+        {"target_quant": "int8"},
+        {"draft_quant": "int8-dynamic"},
+    ],
+)
 def test_a_standard_fingerprint_changes_with_each_setting_that_decides_the_text(change):
-    assert system_fingerprint(config(**change), SamplingMode.STANDARD) != system_fingerprint(config(),
-                                                                                              SamplingMode.STANDARD)
+    assert system_fingerprint(config(**change), SamplingMode.STANDARD) != system_fingerprint(
+        config(), SamplingMode.STANDARD
+    )
 
 
 @pytest.mark.parametrize("change", [{"target": "other"}, {"dtype": "bfloat16"}, {"device": "cuda"}])
 def test_an_invariant_fingerprint_changes_with_the_target(change):
-    assert system_fingerprint(config(**change), SamplingMode.INVARIANT) != system_fingerprint(config(),
-                                                                                               SamplingMode.INVARIANT)
+    assert system_fingerprint(config(**change), SamplingMode.INVARIANT) != system_fingerprint(
+        config(), SamplingMode.INVARIANT
+    )
 
 
 def test_a_fingerprint_names_the_version_the_mode_and_the_settings():

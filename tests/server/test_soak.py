@@ -16,10 +16,21 @@ def test_a_short_soak_with_a_killed_draft_worker_loses_nothing(pair, tmp_path): 
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     llm = LLM(target, draft, strategy="ssd", speculative=SpeculativeConfig(K=3), max_num_seqs=4)
     with serving(llm, max_waiting=16) as (server, aengine):
-        worker = next(c for c in psutil.Process().children(recursive=True)
-                      if c.pid not in before and "spawn_main" in " ".join(c.cmdline()))
-        config = SoakConfig(url=server.url, model=NAME, prompts=tuple(tuple(p) for p in PROMPTS), duration_s=4.0,
-                            concurrency=3, max_tokens=16, fault_at_s=1.5, timeout_s=30.0)
+        worker = next(
+            c
+            for c in psutil.Process().children(recursive=True)
+            if c.pid not in before and "spawn_main" in " ".join(c.cmdline())
+        )
+        config = SoakConfig(
+            url=server.url,
+            model=NAME,
+            prompts=tuple(tuple(p) for p in PROMPTS),
+            duration_s=4.0,
+            concurrency=3,
+            max_tokens=16,
+            fault_at_s=1.5,
+            timeout_s=30.0,
+        )
         result = Soak(config, fault=worker.kill, rss=lambda: psutil.Process().memory_info().rss).run()
         fallbacks = aengine.stats().fallbacks
     summary = write(result, tmp_path)

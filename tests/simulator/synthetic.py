@@ -35,10 +35,22 @@ def _k(rng: np.random.Generator, alpha: float, K: int) -> int:
     return k
 
 
-def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, alpha: float = 0.8,
-               p_hit: float = 0.8, fanout: tuple[int, ...] | None = None, backup: str = "neural",
-               prompt: int = 100, seed: int = 0, noise: float = 0.0,
-               power_law: tuple[float, float] | None = None, engine_style: bool = False) -> list[dict]:
+def engine_run(
+    strategy: str,
+    K: int = 0,
+    batch: int = 1,
+    rounds: int = 200,
+    *,
+    alpha: float = 0.8,
+    p_hit: float = 0.8,
+    fanout: tuple[int, ...] | None = None,
+    backup: str = "neural",
+    prompt: int = 100,
+    seed: int = 0,
+    noise: float = 0.0,
+    power_law: tuple[float, float] | None = None,
+    engine_style: bool = False,
+) -> list[dict]:
     """One generate() call: a prefill record, then `rounds` decode records of a full batch.
 
     SSD hits are Bernoulli(p_hit), or with `power_law = (r, scale)` Bernoulli(1 − scale·F_k^(−r)) for the
@@ -53,9 +65,23 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
     q0, q_row = TRUE["prefill_draft"]
     pre_draft = (q0 + q_row * batch * prompt) if strategy != "ar" else 0.0
     pre_verify = p0 + p_row * batch * prompt
-    out = [dict(strategy=strategy, round=0, batch_size=batch, K=K, context_len=0, accepted=[0] * batch,
-                emitted=[1] * batch, draft_ms=pre_draft, verify_ms=pre_verify,
-                round_ms=pre_verify + pre_draft, draft_forwards=int(pre_draft > 0), phase="prefill", tokens=prompt)]
+    out = [
+        dict(
+            strategy=strategy,
+            round=0,
+            batch_size=batch,
+            K=K,
+            context_len=0,
+            accepted=[0] * batch,
+            emitted=[1] * batch,
+            draft_ms=pre_draft,
+            verify_ms=pre_verify,
+            round_ms=pre_verify + pre_draft,
+            draft_forwards=int(pre_draft > 0),
+            phase="prefill",
+            tokens=prompt,
+        )
+    ]
     contexts = [prompt + 1] * batch
     hit = [False] * batch
     accepted_before: list[int] = []  # a call's first round drafts from the prefill's one token a row
@@ -64,8 +90,9 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
     for i in range(1, rounds + 1):
         context = max(contexts)
         verify = (v0 + v_row * batch * (K + 1) + v_kv * batch * context) * jitter()
-        record = dict(strategy=strategy, round=i, batch_size=batch, K=K, context_len=context,
-                      draft_forwards=K, phase="decode")
+        record = dict(
+            strategy=strategy, round=i, batch_size=batch, K=K, context_len=context, draft_forwards=K, phase="decode"
+        )
         if strategy == "ar":
             accepted, draft, wait = [0] * batch, 0.0, 0.0
         elif strategy == "sd":
@@ -80,16 +107,17 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
             # backs up the missed rows: the neural backup drafts the whole batch with the hit rows masked.
             wait = max(2 * link, build_prev - verify_prev)
             if missed:
-                draft = (K * _draft_step(batch, batch * context) if backup == "neural" else TRUE["random_ms"])
+                draft = K * _draft_step(batch, batch * context) if backup == "neural" else TRUE["random_ms"]
                 draft *= jitter()
                 wait += draft
             else:
                 draft = 0.0
             accepted = [_k(rng, alpha if (h or backup == "neural") else 0.0, K) for h in hit]
-            build = (_draft_step(batch * (K + 1), batch * context) + K * _draft_step(branches, batch * context))
+            build = _draft_step(batch * (K + 1), batch * context) + K * _draft_step(branches, batch * context)
             build *= jitter()
-            record.update(hit=list(hit), cache_build_ms=build, branches=branches, backup=backup, wait_ms=wait,
-                          fanout=list(fanout))
+            record.update(
+                hit=list(hit), cache_build_ms=build, branches=branches, backup=backup, wait_ms=wait, fanout=list(fanout)
+            )
             if engine_style:
                 record.update(cache_build_ms=build_prev, backup=backup if missed else None)
                 draft = wait
@@ -98,10 +126,16 @@ def engine_run(strategy: str, K: int = 0, batch: int = 1, rounds: int = 200, *, 
                 hit = [bool(rng.random() < p_hit) for _ in range(batch)]
             else:
                 r, scale = power_law
-                hit = [bool(rng.random() < 1 - min(1.0, scale * fanout[k] ** -r)) if fanout[k] else False
-                       for k in accepted]
-        record.update(accepted=accepted, emitted=[k + 1 for k in accepted], draft_ms=draft, verify_ms=verify,
-                      round_ms=wait + verify + over)
+                hit = [
+                    bool(rng.random() < 1 - min(1.0, scale * fanout[k] ** -r)) if fanout[k] else False for k in accepted
+                ]
+        record.update(
+            accepted=accepted,
+            emitted=[k + 1 for k in accepted],
+            draft_ms=draft,
+            verify_ms=verify,
+            round_ms=wait + verify + over,
+        )
         out.append(record)
         accepted_before = accepted
         contexts = [c + k + 1 for c, k in zip(contexts, accepted, strict=True)]

@@ -60,8 +60,14 @@ def test_sampled_k_follow_the_table():
 
 def test_power_law_hit_rate_matches_theory():
     alpha, r, scale, fanout = 0.8, 0.9, 0.6, (4, 3, 3, 2, 6)
-    config = SimConfig(Policy("ssd", K=4, fanout=fanout), ConstantTiming(10.0), IidAcceptance(alpha),
-                       PowerLawHit(r, scale), ClosedLoop(1, output_len=None), rounds=40_000)
+    config = SimConfig(
+        Policy("ssd", K=4, fanout=fanout),
+        ConstantTiming(10.0),
+        IidAcceptance(alpha),
+        PowerLawHit(r, scale),
+        ClosedLoop(1, output_len=None),
+        rounds=40_000,
+    )
     expected = expected_hit_probability(np.array(fanout, dtype=float), alpha, r, scale)
     # a hit rate from 40,000 lookups has standard error below 0.0025: ±0.0125 is 5 of them
     assert simulate(config).hit_rate == pytest.approx(expected, abs=0.0125)
@@ -71,12 +77,15 @@ def test_power_law_with_no_guess_never_hits():
     assert PowerLawHit(1.0).hit_prob((0, 1, 4), True) == pytest.approx([0.0, 0.0, 0.75])
 
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda: IidAcceptance(1.2), "alpha is a per-token acceptance rate"),
-    (lambda: ConstantHit(-0.1), "p_hit is a probability"),
-    (lambda: PowerLawHit(0.0), "r must be > 0"),
-    (lambda: PerPositionAcceptance(()), "one acceptance rate per draft position"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda: IidAcceptance(1.2), "alpha is a per-token acceptance rate"),
+        (lambda: ConstantHit(-0.1), "p_hit is a probability"),
+        (lambda: PowerLawHit(0.0), "r must be > 0"),
+        (lambda: PerPositionAcceptance(()), "one acceptance rate per draft position"),
+    ],
+)
 def test_bad_models_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         bad()

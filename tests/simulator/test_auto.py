@@ -53,8 +53,9 @@ FITTED = FittedTiming(verify=(100.0, 0.0, 0.0), draft=(10.0, 1.0, 0.0))
 
 
 def _ssd(timing=FITTED) -> Scenario:
-    return Scenario(timing=timing, acceptance=IidAcceptance(0.8), prompt_len=Lengths(100), output_len=Lengths(100),
-                    rounds=2000)
+    return Scenario(
+        timing=timing, acceptance=IidAcceptance(0.8), prompt_len=Lengths(100), output_len=Lengths(100), rounds=2000
+    )
 
 
 def test_budget_auto_is_the_largest_budget_whose_build_fits_the_share_of_a_verify():
@@ -100,8 +101,27 @@ def test_a_sweep_resolves_auto_points():
 
 def test_cli_k_auto(tmp_path, capsys):
     out = tmp_path / "out.json"
-    argv = ["simulate", "--strategy", "sd", "-K", "auto", "--timing", "constant", "--t-verify-ms", "100",
-            "--t-draft-ms", "40", "--alpha", "0.5", "--output-len", "inf", "--rounds", "2000", "--json", str(out)]
+    argv = [
+        "simulate",
+        "--strategy",
+        "sd",
+        "-K",
+        "auto",
+        "--timing",
+        "constant",
+        "--t-verify-ms",
+        "100",
+        "--t-draft-ms",
+        "40",
+        "--alpha",
+        "0.5",
+        "--output-len",
+        "inf",
+        "--rounds",
+        "2000",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     assert "auto: sd batch 1: K auto -> 1" in capsys.readouterr().err
     assert json.loads(out.read_text())["results"][0]["settings"]["K"] == 1

@@ -45,8 +45,26 @@ def test_sweep_latency_columns_name_their_unit(capsys):
 
 def test_a_sweep_prints_a_table_and_json(tmp_path, capsys):
     path = tmp_path / "sweep.json"
-    argv = ["simulate", "--strategy", "ar", "sd", "ssd", "--K", "2", "4", "--batch", "1", "2", "--hardware", "h100",
-            "--pair", "llama", *FAST, "--json", str(path)]
+    argv = [
+        "simulate",
+        "--strategy",
+        "ar",
+        "sd",
+        "ssd",
+        "--K",
+        "2",
+        "4",
+        "--batch",
+        "1",
+        "2",
+        "--hardware",
+        "h100",
+        "--pair",
+        "llama",
+        *FAST,
+        "--json",
+        str(path),
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["strategy", "K", "budget"] and len(table) == 1 + 2 + 4 + 4
@@ -59,8 +77,28 @@ def test_a_sweep_prints_a_table_and_json(tmp_path, capsys):
 
 def test_json_echoes_the_inputs_it_used(tmp_path):
     path = tmp_path / "one.json"
-    argv = ["simulate", "-K", "3", "--budget", "8", "--batch", "2", "--hardware", "h100", "--pair", "llama",
-            "--alpha", "0.7", "--seed", "5", "--output-len", "64", *FAST, "--json", str(path)]
+    argv = [
+        "simulate",
+        "-K",
+        "3",
+        "--budget",
+        "8",
+        "--batch",
+        "2",
+        "--hardware",
+        "h100",
+        "--pair",
+        "llama",
+        "--alpha",
+        "0.7",
+        "--seed",
+        "5",
+        "--output-len",
+        "64",
+        *FAST,
+        "--json",
+        str(path),
+    ]
     assert main(argv) == 0
     inputs = json.loads(path.read_text())["inputs"]
     assert inputs["pair"] == {"preset": "llama", "target": "Llama-3.1-70B", "draft": "Llama-3.2-1B", "target_tp": 4}
@@ -95,8 +133,22 @@ def test_a_paper_pair_takes_the_alpha_fitted_to_its_published_sd(tmp_path):
 
 def test_json_echoes_constant_timing_and_hits(tmp_path):
     path = tmp_path / "constant.json"
-    argv = ["simulate", "--timing", "constant", "--t-verify-ms", "12", "--hit-model", "constant", "--p-hit", "0.6",
-            "--rate", "0.5", *FAST, "--json", str(path)]
+    argv = [
+        "simulate",
+        "--timing",
+        "constant",
+        "--t-verify-ms",
+        "12",
+        "--hit-model",
+        "constant",
+        "--p-hit",
+        "0.6",
+        "--rate",
+        "0.5",
+        *FAST,
+        "--json",
+        str(path),
+    ]
     assert main(argv) == 0
     inputs = json.loads(path.read_text())["inputs"]
     assert inputs["timing"]["source"] == "constant" and inputs["timing"]["t_verify_ms"] == 12
@@ -146,8 +198,7 @@ def test_progress_on_stderr_for_a_long_sweep(monkeypatch, capsys):
 
 def test_trace_and_constant_timing(tmp_path):
     path = tmp_path / "trace.json"
-    argv = ["simulate", "--timing", "constant", "--t-verify-ms", "10", "--t-draft-ms", "1", "--trace", str(path),
-            *FAST]
+    argv = ["simulate", "--timing", "constant", "--t-verify-ms", "10", "--t-draft-ms", "1", "--trace", str(path), *FAST]
     assert main(argv) == 0
     assert any(e.get("name") == "verify" for e in json.loads(path.read_text())["traceEvents"])
 
@@ -157,9 +208,36 @@ def test_per_sequence_speed_does_not_rise_with_batch_under_either_miss_policy(mi
     # A build of 3 verifies and a random backup at p_hit 0.7 (fewer rounds than the theory test): crediting hits
     # from a dropped build once made b = 16 2.4x faster per sequence than b = 1.
     path = tmp_path / "out.json"
-    argv = ["simulate", "--K", "4", "--batch", "1", "16", "--timing", "constant", "--t-verify-ms", "10",
-            "--t-draft-ms", "1", "--t-build-ms", "30", "--hit-model", "constant", "--p-hit", "0.7", "--backup",
-            "random", "--output-len", "inf", "--rounds", "4000", "--miss-policy", miss_policy, "--json", str(path)]
+    argv = [
+        "simulate",
+        "--K",
+        "4",
+        "--batch",
+        "1",
+        "16",
+        "--timing",
+        "constant",
+        "--t-verify-ms",
+        "10",
+        "--t-draft-ms",
+        "1",
+        "--t-build-ms",
+        "30",
+        "--hit-model",
+        "constant",
+        "--p-hit",
+        "0.7",
+        "--backup",
+        "random",
+        "--output-len",
+        "inf",
+        "--rounds",
+        "4000",
+        "--miss-policy",
+        miss_policy,
+        "--json",
+        str(path),
+    ]
     assert main(argv) == 0
     results = json.loads(path.read_text())["results"]
     assert [r["settings"]["miss_policy"] for r in results] == [miss_policy] * 2
@@ -169,8 +247,12 @@ def test_per_sequence_speed_does_not_rise_with_batch_under_either_miss_policy(mi
 
 
 def test_fit_and_validate_from_records(tmp_path, capsys):
-    calibration = write_jsonl(tmp_path / "cal.jsonl", engine_run("sd", 2, 1, 60), engine_run("sd", 4, 2, 60, seed=1),
-                              engine_run("ar", 0, 2, 40, seed=2))
+    calibration = write_jsonl(
+        tmp_path / "cal.jsonl",
+        engine_run("sd", 2, 1, 60),
+        engine_run("sd", 4, 2, 60, seed=1),
+        engine_run("ar", 0, 2, 40, seed=2),
+    )
     runs = write_jsonl(tmp_path / "runs.jsonl", engine_run("sd", 3, 1, 80, seed=3), engine_run("ar", 0, 1, 80, seed=4))
     assert main(["simulate", "--fit", str(calibration), "--validate", str(runs)]) == 0
     assert "2/2 configurations within 10%" in capsys.readouterr().out
@@ -178,23 +260,38 @@ def test_fit_and_validate_from_records(tmp_path, capsys):
 
 def _slower(run: list[dict], factor: float) -> list[dict]:
     """The same rounds with every forward `factor` times dearer (a machine running slower than its calibration)."""
-    return [dict(r, verify_ms=r["verify_ms"] * factor, draft_ms=r["draft_ms"] * factor,
-                 round_ms=r["round_ms"] + (factor - 1) * (r["verify_ms"] + r["draft_ms"])) for r in run]
+    return [
+        dict(
+            r,
+            verify_ms=r["verify_ms"] * factor,
+            draft_ms=r["draft_ms"] * factor,
+            round_ms=r["round_ms"] + (factor - 1) * (r["verify_ms"] + r["draft_ms"]),
+        )
+        for r in run
+    ]
 
 
 def test_level_sets_the_fit_to_an_sd_runs_level(tmp_path, capsys):
     """A run 25% slower than its calibration: predicted ~25% fast as it is, within 10% once --level takes the
     level from an SD run of that machine (the negative control is the same call without --level)."""
-    calibration = write_jsonl(tmp_path / "cal.jsonl", engine_run("sd", 2, 1, 60), engine_run("sd", 4, 2, 60, seed=1),
-                              engine_run("ar", 0, 2, 40, seed=2))
+    calibration = write_jsonl(
+        tmp_path / "cal.jsonl",
+        engine_run("sd", 2, 1, 60),
+        engine_run("sd", 4, 2, 60, seed=1),
+        engine_run("ar", 0, 2, 40, seed=2),
+    )
     sd_run = write_jsonl(tmp_path / "sd.jsonl", _slower(engine_run("sd", 3, 1, 80, seed=3), 1.25))
     runs = write_jsonl(tmp_path / "runs.jsonl", _slower(engine_run("sd", 4, 1, 80, seed=5), 1.25))
     out = tmp_path / "out.json"
     assert main(["simulate", "--fit", str(calibration), "--validate", str(runs), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["validation"][0]["error_%"] > 15
     capsys.readouterr()
-    assert main(["simulate", "--fit", str(calibration), "--level", str(sd_run), "--validate", str(runs),
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            ["simulate", "--fit", str(calibration), "--level", str(sd_run), "--validate", str(runs), "--json", str(out)]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert abs(result["validation"][0]["error_%"]) < 10
     assert result["fit"]["levels"]["target"] == pytest.approx(1.25, rel=0.02)
@@ -202,25 +299,47 @@ def test_level_sets_the_fit_to_an_sd_runs_level(tmp_path, capsys):
 
 
 def test_plan_prints_the_best_configuration(capsys):
-    argv = ["plan", "--rate", "2", "--target-ms", "60", "--timing", "constant", "--strategy", "ar", "sd",
-            "--K", "4", "--batch", "1", "4", "--rounds", "400", "--check-requests", "60"]
+    argv = [
+        "plan",
+        "--rate",
+        "2",
+        "--target-ms",
+        "60",
+        "--timing",
+        "constant",
+        "--strategy",
+        "ar",
+        "sd",
+        "--K",
+        "4",
+        "--batch",
+        "1",
+        "4",
+        "--rounds",
+        "400",
+        "--check-requests",
+        "60",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "best:" in out and "replicas" in out
 
 
-@pytest.mark.parametrize("argv", [
-    ["simulate", "--prompt-len", "abc"],
-    ["simulate", "--hardware", "tpu"],
-    ["simulate", "--validate", "runs.jsonl"],
-    ["simulate", "--fit", "/nonexistent/records.jsonl"],
-    ["simulate", "--level", "sd-run.jsonl"],
-    ["simulate", "--C", "0.5"],
-    ["simulate", "--strategy", "ar", "sd", "--trace", "t.json"],
-    ["simulate", "--K", "0", "--strategy", "sd"],
-    ["simulate", "-K", "2", "--fanout", "1", "2.5", "1"],
-    ["plan", "--rate", "0", "--target-ms", "50"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--prompt-len", "abc"],
+        ["simulate", "--hardware", "tpu"],
+        ["simulate", "--validate", "runs.jsonl"],
+        ["simulate", "--fit", "/nonexistent/records.jsonl"],
+        ["simulate", "--level", "sd-run.jsonl"],
+        ["simulate", "--C", "0.5"],
+        ["simulate", "--strategy", "ar", "sd", "--trace", "t.json"],
+        ["simulate", "--K", "0", "--strategy", "sd"],
+        ["simulate", "-K", "2", "--fanout", "1", "2.5", "1"],
+        ["plan", "--rate", "0", "--target-ms", "50"],
+    ],
+)
 def test_bad_input_exits_2(argv, capsys):
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err
@@ -232,15 +351,20 @@ def test_bad_choice_exits_2():
     assert exit_info.value.code == 2
 
 
-@pytest.mark.parametrize("argv", [
-    "['simulate', '--rounds', '50', '--json', '-']",
-    "['plan', '--rate', '1', '--target-ms', '50', '--timing', 'constant', '--strategy', 'ar', '--batch', '1', "
-    "'--rounds', '100', '--check-requests', '10', '--json', '-']",
-    "['theory', 'speedup', '--alpha', '0.8', '-K', '4', '--t-sd', '0.3', '--p-hit', '0.9', '--json']",
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "['simulate', '--rounds', '50', '--json', '-']",
+        "['plan', '--rate', '1', '--target-ms', '50', '--timing', 'constant', '--strategy', 'ar', '--batch', '1', "
+        "'--rounds', '100', '--check-requests', '10', '--json', '-']",
+        "['theory', 'speedup', '--alpha', '0.8', '-K', '4', '--t-sd', '0.3', '--p-hit', '0.9', '--json']",
+    ],
+)
 def test_simulate_plan_and_theory_do_not_import_torch(argv):
-    code = ("import sys; from saguaro.cli import main; "
-            f"rc = main({argv}); "
-            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    code = (
+        "import sys; from saguaro.cli import main; "
+        f"rc = main({argv}); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -25,8 +25,9 @@ def roofline(pair=("llama-3.1-70b", "llama-3.2-1b"), tp=4, hardware="h100", draf
 
 
 def config(strategy="ssd", batch=1, prompt=128, output=256, timing=None, rate=None, **kw):
-    scenario = Scenario(timing or roofline(), prompt_len=Lengths(prompt), output_len=Lengths(output),
-                        rate_per_s=rate, rounds=400, **kw)
+    scenario = Scenario(
+        timing or roofline(), prompt_len=Lengths(prompt), output_len=Lengths(output), rate_per_s=rate, rounds=400, **kw
+    )
     return scenario.config(strategy, K=4, budget=12, batch=batch)
 
 
@@ -73,10 +74,13 @@ def test_ssds_draft_is_checked_on_its_own_hardware():
     assert problems(config("ar", batch=8, prompt=4000, output=2000, timing=timing)) == []  # AR has no draft
 
 
-@pytest.mark.parametrize("model, tp, message", [
-    ("qwen3-32b", 3, "does not divide Qwen3-32B's 64 attention heads"),
-    ("qwen2.5-coder-1.5b", 3, "neither divides Qwen2.5-Coder-1.5B-Instruct's 2 KV heads"),
-])
+@pytest.mark.parametrize(
+    "model, tp, message",
+    [
+        ("qwen3-32b", 3, "does not divide Qwen3-32B's 64 attention heads"),
+        ("qwen2.5-coder-1.5b", 3, "neither divides Qwen2.5-Coder-1.5B-Instruct's 2 KV heads"),
+    ],
+)
 def test_a_tp_degree_that_does_not_split_the_heads_is_refused(model, tp, message):
     (found,) = tp_problems(model_preset(model), tp)
     assert message in found and "choose a tensor-parallel degree" in found
@@ -107,8 +111,9 @@ def test_arrivals_beyond_capacity_are_overloaded_and_quote_no_latency():
     assert str(found).startswith("overloaded: 5 requests/s arrive but this configuration serves at most 1.01")
     result, note = honest(over, simulate(over))
     assert note == found and result.settings["overloaded"] is True
-    assert all(math.isnan(v) for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2el_ms")
-               for v in getattr(result, name).values())
+    assert all(
+        math.isnan(v) for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2el_ms") for v in getattr(result, name).values()
+    )
 
 
 def test_arrivals_within_capacity_and_closed_loops_are_not_overloaded():

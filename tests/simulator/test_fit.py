@@ -121,14 +121,29 @@ def _true_build(b, K, N, c, build=None):
     d0, d_row, d_kv = D_TRUE
     step = lambda rows: d0 + d_row * rows + d_kv * b * c  # noqa: E731
     s, e_row, e_kv, e_crowd = build or BUILD_TRUE
-    return (s * (step(b * (K + 1)) + K * step(N)) + e_row * K * N + e_kv * (K + 1) * N * c
-            + e_crowd * (K + 1) * (N * c) ** 2 / 1e6)
+    return (
+        s * (step(b * (K + 1)) + K * step(N))
+        + e_row * K * N
+        + e_kv * (K + 1) * N * c
+        + e_crowd * (K + 1) * (N * c) ** 2 / 1e6
+    )
 
 
 def _point(strategy, b, c, K=4, **fields):
-    r = dict(strategy=strategy, round=1, batch_size=b, K=0 if strategy == "ar" else K, context_len=c,
-             accepted=[0] * b, emitted=[1] * b, draft_ms=0.0, verify_ms=0.0, round_ms=0.0, draft_forwards=0,
-             phase="decode")
+    r = dict(
+        strategy=strategy,
+        round=1,
+        batch_size=b,
+        K=0 if strategy == "ar" else K,
+        context_len=c,
+        accepted=[0] * b,
+        emitted=[1] * b,
+        draft_ms=0.0,
+        verify_ms=0.0,
+        round_ms=0.0,
+        draft_forwards=0,
+        phase="decode",
+    )
     r.update(fields)
     return r
 
@@ -156,8 +171,16 @@ def _spanning(contexts, noise=0.0, seed=0, interference=1.0, build=None, beside=
                 built = _true_build(b, K, N, c, build)
                 hits = dict(branches=N, hit=[True] * b, backup=None, wait_ms=0.0, fanout=[2, 2, 2, 1, 1])
                 for _ in range(2):
-                    out.append(_point("ssd", b, c, verify_ms=interference * verify(K + 1),
-                                      cache_build_ms=built * (beside(c) if beside else 1.0) * jitter(), **hits))
+                    out.append(
+                        _point(
+                            "ssd",
+                            b,
+                            c,
+                            verify_ms=interference * verify(K + 1),
+                            cache_build_ms=built * (beside(c) if beside else 1.0) * jitter(),
+                            **hits,
+                        )
+                    )
                     if beside:
                         out.append(_point("ssd", b, c, cache_build_ms=built * jitter(), level="alone", **hits))
     return _records(out)
@@ -183,8 +206,14 @@ def test_a_build_that_crowds_the_caches_is_missed_by_a_line_in_branches_x_contex
     records = _spanning([64, 512, 1024])
     builds = _builds(records)
     partial = FittedTiming(verify=(0.0, 0.0, 0.0), draft=D_TRUE)
-    line = [[partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len), r.K * r.branches,
-             (r.K + 1) * r.branches * r.context_len] for r in builds]
+    line = [
+        [
+            partial.cache_build_ms(r.batch_size, r.K, r.branches, r.context_len),
+            r.K * r.branches,
+            (r.K + 1) * r.branches * r.context_len,
+        ]
+        for r in builds
+    ]
     _, line_error = _fit_linear(line, [r.cache_build_ms for r in builds])
     assert line_error > 0.10, line_error
     assert fit_timing(records).errors["build"] < 1e-9
@@ -234,10 +263,24 @@ def test_builds_timed_alone_give_the_line_and_the_builds_beside_the_verify_its_f
 def test_one_token_steps_get_their_own_fit():
     """A step's fixed cost is shared by its rows, a verify's per-row cost is not: one linear model for both
     predicted AR at batch 2 and 4 24% too slow on the default pair. AR rounds at two batch sizes fit apart."""
+
     def record(strategy, b, K, ms):
-        return parse_record({"strategy": strategy, "round": 1, "batch_size": b, "K": K, "context_len": 100,
-                             "accepted": [0] * b, "emitted": [1] * b, "draft_ms": 5.0 if K else 0.0,
-                             "verify_ms": ms, "round_ms": ms + 1, "draft_forwards": K})
+        return parse_record(
+            {
+                "strategy": strategy,
+                "round": 1,
+                "batch_size": b,
+                "K": K,
+                "context_len": 100,
+                "accepted": [0] * b,
+                "emitted": [1] * b,
+                "draft_ms": 5.0 if K else 0.0,
+                "verify_ms": ms,
+                "round_ms": ms + 1,
+                "draft_forwards": K,
+            }
+        )
+
     step = lambda b: 300.0 + 10.0 * b  # noqa: E731
     verify = lambda b, K: 300.0 + 40.0 * b * (K + 1)  # noqa: E731
     records = [record("ar", b, 0, step(b)) for b in (1, 1, 4, 4)]
@@ -251,9 +294,21 @@ def test_one_token_steps_get_their_own_fit():
 
 
 def _ar_step(b, c, ms):
-    return parse_record({"strategy": "ar", "round": 1, "batch_size": b, "K": 0, "context_len": c,
-                         "accepted": [0] * b, "emitted": [1] * b, "draft_ms": 0.0, "verify_ms": ms,
-                         "round_ms": ms, "draft_forwards": 0})
+    return parse_record(
+        {
+            "strategy": "ar",
+            "round": 1,
+            "batch_size": b,
+            "K": 0,
+            "context_len": c,
+            "accepted": [0] * b,
+            "emitted": [1] * b,
+            "draft_ms": 0.0,
+            "verify_ms": ms,
+            "round_ms": ms,
+            "draft_forwards": 0,
+        }
+    )
 
 
 LINE, ONE_ROW = (300.0, 10.0, 0.02), (45.0, 0.12)  # the multi-row step, and what a one-row step adds
@@ -271,8 +326,12 @@ def test_a_one_row_step_dearer_than_two_rows_is_fitted():
 
     rng = np.random.default_rng(3)
     assert _true_step(1, 64) > _true_step(2, 64) and _true_step(1, 512) > _true_step(4, 512)
-    records = [_ar_step(b, c, _true_step(b, c) * (1 + 0.03 * rng.standard_normal()))
-               for b in (1, 2, 4) for c in (64, 512) for _ in range(3)]
+    records = [
+        _ar_step(b, c, _true_step(b, c) * (1 + 0.03 * rng.standard_normal()))
+        for b in (1, 2, 4)
+        for c in (64, 512)
+        for _ in range(3)
+    ]
     fitted = fit_timing(records)
     assert fitted.decode_one_row is not None
     for b, c in ((1, 64), (1, 300), (1, 512), (2, 300), (3, 200), (4, 512)):  # (3, 200), (1, 300): not fitted on
@@ -291,15 +350,19 @@ def test_without_two_other_batch_sizes_the_step_keeps_the_line():
     assert fitted.decode_one_row is None
     assert fitted.verify_ms(1, 1, 64) == pytest.approx(fitted.decode[0] + fitted.decode[1] + 64 * fitted.decode[2])
     # one context at batch 1: the offset, no context term of its own
-    one_context = fit_timing([_ar_step(1, 64, _true_step(1, 64))] * 2
-                             + [_ar_step(b, c, _true_step(b, c)) for b in (2, 4) for c in (64, 512)])
+    one_context = fit_timing(
+        [_ar_step(1, 64, _true_step(1, 64))] * 2 + [_ar_step(b, c, _true_step(b, c)) for b in (2, 4) for c in (64, 512)]
+    )
     assert one_context.decode_one_row is not None and one_context.decode_one_row[1] == 0.0
     assert one_context.verify_ms(1, 1, 64) == pytest.approx(_true_step(1, 64), rel=1e-6)
 
 
 def test_a_one_row_step_cheaper_than_the_line_gets_no_one_row_terms():
-    records = [_ar_step(b, c, 300.0 + 10.0 * b + 0.02 * b * c - (20.0 if b == 1 else 0.0))
-               for b in (1, 2, 4) for c in (64, 512)]
+    records = [
+        _ar_step(b, c, 300.0 + 10.0 * b + 0.02 * b * c - (20.0 if b == 1 else 0.0))
+        for b in (1, 2, 4)
+        for c in (64, 512)
+    ]
     u0, u_kv = fit_timing(records).decode_one_row
     assert u0 >= 0.0 and u_kv >= 0.0
 
@@ -329,8 +392,12 @@ def test_a_step_concave_in_the_batch_gets_a_knee(batches):
         patch.setattr(fit_module, "KNEE_GAIN", 2.0)
         line = fit_timing(records)
     assert line.decode_knee is None and abs(line.verify_ms(2, 1, 300) / _concave_step(2, 300) - 1) > 0.15
-    sd = lambda level: _records([_point("sd", 1, c, K=K, verify_ms=level * 1300.0, draft_ms=300.0)  # noqa: E731
-                                 for K in (2, 4) for c in (100, 200, 300)])
+
+    def sd(level: float):
+        return _records(
+            [_point("sd", 1, c, K=K, verify_ms=level * 1300.0, draft_ms=300.0) for K in (2, 4) for c in (100, 200, 300)]
+        )
+
     leveled = fit_timing(records + sd(1.0)).leveled(sd(1.5))
     assert leveled.levels["target"] == pytest.approx(1.5, rel=1e-6)
     assert leveled.verify_ms(2, 1, 300) == pytest.approx(1.5 * _concave_step(2, 300), rel=1e-3)
@@ -346,12 +413,26 @@ def _draft_points():
         for c in (64, 512):
             step = lambda coef, b=b, c=c: 4 * (coef[0] + coef[1] * b + coef[2] * b * c)  # noqa: E731
             for _ in range(3):
-                out.append(_point("sd", b, c, verify_ms=400.0, draft_ms=step(SD_DRAFT),
-                                  round_ms=400.0 + step(SD_DRAFT)))
+                out.append(
+                    _point("sd", b, c, verify_ms=400.0, draft_ms=step(SD_DRAFT), round_ms=400.0 + step(SD_DRAFT))
+                )
             for _ in range(2):
-                out.append(_point("ssd", b, c, verify_ms=420.0, draft_ms=step(BACKUP), wait_ms=step(BACKUP),
-                                  backup_ms=step(BACKUP), hit=[False] * b, backup="neural", branches=8 * b,
-                                  fanout=[2, 2, 2, 1, 1], cache_build_ms=0.0))
+                out.append(
+                    _point(
+                        "ssd",
+                        b,
+                        c,
+                        verify_ms=420.0,
+                        draft_ms=step(BACKUP),
+                        wait_ms=step(BACKUP),
+                        backup_ms=step(BACKUP),
+                        hit=[False] * b,
+                        backup="neural",
+                        branches=8 * b,
+                        fanout=[2, 2, 2, 1, 1],
+                        cache_build_ms=0.0,
+                    )
+                )
     return out
 
 
@@ -372,8 +453,11 @@ def test_with_its_own_step_fit_the_verify_is_fitted_on_verifies_alone():
     """AR steps with a small context cost (the default pair: 4 × 512 422 ms, 4 × 64 383) do not pull the
     verify's context term down (its verify at 4 × 512: 822 ms, 4 × 64: 651)."""
     records = [_point("ar", b, c, verify_ms=380.0 + 0.02 * b * c) for b in (1, 2, 4) for c in (64, 512)]
-    records += [_point("sd", b, c, verify_ms=V_TRUE[0] + V_TRUE[1] * 5 * b + V_TRUE[2] * b * c, draft_ms=100.0)
-                for b in (1, 4) for c in (64, 512)]
+    records += [
+        _point("sd", b, c, verify_ms=V_TRUE[0] + V_TRUE[1] * 5 * b + V_TRUE[2] * b * c, draft_ms=100.0)
+        for b in (1, 4)
+        for c in (64, 512)
+    ]
     fitted = fit_timing(_records(records))
     assert fitted.verify == pytest.approx(V_TRUE, rel=1e-6)
     assert fitted.verify_ms(1, 1, 512) == pytest.approx(380.0 + 0.02 * 512, rel=1e-6)
@@ -389,9 +473,21 @@ def test_the_prefill_gets_its_quadratic_attention_term():
     true = lambda b, t: p0 + p_row * b * t + p_att * b * t * t  # noqa: E731
 
     def prefill(b, t):
-        return {"strategy": "sd", "round": 0, "batch_size": b, "K": 0, "context_len": 0, "accepted": [0] * b,
-                "emitted": [1] * b, "draft_ms": 0.0, "verify_ms": true(b, t), "round_ms": true(b, t),
-                "draft_forwards": 0, "phase": "prefill", "tokens": t}
+        return {
+            "strategy": "sd",
+            "round": 0,
+            "batch_size": b,
+            "K": 0,
+            "context_len": 0,
+            "accepted": [0] * b,
+            "emitted": [1] * b,
+            "draft_ms": 0.0,
+            "verify_ms": true(b, t),
+            "round_ms": true(b, t),
+            "draft_forwards": 0,
+            "phase": "prefill",
+            "tokens": t,
+        }
 
     shapes = [(1, 64), (1, 288), (4, 64), (4, 128), (1, 512)]
     decode = [_point("ar", b, 100, verify_ms=400.0) for b in (1, 2, 4)]
@@ -422,8 +518,20 @@ def _sd_run(target=1.0, draft=1.0, K=5, contexts=(180, 240, 300)):
     """An SD run's decode rounds at batch 1 whose forwards cost `target` / `draft` times the true ones."""
     v0, v_row, v_kv = V_TRUE
     d0, d_row, d_kv = D_TRUE
-    return _records([_point("sd", 1, c, K=K, verify_ms=target * (v0 + v_row * (K + 1) + v_kv * c),
-                            draft_ms=draft * K * (d0 + d_row + d_kv * c)) for c in contexts for _ in range(2)])
+    return _records(
+        [
+            _point(
+                "sd",
+                1,
+                c,
+                K=K,
+                verify_ms=target * (v0 + v_row * (K + 1) + v_kv * c),
+                draft_ms=draft * K * (d0 + d_row + d_kv * c),
+            )
+            for c in contexts
+            for _ in range(2)
+        ]
+    )
 
 
 def test_leveling_scales_the_target_and_the_draft_to_the_sd_runs_rounds():
@@ -438,7 +546,8 @@ def test_leveling_scales_the_target_and_the_draft_to_the_sd_runs_rounds():
     assert leveled.draft_ms(1, 3, 300) == pytest.approx(1.14 * calib.draft_ms(1, 3, 300))
     assert leveled.cache_build_ms(4, 4, 64, 300) == pytest.approx(1.14 * calib.cache_build_ms(4, 4, 64, 300))
     assert leveled.backup_ms(Backup.NEURAL, 2, 4, 300) == pytest.approx(
-        1.14 * calib.backup_ms(Backup.NEURAL, 2, 4, 300))
+        1.14 * calib.backup_ms(Backup.NEURAL, 2, 4, 300)
+    )
     # the shapes stay the calibration's: interference, link, fast backups
     assert leveled.ssd_verify_factor == calib.ssd_verify_factor == pytest.approx(1.1)
     assert leveled.fast_backup_ms == calib.fast_backup_ms and leveled.link_latency_ms == calib.link_latency_ms
@@ -512,30 +621,52 @@ def test_a_straight_verify_keeps_its_line():
 
 
 def _sd_round(i, accepted, K=2, context=50, phase="decode"):
-    return parse_record({"strategy": "sd", "round": i, "batch_size": len(accepted), "K": K, "context_len": context,
-                         "accepted": list(accepted), "emitted": [k + 1 for k in accepted], "draft_ms": 5.0,
-                         "verify_ms": 10.0, "round_ms": 15.0, "draft_forwards": K, "phase": phase, "tokens": 4},
-                        f"round {i}")
+    return parse_record(
+        {
+            "strategy": "sd",
+            "round": i,
+            "batch_size": len(accepted),
+            "K": K,
+            "context_len": context,
+            "accepted": list(accepted),
+            "emitted": [k + 1 for k in accepted],
+            "draft_ms": 5.0,
+            "verify_ms": 10.0,
+            "round_ms": 15.0,
+            "draft_forwards": K,
+            "phase": phase,
+            "tokens": 4,
+        },
+        f"round {i}",
+    )
 
 
 def test_sd_first_widths_follow_the_round_before_in_the_same_call():
-    records = [_sd_round(0, (0, 0), phase="prefill"),
-               _sd_round(1, (2, 0)), _sd_round(2, (0, 1), context=52), _sd_round(3, (1, 2), context=54),
-               _sd_round(4, (0, 0), context=57),
-               _sd_round(1, (0, 0), context=40)]  # a new generate() call: its first round feeds one token a row
+    records = [
+        _sd_round(0, (0, 0), phase="prefill"),
+        _sd_round(1, (2, 0)),
+        _sd_round(2, (0, 1), context=52),
+        _sd_round(3, (1, 2), context=54),
+        _sd_round(4, (0, 0), context=57),
+        _sd_round(1, (0, 0), context=40),
+    ]  # a new generate() call: its first round feeds one token a row
     assert sd_first_widths(records) == [1, 1, 2, 1, 2, 1]
 
 
 def test_the_draft_fit_counts_the_two_wide_first_step():
     """Batch 4 at α 0.9: nearly every round has a row that accepted all K. The fit recovers the true draft
     step; the same rows fitted as K steps of `batch` rows (the former design) do not."""
-    records = _records(engine_run("sd", 4, 4, 60, alpha=0.9, seed=1), engine_run("sd", 4, 1, 60, alpha=0.9, seed=2),
-                       engine_run("sd", 2, 2, 60, alpha=0.5, prompt=300, seed=3))
+    records = _records(
+        engine_run("sd", 4, 4, 60, alpha=0.9, seed=1),
+        engine_run("sd", 4, 1, 60, alpha=0.9, seed=2),
+        engine_run("sd", 2, 2, 60, alpha=0.5, prompt=300, seed=3),
+    )
     assert sum(w == 2 for w in sd_first_widths(records)) > 100
     assert fit_timing(records).draft == pytest.approx(TRUE["draft"], rel=1e-6)
     sd = [r for r in records if r.is_decode]
-    former, _ = _fit_linear([[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r in sd],
-                            [r.draft_ms for r in sd])
+    former, _ = _fit_linear(
+        [[r.K, r.K * r.batch_size, r.K * r.batch_size * r.context_len] for r in sd], [r.draft_ms for r in sd]
+    )
     assert former != pytest.approx(TRUE["draft"], rel=0.05)
 
 
@@ -546,18 +677,31 @@ def test_a_proposals_own_cost_is_told_from_its_steps_at_two_lengths():
     short, as the int4 pair's SD K 1 did on 2026-12-02 (predicted 8-9% fast from a calibration at K 3)."""
     call = 9.0
     step = lambda b, c: D_TRUE[0] + D_TRUE[1] * b + D_TRUE[2] * b * c  # noqa: E731
-    points = [_point("sd", b, c, K=K, verify_ms=V_TRUE[0] + V_TRUE[1] * b * (K + 1) + V_TRUE[2] * b * c,
-                     draft_ms=call + K * step(b, c)) for b in (1, 4) for c in (64, 512) for K in (1, 3)]
+    points = [
+        _point(
+            "sd",
+            b,
+            c,
+            K=K,
+            verify_ms=V_TRUE[0] + V_TRUE[1] * b * (K + 1) + V_TRUE[2] * b * c,
+            draft_ms=call + K * step(b, c),
+        )
+        for b in (1, 4)
+        for c in (64, 512)
+        for K in (1, 3)
+    ]
     fitted = fit_timing(_records(points))
     assert fitted.draft_call == pytest.approx(call, rel=1e-6) and fitted.draft == pytest.approx(D_TRUE, rel=1e-6)
     assert fitted.draft_ms(2, 5, 300) == pytest.approx(call + 5 * step(2, 300), rel=1e-6)
     assert fitted.backup_ms(Backup.NEURAL, 2, 3, 300) == pytest.approx(call + 3 * step(2, 300), rel=1e-6)
     forward = lambda rows, kv: D_TRUE[0] + D_TRUE[1] * rows + D_TRUE[2] * kv  # noqa: E731
-    assert fitted.cache_build_ms(1, 3, 8, 300) == pytest.approx(call + forward(4, 300) + 3 * forward(8, 300),
-                                                                rel=1e-6)  # no build records: its steps alone
+    assert fitted.cache_build_ms(1, 3, 8, 300) == pytest.approx(
+        call + forward(4, 300) + 3 * forward(8, 300), rel=1e-6
+    )  # no build records: its steps alone
     leveled = fitted.leveled([replace(r, draft_ms=1.2 * r.draft_ms) for r in _records(points)])
     assert leveled.draft_call == pytest.approx(1.2 * call) and leveled.draft_ms(1, 1, 64) == pytest.approx(
-        1.2 * fitted.draft_ms(1, 1, 64))
+        1.2 * fitted.draft_ms(1, 1, 64)
+    )
     # negative control: one length
     at_three = fit_timing(_records([p for p in points if p["K"] == 3]))
     assert at_three.draft_call == 0.0
@@ -572,10 +716,14 @@ def test_batch_one_steps_at_two_widths_give_the_per_row_cost():
     pair's SD K 1, predicted 7-9% fast on 2026-12-02)."""
     step = lambda rows, c: D_TRUE[0] + D_TRUE[1] * rows + D_TRUE[2] * c  # noqa: E731  (batch 1: kv = context)
     verify = lambda K, c: V_TRUE[0] + V_TRUE[1] * (K + 1) + V_TRUE[2] * c  # noqa: E731
-    points = [_point("sd", 1, c, K=3, verify_ms=verify(3, c), draft_ms=3 * step(1, c), first_width=1)
-              for c in (64, 512)]
-    points += [_point("sd", 1, c, K=1, verify_ms=verify(1, c), draft_ms=step(w, c), first_width=w)
-               for c in (64, 512) for w in (1, 2)]
+    points = [
+        _point("sd", 1, c, K=3, verify_ms=verify(3, c), draft_ms=3 * step(1, c), first_width=1) for c in (64, 512)
+    ]
+    points += [
+        _point("sd", 1, c, K=1, verify_ms=verify(1, c), draft_ms=step(w, c), first_width=w)
+        for c in (64, 512)
+        for w in (1, 2)
+    ]
     fitted = fit_timing(_records(points))
     assert fitted.draft == pytest.approx(D_TRUE, rel=1e-6) and fitted.draft_call == pytest.approx(0.0, abs=1e-6)
     assert fitted.draft_ms(1, 1, 300, first_width=2) == pytest.approx(step(2, 300), rel=1e-6)
@@ -594,13 +742,45 @@ def test_the_link_comes_from_rounds_the_engine_ran():
     """A calibration's build-beside-verify points record no wait (0.0); the engine's rounds that hit with a
     build inside the verify waited for the link both ways (6 ms here). The link is half their wait however
     many timed points there are; counting the points too (the former rule) put it at 0."""
-    pairs = [_point("ssd", 1, 64, verify_ms=300.0, hit=[True], cache_build_ms=200.0, branches=4, backup=None,
-                    wait_ms=0.0, fanout=[1] * 5) for _ in range(30)]
-    engine = [_point("ssd", 1, 64, K=1, round=i, verify_ms=250.0, round_ms=257.0, draft_ms=6.0, hit=[True],
-                     cache_build_ms=80.0, branches=2, backup=None, wait_ms=6.0, fanout=[1, 1], prompt_index=[0])
-              for i in range(2, 12)]
-    verifies = [_point("sd", 1, 64, K=K, verify_ms=V_TRUE[0] + V_TRUE[1] * (K + 1) + V_TRUE[2] * 64, draft_ms=50.0)
-                for K in (1, 2, 4)]
+    pairs = [
+        _point(
+            "ssd",
+            1,
+            64,
+            verify_ms=300.0,
+            hit=[True],
+            cache_build_ms=200.0,
+            branches=4,
+            backup=None,
+            wait_ms=0.0,
+            fanout=[1] * 5,
+        )
+        for _ in range(30)
+    ]
+    engine = [
+        _point(
+            "ssd",
+            1,
+            64,
+            K=1,
+            round=i,
+            verify_ms=250.0,
+            round_ms=257.0,
+            draft_ms=6.0,
+            hit=[True],
+            cache_build_ms=80.0,
+            branches=2,
+            backup=None,
+            wait_ms=6.0,
+            fanout=[1, 1],
+            prompt_index=[0],
+        )
+        for i in range(2, 12)
+    ]
+    verifies = [
+        _point("sd", 1, 64, K=K, verify_ms=V_TRUE[0] + V_TRUE[1] * (K + 1) + V_TRUE[2] * 64, draft_ms=50.0)
+        for K in (1, 2, 4)
+    ]
     assert fit_timing(_records(pairs + engine + verifies)).link_latency_ms == pytest.approx(3.0)
     assert fit_timing(_records(pairs + verifies)).link_latency_ms == 0.0
 
@@ -613,7 +793,8 @@ def test_the_level_counts_a_runs_slow_rounds_as_its_tokens_per_s_does():
     slow = [replace(r, verify_ms=2 * r.verify_ms, draft_ms=2 * r.draft_ms) for r in _sd_run(contexts=(250, 270))]
     leveled = calib.leveled(steady + slow)
     assert leveled.levels["measured"]["target"] == pytest.approx(
-        sum(r.verify_ms for r in steady + slow) / sum(calib.verify_ms(1, 6, r.context_len) for r in steady + slow))
+        sum(r.verify_ms for r in steady + slow) / sum(calib.verify_ms(1, 6, r.context_len) for r in steady + slow)
+    )
     assert leveled.levels["target"] > 1.10 and leveled.levels["draft"] > 1.10
     import numpy as np
 
@@ -625,10 +806,27 @@ def _engine_builds(b, scale, contexts=(70, 80, 90, 100), B=8, K=4, joined=False)
     """The engine's SSD rounds at batch b as `saguaro calibrate` marks them (level "build"), their builds `scale`
     times the true line's; `joined`: rounds a sequence joined, reporting the build of one row fewer."""
     rows = b - 1 if joined else b
-    return [_point("ssd", b, c, K=K, round=i + 2, verify_ms=300.0, round_ms=340.0, draft_ms=40.0, hit=[True] * b,
-                   cache_build_ms=scale * _true_build(b, K, rows * B, c), branches=rows * B, backup=None, wait_ms=40.0,
-                   fanout=[2, 2, 2, 1, 1], prompt_index=list(range(b)), level="build")
-            for i, c in enumerate(contexts)]
+    return [
+        _point(
+            "ssd",
+            b,
+            c,
+            K=K,
+            round=i + 2,
+            verify_ms=300.0,
+            round_ms=340.0,
+            draft_ms=40.0,
+            hit=[True] * b,
+            cache_build_ms=scale * _true_build(b, K, rows * B, c),
+            branches=rows * B,
+            backup=None,
+            wait_ms=40.0,
+            fanout=[2, 2, 2, 1, 1],
+            prompt_index=list(range(b)),
+            level="build",
+        )
+        for i, c in enumerate(contexts)
+    ]
 
 
 def test_the_engines_build_rounds_level_the_build_line_by_batch():
@@ -657,7 +855,8 @@ def test_the_engines_build_rounds_level_the_build_line_by_batch():
     # the SD level scales the leveled builds by the draft's ratio on top
     leveled = fitted.leveled(_sd_run(draft=1.5))
     assert leveled.cache_build_ms(1, 4, 8, 300) == pytest.approx(
-        0.8 * leveled.levels["draft"] * _true_build(1, 4, 8, 300))
+        0.8 * leveled.levels["draft"] * _true_build(1, 4, 8, 300)
+    )
 
 
 def test_rounds_reporting_another_batchs_build_do_not_level():

@@ -26,11 +26,25 @@ def synthetic_records(rng, rounds: int, r: float, scale: float, alpha: float = 0
     for i in range(rounds):
         accepted = [int(min(rng.geometric(1 - alpha) - 1, K)) for _ in range(batch)]
         ranks = power_law_ranks(rng, batch, r, scale).tolist()
-        lines.append(parse_record({
-            "strategy": "sd", "round": i, "batch_size": batch, "K": K, "context_len": 10 + i,
-            "accepted": accepted, "emitted": [k + 1 for k in accepted], "draft_ms": 1.0, "verify_ms": 2.0,
-            "round_ms": 3.0, "draft_forwards": K, "outcome_rank": ranks, "prompt_index": list(range(batch)),
-        }))
+        lines.append(
+            parse_record(
+                {
+                    "strategy": "sd",
+                    "round": i,
+                    "batch_size": batch,
+                    "K": K,
+                    "context_len": 10 + i,
+                    "accepted": accepted,
+                    "emitted": [k + 1 for k in accepted],
+                    "draft_ms": 1.0,
+                    "verify_ms": 2.0,
+                    "round_ms": 3.0,
+                    "draft_forwards": K,
+                    "outcome_rank": ranks,
+                    "prompt_index": list(range(batch)),
+                }
+            )
+        )
     return lines
 
 
@@ -66,14 +80,34 @@ def test_rank_counts_measure_the_miss_curve():
 
 
 def test_fast_backup_rows_and_unknown_ranks_are_left_out_and_alpha_is_per_position():
-    base = {"round": 0, "batch_size": 2, "K": 2, "context_len": 5, "accepted": [2, 0], "emitted": [3, 1],
-            "draft_ms": 1.0, "verify_ms": 1.0, "round_ms": 2.0, "draft_forwards": 0}
-    ssd = {**base, "strategy": "ssd", "hit": [True, False], "backup": "random", "cache_build_ms": 1.0, "branches": 4,
-           "wait_ms": 1.0, "fanout": [1, 1, 2], "outcome_rank": [4, 0]}
+    base = {
+        "round": 0,
+        "batch_size": 2,
+        "K": 2,
+        "context_len": 5,
+        "accepted": [2, 0],
+        "emitted": [3, 1],
+        "draft_ms": 1.0,
+        "verify_ms": 1.0,
+        "round_ms": 2.0,
+        "draft_forwards": 0,
+    }
+    ssd = {
+        **base,
+        "strategy": "ssd",
+        "hit": [True, False],
+        "backup": "random",
+        "cache_build_ms": 1.0,
+        "branches": 4,
+        "wait_ms": 1.0,
+        "fanout": [1, 1, 2],
+        "outcome_rank": [4, 0],
+    }
     sd = {**base, "strategy": "sd", "accepted": [1, 0], "emitted": [2, 1], "outcome_rank": [2, None]}
     records = [parse_record(ssd), parse_record(sd)]
-    model = from_records(records + [parse_record({**sd, "accepted": [2, 2], "emitted": [3, 3],
-                                                  "outcome_rank": [0, 1]})])
+    model = from_records(
+        records + [parse_record({**sd, "accepted": [2, 2], "emitted": [3, 3], "outcome_rank": [0, 1]})]
+    )
     assert model.all_accepted.total == 3 and model.pooled_rejected.total == 1  # the random-backup row is out
     assert alpha_per_position(records) == pytest.approx([2 / 3, 1 / 2], abs=1e-4)
 
@@ -127,9 +161,15 @@ def test_theory_simulate_and_plan_share_one_default_hit_model(capsys):
     fanout = tuple(int(f) for f in out["schedules"]["optimal_integer"])
     model = Scenario(ConstantTiming()).hits  # the API's default model is the same α-model
     assert out["hit_model"].startswith(model.source)
-    config = SimConfig(policy=Policy("ssd", K=4, fanout=fanout), timing=ConstantTiming(),
-                       acceptance=IidAcceptance(0.8), hits=model, workload=ClosedLoop(1, output_len=None),
-                       rounds=20_000, seed=2)
+    config = SimConfig(
+        policy=Policy("ssd", K=4, fanout=fanout),
+        timing=ConstantTiming(),
+        acceptance=IidAcceptance(0.8),
+        hits=model,
+        workload=ClosedLoop(1, output_len=None),
+        rounds=20_000,
+        seed=2,
+    )
     simulated = simulate(config).hit_rate
     assert simulated == pytest.approx(out["hit_probability"]["optimal_integer"], abs=0.01)
 
@@ -150,11 +190,25 @@ def _agreement_world(rng, rounds: int, agree: float | tuple[float, ...], batch: 
             accepted.append(k)
             below = int(rng.geometric(0.5))  # the target's rank among the draft's guesses when not the first
             ranks.append(below - 1 if k < K else (0 if rng.random() < agree[K] else below))
-        lines.append(parse_record({
-            "strategy": "sd", "round": i, "batch_size": batch, "K": K, "context_len": 10 + i,
-            "accepted": accepted, "emitted": [k + 1 for k in accepted], "draft_ms": 1.0, "verify_ms": 2.0,
-            "round_ms": 3.0, "draft_forwards": K, "outcome_rank": ranks, "prompt_index": list(range(batch)),
-        }))
+        lines.append(
+            parse_record(
+                {
+                    "strategy": "sd",
+                    "round": i,
+                    "batch_size": batch,
+                    "K": K,
+                    "context_len": 10 + i,
+                    "accepted": accepted,
+                    "emitted": [k + 1 for k in accepted],
+                    "draft_ms": 1.0,
+                    "verify_ms": 2.0,
+                    "round_ms": 3.0,
+                    "draft_forwards": K,
+                    "outcome_rank": ranks,
+                    "prompt_index": list(range(batch)),
+                }
+            )
+        )
     return lines
 
 
@@ -210,6 +264,13 @@ def test_the_simulator_asks_for_the_fast_backup_table_only_after_a_fast_backup()
 
     for source, sourced in ((Source.DRAFT, True), (Source.RANDOM, False), (Source.LOOKUP, False)):
         calls.clear()
-        TableDraws(PerPositionAcceptance((0.8,) * K, alpha_random=0.1, alpha_lookup=0.3), Spy(), K, source,
-                   (2, 2, 2, 2), None, np.random.default_rng(0))
+        TableDraws(
+            PerPositionAcceptance((0.8,) * K, alpha_random=0.1, alpha_lookup=0.3),
+            Spy(),
+            K,
+            source,
+            (2, 2, 2, 2),
+            None,
+            np.random.default_rng(0),
+        )
         assert calls == [(True, True), (False, sourced)]

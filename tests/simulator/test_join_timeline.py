@@ -43,11 +43,16 @@ def _verify_ends(timeline):
 def one_joiner():
     """One request at t = 0, batch 1, K = 2, link 0.5 ms each way. Target prefill 5, draft prefill 4, T_v 10,
     build 12, backup 3. Rounds: a miss (k = 1; the joiner has no cache), a hit (k = 2), a miss (k = 0)."""
-    timing = ConstantTiming(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0, t_prefill_ms=5.0,
-                            t_draft_prefill_ms=4.0)
+    timing = ConstantTiming(
+        t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0, t_prefill_ms=5.0, t_draft_prefill_ms=4.0
+    )
     return SimConfig(
-        Policy("ssd", K=2, fanout=(1, 1, 1)), timing, Replay(_ssd_records([1, 2, 0], [False, True, False])),
-        workload=ClosedLoop(1, output_len=None), link=LinkSpec(latency_ms=0.5), rounds=3,
+        Policy("ssd", K=2, fanout=(1, 1, 1)),
+        timing,
+        Replay(_ssd_records([1, 2, 0], [False, True, False])),
+        workload=ClosedLoop(1, output_len=None),
+        link=LinkSpec(latency_ms=0.5),
+        rounds=3,
     )
 
 
@@ -111,11 +116,16 @@ def _second_joiner(monkeypatch, prefill_overlap):
     7, T_v 4, build 8 (longer than a verify), backup 2. Backup speculations accept 0 tokens, cached ones K;
     A hits both times it is looked up, B once."""
     monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True], [True, True]]))
-    timing = ConstantTiming(t_verify_ms=4.0, t_build_ms=8.0, t_backup_ms=2.0, t_prefill_ms=10.0,
-                            t_draft_prefill_ms=7.0)
-    config = SimConfig(Policy("ssd", K=2, fanout=(1, 1, 1)), timing, IidAcceptance(0.5), hits=ConstantHit(0.5),
-                       workload=Replayed((0.0, 13.0), (16, 16), (100, 100), max_batch=2), rounds=3,
-                       prefill_overlap=prefill_overlap)
+    timing = ConstantTiming(t_verify_ms=4.0, t_build_ms=8.0, t_backup_ms=2.0, t_prefill_ms=10.0, t_draft_prefill_ms=7.0)
+    config = SimConfig(
+        Policy("ssd", K=2, fanout=(1, 1, 1)),
+        timing,
+        IidAcceptance(0.5),
+        hits=ConstantHit(0.5),
+        workload=Replayed((0.0, 13.0), (16, 16), (100, 100), max_batch=2),
+        rounds=3,
+        prefill_overlap=prefill_overlap,
+    )
     timeline, result = _timeline(config)
     return [s for s in timeline if s[1] != "wait_draft"], result
 
@@ -180,8 +190,14 @@ def test_a_request_that_arrives_during_a_prefill_waits_for_the_next_round(monkey
     # A's prefill (0-10), is prefilled after round 1, not straight after A's prefill
     monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True], [True, True]]))
     timing = ConstantTiming(t_verify_ms=4.0, t_build_ms=8.0, t_backup_ms=2.0, t_prefill_ms=10.0)
-    config = SimConfig(Policy("ssd", K=2, fanout=(1, 1, 1)), timing, IidAcceptance(0.5), hits=ConstantHit(0.5),
-                       workload=Replayed((0.0, 5.0), (16, 16), (100, 100), max_batch=2), rounds=2)
+    config = SimConfig(
+        Policy("ssd", K=2, fanout=(1, 1, 1)),
+        timing,
+        IidAcceptance(0.5),
+        hits=ConstantHit(0.5),
+        workload=Replayed((0.0, 5.0), (16, 16), (100, 100), max_batch=2),
+        rounds=2,
+    )
     timeline, result = _timeline(config)
     assert [s for s in timeline if s[0] == "target" and s[1] != "wait_draft"] == [
         ("target", "prefill", 0.0, 10.0),

@@ -22,13 +22,20 @@ from simulator.presets import hardware_preset, model_preset
 from simulator.trace import chrome_trace
 
 # AR: 10 ms per token; SD K=4 at α=0.8: (4·1 + 10) = 14 ms per round for 3.36 tokens.
-SCENARIO = Scenario(ConstantTiming(t_verify_ms=10.0, t_draft_ms=1.0), prompt_len=Lengths(64),
-                    output_len=Lengths(100), rounds=1500)
+SCENARIO = Scenario(
+    ConstantTiming(t_verify_ms=10.0, t_draft_ms=1.0), prompt_len=Lengths(64), output_len=Lengths(100), rounds=1500
+)
 
 
 def test_plan_sizes_replicas_from_full_load_capacity():
-    result = plan(SCENARIO, Grid(strategies=("ar",), batch=(4,)), rate_per_s=10.0,
-                  target=LatencyTarget("itl", 99, 50.0), headroom=1.0, check_requests=200)
+    result = plan(
+        SCENARIO,
+        Grid(strategies=("ar",), batch=(4,)),
+        rate_per_s=10.0,
+        target=LatencyTarget("itl", 99, 50.0),
+        headroom=1.0,
+        check_requests=200,
+    )
     best = result.best
     # 4 sequences at 100 tokens/s each, 100-token requests: 4 requests/s per replica
     assert best.capacity_per_s == pytest.approx(4.0, rel=0.02)
@@ -37,23 +44,30 @@ def test_plan_sizes_replicas_from_full_load_capacity():
 
 
 def test_plan_prefers_the_strategy_that_needs_fewer_accelerators():
-    result = plan(SCENARIO, Grid(strategies=("ar", "sd"), K=(4,), batch=(1,)), rate_per_s=3.0,
-                  target=LatencyTarget("tpot", 50, 20.0), check_requests=100)
+    result = plan(
+        SCENARIO,
+        Grid(strategies=("ar", "sd"), K=(4,), batch=(1,)),
+        rate_per_s=3.0,
+        target=LatencyTarget("tpot", 50, 20.0),
+        check_requests=100,
+    )
     assert result.best.settings["strategy"] == "sd"  # ~4.2 ms per token against AR's 10 ms
     assert result.best.accelerators < next(c for c in result.candidates if c.settings["strategy"] == "ar").accelerators
 
 
 def test_an_unreachable_target_gives_no_plan():
-    result = plan(SCENARIO, Grid(strategies=("ar",), batch=(1,)), rate_per_s=1.0,
-                  target=LatencyTarget("itl", 99, 5.0))
+    result = plan(SCENARIO, Grid(strategies=("ar",), batch=(1,)), rate_per_s=1.0, target=LatencyTarget("itl", 99, 5.0))
     assert result.best is None and result.rejected
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"rate_per_s": 0.0}, "arrival rate"),
-    ({"objective": "cheapest"}, "objective"),
-    ({"headroom": 1.5}, "headroom"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"rate_per_s": 0.0}, "arrival rate"),
+        ({"objective": "cheapest"}, "objective"),
+        ({"headroom": 1.5}, "headroom"),
+    ],
+)
 def test_bad_plan_inputs_are_refused(kwargs, message):
     args = {"rate_per_s": 1.0, "target": LatencyTarget(), **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -62,8 +76,13 @@ def test_bad_plan_inputs_are_refused(kwargs, message):
 
 def test_plan_on_end_to_end_latency():
     # AR at batch 1: 100-token requests take about 99 × 10 ms; a 1.5 s E2EL target holds at a low rate
-    result = plan(SCENARIO, Grid(strategies=("ar",), batch=(1,)), rate_per_s=0.2,
-                  target=LatencyTarget("e2el", 50, 1500.0), check_requests=30)
+    result = plan(
+        SCENARIO,
+        Grid(strategies=("ar",), batch=(1,)),
+        rate_per_s=0.2,
+        target=LatencyTarget("e2el", 50, 1500.0),
+        check_requests=30,
+    )
     assert result.best is not None and 990.0 <= result.best.latency_ms <= 1500.0
 
 
@@ -91,14 +110,26 @@ def test_chrome_trace_has_one_row_per_actor(tmp_path):
 
 
 # Llama-3.1-70B on 4×H100 (roofline): batch 256 × 4,050 tokens needs 120 GB per device, batch 1 fits
-LLAMA = Scenario(RooflineTiming(Deployment(model_preset("llama-3.1-70b"), hardware_preset("h100"), 4),
-                                Deployment(model_preset("llama-3.2-1b"), hardware_preset("h100"))),
-                 prompt_len=Lengths(4000), output_len=Lengths(50), target_devices=4, rounds=300)
+LLAMA = Scenario(
+    RooflineTiming(
+        Deployment(model_preset("llama-3.1-70b"), hardware_preset("h100"), 4),
+        Deployment(model_preset("llama-3.2-1b"), hardware_preset("h100")),
+    ),
+    prompt_len=Lengths(4000),
+    output_len=Lengths(50),
+    target_devices=4,
+    rounds=300,
+)
 
 
 def test_points_that_cannot_run_are_dropped_with_their_reason():
-    result = plan(LLAMA, Grid(strategies=("ar",), batch=(1, 256)), rate_per_s=0.5,
-                  target=LatencyTarget("itl", 99, 100.0), check_requests=20)
+    result = plan(
+        LLAMA,
+        Grid(strategies=("ar",), batch=(1, 256)),
+        rate_per_s=0.5,
+        target=LatencyTarget("itl", 99, 100.0),
+        check_requests=20,
+    )
     (dropped,) = result.infeasible
     assert dropped.settings["batch"] == 256 and "GB per device" in dropped.reason
     assert [c.settings["batch"] for c in (*result.candidates, *result.rejected)] == [1]

@@ -26,8 +26,10 @@ def test_pairs_name_known_models():
 
 
 # docs/models-and-data.md, one thread, bf16, prefix 200: forward time (ms) over n new tokens
-MEASURED_CPU = {"qwen2.5-coder-1.5b": {1: 289, 4: 285, 5: 301, 8: 341},
-                "qwen2.5-coder-0.5b": {1: 117, 4: 126, 8: 146, 12: 168, 16: 182, 24: 222}}
+MEASURED_CPU = {
+    "qwen2.5-coder-1.5b": {1: 289, 4: 285, 5: 301, 8: 341},
+    "qwen2.5-coder-0.5b": {1: 117, 4: 126, 8: 146, 12: 168, 16: 182, 24: 222},
+}
 
 
 @pytest.mark.parametrize("model", MEASURED_CPU)
@@ -53,8 +55,10 @@ def test_the_tp4_overhead_is_the_least_squares_one():
     # moving it 5 µs either way makes the three figures fit worse (a negative control on the fit)
     def misfit(us: float) -> float:
         hw = dataclasses.replace(hardware_preset("h100"), layer_overhead_us=us)
-        return sum((1e3 / Deployment(model_preset(m), hw, 4).forward_ms(1, 384, 385) / p - 1) ** 2
-                   for m, p in PUBLISHED_TP4_AR)
+        return sum(
+            (1e3 / Deployment(model_preset(m), hw, 4).forward_ms(1, 384, 385) / p - 1) ** 2 for m, p in PUBLISHED_TP4_AR
+        )
+
     best = hardware_preset("h100").layer_overhead_us
     assert misfit(best) < misfit(best - 5) and misfit(best) < misfit(best + 5)
 
@@ -80,8 +84,9 @@ def test_an_eager_engine_makes_both_deployments_eager_and_adds_its_host_work():
     costs = engine_preset("saguaro-eager-h200")
     timing = RooflineTiming(target, draft, engine=costs)
     assert timing.target.eager and timing.draft.eager  # what the plan's assumptions read
-    plain = RooflineTiming(dataclasses.replace(target, eager=True), dataclasses.replace(draft, eager=True),
-                           engine=EngineCosts())
+    plain = RooflineTiming(
+        dataclasses.replace(target, eager=True), dataclasses.replace(draft, eager=True), engine=EngineCosts()
+    )
     assert timing.verify_ms(1, 5, 256) == plain.verify_ms(1, 5, 256)
     assert timing.draft_ms(1, 4, 256) == pytest.approx(plain.draft_ms(1, 4, 256) + 4 * costs.draft_host_ms)
     assert timing.overhead_ms(Strategy.AR) == plain.overhead_ms(Strategy.AR) + costs.round_host_ms
@@ -101,7 +106,8 @@ def test_h100_draft_step_matches_the_published_llama_1b_decode():
     # the target's calibration (40 µs per layer, fitted at TP 4) would miss it by more than 5%
     target_overhead = dataclasses.replace(hardware_preset("h100"), single_device_layer_overhead_us=None)
     assert Deployment(model_preset("llama-3.2-1b"), target_overhead).forward_ms(1, context, context) > (
-        1.05 * PUBLISHED_1B_STEP_MS)
+        1.05 * PUBLISHED_1B_STEP_MS
+    )
 
 
 def test_the_single_device_overhead_applies_at_tp_1_only():
@@ -122,8 +128,10 @@ def test_gpu_presets_state_where_the_draft_overhead_comes_from(name):
 
 
 def test_roofline_costs_grow_with_work():
-    t = RooflineTiming(Deployment(model_preset("qwen3-32b"), hardware_preset("h200"), 2),
-                       Deployment(model_preset("qwen3-0.6b"), hardware_preset("h200")))
+    t = RooflineTiming(
+        Deployment(model_preset("qwen3-32b"), hardware_preset("h200"), 2),
+        Deployment(model_preset("qwen3-0.6b"), hardware_preset("h200")),
+    )
     assert t.verify_ms(1, 5, 1000) < t.verify_ms(64, 5, 1000) < t.verify_ms(64, 5, 8000)
     assert t.cache_build_ms(1, 4, 12, 500) < t.cache_build_ms(8, 4, 96, 500)
     assert t.backup_ms(Backup.RANDOM, 1, 4, 500) < t.backup_ms(Backup.NEURAL, 1, 4, 500)
@@ -166,13 +174,42 @@ def _h200_prediction_ratios(engine: str, tmp_path) -> dict[tuple[str, int], floa
 
     out = tmp_path / f"{engine}.json"
     with contextlib.redirect_stdout(io.StringIO()):
-        main(["simulate", "--strategy", "ar", "sd", "--pair", "qwen-coder", "--hardware", "h200", "-K", "4",
-              "--batch", "1", "8", "32", "--alpha", "1.0", "--output-len", "64", "--prompt-len", "128",
-              "--engine", engine, "--json", str(out)])
-    predicted = {(r["strategy"], r["settings"]["batch"]): r["tokens_per_s"]
-                 for r in json.loads(out.read_text())["results"]}
-    measured = {(r["strategy"], r["batch"]): r["tokens_per_s"]
-                for r in json.loads(H200_CHECK.read_text())["e2e-agree"]["rows"] if r["strategy"] in ("ar", "sd")}
+        main(
+            [
+                "simulate",
+                "--strategy",
+                "ar",
+                "sd",
+                "--pair",
+                "qwen-coder",
+                "--hardware",
+                "h200",
+                "-K",
+                "4",
+                "--batch",
+                "1",
+                "8",
+                "32",
+                "--alpha",
+                "1.0",
+                "--output-len",
+                "64",
+                "--prompt-len",
+                "128",
+                "--engine",
+                engine,
+                "--json",
+                str(out),
+            ]
+        )
+    predicted = {
+        (r["strategy"], r["settings"]["batch"]): r["tokens_per_s"] for r in json.loads(out.read_text())["results"]
+    }
+    measured = {
+        (r["strategy"], r["batch"]): r["tokens_per_s"]
+        for r in json.loads(H200_CHECK.read_text())["e2e-agree"]["rows"]
+        if r["strategy"] in ("ar", "sd")
+    }
     assert set(measured) == set(predicted)
     return {key: predicted[key] / measured[key] for key in measured}
 

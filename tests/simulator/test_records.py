@@ -9,10 +9,29 @@ from simulator.records import parse_record
 from tests.simulator.synthetic import engine_run, write_jsonl
 from theory.glossary import Backup, Strategy
 
-SD_ROUND = {"strategy": "sd", "round": 3, "batch_size": 2, "K": 4, "context_len": 120, "accepted": [4, 1],
-            "emitted": [5, 2], "draft_ms": 12.5, "verify_ms": 30.0, "round_ms": 44.0, "draft_forwards": 4}
-SSD_ROUND = {**SD_ROUND, "strategy": "ssd", "hit": [True, False], "cache_build_ms": 25.0, "branches": 24,
-             "backup": "neural", "wait_ms": 3.0, "fanout": [3, 3, 2, 2, 2]}
+SD_ROUND = {
+    "strategy": "sd",
+    "round": 3,
+    "batch_size": 2,
+    "K": 4,
+    "context_len": 120,
+    "accepted": [4, 1],
+    "emitted": [5, 2],
+    "draft_ms": 12.5,
+    "verify_ms": 30.0,
+    "round_ms": 44.0,
+    "draft_forwards": 4,
+}
+SSD_ROUND = {
+    **SD_ROUND,
+    "strategy": "ssd",
+    "hit": [True, False],
+    "cache_build_ms": 25.0,
+    "branches": 24,
+    "backup": "neural",
+    "wait_ms": 3.0,
+    "fanout": [3, 3, 2, 2, 2],
+}
 
 
 def test_reads_every_record_of_a_file(tmp_path):
@@ -39,18 +58,21 @@ def test_a_calibrations_build_level_rounds_are_marked():
     assert parse_record(SSD_ROUND).level is None and parse_record({**SSD_ROUND, "level": None}).level is None
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"strategy": "tree"}, "strategy must be one of ar, sd, ssd"),
-    ({"level": "verify"}, "'level' must be \"build\""),
-    ({"verify_ms": None}, "missing field 'verify_ms'"),
-    ({"round_ms": "fast"}, "'round_ms' must be a number"),
-    ({"batch_size": 0}, "'batch_size' must be >= 1"),
-    ({"accepted": [4]}, "'accepted' must be a list of 2 integers"),
-    ({"accepted": [5, 1]}, "exceed K = 4"),
-    ({"emitted": [6, 2]}, "exceeds accepted \\+ 1"),
-    ({"phase": "warmup"}, "phase must be 'decode' or 'prefill'"),
-    ({"K": True}, "'K' must be a number"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"strategy": "tree"}, "strategy must be one of ar, sd, ssd"),
+        ({"level": "verify"}, "'level' must be \"build\""),
+        ({"verify_ms": None}, "missing field 'verify_ms'"),
+        ({"round_ms": "fast"}, "'round_ms' must be a number"),
+        ({"batch_size": 0}, "'batch_size' must be >= 1"),
+        ({"accepted": [4]}, "'accepted' must be a list of 2 integers"),
+        ({"accepted": [5, 1]}, "exceed K = 4"),
+        ({"emitted": [6, 2]}, "exceeds accepted \\+ 1"),
+        ({"phase": "warmup"}, "phase must be 'decode' or 'prefill'"),
+        ({"K": True}, "'K' must be a number"),
+    ],
+)
 def test_bad_sd_fields_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         parse_record({**SD_ROUND, **change}, "runs.jsonl:7")
@@ -62,15 +84,18 @@ def test_under_adaptive_k_the_looked_up_caches_schedule_may_have_another_length(
     assert parse_record({**SSD_ROUND, "fanout": [4, 2, 2]}).fanout == (4, 2, 2)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hit": [True]}, "'hit', a list of 2 booleans"),
-    ({"fanout": [3]}, "'fanout', the looked-up cache's F_0..F_K'"),
-    ({"fanout": None}, "'fanout', the looked-up cache's F_0..F_K'"),
-    ({"backup": "auto"}, "not auto"),
-    ({"backup": "magic"}, "names neural, random or lookup"),
-    ({"backup": None}, "must name the backup that served them"),
-    ({"wait_ms": None}, "missing field 'wait_ms'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hit": [True]}, "'hit', a list of 2 booleans"),
+        ({"fanout": [3]}, "'fanout', the looked-up cache's F_0..F_K'"),
+        ({"fanout": None}, "'fanout', the looked-up cache's F_0..F_K'"),
+        ({"backup": "auto"}, "not auto"),
+        ({"backup": "magic"}, "names neural, random or lookup"),
+        ({"backup": None}, "must name the backup that served them"),
+        ({"wait_ms": None}, "missing field 'wait_ms'"),
+    ],
+)
 def test_bad_ssd_fields_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         parse_record({**SSD_ROUND, **change})

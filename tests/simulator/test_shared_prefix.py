@@ -29,14 +29,17 @@ def test_the_simulator_matches_the_prefix_cache_in_the_engines_block_size():
     assert PREFIX_BLOCK_TOKENS == DEFAULT_BLOCK_SIZE
 
 
-@pytest.mark.parametrize(("prompt", "fraction", "cached"), [
-    (1000, 0.0, 0),
-    (1000, 0.5, 496),  # 500 tokens shared: 31 whole blocks
-    (1000, 0.9, 896),
-    (32, 0.99, 16),  # never the prompt's last token: 31 shared tokens make one whole block
-    (16, 0.99, 0),  # the last token is in the only block
-    (15, 0.5, 0),
-])
+@pytest.mark.parametrize(
+    ("prompt", "fraction", "cached"),
+    [
+        (1000, 0.0, 0),
+        (1000, 0.5, 496),  # 500 tokens shared: 31 whole blocks
+        (1000, 0.9, 896),
+        (32, 0.99, 16),  # never the prompt's last token: 31 shared tokens make one whole block
+        (16, 0.99, 0),  # the last token is in the only block
+        (15, 0.5, 0),
+    ],
+)
 def test_cached_tokens_are_whole_blocks_of_the_shared_part(prompt, fraction, cached):
     assert cached_tokens(prompt, fraction) == cached
 
@@ -62,8 +65,9 @@ def _roofline():
     hw = hardware_preset("h100")
     from simulator import Deployment
 
-    return RooflineTiming(Deployment(model_preset("qwen2.5-coder-1.5b"), hw),
-                          Deployment(model_preset("qwen2.5-coder-0.5b"), hw))
+    return RooflineTiming(
+        Deployment(model_preset("qwen2.5-coder-1.5b"), hw), Deployment(model_preset("qwen2.5-coder-0.5b"), hw)
+    )
 
 
 def test_the_roofline_prefills_the_computed_rows_against_the_cached_kv():
@@ -80,8 +84,12 @@ def test_the_roofline_prefills_the_computed_rows_against_the_cached_kv():
 
 
 def test_the_fitted_prefill_line_counts_computed_rows_and_their_attention_pairs():
-    fitted = FittedTiming(verify=(1.0, 0.1, 0.001), prefill_target=(5.0, 0.2, 0.0), prefill_draft=(2.0, 0.05, 0.0),
-                          prefill_attention=(1e-4, 2e-5))
+    fitted = FittedTiming(
+        verify=(1.0, 0.1, 0.001),
+        prefill_target=(5.0, 0.2, 0.0),
+        prefill_draft=(2.0, 0.05, 0.0),
+        prefill_attention=(1e-4, 2e-5),
+    )
     b, n, c = 2, 512, 384
     assert fitted.prefill_ms(Strategy.AR, b, n, c) == pytest.approx(5.0 + 0.2 * b * (n - c) + 1e-4 * b * (n**2 - c**2))
     assert fitted.draft_prefill_ms(b, n, c) == pytest.approx(2.0 + 0.05 * b * (n - c) + 2e-5 * b * (n**2 - c**2))
@@ -97,12 +105,12 @@ def test_a_stated_prefill_scales_with_the_computed_share():
 
 def _ttfts(shared_prefix: float, strategy: str = "sd"):
     timing = ConstantTiming(t_verify_ms=10.0, t_draft_ms=1.0, t_prefill_ms=200.0, t_draft_prefill_ms=50.0)
-    workload = Replayed((0.0, 1000.0, 2000.0), (1024, 1024, 1024), (4, 4, 4), max_batch=1,
-                        shared_prefix=shared_prefix)
+    workload = Replayed((0.0, 1000.0, 2000.0), (1024, 1024, 1024), (4, 4, 4), max_batch=1, shared_prefix=shared_prefix)
     policy = Policy(strategy, K=2, fanout=(1, 1, 1) if strategy == "ssd" else None)
     hits = ConstantHit(0.5) if strategy == "ssd" else None
-    return simulate(SimConfig(policy, timing, IidAcceptance(0.8), hits=hits, workload=workload, rounds=10_000,
-                              requests=3, seed=1))
+    return simulate(
+        SimConfig(policy, timing, IidAcceptance(0.8), hits=hits, workload=workload, rounds=10_000, requests=3, seed=1)
+    )
 
 
 @pytest.mark.parametrize("strategy", ["sd", "ssd"])
@@ -116,8 +124,24 @@ def test_requests_after_the_first_reach_their_first_token_sooner(strategy):
 
 def test_simulate_takes_the_shared_fraction_and_echoes_it(tmp_path):
     path = tmp_path / "out.json"
-    assert main(["simulate", "--strategy", "ar", "--prompt-len", "1024", "--shared-prefix", "0.9", "--rounds", "300",
-                 "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--strategy",
+                "ar",
+                "--prompt-len",
+                "1024",
+                "--shared-prefix",
+                "0.9",
+                "--rounds",
+                "300",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     assert json.loads(path.read_text())["inputs"]["workload"]["shared_prefix"] == 0.9
 
 

@@ -24,8 +24,13 @@ TOLERANCE = 0.02
 
 def _tokens_per_s(policy, timing, alpha=0.8, p_hit=0.9, batch=1, rounds=ROUNDS):
     config = SimConfig(
-        policy=policy, timing=timing, acceptance=IidAcceptance(alpha), hits=ConstantHit(p_hit),
-        workload=ClosedLoop(batch, output_len=None), rounds=rounds, seed=1,
+        policy=policy,
+        timing=timing,
+        acceptance=IidAcceptance(alpha),
+        hits=ConstantHit(p_hit),
+        workload=ClosedLoop(batch, output_len=None),
+        rounds=rounds,
+        seed=1,
     )
     return simulate(config).decode_tokens_per_s / batch  # per sequence
 
@@ -57,8 +62,9 @@ SSD_CASES = [
 
 
 def _ssd_simulated(alpha, K, p_hit, T_p, backup, T_b, batch, miss_policy):
-    timing = ConstantTiming(t_verify_ms=T_V_MS, t_build_ms=T_p * T_V_MS, t_backup_ms=T_b * T_V_MS,
-                            t_random_backup_ms=T_b * T_V_MS)
+    timing = ConstantTiming(
+        t_verify_ms=T_V_MS, t_build_ms=T_p * T_V_MS, t_backup_ms=T_b * T_V_MS, t_random_backup_ms=T_b * T_V_MS
+    )
     policy = Policy("ssd", K=K, fanout=(1,) * (K + 1), backup=backup, miss_policy=miss_policy)
     return _tokens_per_s(policy, timing, alpha, p_hit, batch) / _ar(timing, batch)
 
@@ -77,8 +83,10 @@ def test_ssd_speedup_matches_cor16(alpha, K, p_hit, T_p, backup, T_b, batch, mis
     assert _ssd_simulated(*case) == pytest.approx(_ssd_closed_form(*case), rel=TOLERANCE)
 
 
-@pytest.mark.parametrize("simulated_as, predicted_as", [(MissPolicy.PER_ROW, MissPolicy.WHOLE_BATCH),
-                                                        (MissPolicy.WHOLE_BATCH, MissPolicy.PER_ROW)])
+@pytest.mark.parametrize(
+    "simulated_as, predicted_as",
+    [(MissPolicy.PER_ROW, MissPolicy.WHOLE_BATCH), (MissPolicy.WHOLE_BATCH, MissPolicy.PER_ROW)],
+)
 def test_negative_control_each_miss_policy_has_its_own_form(simulated_as, predicted_as):
     case = (0.8, 4, 0.7, 3.0, Backup.RANDOM, 0.0, 8)
     simulated = _ssd_simulated(*case, simulated_as)

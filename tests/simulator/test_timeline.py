@@ -34,27 +34,52 @@ def _timeline(config):
 
 def _ssd_records(accepted, hits, K=2):
     """One decode record per round: accepted k and whether that round's speculation was a cache hit."""
-    return tuple(parse_record({
-        "strategy": "ssd", "round": i, "batch_size": 1, "K": K, "context_len": 10 + i, "accepted": [k],
-        "emitted": [k + 1], "draft_ms": 0.0, "verify_ms": 10.0, "round_ms": 12.0, "draft_forwards": K,
-        "hit": [h], "cache_build_ms": 12.0, "branches": 3, "backup": "neural", "wait_ms": 2.0,
-        "fanout": [1] * (K + 1),
-    }) for i, (k, h) in enumerate(zip(accepted, hits, strict=True)))
+    return tuple(
+        parse_record(
+            {
+                "strategy": "ssd",
+                "round": i,
+                "batch_size": 1,
+                "K": K,
+                "context_len": 10 + i,
+                "accepted": [k],
+                "emitted": [k + 1],
+                "draft_ms": 0.0,
+                "verify_ms": 10.0,
+                "round_ms": 12.0,
+                "draft_forwards": K,
+                "hit": [h],
+                "cache_build_ms": 12.0,
+                "branches": 3,
+                "backup": "neural",
+                "wait_ms": 2.0,
+                "fanout": [1] * (K + 1),
+            }
+        )
+        for i, (k, h) in enumerate(zip(accepted, hits, strict=True))
+    )
 
 
 def test_ar_decodes_back_to_back():
-    config = SimConfig(Policy("ar"), ConstantTiming(t_verify_ms=10.0, t_decode_ms=7.0), IidAcceptance(0.5),
-                       workload=ClosedLoop(1, output_len=None), rounds=3)
+    config = SimConfig(
+        Policy("ar"),
+        ConstantTiming(t_verify_ms=10.0, t_decode_ms=7.0),
+        IidAcceptance(0.5),
+        workload=ClosedLoop(1, output_len=None),
+        rounds=3,
+    )
     timeline, result = _timeline(config)
-    assert timeline == [("target", "decode", 0.0, 7.0), ("target", "decode", 7.0, 14.0),
-                        ("target", "decode", 14.0, 21.0)]
+    assert timeline == [
+        ("target", "decode", 0.0, 7.0),
+        ("target", "decode", 7.0, 14.0),
+        ("target", "decode", 14.0, 21.0),
+    ]
     assert result.tokens == 4  # the prefill's first token, then one per decode step
 
 
 def test_sd_drafts_then_verifies_in_series():
     timing = ConstantTiming(t_verify_ms=10.0, t_draft_ms=1.5)
-    config = SimConfig(Policy("sd", K=2), timing, IidAcceptance(1.0), workload=ClosedLoop(1, output_len=None),
-                       rounds=2)
+    config = SimConfig(Policy("sd", K=2), timing, IidAcceptance(1.0), workload=ClosedLoop(1, output_len=None), rounds=2)
     timeline, result = _timeline(config)
     assert timeline == [
         ("draft", "draft", 0.0, 3.0),
@@ -68,23 +93,44 @@ def test_sd_drafts_then_verifies_in_series():
 
 
 def _sd_records(accepted, K=2):
-    return tuple(parse_record({
-        "strategy": "sd", "round": i, "batch_size": len(ks), "K": K, "context_len": 10 + i, "accepted": list(ks),
-        "emitted": [k + 1 for k in ks], "draft_ms": 4.0, "verify_ms": 10.0, "round_ms": 14.0, "draft_forwards": K,
-    }) for i, ks in enumerate(accepted))
+    return tuple(
+        parse_record(
+            {
+                "strategy": "sd",
+                "round": i,
+                "batch_size": len(ks),
+                "K": K,
+                "context_len": 10 + i,
+                "accepted": list(ks),
+                "emitted": [k + 1 for k in ks],
+                "draft_ms": 4.0,
+                "verify_ms": 10.0,
+                "round_ms": 14.0,
+                "draft_forwards": K,
+            }
+        )
+        for i, ks in enumerate(accepted)
+    )
 
 
 def test_sd_first_draft_step_is_two_wide_after_a_row_accepted_all():
     """Batch 2, K 2, a draft step of d(rows) = 1 + 0.5·rows ms: the first step after a round in which some
     row accepted both tokens feeds x_K and the bonus, 4 rows (3 ms) instead of 2 (2 ms)."""
     timing = FittedTiming(verify=(10.0, 0.0, 0.0), draft=(1.0, 0.5, 0.0))
-    config = SimConfig(Policy("sd", K=2), timing, Replay(_sd_records([(2, 0), (0, 1), (1, 1)])),
-                       workload=ClosedLoop(2, output_len=None), rounds=3)
+    config = SimConfig(
+        Policy("sd", K=2),
+        timing,
+        Replay(_sd_records([(2, 0), (0, 1), (1, 1)])),
+        workload=ClosedLoop(2, output_len=None),
+        rounds=3,
+    )
     timeline, _ = _timeline(config)
     drafts = [(s[2], s[3]) for s in timeline if s[:2] == ("draft", "draft")]
-    assert drafts == [(10.0, 14.0),   # after the prefill (10 ms), one token a row: 2 + 2
-                      (24.0, 29.0),   # after (2, 0): 3 + 2 (was 4: every step as wide as the batch)
-                      (39.0, 43.0)]   # after (0, 1): 2 + 2
+    assert drafts == [
+        (10.0, 14.0),  # after the prefill (10 ms), one token a row: 2 + 2
+        (24.0, 29.0),  # after (2, 0): 3 + 2 (was 4: every step as wide as the batch)
+        (39.0, 43.0),
+    ]  # after (0, 1): 2 + 2
 
 
 @pytest.fixture
@@ -96,8 +142,12 @@ def ssd_config():
     """
     timing = ConstantTiming(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0)
     return SimConfig(
-        Policy("ssd", K=2, fanout=(1, 1, 1)), timing, Replay(_ssd_records([1, 2, 0], [False, True, False])),
-        workload=ClosedLoop(1, output_len=None), link=LinkSpec(latency_ms=0.5), rounds=3,
+        Policy("ssd", K=2, fanout=(1, 1, 1)),
+        timing,
+        Replay(_ssd_records([1, 2, 0], [False, True, False])),
+        workload=ClosedLoop(1, output_len=None),
+        link=LinkSpec(latency_ms=0.5),
+        rounds=3,
     )
 
 
@@ -160,12 +210,16 @@ def _two_rows(monkeypatch, miss_policy):
     """Batch 2, K = 2, T_v 10, build 12, backup 3, no link delay. Round 1: both rows new (backup);
     round 2: both hit; round 3: row 0 hits, row 1 misses. (The build after the last round is still running
     when the run stops, so it has no span.)"""
-    monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True, True],
-                                                                                     [True, False]]))
+    monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True, True], [True, False]]))
     timing = ConstantTiming(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0)
-    config = SimConfig(Policy("ssd", K=2, fanout=(1, 1, 1), miss_policy=miss_policy), timing,
-                       IidAcceptance(0.5), hits=ConstantHit(0.5), workload=ClosedLoop(2, output_len=None),
-                       rounds=3)
+    config = SimConfig(
+        Policy("ssd", K=2, fanout=(1, 1, 1), miss_policy=miss_policy),
+        timing,
+        IidAcceptance(0.5),
+        hits=ConstantHit(0.5),
+        workload=ClosedLoop(2, output_len=None),
+        rounds=3,
+    )
     timeline, result = _timeline(config)
     return [s for s in timeline if s[0] in ("draft", "target") and s[1] != "wait_draft"], result
 
@@ -244,11 +298,16 @@ class _RowsSeen(ConstantTiming):
 @pytest.mark.parametrize("backup, third_round_rows", [("neural", 2), ("random", 1)])
 def test_the_neural_backup_drafts_the_whole_batch_a_fast_one_the_missed_rows(monkeypatch, backup, third_round_rows):
     # as the engine does: draft_worker's neural backup runs every row of the batch (hit rows masked)
-    monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True, True],
-                                                                                     [True, False]]))
+    monkeypatch.setattr(simulator.run, "_draws", lambda config, rng: ScriptedDraws(2, [[True, True], [True, False]]))
     timing = _RowsSeen(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0)
-    config = SimConfig(Policy("ssd", K=2, fanout=(1, 1, 1), backup=backup), timing, IidAcceptance(0.5),
-                       hits=ConstantHit(0.5), workload=ClosedLoop(2, output_len=None), rounds=3)
+    config = SimConfig(
+        Policy("ssd", K=2, fanout=(1, 1, 1), backup=backup),
+        timing,
+        IidAcceptance(0.5),
+        hits=ConstantHit(0.5),
+        workload=ClosedLoop(2, output_len=None),
+        rounds=3,
+    )
     simulate(config)
     assert timing.rows == [(backup, 2), (backup, third_round_rows)]  # round 1: both new; round 3: row 1 missed
 
@@ -257,8 +316,9 @@ def test_ssd_joiner_without_prefill_overlap_waits_for_its_draft_prefill_before_t
     # engines before the Prefill message (prefill_overlap False): the target prefills alone; the worker
     # prefills the joiner's draft side when the first round's outcome reaches it, then drafts the backup.
     # tests/simulator/test_join_timeline.py has the overlapped timeline.
-    timing = ConstantTiming(t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0, t_prefill_ms=5.0,
-                            t_draft_prefill_ms=2.0)
+    timing = ConstantTiming(
+        t_verify_ms=10.0, t_build_ms=12.0, t_backup_ms=3.0, t_prefill_ms=5.0, t_draft_prefill_ms=2.0
+    )
     config = replace(ssd_config, timing=timing, rounds=1, prefill_overlap=False)
     timeline, _ = _timeline(config)
     assert timeline[:6] == [

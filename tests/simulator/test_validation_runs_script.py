@@ -20,8 +20,14 @@ def _run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[
     fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
     fake.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if k not in ("PARTS", "CALIBRATE_BATCH", "DTYPE")}
-    done = subprocess.run(["bash", str(tmp_path / "scripts" / "validation-runs.sh")], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path, env={**base, "OUT": str(tmp_path / "out"), **env})
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "validation-runs.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**base, "OUT": str(tmp_path / "out"), **env},
+    )
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 

@@ -28,8 +28,10 @@ def _config(workload, seed=0, strategy="ssd", **kw):
 
 def test_same_seed_same_run_other_seed_other_run():
     workload = OpenLoop(rate_per_s=20.0, max_batch=4, prompt_len=Lengths(50, 150), output_len=Lengths(20, 80))
-    first, again = simulate(_config(workload, requests=50, rounds=10**9)), simulate(_config(workload, requests=50,
-                                                                                            rounds=10**9))
+    first, again = (
+        simulate(_config(workload, requests=50, rounds=10**9)),
+        simulate(_config(workload, requests=50, rounds=10**9)),
+    )
     other = simulate(_config(workload, seed=1, requests=50, rounds=10**9))
     assert first.to_dict() == again.to_dict()
     assert first.to_dict() != other.to_dict()
@@ -70,12 +72,15 @@ def test_closed_loop_keeps_concurrency_and_open_loop_caps_the_batch():
     assert busy.ttft_ms["p99"] > busy.ttft_ms["p50"] > 20.0  # queueing on top of the 20 ms prefill
 
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda: ClosedLoop(0), "concurrency"),
-    (lambda: OpenLoop(rate_per_s=0.0), "rate_per_s"),
-    (lambda: OpenLoop(rate_per_s=1.0, max_batch=0), "max_batch"),
-    (lambda: Lengths(0), ">= 1 token"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda: ClosedLoop(0), "concurrency"),
+        (lambda: OpenLoop(rate_per_s=0.0), "rate_per_s"),
+        (lambda: OpenLoop(rate_per_s=1.0, max_batch=0), "max_batch"),
+        (lambda: Lengths(0), ">= 1 token"),
+    ],
+)
 def test_bad_workloads_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         bad()
@@ -84,8 +89,14 @@ def test_bad_workloads_are_refused(bad, message):
 def _replay(arrivals, prompts, outputs, max_batch=4):
     from simulator import Replayed
 
-    config = SimConfig(Policy("ar", K=0), TIMING, IidAcceptance(0.7), None,
-                       Replayed(tuple(arrivals), tuple(prompts), tuple(outputs), max_batch), rounds=10**9)
+    config = SimConfig(
+        Policy("ar", K=0),
+        TIMING,
+        IidAcceptance(0.7),
+        None,
+        Replayed(tuple(arrivals), tuple(prompts), tuple(outputs), max_batch),
+        rounds=10**9,
+    )
     return simulate(config)
 
 

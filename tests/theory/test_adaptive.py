@@ -50,7 +50,8 @@ def test_verify_time_may_depend_on_the_block_width():
     growing = best_K(0.8, 0.05, lambda width: 1.0 + 0.5 * (width - 1), K_max=10)
     assert growing < flat
     assert round_rate(0.8, 2, 0.05, lambda width: 1.0 + 0.5 * (width - 1)) == pytest.approx(
-        float(expected_tokens(0.8, 2)) / (2 * 0.05 + 2.0))
+        float(expected_tokens(0.8, 2)) / (2 * 0.05 + 2.0)
+    )
 
 
 def test_acceptance_estimate_starts_at_the_prior_and_follows_the_counts():
@@ -69,6 +70,7 @@ def test_the_estimate_does_not_depend_on_K():
     """Forgotten per round, K = 1 kept a quarter of K = 4's observations and the prior held its α at most 11/12
     for a draft that is always right: short K looked best because it was short. Forgotten per observation,
     every K sees about the same memory."""
+
     def estimate(K, update, **prior):
         accepted, rejected = 0.0, 0.0
         for _ in range(400):  # a draft that is always right: K of K every round

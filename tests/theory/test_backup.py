@@ -61,8 +61,11 @@ def test_per_row_b_star_moves_with_a_long_build() -> None:
     # T_p = 2: every round pays the build, so the neural backup's 0.3 weighs less and fast wins later (3 at
     # T_p = 1). By hand: N_n = 3.3616, N_f = 0.9·3.3616 + 0.1 = 3.1254; fast wins iff N_f·(2 + 0.3u) > 2·N_n,
     # u > 0.5037, 0.9^b < 0.4963, b > 6.65.
-    assert critical_batch_size(0.9, E_SD, 2.0, NEURAL, RANDOM) == brute_force_b_star(
-        0.9, E_SD, 2.0, NEURAL, RANDOM, 512, MissPolicy.PER_ROW) == 7
+    assert (
+        critical_batch_size(0.9, E_SD, 2.0, NEURAL, RANDOM)
+        == brute_force_b_star(0.9, E_SD, 2.0, NEURAL, RANDOM, 512, MissPolicy.PER_ROW)
+        == 7
+    )
 
 
 def test_b_star_edge_cases() -> None:
@@ -81,8 +84,7 @@ def test_b_star_edge_cases() -> None:
 @example(1 - 2**-53, 1.0, 0.0, 1.0, 1.0, 2.0, 0.0, MissPolicy.WHOLE_BATCH)
 @example(1 - 2**-53, 1.0, 0.0, 1.0, 0.0, 2.0, 0.0, MissPolicy.WHOLE_BATCH)
 @example(0.5, 3.0, 0.0, 2.0, 0.0, 3.0, 0.5, MissPolicy.WHOLE_BATCH)
-def test_closed_form_b_star_matches_brute_force(p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast,
-                                                policy) -> None:
+def test_closed_form_b_star_matches_brute_force(p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast, policy) -> None:
     neural = BackupOption(Backup.NEURAL, E_neural, T_neural)
     fast = BackupOption(Backup.LOOKUP, E_fast, T_fast)
     want = brute_force_b_star(p_hit, E_hit, T_p, neural, fast, 512, policy)
@@ -93,8 +95,9 @@ def test_closed_form_b_star_matches_brute_force(p_hit, E_hit, T_p, E_neural, T_n
 @given(**CASES)
 @example(1 - 2**-53, 1.0, 0.0, 1.0, 1.0, 2.0, 0.0, MissPolicy.WHOLE_BATCH)  # a tie that rounding splits
 @example(0.5, 3.0, 0.0, 2.0, 0.0, 3.0, 0.5, MissPolicy.WHOLE_BATCH)
-def test_best_backup_picks_fast_exactly_from_b_star_on(p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast,
-                                                       policy) -> None:
+def test_best_backup_picks_fast_exactly_from_b_star_on(
+    p_hit, E_hit, T_p, E_neural, T_neural, E_fast, T_fast, policy
+) -> None:
     """The choice the engine makes (best_backup) and the b* the docs quote agree at every b, ties included."""
     neural = BackupOption(Backup.NEURAL, E_neural, T_neural)
     fast = BackupOption(Backup.LOOKUP, E_fast, T_fast)

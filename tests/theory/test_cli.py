@@ -97,8 +97,9 @@ def test_saguaro_table_and_json(capsys) -> None:
 
 
 def test_saguaro_normalises_counts_on_request(capsys) -> None:
-    data = run_json(["theory", "saguaro", "--p", "1", "1", "8", "--q", "1", "5", "4", "--F", "1", "--normalise"],
-                    capsys)
+    data = run_json(
+        ["theory", "saguaro", "--p", "1", "1", "8", "--q", "1", "5", "4", "--F", "1", "--normalise"], capsys
+    )
     assert data["by_C"][0]["hit_given_reject"] == pytest.approx(1.0)
 
 
@@ -129,9 +130,25 @@ def test_bad_input_exits_2_with_one_line(argv: list[str], fragment: str, capsys)
 
 def test_bad_input_in_a_real_process_has_no_traceback() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "saguaro.cli", "theory", "speedup", "--alpha", "1.5", "--K", "4", "--t-sd", "0.3",
-         "--p-hit", "0.9"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "saguaro.cli",
+            "theory",
+            "speedup",
+            "--alpha",
+            "1.5",
+            "--K",
+            "4",
+            "--t-sd",
+            "0.3",
+            "--p-hit",
+            "0.9",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
 
@@ -149,16 +166,27 @@ def test_theory_command_does_not_import_torch() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("argv, echoed", [
-    (["speedup", "--alpha", "0.7", "-K", "5", "--t-sd", "0.3", "--p-hit", "0.8", "--batch", "1", "4"],
-     {"alpha": 0.7, "K": 5, "t_sd": 0.3, "p_hit": 0.8, "batch": [1, 4], "miss_policy": "per-row"}),
-    (["fanout", "--alpha", "0.8", "-K", "3", "--budget", "9", "--r", "0.5"],
-     {"alpha": 0.8, "K": 3, "B": 9, "r": 0.5, "scale": 1.0}),
-    (["fit-r", "--fanout", "1", "2", "4", "--miss", "0.5", "0.3", "0.2"],
-     {"fanout": [1.0, 2.0, 4.0], "miss": [0.5, 0.3, 0.2], "confidence": 0.95}),
-    (["backup", "--alpha", "0.8", "-K", "4", "--t-sd", "0.3", "--p-hit", "0.9", "--batch", "2", "8"],
-     {"K": 4, "batch": [2, 8], "fast": "random"}),
-])
+@pytest.mark.parametrize(
+    "argv, echoed",
+    [
+        (
+            ["speedup", "--alpha", "0.7", "-K", "5", "--t-sd", "0.3", "--p-hit", "0.8", "--batch", "1", "4"],
+            {"alpha": 0.7, "K": 5, "t_sd": 0.3, "p_hit": 0.8, "batch": [1, 4], "miss_policy": "per-row"},
+        ),
+        (
+            ["fanout", "--alpha", "0.8", "-K", "3", "--budget", "9", "--r", "0.5"],
+            {"alpha": 0.8, "K": 3, "B": 9, "r": 0.5, "scale": 1.0},
+        ),
+        (
+            ["fit-r", "--fanout", "1", "2", "4", "--miss", "0.5", "0.3", "0.2"],
+            {"fanout": [1.0, 2.0, 4.0], "miss": [0.5, 0.3, 0.2], "confidence": 0.95},
+        ),
+        (
+            ["backup", "--alpha", "0.8", "-K", "4", "--t-sd", "0.3", "--p-hit", "0.9", "--batch", "2", "8"],
+            {"K": 4, "batch": [2, 8], "fast": "random"},
+        ),
+    ],
+)
 def test_json_echoes_every_input_and_minus_k_and_budget_are_accepted(argv, echoed, capsys) -> None:
     assert main(["theory", *argv, "--json"]) == 0
     inputs = json.loads(capsys.readouterr().out)["inputs"]
@@ -167,8 +195,27 @@ def test_json_echoes_every_input_and_minus_k_and_budget_are_accepted(argv, echoe
 
 def test_tables_use_one_fixed_format_per_column(capsys) -> None:
     # p_hit^b spans 0.9 .. 1e-3: once printed as 0.9 next to 0.00118
-    assert main(["theory", "speedup", "--alpha", "0.8", "-K", "4", "--t-sd", "0.3", "--p-hit", "0.9",
-                 "--batch", "1", "64", "512"]) == 0
+    assert (
+        main(
+            [
+                "theory",
+                "speedup",
+                "--alpha",
+                "0.8",
+                "-K",
+                "4",
+                "--t-sd",
+                "0.3",
+                "--p-hit",
+                "0.9",
+                "--batch",
+                "1",
+                "64",
+                "512",
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out.split("\n\n")[1].splitlines()
     assert table[0].split() == ["b", "all_hit", "ssd_speedup", "ssd_over_sd"]
     cells = [v for line in table[1:] for v in line.split()[1:]]

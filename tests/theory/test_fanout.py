@@ -186,8 +186,9 @@ def exact_hit(F: list[int], alpha: float, r: int, scale: float) -> Fraction:
     """Σ_k P(k)·(1 − min(1, a·F_k^(−r))) in exact arithmetic (integer r)."""
     a, s = Fraction(alpha), Fraction(scale)
     P = [a**k * (1 - a) for k in range(len(F) - 1)] + [a ** (len(F) - 1)]
-    return sum((p * max(Fraction(0), 1 - s / Fraction(f) ** r) for p, f in zip(P, F, strict=True) if f > 0),
-               Fraction(0))
+    return sum(
+        (p * max(Fraction(0), 1 - s / Fraction(f) ** r) for p, f in zip(P, F, strict=True) if f > 0), Fraction(0)
+    )
 
 
 def test_exact_ties_go_to_the_earlier_outcome_even_where_float_sums_split_them() -> None:

@@ -29,13 +29,16 @@ def test_one_chunk_of_several_tokens_has_zero_tpot_and_no_itl():
     assert r.tpot_s == 0.0 and r.itl_s == () and r.output_tokens == 4
 
 
-@pytest.mark.parametrize("times, tokens, match", [
-    ([1.0, 2.0], [1], "2 chunk times for 1 chunk sizes"),
-    ([], [], "no streamed chunk"),
-    ([1.0], [0], "at least one token"),
-    ([0.5], [1], "not before the arrival"),
-    ([1.0, 0.9], [1, 1], "non-decreasing"),
-])
+@pytest.mark.parametrize(
+    "times, tokens, match",
+    [
+        ([1.0, 2.0], [1], "2 chunk times for 1 chunk sizes"),
+        ([], [], "no streamed chunk"),
+        ([1.0], [0], "at least one token"),
+        ([0.5], [1], "not before the arrival"),
+        ([1.0, 0.9], [1, 1], "non-decreasing"),
+    ],
+)
 def test_bad_timelines_raise_with_what_is_wrong(times, tokens, match):
     with pytest.raises(ValueError, match=match):
         request_latency(0.75, times, tokens)
@@ -78,6 +81,11 @@ def test_tpot_is_the_time_after_the_first_token_per_further_token():
 
 def test_statistics_of_one_metric_keep_their_unit():
     s = statistics([1.0, 2.0, 3.0, 4.0], percentiles=(50, 90))
-    assert s == {"mean": 2.5, "median": 2.5, "std": pytest.approx(1.118033988749895), "p50": 2.5,
-                 "p90": pytest.approx(3.7)}
+    assert s == {
+        "mean": 2.5,
+        "median": 2.5,
+        "std": pytest.approx(1.118033988749895),
+        "p50": 2.5,
+        "p90": pytest.approx(3.7),
+    }
     assert all(math.isnan(v) for v in statistics([]).values())

@@ -134,8 +134,7 @@ def test_whole_batch_hands_every_row_the_backup_when_one_misses() -> None:
 
 
 @FAST
-@given(p_hit=st.floats(0, 1), E_hit=st.floats(1, 9), E_miss=st.floats(1, 9), T_p=st.floats(0, 1),
-       T_b=st.floats(0, 3))
+@given(p_hit=st.floats(0, 1), E_hit=st.floats(1, 9), E_miss=st.floats(1, 9), T_p=st.floats(0, 1), T_b=st.floats(0, 3))
 def test_both_policies_are_the_papers_form_at_batch_one_when_the_build_fits(p_hit, E_hit, E_miss, T_p, T_b) -> None:
     paper = (p_hit * E_hit + (1 - p_hit) * E_miss) / (p_hit * 1.0 + (1 - p_hit) * (1 + T_b))
     for policy in POLICIES:
@@ -143,8 +142,14 @@ def test_both_policies_are_the_papers_form_at_batch_one_when_the_build_fits(p_hi
 
 
 @FAST
-@given(p_hit=st.floats(0, 1), E_hit=st.floats(1, 9), miss_fraction=st.floats(0, 1), T_p=st.floats(0, 4),
-       T_b=st.floats(0, 3), b=st.integers(1, 63))
+@given(
+    p_hit=st.floats(0, 1),
+    E_hit=st.floats(1, 9),
+    miss_fraction=st.floats(0, 1),
+    T_p=st.floats(0, 4),
+    T_b=st.floats(0, 3),
+    b=st.integers(1, 63),
+)
 def test_per_sequence_speed_never_rises_with_batch(p_hit, E_hit, miss_fraction, T_p, T_b, b) -> None:
     """A bigger batch only adds misses. Per-row: any T_p. Whole-batch: as long as a hit round is at least as
     fast as a miss round, E_hit / max(1, T_p) ≥ E_miss / (1 + T_b) (else abandoning the build pays)."""

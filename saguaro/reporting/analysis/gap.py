@@ -65,9 +65,12 @@ class _Sums:
 
 def _sums(rows: list[dict]) -> _Sums:
     return _Sums(
-        rounds=len(rows), seq_rounds=sum(len(r["accepted"]) for r in rows),
-        emitted=sum(sum(r["emitted"]) for r in rows), drafted=sum(int(k) + 1 for r in rows for k in r["accepted"]),
-        round_ms=sum(r["round_ms"] for r in rows), verify_ms=sum(r["verify_ms"] for r in rows),
+        rounds=len(rows),
+        seq_rounds=sum(len(r["accepted"]) for r in rows),
+        emitted=sum(sum(r["emitted"]) for r in rows),
+        drafted=sum(int(k) + 1 for r in rows for k in r["accepted"]),
+        round_ms=sum(r["round_ms"] for r in rows),
+        verify_ms=sum(r["verify_ms"] for r in rows),
         draft_ms=sum(r["wait_ms"] if r.get("wait_ms") is not None else r["draft_ms"] for r in rows),
     )
 
@@ -147,16 +150,25 @@ def _verify_at_shapes(sd: list[dict], ssd: list[dict]) -> float:
     return sum(p if p is not None else ratio * r["verify_ms"] for p, r in zip(priced, ssd, strict=True)) / len(ssd)
 
 
-def _share_at(p: float, p_now: float, other: float, e_miss: float, base_ms: float, backup_ms: float,
-              batch: float) -> float:
+def _share_at(
+    p: float, p_now: float, other: float, e_miss: float, base_ms: float, backup_ms: float, batch: float
+) -> float:
     """The share at hit rate p with the other factors, E_miss/E_hit and the cost of a missed round as today."""
-    missed_now = 1.0 - p_now ** batch
-    backup = backup_ms * (1.0 - p ** batch) / missed_now
+    missed_now = 1.0 - p_now**batch
+    backup = backup_ms * (1.0 - p**batch) / missed_now
     return other * (p + (1.0 - p) * e_miss) * base_ms / (base_ms + backup)
 
 
-def _hit_rate_for(target: float, p_now: float, other: float, e_miss: float, base_ms: float, backup_ms: float,
-                  batch: float, steps: int = 10_000) -> float | None:
+def _hit_rate_for(
+    target: float,
+    p_now: float,
+    other: float,
+    e_miss: float,
+    base_ms: float,
+    backup_ms: float,
+    batch: float,
+    steps: int = 10_000,
+) -> float | None:
     """The least hit rate on a 1e-4 grid whose share reaches `target`; None if none does (not even p = 1)."""
     for i in range(steps + 1):
         p = i / steps
@@ -198,8 +210,10 @@ def decompose(ssd_calls: R.Calls, sd_calls: R.Calls, target: float = TARGET_SHAR
         "shapes": (D_sd + V_sd) / (D_sd + V_sd_at_ssd),
         "interference": (D_sd + V_sd_at_ssd) / (D_sd + V_ssd),
         "overhead": s.verify_ms / (s.verify_ms + other_ssd) * (d.round_ms / d.rounds) / (D_sd + V_sd),
-        "rest": (s.emitted / s.drafted) / (d.emitted / d.drafted)
-        * (s.seq_rounds / s.rounds) / (d.seq_rounds / d.rounds),
+        "rest": (s.emitted / s.drafted)
+        / (d.emitted / d.drafted)
+        * (s.seq_rounds / s.rounds)
+        / (d.seq_rounds / d.rounds),
     }
     builds = [r["cache_build_ms"] for r in ssd if r.get("cache_build_ms") is not None]
     share = measured / ceiling
@@ -210,13 +224,25 @@ def decompose(ssd_calls: R.Calls, sd_calls: R.Calls, target: float = TARGET_SHAR
         needed = _hit_rate_for(target, p, other, *cost)
         needed_alone = _hit_rate_for(target, p, 1.0, *cost)
     return {
-        "measured_ssd_over_sd": measured, "ceiling": ceiling, "share": share, **factors,
-        "p_hit": p, "E_hit": E_hit, "E_miss": E_miss, "E_miss_over_E_hit": E_miss / E_hit if E_miss else None,
+        "measured_ssd_over_sd": measured,
+        "ceiling": ceiling,
+        "share": share,
+        **factors,
+        "p_hit": p,
+        "E_hit": E_hit,
+        "E_miss": E_miss,
+        "E_miss_over_E_hit": E_miss / E_hit if E_miss else None,
         "backup_ms": B / w.missed_rounds if w.missed_rounds else None,
-        "start_ms": w.start_ms / len(ssd_by_call), "link_ms": w.link_ms, "overrun_rounds": w.overrun_rounds,
+        "start_ms": w.start_ms / len(ssd_by_call),
+        "link_ms": w.link_ms,
+        "overrun_rounds": w.overrun_rounds,
         "T_p": (sum(builds) / len(builds)) / V_ssd if builds else None,
-        "verify_ms": V_ssd, "sd_verify_ms": V_sd, "T_sd": T_sd,
-        "share_at_all_hits": other, _needed_key(target): needed, "p_hit_misses_alone": needed_alone,
+        "verify_ms": V_ssd,
+        "sd_verify_ms": V_sd,
+        "T_sd": T_sd,
+        "share_at_all_hits": other,
+        _needed_key(target): needed,
+        "p_hit_misses_alone": needed_alone,
     }
 
 
@@ -232,8 +258,9 @@ def gap_rows(runs: list[Run], ceilings: list[dict], target: float = TARGET_SHARE
         run = by_name[c["run"]]
         row = decompose(run.rounds_of(c["key"]), run.rounds_of(c["sd_key"]), target)
         if row is not None:
-            out.append({"run": c["run"], "key": c["key"], "sd_key": c["sd_key"],
-                        "disturbed": c.get("disturbed", 0), **row})
+            out.append(
+                {"run": c["run"], "key": c["key"], "sd_key": c["sd_key"], "disturbed": c.get("disturbed", 0), **row}
+            )
     return out
 
 
@@ -244,18 +271,24 @@ def reading(row: dict, target: float = TARGET_SHARE) -> str:
     if row["share"] >= target:
         return f"{key}: share {row['share']:.2f} already reaches {target:.0%}."
     if need is not None:
-        return (f"{key}: a {target:.0%} share needs a cache hit rate of {need:.2f} (today {row['p_hit']:.2f}) at "
-                f"today's miss cost ({row['backup_ms']:.0f} ms of backup per missed round, E_miss/E_hit "
-                f"{row['E_miss_over_E_hit']:.2f}).")
+        return (
+            f"{key}: a {target:.0%} share needs a cache hit rate of {need:.2f} (today {row['p_hit']:.2f}) at "
+            f"today's miss cost ({row['backup_ms']:.0f} ms of backup per missed round, E_miss/E_hit "
+            f"{row['E_miss_over_E_hit']:.2f})."
+        )
     worst = min((f for f in FACTORS if not f.startswith("misses")), key=lambda f: row[f])
-    line = (f"{key}: no hit rate reaches {target:.0%}: with every speculation a hit the other factors cap the "
-            f"share at {row['share_at_all_hits']:.2f} (the largest loss: {worst} {row[worst]:.2f})")
+    line = (
+        f"{key}: no hit rate reaches {target:.0%}: with every speculation a hit the other factors cap the "
+        f"share at {row['share_at_all_hits']:.2f} (the largest loss: {worst} {row[worst]:.2f})"
+    )
     if row["E_miss"] is None:
         return line + "; there are no misses."
     line += f"; the misses leave {row['misses_tokens'] * row['misses_backup']:.2f}"
     alone = row.get("p_hit_misses_alone")
     if alone is not None and alone > row["p_hit"]:
-        line += (f", and with the other factors at 1 a {target:.0%} share would need a cache hit rate of "
-                 f"{alone:.2f} (today {row['p_hit']:.2f}) at today's {row['backup_ms']:.0f} ms of backup per "
-                 "missed round")
+        line += (
+            f", and with the other factors at 1 a {target:.0%} share would need a cache hit rate of "
+            f"{alone:.2f} (today {row['p_hit']:.2f}) at today's {row['backup_ms']:.0f} ms of backup per "
+            "missed round"
+        )
     return line + "."

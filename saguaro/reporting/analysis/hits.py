@@ -25,8 +25,17 @@ def hit_by_k(runs: list[Run], rows: list[dict]) -> list[dict]:
         for k in sorted(groups):
             ls = groups[k]
             hits = sum(x.hit for x in ls)
-            out.append({"run": row["run"], "key": row["key"], "k": k, "lookups": len(ls), "hits": hits,
-                        "hit_rate": hits / len(ls), "fanout": round(sum(x.fanout for x in ls) / len(ls), 2)})
+            out.append(
+                {
+                    "run": row["run"],
+                    "key": row["key"],
+                    "k": k,
+                    "lookups": len(ls),
+                    "hits": hits,
+                    "hit_rate": hits / len(ls),
+                    "fanout": round(sum(x.fanout for x in ls) / len(ls), 2),
+                }
+            )
     return out
 
 
@@ -56,9 +65,14 @@ def power_law_fits(points: list[dict]) -> list[dict]:
     for T, ps in sorted(by_T.items()):
         F, miss = [p["fanout"] for p in ps], [p["miss_rate"] for p in ps]
         if len(ps) < MIN_FIT_POINTS:
-            fits.append({"temperature": T, "n_points": len(ps),
-                         "note": f"not fitted: misses at {len(ps)} fan-out(s); a power law a·F^(−r) has two "
-                                 f"parameters, so testing it needs {MIN_FIT_POINTS} or more"})
+            fits.append(
+                {
+                    "temperature": T,
+                    "n_points": len(ps),
+                    "note": f"not fitted: misses at {len(ps)} fan-out(s); a power law a·F^(−r) has two "
+                    f"parameters, so testing it needs {MIN_FIT_POINTS} or more",
+                }
+            )
             continue
         try:
             fit = fit_r(F, miss)

@@ -80,8 +80,10 @@ def load_run(path: str | Path) -> Run:
     """Read a run folder; ValueError (with what to pass instead) if it is not one."""
     path = Path(path)
     if not (path / CONFIG).is_file() or not (path / ENVIRONMENT).is_file():
-        raise ValueError(f"{path} is not a bench run folder (needs {CONFIG} and {ENVIRONMENT}): "
-                         "pass folders that `saguaro bench` wrote, e.g. runs/<timestamp>-<name>")
+        raise ValueError(
+            f"{path} is not a bench run folder (needs {CONFIG} and {ENVIRONMENT}): "
+            "pass folders that `saguaro bench` wrote, e.g. runs/<timestamp>-<name>"
+        )
     run_dir = RunDir(path)
     try:
         config, env = run_dir.read_json(CONFIG), run_dir.read_json(ENVIRONMENT)

@@ -45,10 +45,24 @@ def _closed_form(row: dict, t: R.Timings, ar: R.Timings) -> tuple[float | None, 
     a_hit = row["alpha_hit"] if row["alpha_hit"] is not None else alpha
     a_miss = row["alpha_miss"] if row["alpha_miss"] is not None else a_hit
     overrun_ms = max(0.0, t.cache_build_ms - T_v)  # in every round's wait, misses' included
-    inputs = {"p_hit": p_hit, "alpha_hit": a_hit, "alpha_miss": a_miss, "T_p": t.cache_build_ms / T_v,
-              "T_b": max(0.0, (t.miss_wait_ms or 0.0) - overrun_ms) / T_v, "T_ar_over_T_v": ar.verify_ms / T_v}
-    value = ssd_speedup(p_hit, expected_tokens(a_hit, K), expected_tokens(a_miss, K), inputs["T_p"],
-                        inputs["T_b"], row["batch"], inputs["T_ar_over_T_v"], miss_policy=MissPolicy.PER_ROW)
+    inputs = {
+        "p_hit": p_hit,
+        "alpha_hit": a_hit,
+        "alpha_miss": a_miss,
+        "T_p": t.cache_build_ms / T_v,
+        "T_b": max(0.0, (t.miss_wait_ms or 0.0) - overrun_ms) / T_v,
+        "T_ar_over_T_v": ar.verify_ms / T_v,
+    }
+    value = ssd_speedup(
+        p_hit,
+        expected_tokens(a_hit, K),
+        expected_tokens(a_miss, K),
+        inputs["T_p"],
+        inputs["T_b"],
+        row["batch"],
+        inputs["T_ar_over_T_v"],
+        miss_policy=MissPolicy.PER_ROW,
+    )
     return float(value), inputs
 
 
@@ -106,14 +120,26 @@ def predictions(runs: list[Run], rows: list[dict]) -> Predictions:
         sim, sim_ar = sims[run.name].tokens_per_s(row["key"]), sims[ar_run.name].tokens_per_s(row["ar_key"])
         simulated = sim / sim_ar if sim and sim_ar else None
         measured = row["decode_speedup_vs_ar"]
-        out.rows.append({
-            "run": row["run"], "key": row["key"], "system": row["system"], "K": row["K"],
-            "temperature": row["temperature"], "batch": row["batch"], "C": row["C"], "budget": row["budget"],
-            "backup": row["backup"], "disturbed": row.get("disturbed", 0),
-            "measured": measured, "simulated": simulated, "closed_form": closed,
-            "simulated_error": _error(simulated, measured), "closed_form_error": _error(closed, measured),
-            **inputs,
-        })
+        out.rows.append(
+            {
+                "run": row["run"],
+                "key": row["key"],
+                "system": row["system"],
+                "K": row["K"],
+                "temperature": row["temperature"],
+                "batch": row["batch"],
+                "C": row["C"],
+                "budget": row["budget"],
+                "backup": row["backup"],
+                "disturbed": row.get("disturbed", 0),
+                "measured": measured,
+                "simulated": simulated,
+                "closed_form": closed,
+                "simulated_error": _error(simulated, measured),
+                "closed_form_error": _error(closed, measured),
+                **inputs,
+            }
+        )
     return out
 
 
@@ -139,9 +165,17 @@ def ceiling_rows(runs: list[Run], rows: list[dict]) -> list[dict]:
     for row in rows:
         if row["system"] != "ssd":
             continue
-        sd = next((r for r in rows if r["system"] == "sd" and r["run"] == row["run"]
-                   and _k_label(r["key"]) == _k_label(row["key"])
-                   and all(r[s] == row[s] for s in ("temperature", "batch", "C"))), None)
+        sd = next(
+            (
+                r
+                for r in rows
+                if r["system"] == "sd"
+                and r["run"] == row["run"]
+                and _k_label(r["key"]) == _k_label(row["key"])
+                and all(r[s] == row[s] for s in ("temperature", "batch", "C"))
+            ),
+            None,
+        )
         if sd is None or not row["decode_tokens_per_s"] or not sd["decode_tokens_per_s"]:
             continue
         run = by_name[row["run"]]
@@ -154,7 +188,19 @@ def ceiling_rows(runs: list[Run], rows: list[dict]) -> list[dict]:
         T_sd = sd_t.draft_ms / ssd_t.verify_ms
         ceiling = float(ssd_over_sd_ceiling(E_hit, E_sd, T_sd))
         measured = row["decode_tokens_per_s"] / sd["decode_tokens_per_s"]
-        out.append({"run": row["run"], "key": row["key"], "sd_key": sd["key"], "disturbed": row.get("disturbed", 0),
-                    "measured_ssd_over_sd": measured, "ceiling": ceiling, "share": measured / ceiling,
-                    "T_sd": T_sd, "E_hit": E_hit, "E_sd": E_sd, "hit_rate": row["hit_rate"]})
+        out.append(
+            {
+                "run": row["run"],
+                "key": row["key"],
+                "sd_key": sd["key"],
+                "disturbed": row.get("disturbed", 0),
+                "measured_ssd_over_sd": measured,
+                "ceiling": ceiling,
+                "share": measured / ceiling,
+                "T_sd": T_sd,
+                "E_hit": E_hit,
+                "E_sd": E_sd,
+                "hit_rate": row["hit_rate"],
+            }
+        )
     return out

@@ -110,8 +110,11 @@ class Timings:
 
 def timings(calls: Calls) -> Timings:
     rows = [r for call in calls for r in decode(call)]
-    missed = [r["wait_ms"] if r.get("wait_ms") is not None else r["draft_ms"]
-              for r in rows if r.get("hit") is not None and not all(r["hit"])]
+    missed = [
+        r["wait_ms"] if r.get("wait_ms") is not None else r["draft_ms"]
+        for r in rows
+        if r.get("hit") is not None and not all(r["hit"])
+    ]
     return Timings(
         verify_ms=_mean([r["verify_ms"] for r in rows]),
         draft_ms=_mean([r["draft_ms"] for r in rows]),

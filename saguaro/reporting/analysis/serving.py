@@ -34,12 +34,23 @@ def point_summary(config: dict, point: str, lines: list[dict], planned: int) -> 
     output_tokens = sum(r["new_tokens"] for r in ok)
     first = lines[0] if lines else {}
     return {
-        "point": point, "label": config.get("label"), "url": config.get("url"), "model": config.get("model"),
-        "endpoint": config.get("endpoint"), "rate": first.get("rate"), "concurrency": first.get("concurrency"),
-        "seed": config.get("seed"), "prompts": config.get("prompts"), "num_prompts": config.get("num_prompts"),
-        "max_new_tokens": config.get("max_new_tokens"), "temperature": config.get("temperature"),
+        "point": point,
+        "label": config.get("label"),
+        "url": config.get("url"),
+        "model": config.get("model"),
+        "endpoint": config.get("endpoint"),
+        "rate": first.get("rate"),
+        "concurrency": first.get("concurrency"),
+        "seed": config.get("seed"),
+        "prompts": config.get("prompts"),
+        "num_prompts": config.get("num_prompts"),
+        "max_new_tokens": config.get("max_new_tokens"),
+        "temperature": config.get("temperature"),
         "ignore_eos": config.get("ignore_eos"),
-        "requests": planned, "sent": len(lines), "completed": len(ok), "failed": len(lines) - len(ok),
+        "requests": planned,
+        "sent": len(lines),
+        "completed": len(ok),
+        "failed": len(lines) - len(ok),
         "not_sent": planned - len(lines),
         "duration_s": duration,
         "requests_per_s": len(ok) / duration if duration > 0 else None,
@@ -68,8 +79,13 @@ def point_rows(runs: list[Run]) -> list[dict]:
             row = point_summary(run.config, point, lines, run.config.get("num_prompts", len(lines)))
             rate = row["rate"]
             reasons = [why for why in map(run.disturbed, lines) if why]
-            row.update(run=run.name, series=_series(run, runs), load="rate" if rate is not None else "concurrency",
-                       rate=None if rate is None else float(rate), disturbed=len(reasons),
-                       disturbed_reasons=list(dict.fromkeys(reasons)))
+            row.update(
+                run=run.name,
+                series=_series(run, runs),
+                load="rate" if rate is not None else "concurrency",
+                rate=None if rate is None else float(rate),
+                disturbed=len(reasons),
+                disturbed_reasons=list(dict.fromkeys(reasons)),
+            )
             rows.append(row)
     return rows

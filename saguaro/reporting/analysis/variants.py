@@ -40,14 +40,20 @@ def variant_row(run: Run, key: str, results: list[dict]) -> dict:
     seq_rounds = sum(hist.values())
     reasons = [why for why in map(run.disturbed, results) if why]
     row = {
-        "run": run.name, "system": first["system"], "key": key,
+        "run": run.name,
+        "system": first["system"],
+        "key": key,
         **{s: settings.get(s) for s in SETTINGS},
-        "prompts": len(ok), "errors": len(results) - len(ok), "new_tokens": tokens, "wall_s": wall,
+        "prompts": len(ok),
+        "errors": len(results) - len(ok),
+        "new_tokens": tokens,
+        "wall_s": wall,
         "faults": sum(1 for r in ok if r.get("engine_fault")),
         "threads": Counter(r.get("torch_threads") for r in ok).most_common(1)[0][0] if ok else None,
         "tokens_per_s": tokens / wall if wall > 0 else None,
         "request_tokens_per_s_median": median([r["new_tokens"] / e2el_s(r) for r in ok if e2el_s(r)])
-        if any(e2el_s(r) for r in ok) else None,
+        if any(e2el_s(r) for r in ok)
+        else None,
         **latency_columns(ok),
         "ms_per_token": wall / tokens * 1e3 * settings["batch"] if tokens else None,
         "decode_tokens_per_s": R.decode_tokens_per_s(calls),
@@ -120,22 +126,37 @@ def category_rows(runs: list[Run]) -> list[dict]:
     for (run, key, task), rs in groups.items():
         hist = _hist(rs)
         n = sum(hist.values())
-        rows.append({
-            "run": run, "key": key, "task": task, "prompts": len(rs), "rounds": n,
-            # per-prompt results keep k counts but not each round's K: no α for an adaptive-K variant here
-            "alpha": R.alpha_mle(hist, K) if isinstance(K := rs[0]["settings"].get("K"), int) else None,
-            "tokens_per_round": (sum(r["new_tokens"] for r in rs) - len(rs)) / n if n else None,
-            "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(e2el_s(r) or 0.0 for r in rs)
-            if sum(e2el_s(r) or 0.0 for r in rs) > 0 else None,
-        })
+        rows.append(
+            {
+                "run": run,
+                "key": key,
+                "task": task,
+                "prompts": len(rs),
+                "rounds": n,
+                # per-prompt results keep k counts but not each round's K: no α for an adaptive-K variant here
+                "alpha": R.alpha_mle(hist, K) if isinstance(K := rs[0]["settings"].get("K"), int) else None,
+                "tokens_per_round": (sum(r["new_tokens"] for r in rs) - len(rs)) / n if n else None,
+                "tokens_per_s": sum(r["new_tokens"] for r in rs) / sum(e2el_s(r) or 0.0 for r in rs)
+                if sum(e2el_s(r) or 0.0 for r in rs) > 0
+                else None,
+            }
+        )
     return rows
 
 
 def error_rows(runs: list[Run]) -> list[dict]:
     """Failed prompts, and prompts an engine served in a degraded mode (SSD after its worker failed)."""
-    return [{"run": run.name, "key": r["key"], "prompt_id": r["prompt_id"],
-             "error": r.get("error") or f"engine fault, ran without its draft worker: {r['engine_fault']}"}
-            for run in runs for r in run.results if r.get("error") or r.get("engine_fault")]
+    return [
+        {
+            "run": run.name,
+            "key": r["key"],
+            "prompt_id": r["prompt_id"],
+            "error": r.get("error") or f"engine fault, ran without its draft worker: {r['engine_fault']}",
+        }
+        for run in runs
+        for r in run.results
+        if r.get("error") or r.get("engine_fault")
+    ]
 
 
 def category_pivot(rows: list[dict]) -> tuple[list[dict], list[str]]:

@@ -30,8 +30,10 @@ def hit_rate_by_k(ax: Axes, data: ReportData) -> list[dict]:
         n = np.array([by_k[k][1] for k in ks])
         label = f"T={T:g}, C={C:g} ({int(n.sum())} lookups)"
         ax.errorbar(ks, rate, yerr=np.sqrt(rate * (1 - rate) / n), fmt="-o", ms=4, capsize=3, label=label)
-        plotted += [{"temperature": T, "C": C, "k": k, "lookups": int(m), "hits": by_k[k][0], "hit_rate": float(h)}
-                    for k, m, h in zip(ks, n, rate, strict=True)]
+        plotted += [
+            {"temperature": T, "C": C, "k": k, "lookups": int(m), "hits": by_k[k][0], "hit_rate": float(h)}
+            for k, m, h in zip(ks, n, rate, strict=True)
+        ]
     ax.set_xlabel("k (draft tokens accepted in the round whose outcome was looked up)")
     ax.set_ylabel("cache hit rate (fraction of lookups)")
     ax.set_ylim(0, 1.05)
@@ -71,11 +73,19 @@ def acceptance_histogram(ax: Axes, data: ReportData) -> list[dict]:
         x = ks - 0.4 + width * (i + 0.5)
         label = r["key"] if len(data.runs) == 1 else f"{r['key']} [{r['run']}]"
         label += f" {DAGGER} disturbed" if r.get("disturbed") else ""
-        ax.bar(x, frac, width=width, label=f"{label} (α={r['alpha']:.2f})",
-               hatch=HATCH if r.get("disturbed") else None)
+        ax.bar(x, frac, width=width, label=f"{label} (α={r['alpha']:.2f})", hatch=HATCH if r.get("disturbed") else None)
         ax.plot(x, iid, "k_", ms=8, mew=1.5)
-        plotted += [{"key": r["key"], "run": r["run"], "k": int(k), "rounds": hist.get(int(k), 0),
-                     "fraction": float(f), "iid_prediction": float(p)} for k, f, p in zip(ks, frac, iid, strict=True)]
+        plotted += [
+            {
+                "key": r["key"],
+                "run": r["run"],
+                "k": int(k),
+                "rounds": hist.get(int(k), 0),
+                "fraction": float(f),
+                "iid_prediction": float(p),
+            }
+            for k, f, p in zip(ks, frac, iid, strict=True)
+        ]
     ax.plot([], [], "k_", ms=8, mew=1.5, label="i.i.d. prediction P(k) at the measured α")
     ax.set_xlabel("k (draft tokens accepted per round)")
     ax.set_ylabel("fraction of sequence-rounds")
@@ -92,9 +102,11 @@ def miss_vs_fanout(ax: Axes, data: ReportData) -> list[dict]:
     counts = {T: len({p["fanout"] for p in points if p["temperature"] == T}) for T in temperatures}
     if max(counts.values(), default=0) < MIN_FIT_POINTS:
         most = max(counts.values(), default=0)
-        raise NoData(f"a power law a·F^(−r) has two parameters, so it needs misses at {MIN_FIT_POINTS} or more "
-                     f"fan-outs F_k at one temperature to be tested; these runs have {most} "
-                     "(SSD runs at more budgets: --budget 6 12 24)")
+        raise NoData(
+            f"a power law a·F^(−r) has two parameters, so it needs misses at {MIN_FIT_POINTS} or more "
+            f"fan-outs F_k at one temperature to be tested; these runs have {most} "
+            "(SSD runs at more budgets: --budget 6 12 24)"
+        )
     for T, n in sorted(counts.items()):
         if n < MIN_FIT_POINTS:
             data.note(f"T={T:g}: misses at {n} fan-out(s) only, drawn without a fit.")
@@ -107,10 +119,23 @@ def miss_vs_fanout(ax: Axes, data: ReportData) -> list[dict]:
         fit = fit if counts[T] >= MIN_FIT_POINTS else None
         if fit is not None:
             F = np.geomspace(min(p["fanout"] for p in ps), max(p["fanout"] for p in ps), 50)
-            ax.loglog(F, miss_rate(F, fit["r"], fit["scale"]), "-", color=dots[0].get_color(),
-                      label=f"fit T={T:g}: {fit['scale']:.2f}·F^(−{fit['r']:.2f}±{fit['r_stderr']:.2f})")
-            plotted.append({"kind": "fit", "temperature": T, "r": fit["r"], "r_stderr": fit["r_stderr"],
-                            "scale": fit["scale"], "n_points": fit["n_points"]})
+            ax.loglog(
+                F,
+                miss_rate(F, fit["r"], fit["scale"]),
+                "-",
+                color=dots[0].get_color(),
+                label=f"fit T={T:g}: {fit['scale']:.2f}·F^(−{fit['r']:.2f}±{fit['r_stderr']:.2f})",
+            )
+            plotted.append(
+                {
+                    "kind": "fit",
+                    "temperature": T,
+                    "r": fit["r"],
+                    "r_stderr": fit["r_stderr"],
+                    "scale": fit["scale"],
+                    "n_points": fit["n_points"],
+                }
+            )
     plain_log_ticks(ax.xaxis, [p["fanout"] for p in points])
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.3, not 3×10^−1 (minor ticks are labelled within a decade)
     ax.yaxis.set_major_formatter(plain)

@@ -188,8 +188,15 @@ def legend(ax: Axes, n: int | None = None, handles=None, labels=None) -> None:
     if not handles:
         return
     twin = any(other is not ax and other.bbox.bounds == ax.bbox.bounds for other in ax.figure.axes)
-    ax.legend(handles, labels, fontsize=7 if len(handles) <= 8 else 6, loc="upper left",
-              bbox_to_anchor=(1.15 if twin else 1.02, 1.0), borderaxespad=0, frameon=False)
+    ax.legend(
+        handles,
+        labels,
+        fontsize=7 if len(handles) <= 8 else 6,
+        loc="upper left",
+        bbox_to_anchor=(1.15 if twin else 1.02, 1.0),
+        borderaxespad=0,
+        frameon=False,
+    )
 
 
 def plain_log_ticks(axis, values) -> None:

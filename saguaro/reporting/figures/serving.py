@@ -15,10 +15,16 @@ from matplotlib.ticker import NullLocator
 
 from saguaro.reporting.figures.base import Figure, NoData, ReportData, legend, mark_disturbed_legend
 
-NAMES = {"ttft": "Time to first token (TTFT)", "tpot": "Time per output token (TPOT)",
-         "itl": "Inter-token latency (ITL, per streamed chunk)", "e2el": "End-to-end latency (E2EL)"}
-X_LABELS = {"rate": "offered request rate (requests/s, Poisson arrivals)",
-            "concurrency": "concurrency (requests in flight, closed loop)"}
+NAMES = {
+    "ttft": "Time to first token (TTFT)",
+    "tpot": "Time per output token (TPOT)",
+    "itl": "Inter-token latency (ITL, per streamed chunk)",
+    "e2el": "End-to-end latency (E2EL)",
+}
+X_LABELS = {
+    "rate": "offered request rate (requests/s, Poisson arrivals)",
+    "concurrency": "concurrency (requests in flight, closed loop)",
+}
 LOADS = {"rate": "request rate", "concurrency": "concurrency"}
 INF_LABEL = "inf"
 
@@ -31,8 +37,10 @@ def _points(data: ReportData, load: str) -> dict[str, list[dict]]:
     for r in rows:
         series.setdefault(r["series"], []).append(r)
     if all(len({r[load] for r in rs}) < 2 for rs in series.values()):
-        raise NoData(f"a curve against the {LOADS[load]} needs two or more load points in one run; each run here "
-                     f"has one (e.g. --{load} {'0.1 0.4 inf' if load == 'rate' else '1 4 8'})")
+        raise NoData(
+            f"a curve against the {LOADS[load]} needs two or more load points in one run; each run here "
+            f"has one (e.g. --{load} {'0.1 0.4 inf' if load == 'rate' else '1 4 8'})"
+        )
     return {label: sorted(rs, key=lambda r: r[load]) for label, rs in series.items()}
 
 
@@ -64,9 +72,13 @@ def _hollow(ax: Axes, xs: list[float], rows: list[dict], field: str, marker: str
             ax.plot([x], [_value(r[field])], marker, ms=size + 1, color=color, mfc="white", zorder=3)
 
 
-def _against_load(ax: Axes, data: ReportData, load: str, ylabel: str,
-                  draw_series: Callable[[Axes, str, list[float], list[dict]], list[dict]],
-                  ) -> tuple[dict[str, list[dict]], list[dict]]:
+def _against_load(
+    ax: Axes,
+    data: ReportData,
+    load: str,
+    ylabel: str,
+    draw_series: Callable[[Axes, str, list[float], list[dict]], list[dict]],
+) -> tuple[dict[str, list[dict]], list[dict]]:
     """What the serving figures share: `draw_series(ax, label, xs, rows)` once per system (it returns the rows
     it plotted), then the load axis, y from 0 and the legend. Returns the rows by system, and those plotted."""
     series = _points(data, load)
@@ -84,8 +96,15 @@ def _against_load(ax: Axes, data: ReportData, load: str, ylabel: str,
 
 def _plotted(label: str, load: str, r: dict, values: dict) -> dict:
     """One plotted point as the figure's data file has it: system, run, load, `values`, then the request counts."""
-    return {"series": label, "run": r["run"], load: r[load], **values, "completed": r["completed"],
-            "failed": r["failed"], "disturbed": r.get("disturbed", 0)}
+    return {
+        "series": label,
+        "run": r["run"],
+        load: r[load],
+        **values,
+        "completed": r["completed"],
+        "failed": r["failed"],
+        "disturbed": r.get("disturbed", 0),
+    }
 
 
 def latency_vs(load: str, metric: str) -> Callable[[Axes, ReportData], list[dict]]:
@@ -117,8 +136,12 @@ def throughput_vs(load: str) -> Callable[[Axes, ReportData], list[dict]]:
     def draw_series(ax: Axes, label: str, xs: list[float], rs: list[dict]) -> list[dict]:
         line = ax.plot(xs, [_value(r["output_tokens_per_s"]) for r in rs], "-o", ms=4, label=label)
         _hollow(ax, xs, rs, "output_tokens_per_s", "o", 4, line[0].get_color())
-        return [_plotted(label, load, r, {"output_tokens_per_s": r["output_tokens_per_s"],
-                                          "requests_per_s": r["requests_per_s"]}) for r in rs]
+        return [
+            _plotted(
+                label, load, r, {"output_tokens_per_s": r["output_tokens_per_s"], "requests_per_s": r["requests_per_s"]}
+            )
+            for r in rs
+        ]
 
     def draw(ax: Axes, data: ReportData) -> list[dict]:
         _, plotted = _against_load(ax, data, load, "output throughput (generated tokens/s)", draw_series)
@@ -133,10 +156,12 @@ def serving_figures(load: str) -> tuple[Figure, ...]:
     what = LOADS[load]
     return (
         Figure(f"ttft_vs_{load}", f"Time to first token, p50 and p99, against the {what}.", latency_vs(load, "ttft")),
-        Figure(f"tpot_vs_{load}", f"Time per output token, p50 and p99, against the {what}.",
-               latency_vs(load, "tpot")),
-        Figure(f"itl_vs_{load}", f"Inter-token latency (gap between streamed chunks), p50 and p99, against the "
-               f"{what}.", latency_vs(load, "itl")),
+        Figure(f"tpot_vs_{load}", f"Time per output token, p50 and p99, against the {what}.", latency_vs(load, "tpot")),
+        Figure(
+            f"itl_vs_{load}",
+            f"Inter-token latency (gap between streamed chunks), p50 and p99, against the {what}.",
+            latency_vs(load, "itl"),
+        ),
         Figure(f"throughput_vs_{load}", f"Output tokens/s against the {what}.", throughput_vs(load)),
     )
 

@@ -18,8 +18,12 @@ from saguaro.reporting.figures.base import (
     series_of,
 )
 
-PHASE_LABELS = {"prefill": "prefill", "verify": "target forward (verify / decode)",
-                "draft": "draft on the critical path (SD drafting, SSD wait)", "other": "other (sampling, bookkeeping)"}
+PHASE_LABELS = {
+    "prefill": "prefill",
+    "verify": "target forward (verify / decode)",
+    "draft": "draft on the critical path (SD drafting, SSD wait)",
+    "other": "other (sampling, bookkeeping)",
+}
 
 
 def _label(r: dict, runs: int) -> str:
@@ -47,12 +51,16 @@ def phase_breakdown(ax: Axes, data: ReportData) -> list[dict]:
         ms = R.phase_ms(calls)
         per_token = {p: ms[p] / ms["tokens"] for p in R.PHASES} if ms["tokens"] else None
         if per_token:
-            plotted.append({
-                "key": _label(r, len(data.runs)), "run": r["run"],
-                **{f"{p}_ms_per_token": v for p, v in per_token.items()},
-                "hidden_cache_build_ms_per_token": ms["hidden_cache_build"] / ms["tokens"], "tokens": ms["tokens"],
-                "disturbed": r.get("disturbed", 0),
-            })
+            plotted.append(
+                {
+                    "key": _label(r, len(data.runs)),
+                    "run": r["run"],
+                    **{f"{p}_ms_per_token": v for p, v in per_token.items()},
+                    "hidden_cache_build_ms_per_token": ms["hidden_cache_build"] / ms["tokens"],
+                    "tokens": ms["tokens"],
+                    "disturbed": r.get("disturbed", 0),
+                }
+            )
     if not plotted:
         raise NoData("needs runs of this engine (ar, sd or ssd) with per-round records")
     y = np.arange(len(plotted))
@@ -95,13 +103,33 @@ def latency_throughput(ax: Axes, data: ReportData) -> list[dict]:
     for label, rs in series.items():
         line = ax.plot([r["tokens_per_s"] for r in rs], [r["ms_per_token"] for r in rs], "-", label=label)
         for r in rs:
-            ax.plot([r["tokens_per_s"]], [r["ms_per_token"]], "o", ms=4, color=line[0].get_color(),
-                    mfc="white" if r.get("disturbed") else line[0].get_color())
-            ax.annotate(f"b={r['batch']}", (r["tokens_per_s"], r["ms_per_token"]), fontsize=6,
-                        color=line[0].get_color(), xytext=(3, 3), textcoords="offset points")
-            plotted.append({"series": label, "key": r["key"], "run": r["run"], "batch": r["batch"],
-                            "tokens_per_s": r["tokens_per_s"], "ms_per_token": r["ms_per_token"],
-                            "disturbed": r.get("disturbed", 0)})
+            ax.plot(
+                [r["tokens_per_s"]],
+                [r["ms_per_token"]],
+                "o",
+                ms=4,
+                color=line[0].get_color(),
+                mfc="white" if r.get("disturbed") else line[0].get_color(),
+            )
+            ax.annotate(
+                f"b={r['batch']}",
+                (r["tokens_per_s"], r["ms_per_token"]),
+                fontsize=6,
+                color=line[0].get_color(),
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+            plotted.append(
+                {
+                    "series": label,
+                    "key": r["key"],
+                    "run": r["run"],
+                    "batch": r["batch"],
+                    "tokens_per_s": r["tokens_per_s"],
+                    "ms_per_token": r["ms_per_token"],
+                    "disturbed": r.get("disturbed", 0),
+                }
+            )
     front = _pareto([(r["tokens_per_s"], r["ms_per_token"]) for rs in series.values() for r in rs])
     ax.plot(*zip(*front, strict=True), "k--", lw=1, label="frontier (no point is faster and lower-latency)")
     for x, y in front:
@@ -127,8 +155,13 @@ def measured_vs_predicted(ax: Axes, data: ReportData) -> list[dict]:
         raise NoData("needs sd or ssd runs with an AR baseline at the same temperature and batch size")
     y = np.arange(len(rows))
     height = 0.27
-    for i, (field, label) in enumerate((("measured", "measured"), ("simulated", "simulated (fitted SimPy model)"),
-                                        ("closed_form", "closed form (theory)"))):
+    for i, (field, label) in enumerate(
+        (
+            ("measured", "measured"),
+            ("simulated", "simulated (fitted SimPy model)"),
+            ("closed_form", "closed form (theory)"),
+        )
+    ):
         values = np.array([np.nan if r[field] is None else r[field] for r in rows])
         bars = ax.barh(y + (i - 1) * height, values, height, label=label)
         for bar, r in zip(bars, rows, strict=True):
@@ -137,8 +170,14 @@ def measured_vs_predicted(ax: Axes, data: ReportData) -> list[dict]:
         if field != "measured":
             for bar, r in zip(bars, rows, strict=True):
                 if r[f"{field}_error"] is not None:
-                    ax.annotate(f"{r[f'{field}_error']:+.0%}", (bar.get_width(), bar.get_y() + bar.get_height() / 2),
-                                fontsize=5, va="center", xytext=(2, 0), textcoords="offset points")
+                    ax.annotate(
+                        f"{r[f'{field}_error']:+.0%}",
+                        (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                        fontsize=5,
+                        va="center",
+                        xytext=(2, 0),
+                        textcoords="offset points",
+                    )
     ax.axvline(1.0, color="grey", lw=0.8, ls=":")
     several = len({r["run"] for r in rows}) > 1
     ax.set_yticks(y, [_label(r, 2 if several else 1) for r in rows], fontsize=6)

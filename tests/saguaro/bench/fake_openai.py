@@ -78,8 +78,7 @@ class FakeOpenAI:
 
     async def _stream(self, send, chat: bool) -> None:
         s = self.script
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for i, (tokens, delay) in enumerate(zip(s.tokens, s.delays_s, strict=True)):
             await asyncio.sleep(delay)
             text = "".join(f" t{i}.{j}" for j in range(tokens))
@@ -90,14 +89,14 @@ class FakeOpenAI:
             await send({"type": "http.response.body", "body": _sse({"choices": [choice]}), "more_body": True})
         if s.usage:
             usage = {"prompt_tokens": 4, "completion_tokens": sum(s.tokens), "total_tokens": 4 + sum(s.tokens)}
-            await send({"type": "http.response.body", "body": _sse({"choices": [], "usage": usage}),
-                        "more_body": True})
+            await send({"type": "http.response.body", "body": _sse({"choices": [], "usage": usage}), "more_body": True})
         await send({"type": "http.response.body", "body": _sse("[DONE]"), "more_body": False})
 
     @staticmethod
     async def _json(send, status: int, payload: dict) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
         await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
 
 
@@ -105,8 +104,9 @@ class Running:
     """The app served by uvicorn in a daemon thread on 127.0.0.1 at a free port, until stop()."""
 
     def __init__(self, app: FakeOpenAI):
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", timeout_graceful_shutdown=2
+        )
         self.app = app
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

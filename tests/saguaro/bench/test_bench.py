@@ -16,9 +16,20 @@ SYSTEMS = ("ar", "sd", "ssd", "hf", "hf-assisted")
 
 
 def config(**overrides) -> BenchConfig:
-    base = dict(target="tiny-target", draft="tiny-draft", prompts=str(TOKEN_PROMPTS), n_prompts=4,
-                max_new_tokens=8, stop_on_eos=False, systems=("ar", "sd"), Ks=(2,), dtype="float32", threads=1,
-                warmup=1, warmup_tokens=2)
+    base = dict(
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts=str(TOKEN_PROMPTS),
+        n_prompts=4,
+        max_new_tokens=8,
+        stop_on_eos=False,
+        systems=("ar", "sd"),
+        Ks=(2,),
+        dtype="float32",
+        threads=1,
+        warmup=1,
+        warmup_tokens=2,
+    )
     return BenchConfig(**{**base, **overrides})
 
 
@@ -96,6 +107,7 @@ def _interrupt_after(n: int):
     def on_unit(done: int) -> None:
         if done == n:
             raise Interrupt
+
     return on_unit
 
 
@@ -134,10 +146,18 @@ def test_grouped_order_runs_variant_by_variant_with_the_same_draws(tiny_models, 
     interleaved = start(cfg, tmp_path / "i", "interleaved", tiny_models)
     grouped = start(BenchConfig(**{**cfg.to_dict(), "order": "grouped"}), tmp_path / "g", "grouped", tiny_models)
     order = [(v.key, i) for v, i, _ in grouped.units(cfg.grid()[0])]
-    assert order[:6] == [("ar T=0.8 b=1", 0), ("ar T=0.8 b=1", 1), ("ar T=0.8 b=1", 2), ("ar T=0.8 b=1", 3),
-                         ("ar T=0.8 b=2", 0), ("ar T=0.8 b=2", 1)]
-    assert [(v.key, i) for v, i, _ in interleaved.units(cfg.grid()[0])][:2] == [("ar T=0.8 b=1", 0),
-                                                                                ("ar T=0.8 b=2", 0)]
+    assert order[:6] == [
+        ("ar T=0.8 b=1", 0),
+        ("ar T=0.8 b=1", 1),
+        ("ar T=0.8 b=1", 2),
+        ("ar T=0.8 b=1", 3),
+        ("ar T=0.8 b=2", 0),
+        ("ar T=0.8 b=2", 1),
+    ]
+    assert [(v.key, i) for v, i, _ in interleaved.units(cfg.grid()[0])][:2] == [
+        ("ar T=0.8 b=1", 0),
+        ("ar T=0.8 b=2", 0),
+    ]
     interleaved.run(progress=False)
     grouped.run(progress=False)
     tokens = lambda d: {k: r["token_ids"] for k, r in results(d).items()}  # noqa: E731
@@ -159,23 +179,28 @@ def test_bench_uses_the_saved_prompts_when_resuming(tiny_models, tmp_path):
     assert [p.id for p in Bench(bench.config, bench.run_dir, tiny_models).prompts] == ["tiny/1", "tiny/2"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["-K", "0"], "K (-K) must be integers >= 1"),
-    (["--K", "0"], "K (-K) must be integers >= 1"),  # the old spelling still works
-    (["-K", "auto", "--systems", "ar"], "implemented for sd and ssd only"),
-    (["--target-head-quant", "int8", "--systems", "ar"],
-     "--target-head-quant takes int8 or int4 and needs --target-quant"),
-    (["-K", "4", "--K-min", "2", "--systems", "sd"], "add auto to -K"),
-    (["-K", "auto", "--K-min", "9", "--systems", "sd"], "--K-min must be a whole number in 1..8"),
-    (["-K", "auto", "--draft-cost", "-1", "--systems", "sd"], "--draft-cost (T_d / T_v) must be >= 0"),
-    (["--confidence-stop", "1.5", "--systems", "sd"], "--confidence-stop must be a probability in (0, 1]"),
-    (["--C", "1.5"], "C (Saguaro constant) must be in (0, 1]"),
-    (["--fanout", "3,3", "--K", "4"], "explicit --fanout needs one K and K+1"),
-    (["--fanout", "3", "3", "-K", "4"], "explicit --fanout needs one K and K+1"),
-    (["--prompts", "no-such-set"], "unknown prompt set"),
-    (["--resume", "/no/such/run"], "not a bench run folder"),
-    (["--systems", "sd", "ssd", "-K", "3", "--only", "ssd K=5"], "--only 'ssd K=5' matches no variant"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-K", "0"], "K (-K) must be integers >= 1"),
+        (["--K", "0"], "K (-K) must be integers >= 1"),  # the old spelling still works
+        (["-K", "auto", "--systems", "ar"], "implemented for sd and ssd only"),
+        (
+            ["--target-head-quant", "int8", "--systems", "ar"],
+            "--target-head-quant takes int8 or int4 and needs --target-quant",
+        ),
+        (["-K", "4", "--K-min", "2", "--systems", "sd"], "add auto to -K"),
+        (["-K", "auto", "--K-min", "9", "--systems", "sd"], "--K-min must be a whole number in 1..8"),
+        (["-K", "auto", "--draft-cost", "-1", "--systems", "sd"], "--draft-cost (T_d / T_v) must be >= 0"),
+        (["--confidence-stop", "1.5", "--systems", "sd"], "--confidence-stop must be a probability in (0, 1]"),
+        (["--C", "1.5"], "C (Saguaro constant) must be in (0, 1]"),
+        (["--fanout", "3,3", "--K", "4"], "explicit --fanout needs one K and K+1"),
+        (["--fanout", "3", "3", "-K", "4"], "explicit --fanout needs one K and K+1"),
+        (["--prompts", "no-such-set"], "unknown prompt set"),
+        (["--resume", "/no/such/run"], "not a bench run folder"),
+        (["--systems", "sd", "ssd", "-K", "3", "--only", "ssd K=5"], "--only 'ssd K=5' matches no variant"),
+    ],
+)
 def test_bad_input_exits_2_with_what_to_do(argv, message, tmp_path, capsys):
     assert main(["bench", "--out", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
@@ -206,12 +231,15 @@ def test_a_budget_that_is_neither_a_number_nor_auto_exits_2(capsys):
     assert "whole number of guesses or 'auto'" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(target_quant="int3"), "target_quant must be int8, int4 or unset"),
-    (dict(target_quant="int8-dynamic"), "target_quant must be int8, int4 or unset"),
-    (dict(draft_int8=True, draft_quant="int4"), "--draft-int8 means --draft-quant int8-dynamic"),
-    (dict(quant_group_size=48), "--quant-group-size must be 32, 64 or 128"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(target_quant="int3"), "target_quant must be int8, int4 or unset"),
+        (dict(target_quant="int8-dynamic"), "target_quant must be int8, int4 or unset"),
+        (dict(draft_int8=True, draft_quant="int4"), "--draft-int8 means --draft-quant int8-dynamic"),
+        (dict(quant_group_size=48), "--quant-group-size must be 32, 64 or 128"),
+    ],
+)
 def test_low_bit_settings_are_checked(overrides, message):
     with pytest.raises(ValueError, match=message):
         config(**overrides)
@@ -257,8 +285,11 @@ def test_only_keeps_the_variants_a_pattern_picks_word_by_word():
     assert len(every) == 1 + 2 + 8
     picked = [v.key for v in replace(cfg, only=("sd", "ssd K=3 B=8 uniform", "ssd K=auto B=auto geometric")).grid()[0]]
     # "sd" is a word of SD's keys only; a pattern's words may come in any place of the key
-    assert picked == [k for k in every if k.startswith("sd ") or k.startswith("ssd K=3 B=8 uniform ")
-                      or k.startswith("ssd K=auto B=auto geometric ")]
+    assert picked == [
+        k
+        for k in every
+        if k.startswith("sd ") or k.startswith("ssd K=3 B=8 uniform ") or k.startswith("ssd K=auto B=auto geometric ")
+    ]
     assert len(picked) == 4
     assert [v.key for v in replace(cfg, only=("ar",)).grid()[0]] == ["ar T=0 b=1"]
 

@@ -36,8 +36,19 @@ def server():
 
 def bench(url: str, out: Path, *flags: str) -> Path:
     """Run `saguaro bench --url` with token-id prompts; return the run folder it made."""
-    argv = ["bench", "--url", url, "--prompts", str(TOKEN_PROMPTS), "--max-new-tokens", "8", "--out", str(out),
-            "--no-progress", *flags]
+    argv = [
+        "bench",
+        "--url",
+        url,
+        "--prompts",
+        str(TOKEN_PROMPTS),
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(out),
+        "--no-progress",
+        *flags,
+    ]
     assert main(argv) == 0
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     return run
@@ -119,8 +130,15 @@ def test_a_client_config_round_trips_through_json_and_refuses_unknown_fields():
 def test_run_folder_holds_requests_with_chunk_times_and_a_summary_per_point(server, tmp_path):
     run = bench(server.url, tmp_path, "--rate", "inf", "-n", "3", "--label", "sd", "--seed", "5")
     names = {p.name for p in run.iterdir()}
-    assert {"config.json", "environment.json", "prompts.jsonl", "requests.jsonl", "point-rate-inf.json",
-            "summary.json", "summary.md"} <= names
+    assert {
+        "config.json",
+        "environment.json",
+        "prompts.jsonl",
+        "requests.jsonl",
+        "point-rate-inf.json",
+        "summary.json",
+        "summary.md",
+    } <= names
     config = json.loads((run / "config.json").read_text())
     assert (config["kind"], config["model"], config["rates"], config["label"]) == ("client", MODEL, ["inf"], "sd")
     for r in lines(run):
@@ -205,8 +223,18 @@ def test_chat_endpoint_reads_deltas_without_token_ids(tmp_path):
     prompts = tmp_path / "text.jsonl"
     prompts.write_text('{"id": "q", "prompt": "Say hello."}\n')
     try:
-        run = bench(running.url, tmp_path / "runs", "--endpoint", "chat", "--prompts", str(prompts),
-                    "--concurrency", "1", "-n", "1")
+        run = bench(
+            running.url,
+            tmp_path / "runs",
+            "--endpoint",
+            "chat",
+            "--prompts",
+            str(prompts),
+            "--concurrency",
+            "1",
+            "-n",
+            "1",
+        )
         body = running.app.seen.bodies[0]
     finally:
         running.stop()
@@ -230,8 +258,20 @@ def test_every_request_carries_the_system_prompt_file(tmp_path):
     prompts.write_text('{"id": "a", "prompt": "One?"}\n{"id": "b", "prompt": "Two?"}\n')
     system.write_text("You answer questions about the attached report.")
     try:
-        bench(running.url, tmp_path / "runs", "--endpoint", "chat", "--prompts", str(prompts), "--system-prompt",
-              str(system), "--concurrency", "1", "-n", "2")
+        bench(
+            running.url,
+            tmp_path / "runs",
+            "--endpoint",
+            "chat",
+            "--prompts",
+            str(prompts),
+            "--system-prompt",
+            str(system),
+            "--concurrency",
+            "1",
+            "-n",
+            "2",
+        )
         bodies = running.app.seen.bodies
     finally:
         running.stop()
@@ -254,20 +294,28 @@ def test_the_api_key_is_sent_but_never_written(server, tmp_path):
     assert not any("sk-secret-123" in p.read_text() for p in run.iterdir() if p.is_file())
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--systems", "ar"], "drop --systems"),
-    (["--rate", "1"], "add --url"),
-    (["--url", "http://127.0.0.1:9/v1"], "either --rate"),
-    (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--concurrency", "2"], "not both"),
-    (["--url", "127.0.0.1:9", "--rate", "1"], "http://"),
-    (["--url", "http://127.0.0.1:9/v1", "--rate", "0"], "> 0"),
-    (["--url", "http://127.0.0.1:9/v1", "--concurrency", "0"], ">= 1"),
-    (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--temperature", "0", "0.7"], "one --temperature"),
-    (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
-    (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--system-prompt", "/nonexistent/system.txt"],
-     "--system-prompt /nonexistent/system.txt"),
-    (["--rate", "1", "--warmup-requests", "1"], "add --url"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--systems", "ar"], "drop --systems"),
+        (["--rate", "1"], "add --url"),
+        (["--url", "http://127.0.0.1:9/v1"], "either --rate"),
+        (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--concurrency", "2"], "not both"),
+        (["--url", "127.0.0.1:9", "--rate", "1"], "http://"),
+        (["--url", "http://127.0.0.1:9/v1", "--rate", "0"], "> 0"),
+        (["--url", "http://127.0.0.1:9/v1", "--concurrency", "0"], ">= 1"),
+        (["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--temperature", "0", "0.7"], "one --temperature"),
+        (
+            ["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--warmup-requests", "-1"],
+            "--warmup-requests must be >= 0",
+        ),
+        (
+            ["--url", "http://127.0.0.1:9/v1", "--rate", "1", "--system-prompt", "/nonexistent/system.txt"],
+            "--system-prompt /nonexistent/system.txt",
+        ),
+        (["--rate", "1", "--warmup-requests", "1"], "add --url"),
+    ],
+)
 def test_bad_flag_combinations_exit_2_with_what_to_do(flags, message, capsys, tmp_path):
     assert main(["bench", *flags, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -293,8 +341,10 @@ def labelled_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("client-runs")
     running = Running(FakeOpenAI()).start()
     try:
-        return [bench(running.url, out / label, "--rate", "20", "inf", "-n", "3", "--label", label)
-                for label in ("sd", "ssd")]
+        return [
+            bench(running.url, out / label, "--rate", "20", "inf", "-n", "3", "--label", label)
+            for label in ("sd", "ssd")
+        ]
     finally:
         running.stop()
 

@@ -12,8 +12,13 @@ from tests.saguaro.bench.test_bench import config
 def test_compile_off_on_runs_each_engine_variant_both_ways_with_the_same_tokens(tiny_models, tmp_path):
     cfg = config(systems=("ar", "sd", "hf"), compiled=(False, True), compile_max_len=64, n_prompts=2)
     variants, _ = cfg.grid()
-    assert sorted(v.key for v in variants) == ["ar T=0 b=1", "ar T=0 b=1 compiled", "hf T=0 b=1",
-                                               "sd K=2 T=0 b=1", "sd K=2 T=0 b=1 compiled"]
+    assert sorted(v.key for v in variants) == [
+        "ar T=0 b=1",
+        "ar T=0 b=1 compiled",
+        "hf T=0 b=1",
+        "sd K=2 T=0 b=1",
+        "sd K=2 T=0 b=1 compiled",
+    ]
     bench = start(cfg, tmp_path, "compile", tiny_models)
     outcome = bench.run(progress=False)
     assert outcome.errors == 0 and not outcome.unavailable

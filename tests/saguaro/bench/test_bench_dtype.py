@@ -11,8 +11,7 @@ def test_a_bench_run_folder_records_the_dtype_auto_chose(tiny_models, tmp_path, 
     from tests.saguaro.bench.test_bench import config
 
     monkeypatch.setattr(devices, "fast_bfloat16", lambda device: False)
-    bench = start(config(systems=("ar",), n_prompts=1, dtype="auto", draft_dtype="auto"), tmp_path, "auto",
-                  tiny_models)
+    bench = start(config(systems=("ar",), n_prompts=1, dtype="auto", draft_dtype="auto"), tmp_path, "auto", tiny_models)
     saved = json.loads((bench.run_dir.path / "config.json").read_text())
     assert (saved["dtype"], saved["draft_dtype"]) == ("float32", "float32")
     assert (bench.config.dtype, bench.config.draft_dtype) == ("float32", "float32")

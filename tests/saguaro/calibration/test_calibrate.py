@@ -23,9 +23,42 @@ def pair(tmp_path_factory):
 def calibrated(pair, tmp_path_factory):
     target, draft = pair
     out = tmp_path_factory.mktemp("calib") / "calib.jsonl"
-    argv = ["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
-            "--batch", "1", "2", "--context", "12", "40", "--repeats", "2", "--prompt-ids", "1", "2", "3", "4",
-            "5", "6", "7", "--dtype", "float32", "--link-tokens", "24", "--build-tokens", "32", "--out", str(out)]
+    argv = [
+        "calibrate",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "-K",
+        "2",
+        "--budget",
+        "2",
+        "3",
+        "--batch",
+        "1",
+        "2",
+        "--context",
+        "12",
+        "40",
+        "--repeats",
+        "2",
+        "--prompt-ids",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "--dtype",
+        "float32",
+        "--link-tokens",
+        "24",
+        "--build-tokens",
+        "32",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     return out
 
@@ -110,7 +143,8 @@ def test_the_engines_build_rounds_level_the_builds(calibrated):
         assert len(own) >= 3
         assert all(sum(r.fanout) == 2 for r in own)
         assert summary["build_level"]["build_ms"][str(b)] == pytest.approx(
-            statistics.median(r.cache_build_ms for r in own), abs=0.01)
+            statistics.median(r.cache_build_ms for r in own), abs=0.01
+        )
     assert {r.prompt_index for r in level if r.batch_size == 2} == {(0, 1)}  # the batch of two holds both prompts
     fitted = fit_timing(records)
     assert [b for b, _ in fitted.build_level] == [1, 2] and all(x > 0 for _, x in fitted.build_level)
@@ -128,21 +162,46 @@ def test_the_records_fit_and_simulate(calibrated):
     assert fitted.counts["ssd_verify"] == sum(r.strategy.value == "ssd" and r.level is None for r in records)
     assert fitted.ssd_verify_factor > 0 and fitted.build is not None and fitted.prefill_target is not None
     # simulate --fit reads the fast backups' times from the summary beside the records
-    assert main(["simulate", "--fit", str(calibrated), "--strategy", "ssd", "--backup", "random", "--K", "2",
-                 "--budget", "3", "--rounds", "200", "--output-len", "16", "--prompt-len", "8"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--fit",
+                str(calibrated),
+                "--strategy",
+                "ssd",
+                "--backup",
+                "random",
+                "--K",
+                "2",
+                "--budget",
+                "3",
+                "--rounds",
+                "200",
+                "--output-len",
+                "16",
+                "--prompt-len",
+                "8",
+            ]
+        )
+        == 0
+    )
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["-K", "0"], "-K must be >= 1"),
-    (["--batch", "0"], "--batch sizes"),
-    (["--budget", "4", "0"], "--budget values"),
-    (["--context", "64", "3"], "--context values must be at least K+1"),
-    (["--repeats", "0"], "--repeats must be >= 1"),
-    (["--temperature", "-0.5"], "--temperature must be >= 0"),
-    (["--link-tokens", "-1"], "--link-tokens must be >= 0"),
-    (["--build-tokens", "-1"], "--build-tokens must be >= 0"),
-    (["--host-rounds", "-1"], "--host-rounds must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["-K", "0"], "-K must be >= 1"),
+        (["--batch", "0"], "--batch sizes"),
+        (["--budget", "4", "0"], "--budget values"),
+        (["--context", "64", "3"], "--context values must be at least K+1"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--temperature", "-0.5"], "--temperature must be >= 0"),
+        (["--link-tokens", "-1"], "--link-tokens must be >= 0"),
+        (["--build-tokens", "-1"], "--build-tokens must be >= 0"),
+        (["--host-rounds", "-1"], "--host-rounds must be >= 0"),
+    ],
+)
 def test_bad_settings_exit_2_with_a_line(flags, message, tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "x.jsonl"), *flags]) == 2
     assert message in capsys.readouterr().err
@@ -152,8 +211,9 @@ def test_the_progress_line_says_what_is_left_at_the_pace_so_far():
     """An AVX2-only host took 548 s where the README said ~2 min (2026-12-03): the first points say so."""
     from saguaro.calibration.measure import _time_left
 
-    assert _time_left(120.0, 1, 6) == ("; point 1 of 6, about 10 min left at this pace (fewer --context, --batch, "
-                                       "--budget or --repeats take less)")
+    assert _time_left(120.0, 1, 6) == (
+        "; point 1 of 6, about 10 min left at this pace (fewer --context, --batch, --budget or --repeats take less)"
+    )
     assert _time_left(10.0, 1, 4) == "; point 1 of 4"  # half a minute left: no advice
     assert _time_left(300.0, 6, 6) == ""  # the last point: nothing left
 
@@ -163,9 +223,40 @@ def test_a_calibration_at_the_workloads_temperature(pair, tmp_path):
     and the records hold every kind of point a greedy calibration's do."""
     target, draft = pair
     out = tmp_path / "hot.jsonl"
-    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
-                 "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--temperature", "0.7", "--link-tokens", "0", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "-K",
+                "2",
+                "--budget",
+                "2",
+                "--batch",
+                "1",
+                "--context",
+                "12",
+                "--repeats",
+                "1",
+                "--prompt-ids",
+                "1",
+                "2",
+                "3",
+                "--dtype",
+                "float32",
+                "--temperature",
+                "0.7",
+                "--link-tokens",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["inputs"]["temperature"] == 0.7 and summary["settings"]["temperature"] == 0.7
     records = read_records(out)
@@ -176,26 +267,68 @@ def test_a_calibration_at_the_workloads_temperature(pair, tmp_path):
 
 def test_a_context_beyond_the_window_exits_2(pair, tmp_path, capsys):
     target, draft = pair
-    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "--context", "100000",
-                 "--prompt-ids", "1", "2", "--dtype", "float32", "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "--context",
+                "100000",
+                "--prompt-ids",
+                "1",
+                "2",
+                "--dtype",
+                "float32",
+                "--out",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )
+        == 2
+    )
     assert "context window" in capsys.readouterr().err
 
 
 def test_a_draft_that_cannot_load_exits_2_with_the_workers_reason(pair, tmp_path, capsys):
     target, _ = pair
-    assert main(["calibrate", "--target", str(target), "--draft", str(tmp_path / "missing"), "--context", "8",
-                 "--prompt-ids", "1", "2", "--dtype", "float32", "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert (
+        main(
+            [
+                "calibrate",
+                "--target",
+                str(target),
+                "--draft",
+                str(tmp_path / "missing"),
+                "--context",
+                "8",
+                "--prompt-ids",
+                "1",
+                "2",
+                "--dtype",
+                "float32",
+                "--out",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "calibrate's worker process" in err and "missing" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--target-head-quant", "int8"], "--target-head-quant int8 needs --target-quant int8 or int4"),
-    (["--draft-int8", "--draft-quant", "int4"], "--draft-int8 means --draft-quant int8-dynamic"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--target-head-quant", "int8"], "--target-head-quant int8 needs --target-quant int8 or int4"),
+        (["--draft-int8", "--draft-quant", "int4"], "--draft-int8 means --draft-quant int8-dynamic"),
+    ],
+)
 def test_bad_quant_flags_exit_2_before_loading(flags, message, tmp_path, capsys):
-    assert main(["calibrate", "--target", str(tmp_path / "never-loaded"), "--out", str(tmp_path / "x.jsonl"),
-                 *flags]) == 2
+    assert (
+        main(["calibrate", "--target", str(tmp_path / "never-loaded"), "--out", str(tmp_path / "x.jsonl"), *flags]) == 2
+    )
     assert message in capsys.readouterr().err
 
 
@@ -213,16 +346,55 @@ def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatc
     monkeypatch.setattr(command, "start_worker", lambda recipe, *a: recipes.append(recipe) or start(recipe, *a))
     monkeypatch.setattr(command, "measure", lambda args, model, *a: targets.append(model) or measure(args, model, *a))
     out = tmp_path / "lowbit.jsonl"
-    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
-                 "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--target-quant", "int4", "--draft-quant", "int8", "--link-tokens", "0", "--out",
-                 str(out)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "-K",
+                "2",
+                "--budget",
+                "2",
+                "--batch",
+                "1",
+                "--context",
+                "12",
+                "--repeats",
+                "1",
+                "--prompt-ids",
+                "1",
+                "2",
+                "3",
+                "--dtype",
+                "float32",
+                "--target-quant",
+                "int4",
+                "--draft-quant",
+                "int8",
+                "--link-tokens",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     inputs = json.loads(out.with_suffix(".summary.json").read_text())["inputs"]
     assert (inputs["target_quant"], inputs["draft_quant"], inputs["quant_group_size"]) == ("int4", "int8", 32)
     assert inputs["draft_int8"] is False and inputs["target_head_quant"] is None
     assert any(isinstance(m, WeightOnlyLinear) and m.scheme.value == "int4" for m in targets[0].modules())
-    ssd = EngineConfig(target=str(target), draft=str(draft), strategy="ssd", dtype="float32", threads=1,
-                       target_quant="int4", draft_quant="int8")
+    ssd = EngineConfig(
+        target=str(target),
+        draft=str(draft),
+        strategy="ssd",
+        dtype="float32",
+        threads=1,
+        target_quant="int4",
+        draft_quant="int8",
+    )
     assert recipes == [draft_recipe(None, ssd)] and recipes[0].quant.scheme == "int8"
 
 
@@ -238,9 +410,38 @@ def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, c
     monkeypatch.setattr(command, "build_rounds", fail)
     target, draft = pair
     out = tmp_path / "kept.jsonl"
-    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2",
-                 "--batch", "1", "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--build-tokens", "8", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "-K",
+                "2",
+                "--budget",
+                "2",
+                "--batch",
+                "1",
+                "--context",
+                "12",
+                "--repeats",
+                "1",
+                "--prompt-ids",
+                "1",
+                "2",
+                "3",
+                "--dtype",
+                "float32",
+                "--build-tokens",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "the engine's SSD rounds failed (RuntimeError: no port)" in err
     # a progress line for each timed prefill (one forward each; on a slow host each can take most of a minute)
@@ -275,9 +476,41 @@ def test_two_untimed_builds_go_before_the_first_timed_one_and_only_then(pair, tm
     target, draft = pair
     monkeypatch.setattr(command, "start_worker", spying)
     out = tmp_path / "warm.jsonl"
-    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
-                 "--batch", "1", "--context", "12", "--repeats", "2", "--prompt-ids", "1", "2", "3", "--dtype",
-                 "float32", "--link-tokens", "0", "--build-tokens", "0", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "-K",
+                "2",
+                "--budget",
+                "2",
+                "3",
+                "--batch",
+                "1",
+                "--context",
+                "12",
+                "--repeats",
+                "2",
+                "--prompt-ids",
+                "1",
+                "2",
+                "3",
+                "--dtype",
+                "float32",
+                "--link-tokens",
+                "0",
+                "--build-tokens",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     builds = [s for s in sent if s[1] == "build"]
     assert calibration.WARM_BUILDS == 2
     assert builds[:2] == [("untimed", "build", 1, 2)] * 2  # at the first shape: batch 1, the first budget
@@ -294,16 +527,49 @@ def test_builds_alone_are_timed_on_request_and_give_the_build_line(calibrated, p
     assert "cache_build_alone_ms" not in json.loads(calibrated.with_suffix(".summary.json").read_text())
     target, draft = pair
     out = tmp_path / "alone.jsonl"
-    assert main(["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "3",
-                 "--batch", "1", "2", "--context", "12", "--repeats", "3", "--prompt-ids", "1", "2", "3",
-                 "--dtype", "float32", "--link-tokens", "0", "--builds-alone", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--target",
+                str(target),
+                "--draft",
+                str(draft),
+                "-K",
+                "2",
+                "--budget",
+                "2",
+                "3",
+                "--batch",
+                "1",
+                "2",
+                "--context",
+                "12",
+                "--repeats",
+                "3",
+                "--prompt-ids",
+                "1",
+                "2",
+                "3",
+                "--dtype",
+                "float32",
+                "--link-tokens",
+                "0",
+                "--builds-alone",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     records = read_records(out)
     alone = [r for r in records if r.level == "alone"]
     beside = [r for r in records if r.level is None and r.cache_build_ms]
     assert len(alone) == 2 * 2 * 2 and len(beside) == 3 * 2 * 2  # two of three repeats, budgets x batches
     assert all(r.verify_ms == 0 and r.cache_build_ms > 0 and all(r.hit) for r in alone)
     assert sorted((r.batch_size, r.branches) for r in alone) == sorted(
-        (b, b * B) for b in (1, 2) for B in (2, 3) for _ in range(2))
+        (b, b * B) for b in (1, 2) for B in (2, 3) for _ in range(2)
+    )
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert sorted(summary["cache_build_alone_ms"]) == sorted(summary["cache_build_ms"])
     fitted = fit_timing(records)

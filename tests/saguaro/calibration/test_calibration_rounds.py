@@ -40,8 +40,11 @@ def test_every_one_token_step_gives_attention_a_mask_with_or_without_holes(targe
     the masked path, and the calibration's steps cost what the engine's do."""
     calls = spy_on_sdpa(monkeypatch)
     base = prefilled(target, 10)
-    for rows in (base.fork(torch.zeros(2, dtype=torch.long)), ragged(base, 2),
-                 base.fork(torch.zeros(1, dtype=torch.long))):
+    for rows in (
+        base.fork(torch.zeros(2, dtype=torch.long)),
+        ragged(base, 2),
+        base.fork(torch.zeros(1, dtype=torch.long)),
+    ):
         calls.clear()
         rows.extend(torch.full((rows.batch_size, 1), 7))
         assert calls and all(not no_mask and not gqa for no_mask, gqa in calls)
@@ -60,7 +63,11 @@ def test_a_timed_step_is_one_round_of_the_engines_loop_and_rolls_back_exactly(ta
         t0, t1 = rounds.step(T)
         record = rounds.loop.recorder.records[-1]
         assert (record.strategy, record.K, record.batch_size, record.context_len) == (
-            "ar" if T == 1 else "sd", T - 1, b, c)
+            "ar" if T == 1 else "sd",
+            T - 1,
+            b,
+            c,
+        )
         assert record.phase == "decode" and len(record.accepted) == b
         assert (t1 - t0) * 1e3 == pytest.approx(record.verify_ms, rel=1e-9)
         state = rounds.loop.state

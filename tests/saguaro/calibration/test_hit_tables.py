@@ -20,21 +20,58 @@ def make_run(path: Path, rounds: list[tuple[list[str], list[int], list[int]]], T
     path.mkdir()
     key = f"sd K=2 T={T:g} b=2"
     (path / "config.json").write_text(json.dumps({"prompts": "p", "target": "t", "draft": "d", "n_prompts": 2}))
-    (path / "prompts.jsonl").write_text("".join(
-        json.dumps({"id": pid, "category": task, "task": task, "text": "x", "ids": None}) + "\n"
-        for pid, task in TASKS.items()))
+    (path / "prompts.jsonl").write_text(
+        "".join(
+            json.dumps({"id": pid, "category": task, "task": task, "text": "x", "ids": None}) + "\n"
+            for pid, task in TASKS.items()
+        )
+    )
     settings = {"temperature": T, "batch": 2, "K": 2, "C": C}
     (path / "results.jsonl").write_text(json.dumps({"key": key, "system": "sd", "settings": settings}) + "\n")
-    lines = [{"key": key, "batch_index": 0, "prompt_ids": ids, "strategy": "sd", "round": 0, "batch_size": len(ids),
-              "K": 2, "context_len": 0, "accepted": [0] * len(ids), "emitted": [1] * len(ids), "draft_ms": 1.0,
-              "verify_ms": 1.0, "round_ms": 2.0, "draft_forwards": 0, "phase": "prefill", "tokens": 4}
-             for ids in {tuple(ids): 0 for ids, _, _ in rounds}]
+    lines = [
+        {
+            "key": key,
+            "batch_index": 0,
+            "prompt_ids": ids,
+            "strategy": "sd",
+            "round": 0,
+            "batch_size": len(ids),
+            "K": 2,
+            "context_len": 0,
+            "accepted": [0] * len(ids),
+            "emitted": [1] * len(ids),
+            "draft_ms": 1.0,
+            "verify_ms": 1.0,
+            "round_ms": 2.0,
+            "draft_forwards": 0,
+            "phase": "prefill",
+            "tokens": 4,
+        }
+        for ids in {tuple(ids): 0 for ids, _, _ in rounds}
+    ]
     for i, (ids, accepted, ranks) in enumerate(rounds):
-        lines.append({"key": key, "batch_index": 0, "prompt_ids": ids, "strategy": "sd", "round": i + 1,
-                      "batch_size": len(ids), "K": 2, "context_len": 4 + i, "accepted": accepted,
-                      "emitted": [k + 1 for k in accepted], "draft_ms": 1.0, "verify_ms": 1.0, "round_ms": 2.0,
-                      "draft_forwards": 2, "phase": "decode", "tokens": 0, "outcome_rank": ranks,
-                      "prompt_index": list(range(len(ids)))})
+        lines.append(
+            {
+                "key": key,
+                "batch_index": 0,
+                "prompt_ids": ids,
+                "strategy": "sd",
+                "round": i + 1,
+                "batch_size": len(ids),
+                "K": 2,
+                "context_len": 4 + i,
+                "accepted": accepted,
+                "emitted": [k + 1 for k in accepted],
+                "draft_ms": 1.0,
+                "verify_ms": 1.0,
+                "round_ms": 2.0,
+                "draft_forwards": 2,
+                "phase": "decode",
+                "tokens": 0,
+                "outcome_rank": ranks,
+                "prompt_index": list(range(len(ids))),
+            }
+        )
     (path / "rounds.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -100,8 +137,9 @@ def test_the_readme_hit_rate_counts_the_outcomes_the_schedule_holds(tmp_path):
     assert hit_tables.measured_hit_rate(model, (4, 1, 6)) == (pytest.approx(1.0), 6)
     with pytest.raises(ValueError, match="K \\+ 1 = 3"):
         hit_tables.measured_hit_rate(model, (1, 1))
-    assert "| p | 0.7 | 0.5 | 2 | 6 | 6 |" in hit_tables.markdown({"entries": [
-        {"workload": "p", "temperature": 0.7, "C": 0.5, "prompts": 2, "rounds": 6, "model": model}]})
+    assert "| p | 0.7 | 0.5 | 2 | 6 | 6 |" in hit_tables.markdown(
+        {"entries": [{"workload": "p", "temperature": 0.7, "C": 0.5, "prompts": 2, "rounds": 6, "model": model}]}
+    )
 
 
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -119,9 +157,12 @@ def test_the_shipped_table_covers_the_grid_for_each_prompt_set(workload):
         assert f"T={T:g}, C={C:g}" in measured(workload, T, C).source
 
 
-@pytest.mark.xfail(strict=True, reason="Spec-Bench per-task entries are missing where one prompt of the task "
-                   "had no all-accepted round (reports/2026-11-cpu-hit-tables/README.md lists them): "
-                   "measure more prompts")
+@pytest.mark.xfail(
+    strict=True,
+    reason="Spec-Bench per-task entries are missing where one prompt of the task "
+    "had no all-accepted round (reports/2026-11-cpu-hit-tables/README.md lists them): "
+    "measure more prompts",
+)
 def test_the_shipped_table_has_every_spec_bench_task_at_every_grid_point():
     entries = by_name(load_tables(TABLES))
     missing = [(t, T, C) for t in SPEC_BENCH_TASKS for T, C in GRID if (f"spec_bench/{t}", T, C) not in entries]
@@ -136,6 +177,9 @@ def test_every_shipped_entry_says_what_it_rests_on():
         assert e["prompts"] >= 1 and e["rounds"] >= e["model"]["outcomes"] > 0, (workload, T, C)
         assert set(e["runs"]) <= runs, (workload, T, C, e["runs"])
         if workload == "spec_bench":  # the tasks' entries split the whole set's prompts
-            parts = [entries[(f"spec_bench/{t}", T, C)]["prompts"] for t in SPEC_BENCH_TASKS
-                     if (f"spec_bench/{t}", T, C) in entries]
+            parts = [
+                entries[(f"spec_bench/{t}", T, C)]["prompts"]
+                for t in SPEC_BENCH_TASKS
+                if (f"spec_bench/{t}", T, C) in entries
+            ]
             assert 0 < sum(parts) <= e["prompts"]

@@ -72,9 +72,39 @@ def calibration(tmp_path_factory):
     root = tmp_path_factory.mktemp("host-calib")
     target, draft = save_tiny(root / "target", seed=0), save_tiny(root / "draft", seed=1)
     out = root / "calib.jsonl"
-    argv = ["calibrate", "--target", str(target), "--draft", str(draft), "-K", "2", "--budget", "2", "--batch", "1",
-            "--context", "12", "--repeats", "1", "--prompt-ids", "1", "2", "3", "4", "5", "6", "7", "--dtype",
-            "float32", "--link-tokens", "0", "--host-rounds", "6", "--out", str(out)]
+    argv = [
+        "calibrate",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "-K",
+        "2",
+        "--budget",
+        "2",
+        "--batch",
+        "1",
+        "--context",
+        "12",
+        "--repeats",
+        "1",
+        "--prompt-ids",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "--dtype",
+        "float32",
+        "--link-tokens",
+        "0",
+        "--host-rounds",
+        "6",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     return out
 

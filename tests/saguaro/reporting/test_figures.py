@@ -52,11 +52,27 @@ def test_a_sweep_missing_from_the_runs_is_no_data_with_the_flags_to_add():
 
 def test_crossover_is_the_first_batch_where_the_fast_backup_is_at_least_as_fast():
     def row(backup, b, speedup):
-        return {"system": "ssd", "backup": backup, "batch": b, "speedup_vs_ar": speedup, "run": "r", "K": 4,
-                "budget": 12, "schedule": "uniform", "C": 1.0, "temperature": 0.0}
+        return {
+            "system": "ssd",
+            "backup": backup,
+            "batch": b,
+            "speedup_vs_ar": speedup,
+            "run": "r",
+            "K": 4,
+            "budget": 12,
+            "schedule": "uniform",
+            "C": 1.0,
+            "temperature": 0.0,
+        }
 
-    rows = [row("neural", 1, 2.0), row("neural", 2, 1.6), row("neural", 4, 1.2),
-            row("random", 1, 1.5), row("random", 2, 1.6), row("random", 4, 1.4)]
+    rows = [
+        row("neural", 1, 2.0),
+        row("neural", 2, 1.6),
+        row("neural", 4, 1.2),
+        row("random", 1, 1.5),
+        row("random", 2, 1.6),
+        row("random", 4, 1.4),
+    ]
     assert [c["crossover_batch"] for c in _crossovers(rows)] == [2]
     assert _crossovers(rows[:3] + [row("random", b, 1.0) for b in (1, 2, 4)]) == []
 
@@ -78,8 +94,11 @@ def _figure(name):
 def _texts(fig):
     """Every visible, non-empty text of the figure with its extent in display pixels."""
     renderer = fig.canvas.get_renderer()
-    out = [(t, t.get_window_extent(renderer)) for t in fig.findobj(plt.Text)
-           if t.get_visible() and t.get_text().strip() and t.get_figure() is not None]
+    out = [
+        (t, t.get_window_extent(renderer))
+        for t in fig.findobj(plt.Text)
+        if t.get_visible() and t.get_text().strip() and t.get_figure() is not None
+    ]
     return out, renderer
 
 
@@ -109,12 +128,21 @@ def test_no_label_overlaps_another_or_leaves_the_saved_image(figure, report_data
     try:
         fig.canvas.draw()
         texts, renderer = _texts(fig)
-        labels = [(t, box) for t, box in texts
-                  if t in (fig._suptitle, *(a.xaxis.label for a in fig.axes), *(a.yaxis.label for a in fig.axes))]
-        ticks = [(t, box) for t, box in texts if any(
-            t in a.get_xticklabels(which="both") + a.get_yticklabels(which="both") for a in fig.axes)]
-        legend_texts = [(t, box) for t, box in texts if any(
-            a.get_legend() is not None and t in a.get_legend().get_texts() for a in fig.axes)]
+        labels = [
+            (t, box)
+            for t, box in texts
+            if t in (fig._suptitle, *(a.xaxis.label for a in fig.axes), *(a.yaxis.label for a in fig.axes))
+        ]
+        ticks = [
+            (t, box)
+            for t, box in texts
+            if any(t in a.get_xticklabels(which="both") + a.get_yticklabels(which="both") for a in fig.axes)
+        ]
+        legend_texts = [
+            (t, box)
+            for t, box in texts
+            if any(a.get_legend() is not None and t in a.get_legend().get_texts() for a in fig.axes)
+        ]
         for t, box in labels:
             for u, other in labels + ticks + legend_texts:
                 if u is not t:
@@ -160,8 +188,14 @@ def test_speedups_show_the_per_prompt_spread(name, report_data):
     fig, rows = draw(_figure(name), report_data)
     try:
         ax = fig.axes[0]
-        spread_bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.lines[2]
-                       and isinstance(c.lines[2][0], LineCollection) and len(c.lines[2][0].get_segments())]
+        spread_bars = [
+            c
+            for c in ax.containers
+            if isinstance(c, ErrorbarContainer)
+            and c.lines[2]
+            and isinstance(c.lines[2][0], LineCollection)
+            and len(c.lines[2][0].get_segments())
+        ]
         assert spread_bars, "an interquartile bar per point"
         measured = [r for r in rows if r.get("prompts")]
         assert measured and all(r["prompt_speedup_p25"] <= r["prompt_speedup_p75"] for r in measured)
@@ -177,8 +211,10 @@ def test_threads_and_cores_are_pluralised():
 
 
 def test_a_power_law_is_not_fitted_through_two_fanouts():
-    points = [{"temperature": 0.0, "fanout": F, "lookups": 100, "misses": m, "miss_rate": m / 100}
-              for F, m in ((1, 40), (3, 20))]
+    points = [
+        {"temperature": 0.0, "fanout": F, "lookups": 100, "misses": m, "miss_rate": m / 100}
+        for F, m in ((1, 40), (3, 20))
+    ]
     data = ReportData([], [], miss_points=points)
     with pytest.raises(NoData, match="3 or more fan-outs"):
         draw(_figure("miss_vs_fanout"), data)
@@ -189,9 +225,22 @@ def test_a_power_law_is_not_fitted_through_two_fanouts():
 
 
 def _sweep_row(system, **kw):
-    row = {"run": "r", "system": system, "key": f"{system} {kw}", "K": 4, "budget": 12, "schedule": "uniform",
-           "C": 1.0, "backup": "neural" if system == "ssd" else None, "temperature": 0.0, "batch": 1,
-           "tokens_per_s": 3.0, "speedup_vs_ar": None, "prompt_speedups": [], "disturbed": 0}
+    row = {
+        "run": "r",
+        "system": system,
+        "key": f"{system} {kw}",
+        "K": 4,
+        "budget": 12,
+        "schedule": "uniform",
+        "C": 1.0,
+        "backup": "neural" if system == "ssd" else None,
+        "temperature": 0.0,
+        "batch": 1,
+        "tokens_per_s": 3.0,
+        "speedup_vs_ar": None,
+        "prompt_speedups": [],
+        "disturbed": 0,
+    }
     row.update(kw)
     return row
 
@@ -225,8 +274,11 @@ def test_a_disturbed_point_is_hollow_and_explained():
     fig, _ = draw(_figure("speedup_vs_k"), ReportData([], rows))
     try:
         ax = fig.axes[0]
-        hollow = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_markerfacecolor() == "white"
-                  and len(line.get_xdata()) == 1]
+        hollow = [
+            line
+            for line in ax.get_lines()
+            if line.get_marker() == "o" and line.get_markerfacecolor() == "white" and len(line.get_xdata()) == 1
+        ]
         assert len(hollow) == 1 and hollow[0].get_ydata()[0] == 1.5
         assert DISTURBED_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]
     finally:
@@ -236,8 +288,16 @@ def test_a_disturbed_point_is_hollow_and_explained():
 def test_a_serving_curve_needs_two_load_points():
     from saguaro.reporting.figures.serving import SERVING_FIGURES
 
-    row = {"load": "rate", "rate": 0.5, "series": "ssd", "run": "r", "median_ttft_ms": 10.0, "p99_ttft_ms": 20.0,
-           "completed": 8, "failed": 0}
+    row = {
+        "load": "rate",
+        "rate": 0.5,
+        "series": "ssd",
+        "run": "r",
+        "median_ttft_ms": 10.0,
+        "p99_ttft_ms": 20.0,
+        "completed": 8,
+        "failed": 0,
+    }
     ttft = SERVING_FIGURES["rate"][0]
     with pytest.raises(NoData, match="two or more load points"):
         draw(ttft, ReportData([], [], serving=[row]))

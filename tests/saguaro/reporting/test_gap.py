@@ -12,19 +12,50 @@ from saguaro.reporting.analysis.gap import FACTORS, decompose, gap_rows, reading
 from saguaro.reporting.analysis.load import Run
 
 
-def _ssd(accepted: int, verify: float, wait: float, hit: bool, backup: float = 0.0, other: float = 5.0,
-         build: float = 200.0, emitted: int | None = None) -> dict:
-    return {"phase": "decode", "batch_size": 1, "K": 3, "accepted": [accepted],
-            "emitted": [accepted + 1 if emitted is None else emitted], "draft_ms": wait, "wait_ms": wait,
-            "verify_ms": verify, "round_ms": wait + verify + other, "hit": [hit], "backup_ms": backup,
-            "cache_build_ms": build}
+def _ssd(
+    accepted: int,
+    verify: float,
+    wait: float,
+    hit: bool,
+    backup: float = 0.0,
+    other: float = 5.0,
+    build: float = 200.0,
+    emitted: int | None = None,
+) -> dict:
+    return {
+        "phase": "decode",
+        "batch_size": 1,
+        "K": 3,
+        "accepted": [accepted],
+        "emitted": [accepted + 1 if emitted is None else emitted],
+        "draft_ms": wait,
+        "wait_ms": wait,
+        "verify_ms": verify,
+        "round_ms": wait + verify + other,
+        "hit": [hit],
+        "backup_ms": backup,
+        "cache_build_ms": build,
+    }
 
 
-def _sd(accepted: int, emitted: int | None = None, draft: float = 60.0, verify: float = 200.0,
-        other: float = 10.0, K: int = 3) -> dict:
-    return {"phase": "decode", "batch_size": 1, "K": K, "accepted": [accepted],
-            "emitted": [accepted + 1 if emitted is None else emitted], "draft_ms": draft, "verify_ms": verify,
-            "round_ms": draft + verify + other}
+def _sd(
+    accepted: int,
+    emitted: int | None = None,
+    draft: float = 60.0,
+    verify: float = 200.0,
+    other: float = 10.0,
+    K: int = 3,
+) -> dict:
+    return {
+        "phase": "decode",
+        "batch_size": 1,
+        "K": K,
+        "accepted": [accepted],
+        "emitted": [accepted + 1 if emitted is None else emitted],
+        "draft_ms": draft,
+        "verify_ms": verify,
+        "round_ms": draft + verify + other,
+    }
 
 
 def _ssd_call(overrun: bool) -> list[dict]:
@@ -121,9 +152,11 @@ def test_gap_rows_follow_the_ceiling_rows_and_skip_variants_without_rounds():
     misses = [r for r in _ssd_call(False) if not r["hit"][0]]
     rounds = tag(_ssd_call(False), "ssd K=3", 0) + tag(_sd_call(), "sd K=3", 0) + tag(misses, "ssd K=4", 0)
     run = Run(Path("run"), {}, {}, [], rounds)
-    ceilings = [{"run": "run", "key": "ssd K=3", "sd_key": "sd K=3"},
-                {"run": "run", "key": "ssd K=4", "sd_key": "sd K=3"},  # never hit: no E_hit
-                {"run": "run", "key": "ssd K=5", "sd_key": "sd K=3"}]  # no rounds at all
+    ceilings = [
+        {"run": "run", "key": "ssd K=3", "sd_key": "sd K=3"},
+        {"run": "run", "key": "ssd K=4", "sd_key": "sd K=3"},  # never hit: no E_hit
+        {"run": "run", "key": "ssd K=5", "sd_key": "sd K=3"},
+    ]  # no rounds at all
     rows = gap_rows([run], ceilings)
     assert [r["key"] for r in rows] == ["ssd K=3"]
     assert rows[0]["share"] == pytest.approx(decompose([_ssd_call(False)], [_sd_call()])["share"])

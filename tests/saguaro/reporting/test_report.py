@@ -35,8 +35,12 @@ def test_report_says_the_data_is_synthetic_and_where_it_came_from(report):
 
 def test_report_tables_headline_predictions_and_fit(report):
     text, _ = report
-    for heading in ("## Headline", "## Measured vs simulated vs closed form", "## Power-law fit of the miss rate",
-                    "## Acceptance by task"):
+    for heading in (
+        "## Headline",
+        "## Measured vs simulated vs closed form",
+        "## Power-law fit of the miss rate",
+        "## Acceptance by task",
+    ):
         assert heading in text
     errors = re.search(r"Mean absolute error: simulated (\S+) over (\d+) variants, closed form (\S+)", text)
     assert errors and int(errors.group(2)) > 10
@@ -118,8 +122,9 @@ def test_each_ssd_variant_is_set_against_cor9_ceiling_from_its_own_runs_sd_round
     assert rows and all(r["sd_key"].startswith("sd ") for r in rows)
     for r in rows:
         run = next(run for run in data.runs if run.name == r["run"])
-        ssd, sd = (next(v for v in data.rows if v["run"] == r["run"] and v["key"] == k)
-                   for k in (r["key"], r["sd_key"]))
+        ssd, sd = (
+            next(v for v in data.rows if v["run"] == r["run"] and v["key"] == k) for k in (r["key"], r["sd_key"])
+        )
         assert ssd["K"] == sd["K"] and ssd["temperature"] == sd["temperature"] and ssd["batch"] == sd["batch"]
         T_sd = R.timings(run.rounds_of(sd["key"])).draft_ms / R.timings(run.rounds_of(ssd["key"])).verify_ms
         assert r["T_sd"] == pytest.approx(T_sd) and r["E_hit"] >= 1 and r["E_sd"] >= 1

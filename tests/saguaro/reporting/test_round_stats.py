@@ -8,11 +8,26 @@ from saguaro.reporting.analysis import rounds as R
 
 
 def ssd_round(n: int, accepted, hit, fanout=(3, 2, 1), **times):
-    return {"strategy": "ssd", "round": n, "batch_size": len(accepted), "K": 2, "context_len": 10 + n,
-            "accepted": list(accepted), "emitted": [k + 1 for k in accepted], "draft_ms": times.get("draft", 0.0),
-            "verify_ms": times.get("verify", 10.0), "round_ms": times.get("round", 12.0), "draft_forwards": 2,
-            "phase": "decode", "hit": list(hit), "cache_build_ms": 8.0, "branches": 6, "backup": "neural",
-            "wait_ms": times.get("wait", 1.0), "fanout": list(fanout)}
+    return {
+        "strategy": "ssd",
+        "round": n,
+        "batch_size": len(accepted),
+        "K": 2,
+        "context_len": 10 + n,
+        "accepted": list(accepted),
+        "emitted": [k + 1 for k in accepted],
+        "draft_ms": times.get("draft", 0.0),
+        "verify_ms": times.get("verify", 10.0),
+        "round_ms": times.get("round", 12.0),
+        "draft_forwards": 2,
+        "phase": "decode",
+        "hit": list(hit),
+        "cache_build_ms": 8.0,
+        "branches": 6,
+        "backup": "neural",
+        "wait_ms": times.get("wait", 1.0),
+        "fanout": list(fanout),
+    }
 
 
 def test_alpha_is_accepted_draws_over_draws_that_ended_a_round():
@@ -32,8 +47,11 @@ def test_alpha_from_rounds_truncates_each_round_at_its_own_K():
 
 
 def test_a_lookup_pairs_an_outcome_with_the_next_rounds_hit():
-    call = [ssd_round(1, [0, 2], [False, False]), ssd_round(2, [1, 1], [True, False], fanout=(5, 4, 2)),
-            ssd_round(3, [1], [True])]
+    call = [
+        ssd_round(1, [0, 2], [False, False]),
+        ssd_round(2, [1, 1], [True, False], fanout=(5, 4, 2)),
+        ssd_round(3, [1], [True]),
+    ]
     lookups = R.lookups([call])
     # round 1's outcomes k = 0 and k = 2 are answered by round 2's hits, from the cache round 2 describes
     # (F_0 = 5, F_2 = 2);
@@ -59,8 +77,13 @@ def test_accepted_counts_split_by_where_the_speculation_came_from():
 
 def test_phases_add_up_to_the_round_times():
     prefill = {**ssd_round(0, [0], [False]), "phase": "prefill", "round_ms": 50.0}
-    calls = [[prefill, ssd_round(1, [1], [True], verify=10.0, wait=1.0, round=12.0),
-              ssd_round(2, [2], [False], verify=10.0, wait=6.0, round=17.0)]]
+    calls = [
+        [
+            prefill,
+            ssd_round(1, [1], [True], verify=10.0, wait=1.0, round=12.0),
+            ssd_round(2, [2], [False], verify=10.0, wait=6.0, round=17.0),
+        ]
+    ]
     ms = R.phase_ms(calls)
     assert (ms["prefill"], ms["verify"], ms["draft"], ms["other"]) == (50.0, 20.0, 7.0, 2.0)
     assert ms["tokens"] == 1 + 2 + 3 and ms["hidden_cache_build"] == 16.0

@@ -23,8 +23,9 @@ def test_every_set_names_runs_and_calibrations_in_its_studys_archives(held_out, 
     assert all((run / "rounds.jsonl").is_file() and (run / "results.jsonl").is_file() for run in runs)
     served = held_out.served
     calibrations = held_out.calibrations + (served.calibrations if served else ())
-    assert all(path.is_file() and path.with_suffix(".summary.json").is_file()
-               for path in studies.paths(root, calibrations))
+    assert all(
+        path.is_file() and path.with_suffix(".summary.json").is_file() for path in studies.paths(root, calibrations)
+    )
     if served is not None:
         assert all((run / "requests.jsonl").is_file() for run in studies.paths(root, served.client_runs))
         assert len(studies.paths(root, (served.sd_run,))) == 1
@@ -44,14 +45,34 @@ def test_a_missing_run_is_named(tmp_path):
 
 def test_the_summary_counts_what_the_validation_wrote(tmp_path, capsys):
     out = tmp_path / "audit"
-    assert main(["validate", "audit", "--out", str(out), "--only", AVX2_SET, "--rounds", "300",
-                 "--markdown", str(tmp_path / "t.md"), "--figure", str(tmp_path / "t.png")]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "audit",
+                "--out",
+                str(out),
+                "--only",
+                AVX2_SET,
+                "--rounds",
+                "300",
+                "--markdown",
+                str(tmp_path / "t.md"),
+                "--figure",
+                str(tmp_path / "t.png"),
+            ]
+        )
+        == 0
+    )
     table = json.loads((out / f"{AVX2_SET}-engine.json").read_text())
     held_out = [row for row in table["rows"] if not row["reference"]]
     within = sum(abs(row["error"]) <= 0.10 for row in held_out)
     text = capsys.readouterr().out
-    assert re.search(rf"\| {AVX2_SET} \| AMD EPYC \(Zen 3\), 2 cores, AVX2 only \(float32 target\) \| "
-                     rf"×[0-9.]+-[0-9.]+ \| {within} of {len(held_out)} \(median", text)
+    assert re.search(
+        rf"\| {AVX2_SET} \| AMD EPYC \(Zen 3\), 2 cores, AVX2 only \(float32 target\) \| "
+        rf"×[0-9.]+-[0-9.]+ \| {within} of {len(held_out)} \(median",
+        text,
+    )
     assert text.count(f"| {AVX2_SET} | ") == 1 + len(held_out)  # the summary's line and one per held-out row
     assert f"| steady (1 sets) | {within} of {len(held_out)} " in text and "| all (1 sets) | " in text
     assert (tmp_path / "t.md").read_text() == text
@@ -72,8 +93,13 @@ def test_a_set_whose_runs_are_missing_is_one_line_and_exit_2(tmp_path, capsys):
     (study / "data").mkdir(parents=True)
     source = next(s for s in SETS if s.name == AVX2_SET)
     shutil.copy(studies.REPORTS / source.study / "data" / f"{AVX2_SET}.tar.gz", study / "data")
-    entry = {"name": "gone", "host": "AMD EPYC", "host_speed": "steady", "runs": [f"{AVX2_SET}/runs/*-b9"],
-             "calibrations": [f"{AVX2_SET}/runs/calibration.jsonl"]}
+    entry = {
+        "name": "gone",
+        "host": "AMD EPYC",
+        "host_speed": "steady",
+        "runs": [f"{AVX2_SET}/runs/*-b9"],
+        "calibrations": [f"{AVX2_SET}/runs/calibration.jsonl"],
+    }
     (study / "manifest.json").write_text(json.dumps({"title": "broken", "held_out": [entry]}))
     assert main(["validate", "audit", "--reports", str(reports), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err

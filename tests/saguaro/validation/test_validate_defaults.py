@@ -21,8 +21,14 @@ def v(system, key, tps, T=0.0):
     return {"system": system, "key": f"{system} {key} T={T:g} b=1", "temperature": T, "batch": 1, "tokens_per_s": tps}
 
 
-SWEEP = [v("ar", "", 4.0), v("sd", "K=3", 9.0), v("sd", "K=auto", 8.8), v("ssd", "K=3 B=8 uniform neural", 12.0),
-         v("ssd", "K=auto B=auto geometric neural", 10.0), v("ssd", "K=auto B=auto uniform neural", 11.0)]
+SWEEP = [
+    v("ar", "", 4.0),
+    v("sd", "K=3", 9.0),
+    v("sd", "K=auto", 8.8),
+    v("ssd", "K=3 B=8 uniform neural", 12.0),
+    v("ssd", "K=auto B=auto geometric neural", 10.0),
+    v("ssd", "K=auto B=auto uniform neural", 11.0),
+]
 
 
 def test_the_defaults_are_recognised_by_their_keys():

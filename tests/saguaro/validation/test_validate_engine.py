@@ -27,8 +27,20 @@ def _run(session: Path, tmp_path: Path, *extra: str, calibrations: tuple | None 
     calibrations = calibrations or (session / "calibration-1842.jsonl",)
     folders = [run_folder(session, name) for name in ("k5ref", "b4")]
     out = tmp_path / "validation.json"
-    code = main(["validate", "engine", *map(str, folders), "--calibration", *map(str, calibrations),
-                 "--rounds", "300", "--json", str(out), *extra])
+    code = main(
+        [
+            "validate",
+            "engine",
+            *map(str, folders),
+            "--calibration",
+            *map(str, calibrations),
+            "--rounds",
+            "300",
+            "--json",
+            str(out),
+            *extra,
+        ]
+    )
     assert code == 0
     return json.loads(out.read_text())["rows"]
 
@@ -86,10 +98,21 @@ def test_a_folder_whose_sd_rounds_cannot_set_a_level_is_one_line_and_exit_2(sess
     b4 = run_folder(session, "b4")
     rows = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
     sd = [r for r in rows if r["key"].startswith("sd ") and r.get("phase") == "decode"]
-    short = _copy_with_rounds(b4, tmp_path, lambda r: not r["key"].startswith("sd ") or r.get("phase") != "decode"
-                              or r in sd[:2])
-    code = main(["validate", "engine", str(run_folder(session, "k5ref")), str(short), "--calibration",
-                 str(session / "calibration-1842.jsonl"), "--rounds", "300"])
+    short = _copy_with_rounds(
+        b4, tmp_path, lambda r: not r["key"].startswith("sd ") or r.get("phase") != "decode" or r in sd[:2]
+    )
+    code = main(
+        [
+            "validate",
+            "engine",
+            str(run_folder(session, "k5ref")),
+            str(short),
+            "--calibration",
+            str(session / "calibration-1842.jsonl"),
+            "--rounds",
+            "300",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert f"error: {b4.name}, T = 0: leveling needs an SD run's decode rounds" in err
@@ -137,8 +160,9 @@ def test_two_calibrations_at_one_temperature_are_fitted_as_one(session, tmp_path
     both = _run(session, tmp_path, calibrations=paths)
     assert "calibration-1842.jsonl + " in capsys.readouterr().out  # the fit names both
     one_file = _run(session, tmp_path, calibrations=(pooled_calibration(tmp_path, *paths),))
-    assert [(r["configuration"], r["predicted"]) for r in both] == [(r["configuration"], r["predicted"])
-                                                                   for r in one_file]
+    assert [(r["configuration"], r["predicted"]) for r in both] == [
+        (r["configuration"], r["predicted"]) for r in one_file
+    ]
     for path in paths:
         alone = _run(session, tmp_path, calibrations=(path,))
         assert [r["predicted"] for r in alone] != [r["predicted"] for r in both]
@@ -151,8 +175,9 @@ def test_the_lookups_rates_per_position_multiply_to_its_measured_all_accepted_sh
     from simulator.hits import is_draft_sourced
 
     folder = run_folder(session, "fast-backups")
-    rows = next(r for s, r in measured.variants(folder).values()
-                if s.get("backup") == "lookup" and s.get("budget") == 4)
+    rows = next(
+        r for s, r in measured.variants(folder).values() if s.get("backup") == "lookup" and s.get("budget") == 4
+    )
     alphas = measured.lookup_alphas(rows)
     assert alphas is not None and len(alphas) == 4
     proposed = [k for r in rows for i, k in enumerate(r.accepted) if not is_draft_sourced(r, i)]
@@ -168,8 +193,13 @@ def test_terms_show_each_forward_measured_beside_the_leveled_fit(session, tmp_pa
     records = [json.loads(line) for line in (b4 / "rounds.jsonl").read_text().splitlines()]
     for row in (r for r in rows if r["run"] == b4.name):
         system = row["configuration"].split()[0]
-        mine = [r for r in records if r["phase"] == "decode" and r["key"].startswith(f"{system} ")
-                and (system != "ssd" or f"B={r['key'].split('B=')[1].split()[0]} " in row["configuration"] + " ")]
+        mine = [
+            r
+            for r in records
+            if r["phase"] == "decode"
+            and r["key"].startswith(f"{system} ")
+            and (system != "ssd" or f"B={r['key'].split('B=')[1].split()[0]} " in row["configuration"] + " ")
+        ]
         want = {"ar": {"verify"}, "sd": {"verify", "draft"}, "ssd": {"verify", "cache_build", "backup"}}[system]
         assert set(row["terms"]) == want, row["configuration"]
         verify = row["terms"]["verify"]
@@ -192,8 +222,9 @@ def test_without_terms_the_table_is_the_same(session, tmp_path, capsys):
     assert strip(plain) == strip(with_terms)
 
 
-def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build_rounds(held_out_runs, session,
-                                                                                        tmp_path, capsys):
+def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build_rounds(
+    held_out_runs, session, tmp_path, capsys
+):
     """--build-level (an experiment): the calibration of 2026-12-02 10:50 holds the engine's build rounds;
     applied, the SSD rows' builds and so their predictions move and nothing else does. A calibration without
     them: one line, exit 2."""
@@ -208,8 +239,16 @@ def test_build_level_scales_only_the_ssd_predictions_and_needs_the_engines_build
             assert a["terms"]["verify"] == b["terms"]["verify"]
         else:
             assert a["predicted"] == b["predicted"]
-    code = main(["validate", "engine", str(run_folder(session, "k5ref")), "--calibration",
-                 str(session / "calibration-1842.jsonl"), "--build-level"])
+    code = main(
+        [
+            "validate",
+            "engine",
+            str(run_folder(session, "k5ref")),
+            "--calibration",
+            str(session / "calibration-1842.jsonl"),
+            "--build-level",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "no engine build rounds" in err and "Traceback" not in err
 
@@ -219,8 +258,20 @@ def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batc
     with the batch-1 run beside it the batch-1 one still is. Runs without any SD variant: one line, exit 2."""
     b4 = run_folder(session, "b4")
     out = tmp_path / "b4.json"
-    code = main(["validate", "-v", "engine", str(b4), "--calibration", str(session / "calibration-1842.jsonl"),
-                 "--rounds", "300", "--json", str(out)])
+    code = main(
+        [
+            "validate",
+            "-v",
+            "engine",
+            str(b4),
+            "--calibration",
+            str(session / "calibration-1842.jsonl"),
+            "--rounds",
+            "300",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["configuration"] for r in rows if r["reference"]] == ["sd T=0 b=4 K=4"]
@@ -229,8 +280,9 @@ def test_without_an_sd_run_at_batch_1_alpha_and_hits_come_from_the_smallest_batc
     assert [r["configuration"] for r in _run(session, tmp_path) if r["reference"]] == ["sd T=0 b=1 K=5"]
 
     no_sd = _copy_with_rounds(b4, tmp_path, lambda r: not r["key"].startswith("sd "))
-    code = main(["validate", "engine", str(no_sd), "--calibration", str(session / "calibration-1842.jsonl"),
-                 "--rounds", "300"])
+    code = main(
+        ["validate", "engine", str(no_sd), "--calibration", str(session / "calibration-1842.jsonl"), "--rounds", "300"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "no SD variant" in err and "saguaro bench --systems sd" in err and "Traceback" not in err
 
@@ -247,7 +299,7 @@ def test_batch_rows_are_also_measured_over_their_full_batch_rounds(session, tmp_
         if not row["run"].endswith("-b4"):
             assert row["measured_full_batch"] is None and row["error_full_batch"] == row["error"]
             continue
-        key, = (k for k in {r["key"] for r in records} if _same_variant(k, row["configuration"]))
+        (key,) = (k for k in {r["key"] for r in records} if _same_variant(k, row["configuration"]))
         decode = [r for r in records if r["key"] == key and r["phase"] == "decode"]
         full = [r for r in decode if r["batch_size"] == 4]
         if key.startswith("ar "):  # one token a round: every row ends in the same round, no tail

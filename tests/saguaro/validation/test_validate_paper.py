@@ -78,8 +78,9 @@ def test_the_log_engines_draft_step_is_rederived_from_the_log():
 
 def test_the_log_engine_reproduces_the_draft_cycles_it_was_calibrated_on():
     engine = engine_preset("reference-log")
-    cycles = log_engine._cycles(engine.draft_layer_overhead_us, engine.tree_step_overhead_ms, engine.build_row_us,
-                                ROUNDS)
+    cycles = log_engine._cycles(
+        engine.draft_layer_overhead_us, engine.tree_step_overhead_ms, engine.build_row_us, ROUNDS
+    )
     assert cycles == pytest.approx(list(log_engine.CYCLES.values()), rel=0.05)
 
 

@@ -23,8 +23,17 @@ def test_a_concurrency_1_point_is_simulated_one_request_at_a_time():
     timing = ConstantTiming(t_verify_ms=100.0, t_draft_ms=10.0, t_prefill_ms=300.0)
     policy, acceptance = Policy("sd", K=2), IidAcceptance(0.0)  # 1 token a round of 120 ms: 20 tokens 2.6 s
     # the run was faster than this timing: each request sent 1 s after the previous one
-    closed = [{"point": "concurrency=1", "concurrency": 1, "scheduled_s": None, "arrival_s": float(i),
-               "prompt_tokens": 50, "new_tokens": 20} for i in range(4)]
+    closed = [
+        {
+            "point": "concurrency=1",
+            "concurrency": 1,
+            "scheduled_s": None,
+            "arrival_s": float(i),
+            "prompt_tokens": 50,
+            "new_tokens": 20,
+        }
+        for i in range(4)
+    ]
     got = serving.predict(timing, policy, acceptance, None, closed, max_num_seqs=8, seeds=2)
     assert got["ttft_p50"] == pytest.approx(300.0) and got["ttft_p99"] == pytest.approx(300.0)
     assert got["tpot_p50"] == pytest.approx(120.0)
@@ -37,10 +46,26 @@ def test_a_concurrency_1_point_is_simulated_one_request_at_a_time():
 
 def _predicted(runs: Path, tmp_path: Path, *calibrations: Path, extra: tuple[str, ...] = ()) -> list[dict]:
     out = tmp_path / "served.json"
-    code = main(["validate", "serving", str(next((runs / "serving").glob("*-serve-ssd-c1"))),
-                 "--calibration", *map(str, calibrations), "--sd-run", str(next(runs.glob("*-sd-reference-served"))),
-                 "--server-rounds", str(runs / "serving" / "serve-ssd-8-rounds.jsonl"),
-                 "--max-num-seqs", "8", "--seeds", "2", "--json", str(out), *extra])
+    code = main(
+        [
+            "validate",
+            "serving",
+            str(next((runs / "serving").glob("*-serve-ssd-c1"))),
+            "--calibration",
+            *map(str, calibrations),
+            "--sd-run",
+            str(next(runs.glob("*-sd-reference-served"))),
+            "--server-rounds",
+            str(runs / "serving" / "serve-ssd-8-rounds.jsonl"),
+            "--max-num-seqs",
+            "8",
+            "--seeds",
+            "2",
+            "--json",
+            str(out),
+            *extra,
+        ]
+    )
     assert code == 0
     return json.loads(out.read_text())["rows"]
 
@@ -72,8 +97,20 @@ def test_the_table_names_each_point_and_terms_add_the_servers_rounds(held_out_ru
 
 def test_a_client_folder_without_requests_is_one_line_and_exit_2(held_out_runs, tmp_path, capsys):
     runs = held_out_runs / SESSION / "runs"
-    code = main(["validate", "serving", str(tmp_path), "--calibration", str(runs / "calibration.jsonl"),
-                 "--sd-run", str(next(runs.glob("*-sd-reference-served"))),
-                 "--server-rounds", str(runs / "serving" / "serve-ssd-8-rounds.jsonl"), "--max-num-seqs", "8"])
+    code = main(
+        [
+            "validate",
+            "serving",
+            str(tmp_path),
+            "--calibration",
+            str(runs / "calibration.jsonl"),
+            "--sd-run",
+            str(next(runs.glob("*-sd-reference-served"))),
+            "--server-rounds",
+            str(runs / "serving" / "serve-ssd-8-rounds.jsonl"),
+            "--max-num-seqs",
+            "8",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "has no requests.jsonl" in err and len(err.strip().splitlines()) == 1
