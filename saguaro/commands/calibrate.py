@@ -73,7 +73,6 @@ from pathlib import Path
 
 from saguaro.bench.environment import cpu_model, machine
 from saguaro.calibration.draft_worker import start_worker
-from saguaro.calibration.host_terms import describe, host_pair, measure_host_terms
 from saguaro.calibration.measure import (
     build_rounds,
     fast_backup_ms,
@@ -246,6 +245,9 @@ def quant_inputs(config) -> dict:
 def host_work(args, vocab: int) -> dict:
     """The summary's "host_terms": the engine's rounds with its forwards taken out on a random pair of `vocab`
     (saguaro.calibration.host_terms), or {"error": why} where the measurement failed (the timed points are kept)."""
+    # imported here: the simulator it reads would load simpy for every command (`saguaro theory` stays light)
+    from saguaro.calibration.host_terms import describe, host_pair, measure_host_terms
+
     try:
         terms = measure_host_terms(
             *host_pair(vocab),
