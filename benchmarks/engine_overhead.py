@@ -27,6 +27,8 @@ machine only ever slows a run down):
   benchmarks.host_syncs) and bytes across SSD's link per round (both directions, as engine.ssd.messages lays out).
 
 The forwards are timed in the same process on the same thread, at the context length of the middle of the run.
+--device cuda runs the pair and the engine on the GPU (SSD's worker on the same one) and times every forward to
+the end of its device work; the default is the CPU.
 Several --prompt-len values give one row per (vocabulary, prompt length): how the engine's costs grow with the
 context against the forwards' own (the verify's attention reads every cached token, and so does the build's).
 
@@ -65,14 +67,23 @@ def shapes(vocab: int, target_layers: int, draft_layers: int) -> tuple[Shape, Sh
 
 
 # -- the forwards alone ---------------------------------------------------------------------------------------
-def _fastest_ms(fn, reps: int, warmup: int = 3) -> float:
-    """The fastest of `reps` calls: a shared machine only ever slows a forward down."""
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a CUDA forward returns before it is done); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fastest_ms(fn, reps: int, device: torch.device, warmup: int = 3) -> float:
+    """The fastest of `reps` calls, each timed to the end of its device work: a shared machine only ever slows a
+    forward down."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
+        synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return min(times)
 
@@ -83,42 +94,50 @@ def forward_ms(model: torch.nn.Module, context: int, width: int, rows: int = 1, 
     after each forward): what the model's own work costs, with nothing of the engine around it. A step of SSD's
     tree over n branches of one row is timed as one row with n new tokens: the same keys, n queries."""
     V = model.config.vocab_size
+    device = model.device
     gen = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
-    model(torch.randint(0, V, (rows, context), generator=gen), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    block = torch.randint(0, V, (rows, width), generator=gen)
+    prompt = torch.randint(0, V, (rows, context), generator=gen).to(device)
+    model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    block = torch.randint(0, V, (rows, width), generator=gen).to(device)
 
     def step():
         model(block, past_key_values=cache, use_cache=True)
         cache.crop(-width)
 
-    return _fastest_ms(step, reps)
+    return _fastest_ms(step, reps, device)
 
 
 @torch.inference_mode()
 def bare_loop_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> float:
     """Per token: the target's one-token forward and an argmax, in a plain loop (the prefill not counted)."""
+    device = model.device
     cache = DynamicCache(config=model.config)
-    logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-    token = logits.argmax(-1, keepdim=True)
+    ids = torch.tensor([prompt], device=device)
+    logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    token = logits.argmax(-1, keepdim=True)  # stays on the device: the loop reads nothing back
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(new_tokens):
         logits = model(token, past_key_values=cache, use_cache=True).logits[:, -1]
         token = logits.argmax(-1, keepdim=True)
+    synchronize(device)
     return (time.perf_counter() - t0) * 1e3 / new_tokens
 
 
 @torch.inference_mode()
 def hf_generate_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int, temperature: float) -> float:
     """Per token: transformers' generate, its time for `new_tokens` less its time for one (the prefill)."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     sampling = (
         dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
     )
 
     def run(n: int) -> float:
+        synchronize(model.device)
         t0 = time.perf_counter()
         model.generate(ids, max_new_tokens=n, min_new_tokens=n, pad_token_id=0, eos_token_id=None, **sampling)
+        synchronize(model.device)
         return time.perf_counter() - t0
 
     run(4)
@@ -153,11 +172,19 @@ class EngineRun:
 
 
 def engine(target, draft, strategy: str, K: int, threads: int):
+    """The engine on the target's device (SSD's worker on the draft's: the same GPU, or the other CPU core)."""
     from engine import LLM, SpeculativeConfig
     from engine.config import DraftPlacement
 
     spec = SpeculativeConfig(K=K, placement=DraftPlacement(draft_threads=1, deadline_s=120.0))
-    return LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec, threads=threads)
+    return LLM(
+        target,
+        None if strategy == "ar" else draft,
+        strategy=strategy,
+        speculative=spec,
+        threads=threads,
+        device=str(target.device),
+    )
 
 
 def run_engine(llm, prompt: list[int], new_tokens: int, temperature: float, seed: int):
@@ -225,7 +252,8 @@ def count_syncs(target, draft, strategy: str, K: int, temperature: float, steps:
     from engine.config import DraftPlacement
 
     spec = SpeculativeConfig(K=K, placement=DraftPlacement(in_process=True))
-    with LLM(target, None if strategy == "ar" else draft, strategy=strategy, speculative=spec) as llm:
+    drafted = None if strategy == "ar" else draft
+    with LLM(target, drafted, strategy=strategy, speculative=spec, device=str(target.device)) as llm:
         params = SamplingParams(temperature=temperature, max_new_tokens=10 * steps, stop_on_eos=False, seed=1)
         llm.loop.submit(llm.make_sequence([1, 2, 3, 4], params))
         for _ in range(3):
@@ -246,7 +274,7 @@ def link_bytes(target, draft, K: int, temperature: float, prompt: list[int], new
 
     spec = SpeculativeConfig(K=K, placement=DraftPlacement(in_process=True))
     sizes: list[int] = []
-    with LLM(target, draft, strategy="ssd", speculative=spec) as llm:
+    with LLM(target, draft, strategy="ssd", speculative=spec, device=str(target.device)) as llm:
         channel = llm.loop.proposer.channel
         exchange = channel.exchange
 
@@ -267,8 +295,8 @@ def measure(vocab: int, prompt_len: int, args) -> dict:
     agree = args.mode == "agree"
     temperature = 0.0 if agree else 1.0
     t_shape, d_shape = shapes(vocab, args.target_layers, args.draft_layers)
-    target = build(t_shape, "cpu", torch.float32, seed=1, agree=agree)
-    draft = build(d_shape, "cpu", torch.float32, seed=2, agree=agree)
+    target = build(t_shape, args.device, torch.float32, seed=1, agree=agree)
+    draft = build(d_shape, args.device, torch.float32, seed=2, agree=agree)
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, vocab, (prompt_len,), generator=gen).tolist()
     K, N = args.K, args.new_tokens
@@ -429,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[1, 2, 4, 8, 16, 32],
         help="branches a tree step is timed at (the build's forwards are read off them)",
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the models and the engine run: cpu (the target on one thread, SSD's worker on another core) "
+        "or cuda (SSD's worker on the same GPU; the forwards are timed to the end of their device work)",
+    )
     parser.add_argument("--out", type=Path, help="write results.json here")
     parser.add_argument(
         "--host-terms",
@@ -444,6 +478,14 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds timed per strategy and batch size for the host terms (default 64)",
     )
     args = parser.parse_args(argv)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     if args.K < 1 or args.new_tokens < 8 or min(args.prompt_len) < 1 or args.repeats < 1:
         parser.error("-K must be >= 1, --new-tokens >= 8, --prompt-len and --repeats >= 1")
     if args.host_rounds < 1:
