@@ -51,11 +51,12 @@ def noisy_copy(model, noise: float, seed: int = 0):
     return draft
 
 
-def exact_distribution(model, params) -> np.ndarray:
-    """P(first STEPS tokens = s) for every s in V^STEPS under `model` alone, by enumeration (float64)."""
+def exact_distribution(model, params, prompt: list[int] = PROMPT) -> np.ndarray:
+    """P(first STEPS tokens = s) for every s in V^STEPS after `prompt` under `model` alone, by enumeration
+    (float64)."""
     prefixes, table = [()], {(): 1.0}
     for _ in range(STEPS):
-        batch = torch.tensor([PROMPT + list(s) for s in prefixes])
+        batch = torch.tensor([prompt + list(s) for s in prefixes])
         with torch.inference_mode():
             p = warp(model(batch).logits[:, -1].double(), params).numpy()  # [n, V]
         table = {s + (x,): table[s] * p[i, x] for i, s in enumerate(prefixes) for x in range(V)}
