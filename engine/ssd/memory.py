@@ -16,7 +16,7 @@ Plus the glue logits, (K+1) · V float32 per row while the glue runs. The estima
 `context` tokens; a batch needs that many times more. While it builds, the worker's resident memory grows
 over what it keeps (the model's activations, the allocator), so the check charges PEAK_OVER_KEPT times the
 estimate: measured with benchmarks/memory.py on SmolLM2-135M (batch 8, budget 12, T = 0, prompts of 256 and
-1,024 tokens; reports/2026-12-cpu-engine-overhead), the worker's growth over its resident memory before the
+1,024 tokens; reports/2026-12-cpu-shared-kv), the worker's growth over its resident memory before the
 batch was 1.6 times this estimate (the copying path's, before the tree: 1.0-2.2 times its own).
 
 `memory_limit` turns the same estimate into an admission limit: the scheduler admits a sequence only while
