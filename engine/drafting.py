@@ -19,7 +19,7 @@ from engine.checks import Checks, check
 from engine.invariant import draft_winners
 from engine.keyed_random import Purpose
 from engine.kv_cache import KVState
-from engine.ranking import rank_of, ranked_ids
+from engine.ranking import best, rank_of, ranked_ids
 from engine.sampling import Generators, Keys, RowSampling, saguaro, sample, warp_rows
 from engine.sparse import SparseQ
 
@@ -73,7 +73,7 @@ def draft_steps(
         ranking = None if rank_depth is None else ranked_ids(logits, rank_depth)  # [N, M]
         if greedy:  # σ_{F,C} of a point mass is that point mass
             if ranking is None:
-                top, y = logits.max(dim=-1)  # [N]; max propagates NaN, so a bad row fails the check
+                top, y = best(logits)  # [N]; NaN propagates, so a bad row fails the check
             else:  # the argmax, ties to the lowest id, is the ranking's first token
                 y = ranking[:, 0]
                 top = logits.gather(-1, y[:, None])[:, 0]  # NaN, ±inf at the top fail the check alike

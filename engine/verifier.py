@@ -18,6 +18,7 @@ from engine import host
 from engine.checks import Checks, check
 from engine.invariant import target_winners
 from engine.keyed_random import Purpose
+from engine.ranking import best
 from engine.sampling import Generators, Keys, sample, uniforms
 from engine.sparse import SparseQ
 
@@ -108,7 +109,7 @@ def verify_greedy(draft_tokens: Tensor, logits: Tensor, checks: Checks | None = 
     if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, K + 1):
         raise ValueError(f"logits must be [B, K+1, V] = [{B}, {K + 1}, V], got {tuple(logits.shape)}")
     V = logits.shape[2]
-    top, target = logits.max(dim=-1)  # [B, K+1]: max propagates NaN, so a row with one fails the check below
+    top, target = best(logits)  # [B, K+1]: NaN propagates, so a row with one fails the check below
     check(
         ~torch.isfinite(top),
         lambda bad: RuntimeError(
