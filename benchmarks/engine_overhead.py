@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from benchmarks.gpu_check import synchronize  # waits for a CUDA device's queued work; nothing on the CPU
 from benchmarks.random_models import Shape, build
 
 WIDTH = 64  # hidden size: small enough that a forward costs little more than its launches
@@ -67,12 +68,6 @@ def shapes(vocab: int, target_layers: int, draft_layers: int) -> tuple[Shape, Sh
 
 
 # -- the forwards alone ---------------------------------------------------------------------------------------
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (a CUDA forward returns before it is done); nothing on the CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _fastest_ms(fn, reps: int, device: torch.device, warmup: int = 3) -> float:
     """The fastest of `reps` calls, each timed to the end of its device work: a shared machine only ever slows a
     forward down."""

@@ -41,7 +41,7 @@ from simulator.link import LinkSpec
 from simulator.metrics import SimResult
 from simulator.run import Policy, SimConfig, simulate
 from simulator.timing import TimingModel
-from simulator.workload import ClosedLoop, Lengths, OpenLoop
+from simulator.workload import ClosedLoop, Lengths, OpenLoop, check_shared_prefix
 from theory import Backup, MissPolicy, Strategy, integer_fanout
 from theory import uniform_fanout as theory_uniform_fanout
 
@@ -117,10 +117,7 @@ class Scenario:
     prefill_overlap: bool = True  # SSD's worker prefills joiners while the target does (SimConfig)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.shared_prefix < 1.0:
-            raise ValueError(
-                f"shared_prefix is the fraction of each prompt its requests share, in [0, 1); got {self.shared_prefix}"
-            )
+        check_shared_prefix(self.shared_prefix)
         if self.fanout_rule not in FANOUT_RULES:
             raise ValueError(f"fanout_rule must be one of {', '.join(FANOUT_RULES)}; got {self.fanout_rule!r}")
         object.__setattr__(self, "miss_policy", MissPolicy(self.miss_policy))

@@ -22,7 +22,7 @@ import numpy as np
 PREFIX_BLOCK_TOKENS = 16  # engine/blocks/pool.py DEFAULT_BLOCK_SIZE: the prefix cache matches whole blocks
 
 
-def _check_shared_prefix(fraction: float) -> None:
+def check_shared_prefix(fraction: float) -> None:
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"shared_prefix is the fraction of each prompt its requests share, in [0, 1); got {fraction}")
 
@@ -30,7 +30,7 @@ def _check_shared_prefix(fraction: float) -> None:
 def cached_tokens(prompt_len: int, shared_prefix: float) -> int:
     """Prompt tokens a request finds in the prefix cache when a `shared_prefix` fraction of its prompt was seen
     before: that part in whole blocks, and never the prompt's last token (its logits give the first new one)."""
-    _check_shared_prefix(shared_prefix)
+    check_shared_prefix(shared_prefix)
     blocks = int(shared_prefix * prompt_len) // PREFIX_BLOCK_TOKENS
     return min(blocks * PREFIX_BLOCK_TOKENS, (prompt_len - 1) // PREFIX_BLOCK_TOKENS * PREFIX_BLOCK_TOKENS)
 
@@ -85,7 +85,7 @@ class ClosedLoop:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency (batch size) must be >= 1; got {self.concurrency}")
-        _check_shared_prefix(self.shared_prefix)
+        check_shared_prefix(self.shared_prefix)
 
     @property
     def max_batch(self) -> int:
@@ -103,7 +103,7 @@ class OpenLoop:
     shared_prefix: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_shared_prefix(self.shared_prefix)
+        check_shared_prefix(self.shared_prefix)
         if not self.rate_per_s > 0:
             raise ValueError(f"rate_per_s (arrival rate) must be > 0 requests per second; got {self.rate_per_s}")
         if self.max_batch < 1:
@@ -123,7 +123,7 @@ class Replayed:
     shared_prefix: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_shared_prefix(self.shared_prefix)
+        check_shared_prefix(self.shared_prefix)
         n = len(self.arrivals_ms)
         if n == 0 or len(self.prompt_lens) != n or len(self.output_lens) != n:
             raise ValueError(
