@@ -57,6 +57,7 @@ from transformers import DynamicCache
 
 from benchmarks.gpu_check import synchronize  # waits for a CUDA device's queued work; nothing on the CPU
 from benchmarks.random_models import Shape, build
+from engine.kv_cache import cache_keyword
 
 WIDTH = 64  # hidden size: small enough that a forward costs little more than its launches
 
@@ -93,11 +94,11 @@ def forward_ms(model: torch.nn.Module, context: int, width: int, rows: int = 1, 
     gen = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=model.config)
     prompt = torch.randint(0, V, (rows, context), generator=gen).to(device)
-    model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(prompt, **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
     block = torch.randint(0, V, (rows, width), generator=gen).to(device)
 
     def step():
-        model(block, past_key_values=cache, use_cache=True)
+        model(block, **{cache_keyword(model): cache}, use_cache=True)
         cache.crop(-width)
 
     return _fastest_ms(step, reps, device)
@@ -108,13 +109,14 @@ def bare_loop_ms(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> 
     """Per token: the target's one-token forward and an argmax, in a plain loop (the prefill not counted)."""
     device = model.device
     cache = DynamicCache(config=model.config)
+    keyword = cache_keyword(model)
     ids = torch.tensor([prompt], device=device)
-    logits = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = model(ids, **{keyword: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
     token = logits.argmax(-1, keepdim=True)  # stays on the device: the loop reads nothing back
     synchronize(device)
     t0 = time.perf_counter()
     for _ in range(new_tokens):
-        logits = model(token, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(token, **{keyword: cache}, use_cache=True).logits[:, -1]
         token = logits.argmax(-1, keepdim=True)
     synchronize(device)
     return (time.perf_counter() - t0) * 1e3 / new_tokens

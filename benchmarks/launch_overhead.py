@@ -21,6 +21,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from engine.kv_cache import cache_keyword
+
 D, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, CACHE = 2048, 32, 8, 64, 8192, 128256, 512
 WARMUP, STEPS = 20, 200
 
@@ -116,7 +118,7 @@ def transformers_eager(layers: int) -> dict:
 
         def step() -> None:
             nonlocal token
-            token = model(token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            token = model(token, **{cache_keyword(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
 
         return {"layers": layers, "eager_ms": timed(step)}
 

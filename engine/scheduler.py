@@ -69,6 +69,8 @@ class Scheduler:
 
     def admit(self, running: int) -> list[Sequence]:
         """Pop the requests that join now, given `running` sequences in flight."""
+        if not self.waiting:  # the steady state: nothing to weigh against the memory limits
+            return []
         c = self.config
         joined: list[Sequence] = []
         tokens = 0

@@ -124,6 +124,8 @@ def verify_greedy(draft_tokens: Tensor, logits: Tensor, checks: Checks | None = 
             lambda bad: ValueError(f"draft_tokens must lie in [0, {V})"),
             checks,
         )
+    if not K:  # nothing drafted (AR): t* is the argmax at position 1
+        return Verification(accepted=torch.zeros_like(target[:, 0]), bonus=target[:, 0], draft_tokens=draft_tokens)
     accepted = (draft_tokens.to(target.device) == target[:, :K]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
     bonus = target.gather(1, accepted[:, None])[:, 0]  # [B]
     return Verification(accepted=accepted, bonus=bonus, draft_tokens=draft_tokens)
@@ -209,6 +211,10 @@ def verify(
     dtype = torch.promote_types(torch.promote_types(p.dtype, q.dtype), torch.float32)
     p, q = p.to(dtype), q.to(dtype)
     B, K = draft_tokens.shape
+    if not K and isinstance(generator, Keys):  # nothing drafted (AR): t* is drawn from p_1 with its keyed number
+        u_target = host.upload(torch.from_numpy(generator.uniforms(Purpose.TARGET, 1)[:, 0]), p.device)  # [B]
+        bonus = sample(p[:, 0], None, checks, u=u_target)
+        return Verification(accepted=torch.zeros_like(bonus), bonus=bonus, draft_tokens=draft_tokens)
     x = draft_tokens.long().unsqueeze(-1)  # [B, K, 1]
     if checks is not None:
         x = x.clamp(0, p.shape[2] - 1)  # checked later (checks); meanwhile no index leaves the vocabulary

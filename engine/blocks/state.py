@@ -156,7 +156,7 @@ class BlockState:
         on = host.tensor(write + list(range(start, end)), torch.long, device)
         positions_t = on[T:].view(1, T)
         first = int(blocks[0])
-        if n == 1 or (np.diff(blocks[:n]) == 1).all():
+        if blocks[:n].tolist() == list(range(first, first + n)):
             binding, width = Binding(on[:T], None, (first * bs, first * bs + end)), end
             if T == 1:
                 mask = self.pool.all_true(end)  # [1, 1, 1, W]: the one query sees every column of its row
@@ -178,6 +178,8 @@ class BlockState:
         another holds (copy-on-write)."""
         rows, pool, bs = self._rows, self.pool, self.pool.block_size
         B = len(end)
+        if B == 1 and self._make_room_one_row(int(end[0])):
+            return
         need = -(-end // bs)  # [B] blocks each row needs
         have = -(-rows.lengths // bs)
         most = max(int(need.max()) if B else 0, 1)
@@ -205,6 +207,22 @@ class BlockState:
             for b in np.nonzero(short > 0)[0].tolist():
                 for j in range(int(have[b]), int(need[b])):
                     rows.table[b, j] = next(fresh)
+
+    def _make_room_one_row(self, end: int) -> bool:
+        """`_make_room` of one row in plain integers, unless the new tokens go into a block another holds (then
+        False: the general path copies it)."""
+        rows, pool, bs = self._rows, self.pool, self.pool.block_size
+        length = int(rows.lengths[0])
+        if length % bs and end > length:
+            block = int(rows.table[0, length // bs])
+            if pool.refs[block] > 1 or block in pool.hash_of:
+                return False
+        need, have = -(-end // bs), -(-length // bs)
+        if max(need, 1) > rows.table.shape[1]:
+            rows.table = np.pad(rows.table, ((0, 0), (0, max(need, 1) - rows.table.shape[1])))
+        if need > have:
+            rows.table[0, have:need] = pool.allocate(need - have)
+        return True
 
     def append_slots(self, source: np.ndarray) -> None:
         """Append to each row b the keys and values held in slots source[b] [B, n] (a copy on the device), as if the

@@ -56,6 +56,7 @@ class BlockTree:
         self.table = np.asarray(self.pool.allocate(len(parent) * blocks), dtype=np.int64).reshape(len(parent), blocks)
         self.fed = 0
         weakref.finalize(self, self.pool.release, self.table.reshape(-1).copy())
+        self._layout: tuple[Tensor, ...] | None = None  # made at the first step (`_lay_out`)
 
     @property
     def batch_size(self) -> int:
@@ -66,6 +67,58 @@ class BlockTree:
         bs = self.pool.block_size
         s = np.arange(n)
         return self.table[:, s // bs] * bs + s % bs
+
+    def _lay_out(self) -> tuple[Tensor, ...]:
+        """The forward's layout for every step, made once on the host and sent in one copy: each row's columns are
+        its prefix, then each of its branches' area of `steps` slots (the tokens it will feed), then the scratch
+        slot. Step s differs from step 0 only in which area columns its queries see, where the write goes and the
+        positions, so a step makes its mask, writes and positions on the device from these, reading nothing.
+
+        Returns write [steps, R·Q] (the slot of each query's token at each step), positions [R, Q] (at step 0),
+        read [R, W], flat [N] (each branch's query, flattened) and codes [R, 1, Q, W] (the first step at which a
+        query sees a column: 0 for its kept prefix, s for its own token of step s, `steps` for never; a padding
+        query sees only the scratch slot)."""
+        R, Q, steps = len(self.members), self.width, self.steps
+        prefix = self.base._rows.lengths  # [R]
+        bs = self.pool.block_size
+        own = self.slots(steps)  # [N, steps]
+        counts = np.asarray([len(m) for m in self.members], dtype=np.int64)
+        W = int((prefix + counts * steps).max()) + 1
+        nb = -(-int(prefix.max()) // bs) if R else 0
+        table = self.base._rows.table
+        if table.shape[1] < nb:
+            table = np.pad(table, ((0, 0), (0, nb - table.shape[1])))
+        read = np.full((R, W), SCRATCH, dtype=np.int64)
+        P = int(prefix.max()) if R else 0
+        if P:
+            pre = (table[:, :nb, None] * bs + np.arange(bs)).reshape(R, nb * bs)[:, :P]  # [R, P]
+            read[:, :P] = np.where(np.arange(P)[None, :] < prefix[:, None], pre, SCRATCH)
+        first = prefix[self.row] + self.place * steps  # [N] column of each branch's first tree token
+        area = first[:, None] + np.arange(steps)[None, :]  # [N, steps]
+        read[self.row[:, None], area] = own
+        codes = np.full((R, Q, W), steps, dtype=np.int64)
+        codes[:, :, W - 1] = 0  # padding queries see the scratch slot only
+        codes[self.row, self.place, W - 1] = steps
+        columns = np.arange(W)
+        kept = columns[None, :] < self.keep[:, None]  # [N, W] the prefix each branch keeps
+        codes[self.row, self.place] = np.where(kept, 0, codes[self.row, self.place])
+        codes[self.row[:, None], self.place[:, None], area] = np.arange(steps)[None, :]  # its own tokens
+        write = np.full((steps, R, Q), SCRATCH, dtype=np.int64)
+        write[:, self.row, self.place] = own.T
+        positions = np.zeros((R, Q), dtype=np.int64)
+        positions[self.row, self.place] = self.keep
+        flat = self.row * Q + self.place  # [N]
+        parts = [write.reshape(-1), positions.reshape(-1), read.reshape(-1), flat, codes.reshape(-1)]
+        on = host.upload(torch.from_numpy(np.concatenate(parts)), self.model.device)
+        sizes = [p.size for p in parts]
+        write_t, positions_t, read_t, flat_t, codes_t = torch.split(on, sizes)
+        return (
+            write_t.view(steps, R * Q),
+            positions_t.view(R, Q),
+            read_t.view(R, W),
+            flat_t,
+            codes_t.view(R, 1, Q, W),
+        )
 
     @torch.inference_mode()
     def extend(
@@ -79,52 +132,18 @@ class BlockTree:
         s = self.fed
         if s >= self.steps:
             raise ValueError(f"the tree was made for {self.steps} steps")
-        R, Q = len(self.members), self.width
-        prefix = self.base._rows.lengths  # [R]
-        bs = self.pool.block_size
-        own = self.slots(s + 1)  # [N, s + 1]: each branch's tokens so far, this step's last
-        # columns of row r: its prefix [0, prefix[r]), then each of its branches' s + 1 tokens, then the scratch slot
-        counts = np.asarray([len(m) for m in self.members], dtype=np.int64)
-        W = int((prefix + counts * (s + 1)).max()) + 1
-        nb = -(-int(prefix.max()) // bs) if R else 0
-        table = self.base._rows.table
-        if table.shape[1] < nb:
-            table = np.pad(table, ((0, 0), (0, nb - table.shape[1])))
-        read = np.full((R, W), SCRATCH, dtype=np.int64)
-        P = int(prefix.max()) if R else 0
-        if P:
-            pre = (table[:, :nb, None] * bs + np.arange(bs)).reshape(R, nb * bs)[:, :P]  # [R, P]
-            read[:, :P] = np.where(np.arange(P)[None, :] < prefix[:, None], pre, SCRATCH)
-        first = prefix[self.row] + self.place * (s + 1)  # [N] column of each branch's first tree token
-        read[self.row[:, None], first[:, None] + np.arange(s + 1)[None, :]] = own
-        sees = np.zeros((R, Q, W), dtype=bool)
-        sees[:, :, W - 1] = True  # padding queries see the scratch slot only
-        sees[self.row, self.place, W - 1] = False
-        columns = np.arange(W)
-        sees[self.row, self.place] |= columns[None, :] < self.keep[:, None]  # the prefix this branch keeps
-        tree = (columns[None, :] >= first[:, None]) & (columns[None, :] <= first[:, None] + s)  # its own tokens
-        sees[self.row, self.place] |= tree
-        write = np.full((R, Q), SCRATCH, dtype=np.int64)
-        write[self.row, self.place] = own[:, s]
-        positions = np.zeros((R, Q), dtype=np.int64)
-        positions[self.row, self.place] = self.keep + s
-        flat = self.row * Q + self.place  # [N] each branch's query in the forward, flattened
-        packed = np.concatenate(
-            [write.reshape(-1), positions.reshape(-1), read.reshape(-1), flat, sees.reshape(-1).astype(np.int64)]
-        )
-        device = self.model.device
-        on = host.upload(torch.from_numpy(packed), device)
-        n_rq = R * Q
-        write_t, positions_t = on[:n_rq], on[n_rq : 2 * n_rq].view(R, Q)
-        read_t = on[2 * n_rq : 2 * n_rq + R * W].view(R, W)
-        flat_t = on[2 * n_rq + R * W : 2 * n_rq + R * W + N]
-        mask = on[2 * n_rq + R * W + N :].view(R, 1, Q, W).bool()
-        grid = tokens.new_zeros(n_rq).index_copy_(0, flat_t, tokens.reshape(-1)).view(R, Q)
-        logits = self.model.forward(grid, positions_t, mask, Binding(write_t, read_t, None), W, 0)  # [R, Q, V]
+        if self._layout is None:
+            self._layout = self._lay_out()
+        write, positions, read, flat, codes = self._layout
+        R, Q = positions.shape
+        W = read.shape[1]
+        mask = codes <= s  # [R, 1, Q, W]
+        grid = tokens.new_zeros(R * Q).index_copy_(0, flat, tokens.reshape(-1)).view(R, Q)
+        logits = self.model.forward(grid, positions + s, mask, Binding(write[s], read, None), W, 0)  # [R, Q, V]
         self.fed = s + 1
         if R == 1 and Q == N:  # one row, its queries the branches in order: the logits as they are
             return logits[0][:, None]
-        return logits.reshape(n_rq, -1).index_select(0, flat_t)[:, None]  # [N, 1, V]
+        return logits.reshape(R * Q, -1).index_select(0, flat)[:, None]  # [N, 1, V]
 
     def rollback(self, drop) -> None:
         raise ValueError("a tree's branches are not rolled back: drop the tree, or take its branches as rows")

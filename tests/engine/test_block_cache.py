@@ -193,8 +193,9 @@ def test_a_tree_reads_each_rows_prefix_once_per_step():
     model.forward = spy
     for _ in range(3):
         tree.extend(torch.tensor([[3]] * 5))
-    # 2 rows of 3 queries; each row's columns: its 30 (20) prefix tokens, then 3 (2) branches' tokens, + scratch
-    assert widths == [((2, 3), (2, 30 + 3 * s + 1)) for s in (1, 2, 3)]
+    # 2 rows of 3 queries; each row's columns: its 30 (20) prefix tokens, then the 3 (2) branches' areas of 3 steps
+    # each (the tokens fed so far, and the columns of the later ones, masked), + scratch: the same at every step
+    assert widths == [((2, 3), (2, 30 + 3 * 3 + 1))] * 3
 
 
 # -- the prefix cache -------------------------------------------------------------------------------------------
