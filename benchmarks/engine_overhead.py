@@ -425,7 +425,7 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", type=int, nargs="+", default=[2048, 151936])
     parser.add_argument(
@@ -474,6 +474,11 @@ def main(argv: list[str] | None = None) -> int:
         default=64,
         help="rounds timed per strategy and batch size for the host terms (default 64)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         device = torch.device(args.device)

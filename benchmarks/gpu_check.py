@@ -2,10 +2,10 @@
 
     python -m benchmarks.gpu_check STEP --out DIR [--device cuda|cpu] [--quick] [--budget-s S]
 
-STEP is one of env, canary, greedy, tests, syncs, timings, compiled, launch, e2e-agree, e2e-random. Each step appends
-its lines to DIR/summary.md as it goes (so a killed run still returns what it learned) and its figures to
-DIR/results.json under its name. Nothing here downloads anything or needs more than torch, transformers and the engine:
-the models are random weights of real shapes (benchmarks.random_models), built on the device.
+STEP is one of env, canary, greedy, tests, syncs, overhead, timings, compiled, launch, e2e-agree, e2e-random. Each
+step appends its lines to DIR/summary.md as it goes (so a killed run still returns what it learned) and its figures
+to DIR/results.json under its name. Nothing here downloads anything or needs more than torch, transformers and the
+engine: the models are random weights of real shapes (benchmarks.random_models), built on the device.
 
 On CPU (`--device cpu`) the same code runs on tiny shapes: a dry run of the check itself, not a measurement.
 """
@@ -30,7 +30,19 @@ import torch
 
 from benchmarks.random_models import PAIRS, TINY_PAIRS, pair
 
-STEPS = ("env", "canary", "greedy", "tests", "syncs", "timings", "compiled", "launch", "e2e-agree", "e2e-random")
+STEPS = (
+    "env",
+    "canary",
+    "greedy",
+    "tests",
+    "syncs",
+    "overhead",
+    "timings",
+    "compiled",
+    "launch",
+    "e2e-agree",
+    "e2e-random",
+)
 
 
 # -- output ---------------------------------------------------------------------------------------------------
@@ -356,6 +368,35 @@ def step_syncs(report: Report, device: torch.device, args) -> bool:
     return True
 
 
+def step_overhead(report: Report, device: torch.device, args) -> bool:
+    """The engine's own cost against its forwards (benchmarks.engine_overhead) on this device: AR, SD and SSD on the
+    overhead-bound random pair forced to agree (width 64, an 8-layer target, a 2-layer draft, K 4, greedy), each
+    strategy's time per token beside what its own measured forwards allow, at vocabularies 2,048 and 151,936."""
+    from benchmarks import engine_overhead
+
+    clock = Clock(args.budget_s)
+    quick = args.quick
+    options = engine_overhead.build_parser().parse_args(
+        ["--device", str(device), "--new-tokens", "16" if quick else "128", "--repeats", "1" if quick else "2"]
+        + (["--branch-rows", "1", "16"] if quick else [])
+    )
+    rows = []
+    for vocab in (512,) if quick else (2048, 151936):
+        if rows and clock.left() < 40:
+            report.line(f"- engine overhead at vocabulary {vocab}: not run, the step's budget was spent")
+            break
+        row = engine_overhead.measure(vocab, 32, options)
+        rows.append(row)
+        bare = min(row["bare_ms"])
+        cells = ", ".join(
+            f"{s} {r['best_tpot_ms']:.3f} ms ({r['best_tpot_ms'] / r['ideal_ms']:.2f}x ideal)"
+            for s, r in row["engine"].items()
+        )
+        report.line(f"- engine overhead, vocabulary {vocab}, α 1, per token: bare loop {bare:.3f} ms; {cells}")
+        report.save({"rows": rows})
+    return bool(rows)
+
+
 def _pairs(args) -> dict:
     return TINY_PAIRS if args.quick or args.device == "cpu" else PAIRS
 
@@ -581,6 +622,7 @@ RUN = {
     "greedy": step_greedy,
     "tests": step_tests,
     "syncs": step_syncs,
+    "overhead": step_overhead,
     "timings": step_timings,
     "compiled": step_compiled,
     "launch": step_launch,

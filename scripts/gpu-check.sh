@@ -10,6 +10,7 @@
 #   greedy   fp32 greedy SD and SSD = AR (worker in process, in its own process, dying mid-run: SD's exact output)
 #   tests    tests/gpu on the device (greedy, chi-square exactness and its negative control, the link)
 #   syncs    host synchronisations per decode step        timings  verify / draft step / cache build / backup
+#   overhead AR / SD / SSD per token against what their own forwards allow (benchmarks/engine_overhead.py)
 #   compiled eager against compiled forwards (CUDA graphs)  launch   eager against graph launch cost per layer
 #   e2e-agree, e2e-random  AR / SD / SSD tokens/s at batch 1, 8, 32 on 1.5B/0.5B- and 7B/0.5B-shaped pairs, with
 #            models forced to agree (α 1, SSD's best case) and with unrelated random weights at T 1 (its worst)
@@ -24,7 +25,7 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "${1:-}" in
-    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 device="${GPU_CHECK_DEVICE:-cuda}"
 case "$device" in cuda|cuda:*|cpu) ;; *) echo "gpu-check: GPU_CHECK_DEVICE must be cuda or cpu, got $device" >&2; exit 2 ;; esac
@@ -39,7 +40,7 @@ quick=()
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export GPU_CHECK_COMMIT="${GPU_CHECK_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 # step:seconds on a GPU; a CPU dry run gets 1.8 times as long for each.
-steps="env:20 canary:20 greedy:60 tests:75 syncs:25 timings:100 compiled:90 launch:40 e2e-agree:100 e2e-random:80"
+steps="env:20 canary:20 greedy:60 tests:75 syncs:25 overhead:60 timings:100 compiled:90 launch:40 e2e-agree:100 e2e-random:80"
 if [ -n "${GPU_CHECK_STEPS:-}" ]; then  # a subset, in this order
     chosen=""
     for entry in $steps; do

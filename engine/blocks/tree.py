@@ -57,6 +57,7 @@ class BlockTree:
         self.fed = 0
         weakref.finalize(self, self.pool.release, self.table.reshape(-1).copy())
         self._layout: tuple[Tensor, ...] | None = None  # made at the first step (`_lay_out`)
+        self._in_order = False  # every query of the forward a branch, in the branches' order (`_lay_out`)
 
     @property
     def batch_size(self) -> int:
@@ -108,6 +109,7 @@ class BlockTree:
         positions = np.zeros((R, Q), dtype=np.int64)
         positions[self.row, self.place] = self.keep
         flat = self.row * Q + self.place  # [N]
+        self._in_order = R * Q == len(flat) and bool((flat == np.arange(len(flat))).all())
         parts = [write.reshape(-1), positions.reshape(-1), read.reshape(-1), flat, codes.reshape(-1)]
         on = host.upload(torch.from_numpy(np.concatenate(parts)), self.model.device)
         sizes = [p.size for p in parts]
@@ -141,8 +143,8 @@ class BlockTree:
         grid = tokens.new_zeros(R * Q).index_copy_(0, flat, tokens.reshape(-1)).view(R, Q)
         logits = self.model.forward(grid, positions + s, mask, Binding(write[s], read, None), W, 0)  # [R, Q, V]
         self.fed = s + 1
-        if R == 1 and Q == N:  # one row, its queries the branches in order: the logits as they are
-            return logits[0][:, None]
+        if self._in_order:  # every query a branch, in the branches' order: the logits as they are, not copied
+            return logits.reshape(N, 1, -1)
         return logits.reshape(R * Q, -1).index_select(0, flat)[:, None]  # [N, 1, V]
 
     def rollback(self, drop) -> None:

@@ -11,7 +11,7 @@ the context plus the K drafted positions, and per round, for each of its `branch
   without top-k (the estimate charges that worst case);
 - the ranking the next guesses come from: the draft's best M (RANK_DEPTH) token ids per position, and on the tree
   path the logits it is made from, kept until the outcome says which branch to rank (engine.ssd.tree.LaterRanking:
-  K · V float32 a branch, at most LATER_RANKING_BYTES a build).
+  K · V float32 a branch, at most LATER_RANKING_BYTES a sequence).
 Plus the glue logits, (K+1) · V float32 per row while the glue runs. The estimate is for one sequence at
 `context` tokens; a batch needs that many times more. While it builds, the worker's resident memory grows
 over what it keeps (the model's activations, the allocator), so the check charges PEAK_OVER_KEPT times the

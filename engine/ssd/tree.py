@@ -40,7 +40,7 @@ class Branches:
     ranking: TopLogits | LaterRanking  # [N, K, M] the draft's best tokens at y_1..y_K (the next round's guesses)
 
 
-LATER_RANKING_BYTES = 64 * 2**20  # the most logits a cache build keeps to rank the branches that hit, not them all
+LATER_RANKING_BYTES = 64 * 2**20  # the most logits a cache build keeps per sequence to rank the branches that hit
 
 
 @dataclass
@@ -72,6 +72,7 @@ def draft_compact(
     active_host: list[bool] | None = None,
     checks: Checks | None = None,
     later: bool = False,
+    sequences: int | None = None,
 ) -> tuple[Tensor, SparseQ, TopLogits | LaterRanking]:
     """Feed `first` [N, T] (holes where not valid) then draft K tokens (engine.drafting.draft_tokens, the same
     draws), keeping q as its support and the logits as their best `depth` tokens step by step, so no [N, K, V]
@@ -80,14 +81,16 @@ def draft_compact(
     support_width; None: read from q at each step). `fed` (real tokens of `first` per row) and `active_host`
     (`active` as a list) are the same facts on the host, so the cache's bookkeeping reads nothing back. Returns
     tokens [N, K], q [N, K, V] and the ranking [N, K, depth], all on the draft's device; with `later`, the ranking is
-    a LaterRanking (made when rows of it are taken) unless the logits it keeps would pass LATER_RANKING_BYTES or a
-    row samples in the drafter-invariant mode (its ranking follows its race, made at each step)."""
+    a LaterRanking (made when rows of it are taken) unless the logits it keeps would pass LATER_RANKING_BYTES for
+    each of `sequences` (default: one per row) or a row samples in the drafter-invariant mode (its ranking follows
+    its race, made at each step)."""
     logits = state.extend(first, first_valid, fed=fed)[:, -1].float()  # [N, V]
     N, V = logits.shape
     ys, qs, ranks, zs = [], [], [], []
     active_fed = None if active_host is None else [1 if a else 0 for a in active_host]
     racing = [b for b, p in enumerate(params.params) if p.invariant] if isinstance(generator, Keys) else []
-    later = later and not racing and N * K * V * logits.element_size() <= LATER_RANKING_BYTES
+    kept = N * K * V * logits.element_size()
+    later = later and not racing and kept <= LATER_RANKING_BYTES * (N if sequences is None else sequences)
     for i, (y, q, z, ids) in enumerate(
         draft_steps(
             state,
@@ -155,6 +158,7 @@ def decode_branches(
         width=width,
         checks=checks,
         later=True,
+        sequences=len(set(rows)),
     )
     on = t.device
     return Branches(branch_state, host.index(row, on), host.index(k, on), t, tokens, q, ranking)

@@ -113,3 +113,13 @@ def test_compiled_forwards_are_timed_beside_eager_ones(tmp_path):
     summary = results(tmp_path)["compiled"]["summary"]
     assert {line["model"] for line in summary} == {"target", "draft"}
     assert all(line["eager_ms"] > 0 and line["compiled_ms"] > 0 for line in summary)
+
+
+def test_overhead_puts_each_strategy_beside_its_ideal(tmp_path):
+    assert gpu_check.main(["overhead", "--out", str(tmp_path), "--device", "cpu", "--quick"]) == 0
+    (row,) = results(tmp_path)["overhead"]["rows"]
+    assert set(row["engine"]) == {"ar", "sd", "ssd"}
+    for strategy, run in row["engine"].items():
+        assert run["best_tpot_ms"] > 0 and run["ideal_ms"] > 0, strategy
+        assert run["fault"] is None and run["syncs_per_round"] >= 1, strategy
+    assert "engine overhead, vocabulary 512" in (tmp_path / "summary.md").read_text()
