@@ -53,7 +53,8 @@ class BlockPool:
         self.capacity = FIRST_BLOCKS if self.max_blocks is None else min(FIRST_BLOCKS, self.max_blocks)
         self.refs = np.zeros(self.capacity, dtype=np.int64)  # [blocks] rows (and cache entries) holding each block
         self.refs[SCRATCH] = 1 << 40  # never freed, never written by a row
-        self.free = list(range(1, self.capacity))  # a heap
+        self.free = list(range(1, self.capacity))  # a heap of the free blocks (entries not in `_free` are stale)
+        self._free = set(self.free)  # the free blocks
         # the prefix cache: full blocks known by the chained hash of their tokens (and their parent's hash)
         self.caching = caching
         self.block_of: dict[int, int] = {}  # hash -> block
@@ -93,23 +94,53 @@ class BlockPool:
     @property
     def used_blocks(self) -> int:
         """Blocks some row holds (a cached block no row holds is not used: it can be taken back)."""
-        return self.capacity - 1 - len(self.free) - len(self.evictable)
+        return self.capacity - 1 - len(self._free) - len(self.evictable)
 
     @property
     def available_blocks(self) -> int:
         """Blocks a new row can get now without growing the pool: free ones and cached ones no row holds."""
-        return len(self.free) + len(self.evictable)
+        return len(self._free) + len(self.evictable)
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int, after: int | None = None) -> list[int]:
         """n blocks, each held once (KVCacheFull when the budget has no room). Free blocks go first, then the
-        least recently used cached blocks that no row holds (their prefixes are forgotten)."""
-        if n > len(self.free):
-            self._evict(n - len(self.free))  # the pool grows only when no cached block can be taken back
-            if n > len(self.free):
-                self._grow(n - len(self.free))
-        taken = [heapq.heappop(self.free) for _ in range(n)]
+        least recently used cached blocks that no row holds (their prefixes are forgotten).
+
+        `after`: the last block of the row that grows. When the n blocks after it are free or cached without a
+        holder, those are taken (a cached one's prefix forgotten), so a row's blocks lie in order and a one-row
+        forward reads its keys as a view of the pool instead of gathering them at every layer (engine.blocks.state).
+        """
+        if after is not None:
+            run = list(range(after + 1, after + 1 + n))
+            if run and run[-1] < self.capacity and all(b in self._free or b in self.evictable for b in run):
+                for b in run:
+                    if b in self.evictable:
+                        del self.evictable[b]
+                        self._forget(b)
+                    else:
+                        self._free.discard(b)  # its heap entry goes stale
+                self.refs[run] = 1
+                return run
+        if n > len(self._free):
+            self._evict(n - len(self._free))  # the pool grows only when no cached block can be taken back
+            if n > len(self._free):
+                self._grow(n - len(self._free))
+        taken = [self._pop_free() for _ in range(n)]
         self.refs[taken] = 1
         return taken
+
+    def _pop_free(self) -> int:
+        """The lowest free block, taken out of the free set."""
+        while True:
+            b = heapq.heappop(self.free)
+            if b in self._free:
+                self._free.remove(b)
+                return b
+
+    def _push_free(self, b: int) -> None:
+        self._free.add(b)
+        heapq.heappush(self.free, b)
+        if len(self.free) > 2 * len(self._free) + 64:  # stale entries: rebuild the heap
+            self.free = sorted(self._free)
 
     def retain(self, blocks: np.ndarray) -> None:
         np.add.at(self.refs, blocks, 1)
@@ -125,7 +156,7 @@ class BlockPool:
                 self.evictable[b] = None
                 self.evictable.move_to_end(b)
             else:
-                heapq.heappush(self.free, b)
+                self._push_free(b)
 
     # -- the prefix cache ----------------------------------------------------------------------------
     def match(self, tokens: list[int], most: int) -> list[int]:
@@ -172,12 +203,16 @@ class BlockPool:
         """Forget the n least recently used cached blocks no row holds; they become free."""
         for _ in range(min(n, len(self.evictable))):
             b, _ = self.evictable.popitem(last=False)
-            h = self.hash_of.pop(b)
-            if self.block_of.get(h) == b:
-                del self.block_of[h]
-            self.tokens_of.pop(b, None)
-            self.parent_of.pop(b, None)
-            heapq.heappush(self.free, b)
+            self._forget(b)
+            self._push_free(b)
+
+    def _forget(self, b: int) -> None:
+        """Drop block b from the prefix cache (no row holds it)."""
+        h = self.hash_of.pop(b)
+        if self.block_of.get(h) == b:
+            del self.block_of[h]
+        self.tokens_of.pop(b, None)
+        self.parent_of.pop(b, None)
 
     def _grow(self, short: int) -> None:
         want = max(2 * self.capacity, self.capacity + short)
@@ -192,7 +227,7 @@ class BlockPool:
         log.debug("growing a KV block pool from %d to %d blocks", self.capacity, want)
         self.refs = np.concatenate([self.refs, np.zeros(want - self.capacity, dtype=np.int64)])
         for b in range(self.capacity, want):
-            heapq.heappush(self.free, b)
+            self._push_free(b)
         self.capacity = want
         for layer in self.cache.layers:
             layer.grow(want * self.block_size)

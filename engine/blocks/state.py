@@ -220,8 +220,8 @@ class BlockState:
         need, have = -(-end // bs), -(-length // bs)
         if max(need, 1) > rows.table.shape[1]:
             rows.table = np.pad(rows.table, ((0, 0), (0, max(need, 1) - rows.table.shape[1])))
-        if need > have:
-            rows.table[0, have:need] = pool.allocate(need - have)
+        if need > have:  # after the row's last block where those are free: its blocks in order
+            rows.table[0, have:need] = pool.allocate(need - have, after=int(rows.table[0, have - 1]) if have else None)
         return True
 
     def append_slots(self, source: np.ndarray) -> None:
