@@ -105,19 +105,15 @@ class BlockPool:
         """n blocks, each held once (KVCacheFull when the budget has no room). Free blocks go first, then the
         least recently used cached blocks that no row holds (their prefixes are forgotten).
 
-        `after`: the last block of the row that grows. When the n blocks after it are free or cached without a
-        holder, those are taken (a cached one's prefix forgotten), so a row's blocks lie in order and a one-row
-        forward reads its keys as a view of the pool instead of gathering them at every layer (engine.blocks.state).
+        `after`: the last block of the row that grows. When the n blocks after it are free, those are taken, so a
+        row's blocks lie in order and a one-row forward reads its keys as a view of the pool instead of gathering
+        them at every layer (engine.blocks.state). Cached blocks are not taken for that: a prefix hit is worth more
+        (taking them cost HumanEval prompts their shared first blocks in reports/2026-12-cpu-engine-overhead).
         """
         if after is not None:
             run = list(range(after + 1, after + 1 + n))
-            if run and run[-1] < self.capacity and all(b in self._free or b in self.evictable for b in run):
-                for b in run:
-                    if b in self.evictable:
-                        del self.evictable[b]
-                        self._forget(b)
-                    else:
-                        self._free.discard(b)  # its heap entry goes stale
+            if run and all(b in self._free for b in run):
+                self._free.difference_update(run)  # their heap entries go stale
                 self.refs[run] = 1
                 return run
         if n > len(self._free):

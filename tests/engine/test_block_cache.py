@@ -245,15 +245,14 @@ def test_cached_blocks_no_row_holds_are_kept_until_their_slots_are_needed():
     assert model.pool.capacity == capacity and not model.pool.block_of
 
 
-def test_a_growing_row_takes_the_blocks_after_its_own_so_its_keys_stay_a_view():
+def test_a_growing_row_takes_the_free_blocks_after_its_own_so_its_keys_stay_a_view():
     model = block_model(block_size=4)
-    first = model.new_kv_state(1, torch.device("cpu"))
-    prompt = list(range(1, 13))  # 3 full blocks, cached when the row is dropped
-    feed(first, [prompt])
-    first.register(0, prompt)
-    del first
-    second = model.new_kv_state(1, torch.device("cpu"))
-    assert second.reuse_prefix(0, prompt, len(prompt) - 1) == 8  # blocks 1 and 2; block 3 waits, cached
+    other = model.new_kv_state(1, torch.device("cpu"))
+    feed(other, [[9, 9, 9]])  # block 1
+    row = model.new_kv_state(1, torch.device("cpu"))
+    prompt = list(range(1, 9))
+    feed(row, [prompt])  # blocks 2 and 3
+    del other  # block 1 free again: the lowest free block, but not the one after the row's
     views = []
     forward = model.forward
 
@@ -262,16 +261,31 @@ def test_a_growing_row_takes_the_blocks_after_its_own_so_its_keys_stay_a_view():
         return forward(tokens, positions, mask, binding, width, keep)
 
     model.forward = spy
-    tokens = prompt[8:] + [20, 21, 22, 23, 24, 25]
+    tokens = [20, 21, 22, 23, 24, 25]
     logits = None
     for t in tokens:  # one token a forward, as a single request decodes
-        logits = feed(second, [[t]])
-    table = second._rows.table[0, : -(-len(prompt + tokens[4:]) // 4)].tolist()
-    assert table == list(range(table[0], table[0] + len(table)))  # in order: the cached block 3 was taken back
+        logits = feed(row, [[t]])
+    assert row._rows.table[0, :4].tolist() == [2, 3, 4, 5]  # in order
     assert all(views)  # every forward read its keys as a view of the pool, nothing gathered
-    assert torch.allclose(logits[0], alone(MODEL, prompt + tokens[4:]), atol=ATOL)
-    del second
+    assert torch.allclose(logits[0], alone(MODEL, prompt + tokens), atol=ATOL)
+    del row
     assert model.pool.used_blocks == 0
+
+
+def test_a_growing_row_leaves_cached_blocks_to_their_prefix():
+    model = block_model(block_size=4)
+    first = model.new_kv_state(1, torch.device("cpu"))
+    prompt = list(range(1, 13))  # 3 full blocks, cached when the row is dropped
+    feed(first, [prompt])
+    first.register(0, prompt)
+    del first
+    second = model.new_kv_state(1, torch.device("cpu"))
+    assert second.reuse_prefix(0, prompt[:4] + [30, 31, 32, 33, 34], 8) == 4  # block 1; blocks 2 and 3 stay cached
+    logits = feed(second, [[30, 31, 32, 33, 34]])
+    assert 2 not in second._rows.table[0].tolist()  # not taken for the row's order
+    assert torch.allclose(logits[0], alone(MODEL, prompt[:4] + [30, 31, 32, 33, 34]), atol=ATOL)
+    third = model.new_kv_state(1, torch.device("cpu"))
+    assert third.reuse_prefix(0, prompt + [1], 12) == 12  # the whole prefix is still found
 
 
 def test_a_row_never_writes_into_a_cached_block():
