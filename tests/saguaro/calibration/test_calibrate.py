@@ -13,6 +13,36 @@ from simulator import fit_timing, read_records
 from tests.engine.test_models import save_tiny
 
 
+def calibrate_argv(
+    target, draft, out, *extra: str, budget=("2",), batch=("1",), repeats=1, prompt_ids=(1, 2, 3)
+) -> list[str]:
+    """`saguaro calibrate` on the tiny pair at its smallest grid (K 2, context 12, float32), plus `extra` flags."""
+    return [
+        "calibrate",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "-K",
+        "2",
+        "--budget",
+        *budget,
+        "--batch",
+        *batch,
+        "--context",
+        "12",
+        "--repeats",
+        str(repeats),
+        "--prompt-ids",
+        *(str(i) for i in prompt_ids),
+        "--dtype",
+        "float32",
+        *extra,
+        "--out",
+        str(out),
+    ]
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
@@ -223,40 +253,7 @@ def test_a_calibration_at_the_workloads_temperature(pair, tmp_path):
     and the records hold every kind of point a greedy calibration's do."""
     target, draft = pair
     out = tmp_path / "hot.jsonl"
-    assert (
-        main(
-            [
-                "calibrate",
-                "--target",
-                str(target),
-                "--draft",
-                str(draft),
-                "-K",
-                "2",
-                "--budget",
-                "2",
-                "--batch",
-                "1",
-                "--context",
-                "12",
-                "--repeats",
-                "1",
-                "--prompt-ids",
-                "1",
-                "2",
-                "3",
-                "--dtype",
-                "float32",
-                "--temperature",
-                "0.7",
-                "--link-tokens",
-                "0",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert main(calibrate_argv(target, draft, out, "--temperature", "0.7", "--link-tokens", "0")) == 0
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["inputs"]["temperature"] == 0.7 and summary["settings"]["temperature"] == 0.7
     records = read_records(out)
@@ -348,37 +345,7 @@ def test_a_low_bit_pair_is_calibrated_as_ssd_loads_it(pair, tmp_path, monkeypatc
     out = tmp_path / "lowbit.jsonl"
     assert (
         main(
-            [
-                "calibrate",
-                "--target",
-                str(target),
-                "--draft",
-                str(draft),
-                "-K",
-                "2",
-                "--budget",
-                "2",
-                "--batch",
-                "1",
-                "--context",
-                "12",
-                "--repeats",
-                "1",
-                "--prompt-ids",
-                "1",
-                "2",
-                "3",
-                "--dtype",
-                "float32",
-                "--target-quant",
-                "int4",
-                "--draft-quant",
-                "int8",
-                "--link-tokens",
-                "0",
-                "--out",
-                str(out),
-            ]
+            calibrate_argv(target, draft, out, "--target-quant", "int4", "--draft-quant", "int8", "--link-tokens", "0")
         )
         == 0
     )
@@ -410,38 +377,7 @@ def test_a_failed_link_run_keeps_the_timed_points(pair, tmp_path, monkeypatch, c
     monkeypatch.setattr(command, "build_rounds", fail)
     target, draft = pair
     out = tmp_path / "kept.jsonl"
-    assert (
-        main(
-            [
-                "calibrate",
-                "--target",
-                str(target),
-                "--draft",
-                str(draft),
-                "-K",
-                "2",
-                "--budget",
-                "2",
-                "--batch",
-                "1",
-                "--context",
-                "12",
-                "--repeats",
-                "1",
-                "--prompt-ids",
-                "1",
-                "2",
-                "3",
-                "--dtype",
-                "float32",
-                "--build-tokens",
-                "8",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert main(calibrate_argv(target, draft, out, "--build-tokens", "8")) == 0
     err = capsys.readouterr().err
     assert "the engine's SSD rounds failed (RuntimeError: no port)" in err
     # a progress line for each timed prefill (one forward each; on a slow host each can take most of a minute)
@@ -478,36 +414,9 @@ def test_two_untimed_builds_go_before_the_first_timed_one_and_only_then(pair, tm
     out = tmp_path / "warm.jsonl"
     assert (
         main(
-            [
-                "calibrate",
-                "--target",
-                str(target),
-                "--draft",
-                str(draft),
-                "-K",
-                "2",
-                "--budget",
-                "2",
-                "3",
-                "--batch",
-                "1",
-                "--context",
-                "12",
-                "--repeats",
-                "2",
-                "--prompt-ids",
-                "1",
-                "2",
-                "3",
-                "--dtype",
-                "float32",
-                "--link-tokens",
-                "0",
-                "--build-tokens",
-                "0",
-                "--out",
-                str(out),
-            ]
+            calibrate_argv(
+                target, draft, out, "--link-tokens", "0", "--build-tokens", "0", budget=("2", "3"), repeats=2
+            )
         )
         == 0
     )
@@ -529,36 +438,17 @@ def test_builds_alone_are_timed_on_request_and_give_the_build_line(calibrated, p
     out = tmp_path / "alone.jsonl"
     assert (
         main(
-            [
-                "calibrate",
-                "--target",
-                str(target),
-                "--draft",
-                str(draft),
-                "-K",
-                "2",
-                "--budget",
-                "2",
-                "3",
-                "--batch",
-                "1",
-                "2",
-                "--context",
-                "12",
-                "--repeats",
-                "3",
-                "--prompt-ids",
-                "1",
-                "2",
-                "3",
-                "--dtype",
-                "float32",
+            calibrate_argv(
+                target,
+                draft,
+                out,
                 "--link-tokens",
                 "0",
                 "--builds-alone",
-                "--out",
-                str(out),
-            ]
+                budget=("2", "3"),
+                batch=("1", "2"),
+                repeats=3,
+            )
         )
         == 0
     )

@@ -68,43 +68,14 @@ def test_a_measurement_needs_two_batch_sizes():
 def calibration(tmp_path_factory):
     from saguaro.cli import main
     from tests.engine.test_models import save_tiny
+    from tests.saguaro.calibration.test_calibrate import calibrate_argv
 
     root = tmp_path_factory.mktemp("host-calib")
     target, draft = save_tiny(root / "target", seed=0), save_tiny(root / "draft", seed=1)
     out = root / "calib.jsonl"
-    argv = [
-        "calibrate",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "-K",
-        "2",
-        "--budget",
-        "2",
-        "--batch",
-        "1",
-        "--context",
-        "12",
-        "--repeats",
-        "1",
-        "--prompt-ids",
-        "1",
-        "2",
-        "3",
-        "4",
-        "5",
-        "6",
-        "7",
-        "--dtype",
-        "float32",
-        "--link-tokens",
-        "0",
-        "--host-rounds",
-        "6",
-        "--out",
-        str(out),
-    ]
+    argv = calibrate_argv(
+        target, draft, out, "--link-tokens", "0", "--host-rounds", "6", prompt_ids=(1, 2, 3, 4, 5, 6, 7)
+    )
     assert main(argv) == 0
     return out
 
