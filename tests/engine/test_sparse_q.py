@@ -126,3 +126,31 @@ def test_the_devices_ranking_is_the_cpus(data):
         logits[0] = -torch.inf
     n = data.draw(st.integers(1, V))
     assert torch.equal(_ranked_on_device(logits, n), _ranked_on_host(logits, n))
+
+
+def test_the_later_ranking_keeps_logits_up_to_its_cap_per_sequence_and_ranks_as_at_each_step(monkeypatch):
+    """draft_compact(later=True) keeps each step's logits for the branches that are taken unless they pass
+    LATER_RANKING_BYTES for each of its sequences; the ranking made later is the one made at each step."""
+    from engine.ssd import tree
+    from engine.ssd.tree import LaterRanking
+
+    params, N, K, V, depth = SamplingParams(temperature=0.0), 5, 4, 50, 7
+    kept = N * K * V * 4  # the logits a build over five branch rows keeps, float32
+    monkeypatch.setattr(tree, "LATER_RANKING_BYTES", kept // 2)  # more than a build of one sequence may keep
+
+    def build(sequences):
+        model = tiny_lm(3, vocab_size=V)
+        prompt = torch.randint(0, V, (N, 6), generator=torch.Generator().manual_seed(1))
+        state = KVState(model, N, torch.device("cpu"))
+        state.extend(prompt[:, :-1], None)
+        gens = [torch.Generator().manual_seed(10 + i) for i in range(N)]
+        rows = RowSampling([params] * N)
+        return draft_compact(
+            state, prompt[:, -1:], None, K, (1,) * K, 1.0, rows, gens, depth, later=True, sequences=sequences
+        )
+
+    _, _, per_step = build(sequences=1)  # 5 rows of one sequence: over its cap, ranked at each step
+    _, _, later = build(sequences=N)  # one row a sequence: within each one's cap, kept for later
+    assert isinstance(per_step, TopLogits) and isinstance(later, LaterRanking)
+    index = torch.tensor([3, 0])
+    assert torch.equal(later.rows(index).ids, per_step.ids[index])
